@@ -1,0 +1,146 @@
+"""Admin HTTP server (binds 127.0.0.1 by default): health, readiness, metrics, state.
+
+Endpoints::
+
+    GET /healthz   200 while the process runs
+    GET /readyz    200 only when config is loaded and the gRPC server serves, else 503
+    GET /metrics   Prometheus text format
+    GET /state     JSON: per cluster x slice percentiles, samples, state, weight, transitions
+    GET /explain   JSON: the most recent decisions with their reasons (?limit=N)
+    GET /          HTML status page (routes, states, latency over time as charts)
+
+A deliberately small GET-only HTTP/1.1 server on asyncio streams: the admin
+port must not pull a web framework into the sidecar.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import deque
+from collections.abc import Callable
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from sidecar.app import App
+from sidecar.state import explain_recent, state_json
+
+log = logging.getLogger("tailroute.admin")
+Handler = Callable[[dict[str, list[str]]], tuple[int, str, bytes]]
+
+
+class AdminServer:
+    """Serves the admin endpoints for one :class:`App`."""
+
+    def __init__(self, app: App, registry: CollectorRegistry,
+                 ready: Callable[[], bool]) -> None:
+        self.app = app
+        self.registry = registry
+        self.ready = ready
+        self._server: asyncio.Server | None = None
+        # Latency over time for the status page's charts: bounded ring of samples.
+        self.history: deque[dict[str, Any]] = deque(maxlen=300)
+        self.routes: dict[str, Handler] = {
+            "/healthz": lambda q: (200, "text/plain", b"ok\n"),
+            "/readyz": self._readyz,
+            "/metrics": lambda q: (200, CONTENT_TYPE_LATEST, generate_latest(self.registry)),
+            "/state": self._state,
+            "/explain": self._explain,
+            "/": self._page,
+        }
+
+    async def start(self, addr: str) -> int:
+        host, _, port = addr.rpartition(":")
+        self._server = await asyncio.start_server(self._conn, host or "127.0.0.1", int(port))
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    def _readyz(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
+        ok = self.ready()
+        return (200 if ok else 503), "text/plain", b"ready\n" if ok else b"not ready\n"
+
+    def sample(self) -> None:
+        """Record one point of per-route p50/p95 (ms) for the charts; call periodically."""
+        now = self._now()
+        point: dict[str, Any] = {"t": now, "routes": {}}
+        for r in state_json(self.app.router, now)["routes"]:
+            if r["narrow"]:
+                key = f"{r['cluster']} {r['slice']}"
+                metric = "ttft" if r["latency"]["ttft"]["samples"] else "e2e"
+                point["routes"][key] = {"p50": r["latency"][metric]["p50_ms"],
+                                        "p95": r["latency"][metric]["p95_ms"],
+                                        "metric": metric, "state": r["state"]}
+        self.history.append(point)
+
+    def _state(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
+        data = state_json(self.app.router, self._now())
+        if "history" in q:
+            data["history"] = list(self.history)
+        return 200, "application/json", json.dumps(data).encode()
+
+    def _explain(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
+        try:
+            limit = max(1, min(int(q.get("limit", ["20"])[0]), 64))
+        except ValueError:
+            return 400, "application/json", b'{"error": "limit must be an integer"}'
+        return 200, "application/json", json.dumps(explain_recent(self.app.router, limit)).encode()
+
+    def _page(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
+        html = resources.files("sidecar").joinpath("static/status.html").read_bytes()
+        return 200, "text/html; charset=utf-8", html
+
+    async def _conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                try:
+                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
+                    return
+                line = head.split(b"\r\n", 1)[0].decode("latin-1").split()
+                keep = b"connection: close" not in head.lower()
+                if len(line) != 3:
+                    status, ctype, body = 400, "text/plain", b"bad request\n"
+                    keep = False
+                elif line[0] not in ("GET", "HEAD"):
+                    status, ctype, body = 405, "text/plain", b"method not allowed\n"
+                else:
+                    status, ctype, body = self._dispatch(line[1])
+                hdr = (f"HTTP/1.1 {status} {'OK' if status == 200 else 'Error'}\r\n"
+                       f"content-type: {ctype}\r\ncontent-length: {len(body)}\r\n"
+                       f"cache-control: no-store\r\n"
+                       f"connection: {'keep-alive' if keep else 'close'}\r\n\r\n")
+                writer.write(hdr.encode() + (body if line and line[0] != "HEAD" else b""))
+                await writer.drain()
+                if not keep:
+                    return
+        except ConnectionError:
+            return
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    def _dispatch(self, target: str) -> tuple[int, str, bytes]:
+        parts = urlsplit(target)
+        handler = self.routes.get(parts.path)
+        if handler is None:
+            return 404, "text/plain", b"not found\n"
+        try:
+            return handler(parse_qs(parts.query))
+        except Exception:
+            log.exception("admin handler %s failed", parts.path)
+            return 500, "text/plain", b"internal error\n"
+

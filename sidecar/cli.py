@@ -1,0 +1,131 @@
+"""The `tailroute` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Callable
+
+from sidecar.core.config import ConfigError
+
+
+def _cmd_serve(ns: argparse.Namespace) -> int:
+    from sidecar.config_file import load_config
+    from sidecar.serve import serve
+
+    config = load_config(ns.config)
+    return asyncio.run(
+        serve(config, grpc_addr=ns.grpc, unix=ns.unix, admin_addr=ns.admin,
+              ready_file=ns.ready_file, seed=ns.seed)
+    )
+
+
+def _cmd_check_config(ns: argparse.Namespace) -> int:
+    from sidecar.config_file import load_config
+
+    cfg = load_config(ns.file)
+    print(
+        f"{ns.file}: OK ({len(cfg.clusters)} clusters, {len(cfg.models)} models, "
+        f"{len(cfg.classes)} classes)"
+    )
+    return 0
+
+
+def _cmd_envoy_config(ns: argparse.Namespace) -> int:
+    from sidecar.config_file import load_config
+    from sidecar.envoy_config import render_bootstrap, to_yaml
+
+    cfg = load_config(ns.config)
+    text = to_yaml(render_bootstrap(cfg, grpc_target=ns.grpc, unix_socket=ns.unix,
+                                    observe_mode=ns.observe_mode))
+    if ns.output:
+        with open(ns.output, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _cmd_fake_provider(argv: list[str]) -> int:
+    from sidecar.fake_provider import main
+
+    return main(argv)
+
+
+def _cmd_demo(ns: argparse.Namespace) -> int:
+    from sidecar.demo import run_demo
+
+    return run_demo(duration_s=ns.duration, seed=ns.seed)
+
+
+def _cmd_bench(ns: argparse.Namespace) -> int:
+    from sidecar.bench import run_bench
+
+    return run_bench(ns.what, requests=ns.requests, concurrency=ns.concurrency)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tailroute", description=__doc__)
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("serve", help="run the ext_proc sidecar")
+    s.add_argument("--config", required=True)
+    s.add_argument("--grpc", default=None, help="host:port (default: listen.grpc; '' = off)")
+    s.add_argument("--unix", default=None, help="Unix socket path for gRPC")
+    s.add_argument("--admin", default=None, help="admin host:port (default: listen.admin)")
+    s.add_argument("--ready-file", default=None,
+                   help="write '<grpc port> <admin port>' here once serving")
+    s.add_argument("--seed", type=int, default=None, help="seed the picker's RNG")
+    s.set_defaults(func=_cmd_serve)
+
+    c = sub.add_parser("check-config", help="validate a config file")
+    c.add_argument("file")
+    c.set_defaults(func=_cmd_check_config)
+
+    e = sub.add_parser("envoy-config", help="render the Envoy bootstrap from a sidecar config")
+    e.add_argument("--config", required=True)
+    e.add_argument("--grpc", default=None, help="sidecar host:port (default: listen.grpc)")
+    e.add_argument("--unix", default=None, help="reach the sidecar over this Unix socket")
+    e.add_argument("--observe-mode", choices=["observability", "streamed", "headers_only"])
+    e.add_argument("-o", "--output", default=None)
+    e.set_defaults(func=_cmd_envoy_config)
+
+    sub.add_parser("fake-provider", help="simulated OpenAI-compatible provider", add_help=False)
+
+    d = sub.add_parser("demo", help="Envoy + sidecar + 3 simulated providers, one degrades")
+    d.add_argument("--duration", type=float, default=60.0)
+    d.add_argument("--seed", type=int, default=7)
+    d.set_defaults(func=_cmd_demo)
+
+    b = sub.add_parser("bench", help="benchmarks (print figures; not tests)")
+    b.add_argument("what", choices=["overhead"])
+    b.add_argument("--requests", type=int, default=400)
+    b.add_argument("--concurrency", type=int, default=8)
+    b.set_defaults(func=_cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "fake-provider":
+        return _cmd_fake_provider(argv[1:])
+    ns = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if ns.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    func: Callable[[argparse.Namespace], int] = ns.func
+    try:
+        return func(ns)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""Classify an OpenAI-compatible request into a workload slice.
+
+Pure functions over already-parsed inputs: the shell hands in the lower-cased
+header mapping and the raw body bytes; nothing here touches the network.
+
+Headers read (all optional, all treated as untrusted):
+
+==========================  ===================================================
+``x-tailroute-class``       workload class name; unknown -> default class
+``x-tailroute-priority``    integer 0..1000; default = the class's priority
+``x-tailroute-tenant``      tenant id (never used as a metrics label)
+``x-tailroute-deadline-ms`` remaining end-to-end budget in ms for the workflow
+``x-tailroute-step``        ``critical`` or ``optional``
+``x-tailroute-explain``     ``1`` asks for the explain response header
+``x-request-id``            request id (retry recognition)
+``x-envoy-attempt-count``   Envoy's attempt counter; > 1 means a retry
+``x-stainless-retry-count`` the openai client's retry counter
+==========================  ===================================================
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sidecar.core.config import Config
+from sidecar.core.types import Api, RequestInfo, SliceKey, Step
+
+# Token-profile buckets: (name, upper bound of expected output tokens). Output
+# length dominates end-to-end time, input length dominates TTFT (prefill), so
+# the bucket combines both: a long prompt is "long" even with a short answer.
+_PROFILES: tuple[tuple[str, int, int], ...] = (
+    ("short", 256, 2048),  # name, max output tokens, max input tokens
+    ("medium", 1024, 16384),
+)
+_LONG = "long"
+_DEFAULT_MAX_TOKENS = 256  # when the client gives none: a typical chat answer
+_NAME_OK = re.compile(r"^[A-Za-z0-9._:/@+-]{1,128}$")
+
+API_PATHS: dict[str, Api] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/responses": "responses",
+}
+
+
+class BadRequest(ValueError):
+    """The request itself is invalid; the shell answers 400 with this message."""
+
+
+def api_for_path(path: str) -> Api:
+    """Map a request path (query string ignored) to the API it targets."""
+    return API_PATHS.get(path.split("?", 1)[0].rstrip("/") or "/", "other")
+
+
+def token_profile(input_tokens: int, max_tokens: int | None) -> str:
+    """Bucket a request by its token profile: ``short``, ``medium`` or ``long``."""
+    out = max_tokens if max_tokens is not None else _DEFAULT_MAX_TOKENS
+    for name, out_cap, in_cap in _PROFILES:
+        if out <= out_cap and input_tokens <= in_cap:
+            return name
+    return _LONG
+
+
+def approx_tokens(text_chars: int) -> int:
+    """Rough token count: ~4 characters per token for English-like text."""
+    return (text_chars + 3) // 4
+
+
+def _text_chars(value: Any) -> int:
+    """Characters of prompt text in a messages/prompt/input value, walked defensively."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return sum(_text_chars(v) for v in value[:10000])
+    if isinstance(value, dict):
+        total = 0
+        for key in ("content", "text", "input", "prompt"):
+            if key in value:
+                total += _text_chars(value[key])
+        return total
+    return 0
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedBody:
+    model: str | None
+    stream: bool
+    max_tokens: int | None
+    input_tokens: int
+
+
+def parse_body(api: Api, body: bytes) -> ParsedBody:
+    """Extract what routing needs from a JSON request body.
+
+    Raises :class:`BadRequest` for bodies an upstream would reject anyway
+    (not JSON, not an object, wrong types for model/stream/max_tokens).
+    """
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadRequest("request body must be a JSON object")
+    model = data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("'model' must be a string")
+    stream = data.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("'stream' must be true or false")
+    max_tokens: int | None = None
+    for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
+        v = data.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise BadRequest(f"'{key}' must be a non-negative integer")
+        max_tokens = v
+        break
+    if api == "chat":
+        chars = _text_chars(data.get("messages"))
+    elif api == "completions":
+        chars = _text_chars(data.get("prompt"))
+    else:
+        chars = _text_chars(data.get("input")) + _text_chars(data.get("instructions"))
+    return ParsedBody(model, stream, max_tokens, approx_tokens(chars))
+
+
+def _int_header(headers: Mapping[str, str], name: str, lo: int, hi: int) -> int | None:
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    raw = raw.strip()
+    if not raw.isdigit() or len(raw) > 12:
+        return None  # hostile or garbled: ignore rather than fail the request
+    return min(max(int(raw), lo), hi)
+
+
+def _safe_name(raw: str | None, limit: int) -> str | None:
+    if raw is None:
+        return None
+    raw = raw.strip()[:limit]
+    return raw if _NAME_OK.match(raw) else None
+
+
+def classify(
+    config: Config,
+    headers: Mapping[str, str],
+    body: ParsedBody | None,
+    api: Api,
+) -> RequestInfo:
+    """Build the :class:`RequestInfo` and slice key for one request.
+
+    ``headers`` must have lower-case keys. Hostile header values are ignored
+    (bounded length, strict character set), never echoed into labels.
+    """
+    limit = config.limits.max_header_value_bytes
+    klass_name = _safe_name(headers.get("x-tailroute-class"), limit)
+    klass = config.workload_class(klass_name) if klass_name else None
+    class_known = klass is not None or klass_name is None
+    if klass is None:
+        klass = config.workload_class(config.default_class)
+    assert klass is not None  # default_class is validated at load
+
+    priority = _int_header(headers, "x-tailroute-priority", 0, 1000)
+    model = body.model if body else None
+    model_known = model is not None and config.model(model) is not None
+    stream = body.stream if body else False
+    max_tokens = body.max_tokens if body else None
+    input_tokens = body.input_tokens if body else 0
+
+    attempt = _int_header(headers, "x-envoy-attempt-count", 1, 1000) or 1
+    client_retry = _int_header(headers, "x-stainless-retry-count", 0, 1000) or 0
+    deadline = _int_header(headers, "x-tailroute-deadline-ms", 0, 86_400_000)
+    step_raw = (headers.get("x-tailroute-step") or "").strip().lower()
+    step: Step | None = "critical" if step_raw == "critical" else None
+    if step_raw == "optional":
+        step = "optional"
+
+    slice_model = model if model_known and model is not None else "_unknown"
+    return RequestInfo(
+        api=api,
+        model=model,
+        stream=stream,
+        max_tokens=max_tokens,
+        input_tokens=input_tokens,
+        klass=klass.name,
+        priority=klass.priority if priority is None else priority,
+        tenant=_safe_name(headers.get("x-tailroute-tenant"), limit),
+        slice=SliceKey(slice_model, klass.name, token_profile(input_tokens, max_tokens), stream),
+        request_id=_safe_name(headers.get("x-request-id"), limit),
+        retry_attempt=max(attempt - 1, client_retry),
+        deadline_ms=float(deadline) if deadline is not None else None,
+        step=step,
+        explain=headers.get("x-tailroute-explain", "").strip() == "1",
+        class_known=class_known,
+        model_known=model_known,
+    )

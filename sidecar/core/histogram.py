@@ -1,0 +1,257 @@
+"""A mergeable log-bucket histogram (DDSketch-style) for latencies in seconds.
+
+Geometry, for relative accuracy ``a`` (default 0.02)::
+
+    gamma  = (1 + a) / (1 - a)
+    index  = ceil(log(x) / log(gamma))          bucket i holds (gamma**(i-1), gamma**i]
+    value  = 2 * gamma**i / (gamma + 1)         the bucket's representative
+
+Every value in bucket ``i`` is within ``a`` of the representative:
+``|value - x| / x <= (gamma - 1) / (gamma + 1) = a``. A quantile is answered
+with the representative of the bucket holding the nearest-rank sample
+(``inverted_cdf``: the smallest sample whose cumulative weight reaches
+``q * total``), so the answer's relative error is ``<= a`` for samples in
+range.
+
+Range: values ``<= MIN_VALUE`` (1 microsecond, including negatives produced
+by clock bugs) land in a zero bucket reported as ``0.0``; values above
+``MAX_VALUE`` (1e4 s, longer than any request timeout) are clamped into the top
+bucket, so they are *under*-reported there.
+
+Memory bound: the index range covering ``MIN_VALUE .. MAX_VALUE`` has
+``ceil(ln(1e10) / ln(gamma)) + 1`` buckets: 577 for ``a = 0.02`` (1152 for
+``a = 0.01``). Counts are a dense float64 numpy array that only spans the
+occupied index range (grown on demand, as DDSketch's dense store), so a
+histogram costs ``8 bytes x occupied span`` -- about 0.9 KiB for latencies
+spread over 50 ms .. 5 s -- and never more than ``8 x 577`` = 4.6 KiB (plus
+~200 bytes of object overhead). An empty histogram allocates no array.
+
+``add`` is O(1) (a log, a ceil and one array store); ``merge`` is one vector
+add; ``quantile`` is one cumulative sum over the occupied span. numpy was
+chosen over a Python list after measuring (CPython 3.11): an add costs ~0.45 us
+vs ~0.3 us with a list, but a merge of ~300 buckets ~1.5 us vs ~35 us and a
+quantile ~4.5 us vs ~30 us -- and merges and quantiles are on the read path of
+every routing decision, while adds are a few per finished request.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+MIN_VALUE = 1e-6  # seconds; at or below this a value goes to the zero bucket
+MAX_VALUE = 1e4  # seconds; above this a value is clamped into the top bucket
+_PAD = 8  # buckets of headroom added around a new index (about +-17% at a = 0.02)
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@lru_cache(maxsize=16)
+def _geometry(relative_accuracy: float) -> tuple[float, float, int, int]:
+    """``(gamma, 1/ln(gamma), lowest index, highest index)`` for an accuracy."""
+    if not 0.0 < relative_accuracy < 1.0:
+        raise ValueError(f"relative_accuracy must be in (0, 1), got {relative_accuracy!r}")
+    gamma = (1.0 + relative_accuracy) / (1.0 - relative_accuracy)
+    inv = 1.0 / math.log(gamma)
+    return gamma, inv, math.ceil(math.log(MIN_VALUE) * inv), math.ceil(math.log(MAX_VALUE) * inv)
+
+
+class LogHistogram:
+    """Weighted log-bucket histogram with relative-error quantiles (see module docstring)."""
+
+    __slots__ = ("_a", "_counts", "_gamma", "_hi_idx", "_inv", "_lo", "_lo_idx", "_total", "_zero")
+
+    def __init__(self, relative_accuracy: float = 0.02) -> None:
+        self._a = relative_accuracy
+        self._gamma, self._inv, self._lo_idx, self._hi_idx = _geometry(relative_accuracy)
+        self._zero = 0.0  # weight of values <= MIN_VALUE
+        self._total = 0.0  # running sum of all weights, for O(1) ``count``
+        self._lo = 0  # bucket index of self._counts[0]
+        self._counts: FloatArray | None = None  # None while empty: no allocation
+
+    # ------------------------------------------------------------ geometry
+
+    @property
+    def relative_accuracy(self) -> float:
+        return self._a
+
+    @property
+    def gamma(self) -> float:
+        return self._gamma
+
+    @property
+    def max_buckets(self) -> int:
+        """Upper bound on the array length (the memory bound is 8 bytes times this)."""
+        return self._hi_idx - self._lo_idx + 1
+
+    def bucket_index(self, x: float) -> int:
+        """``ceil(log_gamma(x))`` clamped to the covered range; ``x > MIN_VALUE`` required."""
+        if x >= MAX_VALUE:  # also +inf, whose log cannot be ceil'ed
+            return self._hi_idx
+        i = math.ceil(math.log(x) * self._inv)
+        return self._lo_idx if i < self._lo_idx else self._hi_idx if i > self._hi_idx else i
+
+    def bucket_value(self, index: int) -> float:
+        """The representative ``2 * gamma**i / (gamma + 1)`` of bucket ``index``."""
+        return 2.0 * self._gamma**index / (self._gamma + 1.0)
+
+    # ------------------------------------------------------------ writing
+
+    def add(self, x: float, w: float = 1.0) -> None:
+        """Add value ``x`` (seconds) with weight ``w >= 0``. O(1)."""
+        if not 0.0 <= w < math.inf:  # also rejects NaN
+            raise ValueError(f"weight must be finite and >= 0, got {w!r}")
+        self._total += w
+        if x <= MIN_VALUE:
+            self._zero += w
+            return
+        # bucket_index() inlined: this is the hot path of every observation.
+        if x < MAX_VALUE:
+            i = math.ceil(math.log(x) * self._inv)
+            if i < self._lo_idx:
+                i = self._lo_idx
+        elif x == x:
+            i = self._hi_idx
+        else:
+            self._total -= w
+            raise ValueError("cannot add NaN")
+        counts = self._counts
+        p = i - self._lo
+        if counts is None or not 0 <= p < len(counts):
+            counts = self._cover(i, i)
+            p = i - self._lo
+        counts[p] += w
+
+    def merge(self, other: LogHistogram, scale: float = 1.0) -> None:
+        """Add ``scale`` x every weight of ``other`` (same accuracy required) into this one."""
+        if other._a != self._a:
+            raise ValueError(f"cannot merge accuracy {other._a} into {self._a}")
+        if not scale >= 0.0:
+            raise ValueError(f"scale must be >= 0, got {scale!r}")
+        self._zero += other._zero * scale
+        self._total += other._total * scale
+        src = other._counts
+        if src is None:
+            return
+        counts = self._cover(other._lo, other._lo + len(src) - 1)
+        start = other._lo - self._lo
+        view = counts[start : start + len(src)]
+        if scale == 1.0:
+            view += src
+        else:
+            view += src * scale
+
+    def clear(self) -> None:
+        """Forget every sample (and release the array)."""
+        self._zero = 0.0
+        self._total = 0.0
+        self._counts = None
+
+    def copy(self) -> LogHistogram:
+        out = LogHistogram(self._a)
+        out._zero, out._total, out._lo = self._zero, self._total, self._lo
+        out._counts = None if self._counts is None else self._counts.copy()
+        return out
+
+    def _cover(self, lo: int, hi: int) -> FloatArray:
+        """Grow the dense array so bucket indices ``lo..hi`` fit; returns it."""
+        counts = self._counts
+        if counts is None:
+            new_lo = max(self._lo_idx, lo - _PAD)
+            new_hi = min(self._hi_idx, hi + _PAD)
+            self._lo = new_lo
+            self._counts = np.zeros(new_hi - new_lo + 1, dtype=np.float64)
+            return self._counts
+        cur_hi = self._lo + len(counts) - 1
+        if lo >= self._lo and hi <= cur_hi:
+            return counts
+        # Grow by at least half the current span so a slowly drifting range
+        # costs amortised O(1) copies, never beyond the fixed index range.
+        slack = max(_PAD, len(counts) // 2)
+        new_lo = max(self._lo_idx, lo - slack) if lo < self._lo else self._lo
+        new_hi = min(self._hi_idx, hi + slack) if hi > cur_hi else cur_hi
+        grown = np.zeros(new_hi - new_lo + 1, dtype=np.float64)
+        grown[self._lo - new_lo : self._lo - new_lo + len(counts)] = counts
+        self._lo, self._counts = new_lo, grown
+        return grown
+
+    # ------------------------------------------------------------ reading
+
+    @property
+    def count(self) -> float:
+        """Total weight added (the number of samples when every weight is 1)."""
+        return self._total
+
+    def __len__(self) -> int:
+        """Buckets currently allocated (not samples); for memory accounting."""
+        return 0 if self._counts is None else len(self._counts)
+
+    def quantile(self, q: float) -> float | None:
+        """Nearest-rank quantile: representative of the first bucket whose
+        cumulative weight reaches ``q * total``; ``None`` when empty.
+
+        Relative error ``<= relative_accuracy`` against the exact
+        ``numpy.quantile(..., method="inverted_cdf")`` of in-range samples.
+        """
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"q must be in [0, 1], got {q!r}")
+        counts = self._counts
+        if counts is None:
+            return 0.0 if self._zero > 0.0 else None
+        cum = np.cumsum(counts)
+        # The total comes from the same cumulative sum, so the search target
+        # can never exceed the last cumulative value through rounding.
+        total = float(cum[-1]) + self._zero
+        if total <= 0.0:
+            return None
+        target = q * total
+        if self._zero > 0.0 and target <= self._zero:
+            return 0.0
+        if target <= 0.0:  # q == 0: the smallest non-empty bucket
+            pos = int(np.flatnonzero(counts)[0])
+        else:
+            pos = min(int(np.searchsorted(cum, target - self._zero, side="left")), len(cum) - 1)
+        return self.bucket_value(self._lo + pos)
+
+    # ------------------------------------------------------------ snapshots
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form: only the non-empty span of buckets is written."""
+        out: dict[str, Any] = {"relative_accuracy": self._a, "zero": self._zero}
+        counts = self._counts
+        nz = np.flatnonzero(counts) if counts is not None else np.empty(0, dtype=np.intp)
+        if len(nz):
+            assert counts is not None
+            first, last = int(nz[0]), int(nz[-1])
+            out["offset"] = self._lo + first
+            out["counts"] = [float(v) for v in counts[first : last + 1]]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LogHistogram:
+        """Inverse of :meth:`to_dict`; raises ``ValueError`` on malformed input."""
+        try:
+            h = cls(float(data["relative_accuracy"]))
+            zero = float(data.get("zero", 0.0))
+            raw = data.get("counts", [])
+            offset = int(data.get("offset", 0))
+            values = [float(v) for v in raw]
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed histogram snapshot: {exc}") from exc
+        if zero < 0 or any(not v >= 0 or math.isinf(v) for v in values):
+            raise ValueError("histogram snapshot has negative or non-finite weights")
+        if values and not h._lo_idx <= offset <= offset + len(values) - 1 <= h._hi_idx:
+            raise ValueError("histogram snapshot buckets outside the covered range")
+        h._zero = zero
+        h._total = zero + math.fsum(values)
+        if values:
+            h._lo = offset
+            h._counts = np.asarray(values, dtype=np.float64)
+        return h
+
+    def __repr__(self) -> str:
+        return f"LogHistogram(a={self._a}, count={self._total:g}, buckets={len(self)})"

@@ -1,0 +1,189 @@
+"""Selection pipeline: filters -> scorers -> one picker.
+
+Shape (after the Gateway API Inference Extension's scheduler):
+
+1. **Filters** (``sidecar.core.filters``) run in order; each returns ``None``
+   to keep a candidate or a short reason to drop it. Mandatory filters come
+   first (model served, region policy), then health (quarantine, class
+   restriction), then capacity.
+2. If every candidate is dropped by a *soft* filter (health, capacity), the
+   pipeline enters **panic mode**: it serves the least-bad candidate (highest
+   health weight, then most spare capacity) and says so. Hard filters (model
+   served, region) are never relaxed.
+3. **Scorers** (``sidecar.core.scorers``) give each survivor a goodness in
+   (0, 1] per dimension.
+4. The candidate's **weight** combines them log-linearly with the class's
+   weights: ``w = health * prod_i s_i ** k_i``; a class weight k_i = 0 ignores
+   the dimension.
+5. One **picker** (``sidecar.core.pickers``) chooses, with the injected RNG.
+
+Everything here is pure: the route view supplies statistics, health and load
+as of ``now``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sidecar.core.config import ClassConfig, ClusterConfig, Config, ModelConfig
+from sidecar.core.types import RequestInfo, SliceKey
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyValue:
+    """A percentile looked up through the slice hierarchy."""
+
+    value: float | None  # seconds
+    used: SliceKey | None
+    fell_back: bool
+    samples: int
+
+
+@dataclass(frozen=True, slots=True)
+class HealthView:
+    """What selection needs from one route's health state."""
+
+    state: str
+    weight: float  # 0..1, already resolved for the slice's class
+    excluded_for_sensitive: bool  # restricted: latency-sensitive classes must not use it
+    quarantined: bool  # circuit open (includes probing, except chosen probes)
+    probing: bool = False
+    probe_share: float = 0.0
+
+
+class RouteView(Protocol):
+    """Read-only view of routes as of ``now`` (implemented by the router)."""
+
+    def latency(
+        self, cluster: str, slice: SliceKey, metric: str, percentile: float, now: float
+    ) -> LatencyValue: ...
+
+    def health(self, cluster: str, slice: SliceKey) -> HealthView: ...
+
+    def inflight(self, cluster: str) -> int: ...
+
+
+@dataclass(slots=True)
+class Candidate:
+    """One cluster as it moves through the pipeline (mutable scratch state)."""
+
+    cluster: ClusterConfig
+    health: HealthView
+    verdicts: dict[str, str] = field(default_factory=dict)
+    scores: dict[str, float] = field(default_factory=dict)
+    latency: dict[str, LatencyValue] = field(default_factory=dict)
+    weight: float = 1.0
+    dropped: str | None = None  # the first filter that rejected it, if any
+    soft_drop: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.cluster.name
+
+
+@dataclass(frozen=True, slots=True)
+class SelectionContext:
+    """Everything a filter, scorer or picker may consult."""
+
+    config: Config
+    model: ModelConfig
+    klass: ClassConfig
+    request: RequestInfo
+    view: RouteView
+    now: float
+
+
+class Filter(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def soft(self) -> bool: ...
+
+
+    def __call__(self, ctx: SelectionContext, cand: Candidate) -> str | None: ...
+
+
+class Scorer(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+    def __call__(self, ctx: SelectionContext, cands: list[Candidate]) -> None: ...
+
+
+class Picker(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+    def __call__(
+        self, ctx: SelectionContext, cands: list[Candidate], rng: random.Random
+    ) -> Candidate: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineResult:
+    chosen: Candidate
+    candidates: tuple[Candidate, ...]
+    panic: bool
+    notes: tuple[str, ...]
+
+
+def run_pipeline(
+    ctx: SelectionContext,
+    filters: tuple[Filter, ...],
+    scorers: tuple[Scorer, ...],
+    picker: Picker,
+    rng: random.Random,
+) -> PipelineResult | None:
+    """Run the pipeline; None only when hard filters leave nothing (caller uses the default)."""
+    cands = [
+        Candidate(ctx.config.cluster(n), ctx.view.health(n, ctx.request.slice))
+        for n in ctx.model.candidates
+        if ctx.config.has_cluster(n)
+    ]
+    for cand in cands:
+        for f in filters:
+            verdict = f(ctx, cand)
+            if verdict is None:
+                cand.verdicts[f.name] = "pass"
+                continue
+            cand.verdicts[f.name] = verdict
+            cand.dropped = f.name
+            cand.soft_drop = f.soft
+            break
+    survivors = [c for c in cands if c.dropped is None]
+    notes: list[str] = []
+    panic = False
+    if not survivors:
+        soft = [c for c in cands if c.soft_drop]
+        if not soft:
+            return None
+        # Panic: never leave a class without a route; serve the least bad one.
+        soft.sort(key=lambda c: (c.health.quarantined, -c.health.weight, ctx.view.inflight(c.name)))
+        survivors = [soft[0]]
+        panic = True
+        notes.append(
+            f"panic: every candidate was excluded; serving least-bad {soft[0].name} "
+            f"({soft[0].verdicts.get(soft[0].dropped or '', '')})"
+        )
+    for s in scorers:
+        s(ctx, survivors)
+    w = ctx.klass.weights
+    # Scores not listed here (e.g. the raw "latency_ratio") are informational only.
+    exponents = {"latency": w.latency, "headroom": w.latency, "cost": w.cost,
+                 "quality": w.quality, "load": w.capacity}
+    for cand in survivors:
+        weight = 1.0
+        for name, k in exponents.items():
+            score = cand.scores.get(name)
+            if score is not None and k:
+                weight *= max(score, 1e-6) ** k
+        # The view already resolved the health weight for this class (tolerant
+        # classes ignore latency states, never an open circuit).
+        cand.weight = max(weight * cand.health.weight, 1e-9)
+    chosen = picker(ctx, survivors, rng)
+    return PipelineResult(chosen, tuple(cands), panic, tuple(notes))

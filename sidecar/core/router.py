@@ -1,0 +1,301 @@
+"""The decision core's facade: decide, observe, tick.
+
+Sans-I/O in the h11/aioquic manner: the server shell and the simulator feed
+events with ``now`` and get decisions back; :meth:`Router.next_deadline` tells
+them when to call :meth:`Router.tick` next. One Router object is the whole
+state: statistics, health, in-flight counts and the recent-decision ring.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, deque
+from dataclasses import dataclass
+
+from sidecar.core.config import ClassConfig, Config
+from sidecar.core.filters import DEFAULT_FILTERS
+from sidecar.core.health import HealthBoard, HealthState
+from sidecar.core.pickers import PICKERS
+from sidecar.core.pipeline import (
+    HealthView,
+    LatencyValue,
+    PipelineResult,
+    SelectionContext,
+    run_pipeline,
+)
+from sidecar.core.scorers import DEFAULT_SCORERS
+from sidecar.core.stats import StatsStore
+from sidecar.core.types import (
+    CandidateExplain,
+    Decision,
+    Explain,
+    Observation,
+    RequestInfo,
+    SliceKey,
+    TransitionEvent,
+)
+
+_QUARANTINED = {HealthState.QUARANTINED, HealthState.PROBING}
+_HEALTHY = HealthView("healthy", 1.0, False, False)
+
+
+@dataclass(frozen=True, slots=True)
+class RecentDecision:
+    at: float
+    request: RequestInfo
+    decision: Decision
+
+
+class Router:
+    """All routing state for one sidecar (or one simulated policy run)."""
+
+    def __init__(self, config: Config, recent: int = 64) -> None:
+        self.config = config
+        self.stats = StatsStore(config.stats)
+        self.board = HealthBoard(config.health, config.stats)
+        self._inflight: Counter[str] = Counter()
+        self.counters: Counter[tuple[str, str]] = Counter()  # (kind, label) -> count
+        self.recent: deque[RecentDecision] = deque(maxlen=recent)
+        self.transitions: deque[TransitionEvent] = deque(maxlen=256)
+        self._next_eval: float | None = None
+        self._picker = PICKERS[config.picker]
+
+    # ------------------------------------------------------------ config
+
+    def reload(self, config: Config) -> None:
+        """Swap in a new config, keeping statistics and health where still meaningful.
+
+        A changed sub-window length makes the old windows incomparable: statistics
+        start fresh then (health states are kept).
+        """
+        if config.stats != self.config.stats:
+            self.stats = StatsStore(config.stats)
+        self.board.reconfigure(config.health, config.stats)
+        self.config = config
+        self._picker = PICKERS[config.picker]
+
+    # ------------------------------------------------------------ RouteView
+
+    def latency(
+        self, cluster: str, slice: SliceKey, metric: str, percentile: float, now: float
+    ) -> LatencyValue:
+        lk = self.stats.lookup(cluster, slice, metric, percentile / 100.0, now)
+        return LatencyValue(lk.value, lk.used, lk.fell_back, lk.samples)
+
+    def health(self, cluster: str, slice: SliceKey) -> HealthView:
+        h = self.board.peek(cluster, slice)
+        if h is None:
+            return _HEALTHY
+        klass = self.config.workload_class(slice.klass)
+        return HealthView(
+            state=h.state.value,
+            weight=h.weight_for(klass.latency_sensitive if klass else True),
+            excluded_for_sensitive=h.excluded_for_sensitive,
+            quarantined=h.state in _QUARANTINED,
+            probing=h.state is HealthState.PROBING,
+            probe_share=self.config.health.probe_share,
+        )
+
+    def inflight(self, cluster: str) -> int:
+        return self._inflight[cluster]
+
+    # ------------------------------------------------------------ decisions
+
+    def decide(self, req: RequestInfo, now: float, rng: random.Random) -> Decision:
+        """Choose a cluster for ``req``. Never raises for request content."""
+        decision = self._decide(req, now, rng)
+        self.counters[("decision", decision.reason)] += 1
+        self.recent.append(RecentDecision(now, req, decision))
+        return decision
+
+    def _decide(self, req: RequestInfo, now: float, rng: random.Random) -> Decision:
+        cfg = self.config
+        model = cfg.model(req.model) if req.model else None
+        if model is None:
+            return Decision(cfg.default_cluster, "unknown_model", detail=str(req.model))
+        klass = cfg.workload_class(req.klass) or cfg.workload_class(cfg.default_class)
+        assert klass is not None
+        probe = self._maybe_probe(req, klass, model.candidates, rng)
+        if probe is not None:
+            return self._finish(req, probe, "probe", klass, None, is_probe=True)
+        ctx = SelectionContext(cfg, model, klass, req, self, now)
+        result = run_pipeline(ctx, DEFAULT_FILTERS, DEFAULT_SCORERS, self._picker, rng)
+        if result is None:
+            return Decision(cfg.default_cluster, "no_candidate", detail="hard filters left none")
+        reason = self._reason(result, len(model.candidates))
+        return self._finish(req, result.chosen.name, reason, klass, result)
+
+    def _maybe_probe(
+        self, req: RequestInfo, klass: ClassConfig, candidates: tuple[str, ...],
+        rng: random.Random,
+    ) -> str | None:
+        """Send a small share of a slice's traffic as probes.
+
+        Probes go to routes whose cooldown has ended (probing) and, for
+        latency-sensitive classes, to restricted routes, which otherwise see no
+        such traffic and could never show recovery. Capacity still applies.
+        """
+        if req.retry_attempt:
+            return None  # never probe with a retry: it already had bad luck once
+        share = self.config.health.probe_share
+        for c in candidates:
+            h = self.board.peek(c, req.slice)
+            if h is None:
+                continue
+            eligible = h.state is HealthState.PROBING or (
+                h.state is HealthState.RESTRICTED and klass.latency_sensitive
+            )
+            if (
+                eligible
+                and self._inflight[c] < self.config.cluster(c).max_concurrency
+                and rng.random() < share
+            ):
+                return c
+        return None
+
+    @staticmethod
+    def _reason(result: PipelineResult, n_candidates: int) -> str:
+        if result.panic:
+            return "panic"
+        if n_candidates == 1:
+            return "only_candidate"
+        ratio = result.chosen.scores.get("latency_ratio", 0.0)
+        if ratio > 0:
+            return "scored"
+        if any(c.scores.get("latency_ratio", 0.0) > 0 for c in result.candidates):
+            return "exploring"  # chosen route has no data yet; others do
+        latency_keys = [k for c in result.candidates for k in c.latency if "_p" in k]
+        return "no_data" if latency_keys else "no_percentile"
+
+    def _finish(
+        self,
+        req: RequestInfo,
+        cluster: str,
+        reason: str,
+        klass: ClassConfig,
+        result: PipelineResult | None,
+        is_probe: bool = False,
+    ) -> Decision:
+        upstream = self.config.cluster(cluster).models.get(req.model or "")
+        explain = _explain(req, result, self._picker.name) if result is not None else None
+        return Decision(
+            cluster=cluster,
+            reason=reason,
+            upstream_model=upstream if upstream and upstream != req.model else None,
+            timeout_ms=klass.slo.timeout_ms,
+            is_probe=is_probe,
+            explain=explain,
+        )
+
+    # ------------------------------------------------------------ observations
+
+    def started(self, cluster: str) -> None:
+        """A routed request was released to ``cluster``."""
+        self._inflight[cluster] += 1
+
+    def finished(self, cluster: str) -> None:
+        """A request previously :meth:`started` on ``cluster`` is over (any outcome)."""
+        if self._inflight[cluster] > 0:
+            self._inflight[cluster] -= 1
+
+    def observe(self, obs: Observation, now: float) -> list[TransitionEvent]:
+        """Record one measured outcome; probes also drive the probing state."""
+        self.counters[("outcome", obs.outcome)] += 1
+        if self._next_eval is None:
+            self._next_eval = self._boundary_after(now)
+        self.stats.observe(obs, now)
+        events: list[TransitionEvent] = []
+        if obs.is_probe and obs.outcome != "cancel":
+            ok = obs.outcome == "ok" and self._within_budget(obs)
+            events = self.board.record_probe(obs.cluster, obs.slice, ok, now)
+            self._log(events)
+        return events
+
+    def _within_budget(self, obs: Observation) -> bool:
+        """Did a probe meet its class SLO budget (the metric it promises)?"""
+        klass = self.config.workload_class(obs.slice.klass)
+        if klass is None:
+            return True
+        value = {"ttft": obs.ttft_s, "tpot": obs.tpot_s, "e2e": obs.e2e_s}[klass.slo.metric]
+        if value is None:
+            value = obs.e2e_s  # e.g. a TTFT class served without streaming
+        return value is None or value * 1000.0 <= klass.slo.budget_ms
+
+    # ------------------------------------------------------------ time
+
+    def _boundary_after(self, now: float) -> float:
+        step = self.config.stats.subwindow_s
+        return (int(now / step) + 1) * step
+
+    def next_deadline(self) -> float | None:
+        """The next time :meth:`tick` has work to do (window end or cooldown end)."""
+        times = [t for t in (self._next_eval, self.board.next_deadline()) if t is not None]
+        return min(times) if times else None
+
+    def tick(self, now: float) -> list[TransitionEvent]:
+        """Evaluate finished windows and expire cooldowns. Cheap when nothing is due."""
+        events = self.board.tick(now)
+        if self._next_eval is not None and now >= self._next_eval:
+            self._next_eval = self._boundary_after(now)
+            events.extend(self._evaluate(now))
+            self.stats.prune(now)
+            self.board.prune(set(self.stats.narrow_keys()))
+        self._log(events)
+        return events
+
+    def _evaluate(self, now: float) -> list[TransitionEvent]:
+        events: list[TransitionEvent] = []
+        for cluster, slice in self.stats.narrow_keys():
+            klass = self.config.workload_class(slice.klass)
+            if klass is None:
+                continue
+            summary = self.stats.window_summary(
+                cluster, slice, klass.slo.metric, klass.slo.percentile / 100.0, now
+            )
+            events.extend(
+                self.board.evaluate(
+                    cluster,
+                    slice,
+                    summary,
+                    klass.slo,
+                    now,
+                    may_quarantine=self._others_viable(cluster, slice),
+                )
+            )
+        return events
+
+    def _others_viable(self, cluster: str, slice: SliceKey) -> bool:
+        """Is there another candidate for this slice that is neither quarantined nor restricted?"""
+        model = self.config.model(slice.model)
+        if model is None:
+            return True
+        for c in model.candidates:
+            if c == cluster:
+                continue
+            h = self.board.peek(c, slice)
+            if h is None or (h.state not in _QUARANTINED and not h.excluded_for_sensitive):
+                return True
+        return False
+
+    def _log(self, events: list[TransitionEvent]) -> None:
+        for e in events:
+            self.transitions.append(e)
+            self.counters[("transition", e.new)] += 1
+
+
+def _explain(req: RequestInfo, result: PipelineResult, picker: str) -> Explain:
+    cands = []
+    for c in result.candidates:
+        used = next((lv for lv in c.latency.values() if lv.used is not None), None)
+        cands.append(
+            CandidateExplain(
+                cluster=c.name,
+                verdicts=dict(c.verdicts),
+                scores={k: round(v, 4) for k, v in c.scores.items()},
+                state=c.health.state,
+                weight=round(c.weight, 6),
+                stats_slice=used.used.label() if used and used.used else "",
+                fell_back=bool(used and used.fell_back),
+            )
+        )
+    return Explain(req.slice.label(), tuple(cands), picker, result.notes)

@@ -1,0 +1,151 @@
+"""Value types shared by the decision core, the server shell and the simulator.
+
+All are frozen dataclasses: the core receives them as events and returns them
+as decisions, never mutating what a caller holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Outcome = Literal["ok", "error", "timeout", "cancel"]
+Api = Literal["chat", "completions", "responses", "other"]
+Step = Literal["critical", "optional"]
+
+ANY = "*"  # wildcard level in a broader slice
+
+
+@dataclass(frozen=True, slots=True)
+class SliceKey:
+    """A workload slice: traffic whose latency is comparable.
+
+    ``profile`` is a token-profile bucket (see :func:`sidecar.core.classify.token_profile`).
+    Broader slices replace the narrow levels with :data:`ANY`.
+    """
+
+    model: str
+    klass: str
+    profile: str
+    streaming: bool | None  # None = either (broader slice)
+
+    def broader(self) -> tuple[SliceKey, ...]:
+        """The comparable fallbacks, narrowest first: model x class, then model.
+
+        Long generations never share a percentile with short ones unless the
+        narrow slice lacks data; the caller decides when to fall back.
+        """
+        out: list[SliceKey] = []
+        if self.profile != ANY or self.streaming is not None:
+            out.append(SliceKey(self.model, self.klass, ANY, None))
+        if self.klass != ANY:
+            out.append(SliceKey(self.model, ANY, ANY, None))
+        return tuple(out)
+
+    def label(self) -> str:
+        """Stable text form, used in metrics labels, logs and snapshots."""
+        s = ANY if self.streaming is None else ("stream" if self.streaming else "unary")
+        return f"{self.model}|{self.klass}|{self.profile}|{s}"
+
+    @staticmethod
+    def parse(text: str) -> SliceKey:
+        model, klass, profile, s = text.split("|")
+        streaming = None if s == ANY else s == "stream"
+        return SliceKey(model, klass, profile, streaming)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """What the classifier learned about one request."""
+
+    api: Api
+    model: str | None
+    stream: bool
+    max_tokens: int | None
+    input_tokens: int
+    klass: str
+    priority: int
+    tenant: str | None
+    slice: SliceKey
+    request_id: str | None = None
+    retry_attempt: int = 0  # 0 = first attempt
+    deadline_ms: float | None = None  # remaining end-to-end budget, if the caller gave one
+    step: Step | None = None
+    explain: bool = False  # caller asked for the explain header
+    class_known: bool = True  # False: header named an unknown class, default used
+    model_known: bool = True  # False: model not in config, default route used
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What happened to one routed request, measured by the shell or the simulator."""
+
+    cluster: str
+    slice: SliceKey
+    outcome: Outcome
+    status: int | None = None
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+    output_tokens: int | None = None
+    is_retry: bool = False
+    is_probe: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateExplain:
+    """One candidate's journey through the selection pipeline."""
+
+    cluster: str
+    verdicts: dict[str, str] = field(default_factory=dict)  # filter -> "pass" or reason
+    scores: dict[str, float] = field(default_factory=dict)  # scorer -> value
+    state: str = "healthy"
+    weight: float = 1.0
+    stats_slice: str = ""
+    fell_back: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Explain:
+    """Why a decision was made; rendered by /explain and the opt-in debug header."""
+
+    slice: str
+    candidates: tuple[CandidateExplain, ...]
+    picker: str
+    notes: tuple[str, ...] = ()
+
+
+Admission = Literal["admit", "queue", "defer", "shed", "reject", "skip"]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The core's answer for one request.
+
+    ``reason`` is a small closed vocabulary (used as a metrics label):
+    scored, only_candidate, no_data, no_percentile, unknown_model, panic, probe,
+    admission.
+    """
+
+    cluster: str
+    reason: str
+    upstream_model: str | None = None  # set when the cluster serves the model under another name
+    admission: Admission = "admit"
+    status: int | None = None  # HTTP status for non-admit outcomes
+    retry_after_s: int | None = None
+    timeout_ms: float | None = None  # per-request upstream timeout to set
+    is_probe: bool = False
+    explain: Explain | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionEvent:
+    """A health-state change of one (cluster, slice); every transition has a reason."""
+
+    at: float
+    cluster: str
+    slice: str
+    old: str
+    new: str
+    reason: str

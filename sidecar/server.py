@@ -1,0 +1,122 @@
+"""The grpc.aio ext_proc server: a thin adapter between gRPC streams and the core.
+
+Each stream's first message says which filter opened it: the observability
+filter sets ``observability_mode``; everything else is a routing stream. The
+loop's clock (``loop.time()``) is the only time source, handed to the core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from prometheus_client import Histogram
+
+from sidecar.app import App
+from sidecar.extproc import ObserveStream, RouteStream
+from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+log = logging.getLogger("tailroute.server")
+
+
+class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    """envoy.service.ext_proc.v3.ExternalProcessor/Process."""
+
+    def __init__(self, app: App, phase_hist: Histogram | None = None) -> None:
+        self.app = app
+        self.active_streams = 0
+        self._phase = phase_hist
+
+    async def Process(
+        self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: Any
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        loop = asyncio.get_running_loop()
+        handler: RouteStream | ObserveStream | None = None
+        cancelled = True
+        self.active_streams += 1
+        try:
+            async for msg in request_iterator:
+                now = loop.time()
+                if handler is None:
+                    handler = ObserveStream(self.app) if msg.observability_mode else RouteStream(
+                        self.app
+                    )
+                t0 = time.perf_counter()
+                try:
+                    resp = handler.on_message(msg, now)
+                except Exception:  # a bug must not take the stream loop down with it
+                    log.exception("handler error; answering CONTINUE")
+                    self.app.errors["handler_exception"] += 1
+                    resp = None if isinstance(handler, ObserveStream) else _safe_continue(msg)
+                if self._phase is not None:
+                    self._phase.labels(msg.WhichOneof("request") or "unknown").observe(
+                        time.perf_counter() - t0
+                    )
+                if resp is not None:
+                    yield resp
+            cancelled = False
+        except asyncio.CancelledError:
+            raise
+        finally:
+            self.active_streams -= 1
+            if handler is not None:
+                try:
+                    handler.close(loop.time(), cancelled=cancelled)
+                except Exception:
+                    log.exception("error closing stream handler")
+                    self.app.errors["close_exception"] += 1
+
+
+def _safe_continue(msg: pb.ProcessingRequest) -> pb.ProcessingResponse:
+    kind = msg.WhichOneof("request")
+    if kind == "request_body":
+        return pb.ProcessingResponse(request_body=pb.BodyResponse())
+    if kind == "response_headers":
+        return pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+    if kind == "response_body":
+        return pb.ProcessingResponse(response_body=pb.BodyResponse())
+    return pb.ProcessingResponse(request_headers=pb.HeadersResponse())
+
+
+async def start_grpc(
+    app: App, tcp: str | None, unix: str | None, phase_hist: Histogram | None = None
+) -> tuple[grpc.aio.Server, ExtProcService, int | None]:
+    """Start the gRPC server on a TCP address (``host:port``, port 0 = any) and/or a Unix socket.
+
+    Returns the server, the service and the bound TCP port (None when TCP is off).
+    """
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", app.config.limits.max_body_bytes + (1 << 20)),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    service = ExtProcService(app, phase_hist)
+    pb_grpc.add_ExternalProcessorServicer_to_server(service, server)
+    port: int | None = None
+    if tcp:
+        port = server.add_insecure_port(tcp)
+        if port == 0:
+            raise OSError(f"cannot bind gRPC on {tcp}")
+    if unix:
+        server.add_insecure_port(f"unix:{unix}")
+    await server.start()
+    return server, service, port
+
+
+async def tick_loop(app: App, stop: asyncio.Event, max_sleep: float = 0.5) -> None:
+    """Call the core's tick at its next deadline (at least every ``max_sleep`` s)."""
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        now = loop.time()
+        app.tick(now)
+        nd = app.router.next_deadline()
+        delay = max_sleep if nd is None else min(max(nd - now, 0.01), max_sleep)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=delay)

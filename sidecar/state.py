@@ -1,0 +1,75 @@
+"""JSON views of the router's state, shared by /state, /explain and `tailroute status`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from sidecar.core.router import Router
+from sidecar.core.stats import METRICS
+from sidecar.core.types import Decision
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else round(v * 1000.0, 3)
+
+
+def state_json(router: Router, now: float) -> dict[str, Any]:
+    """Per cluster x slice: percentiles, sample counts, state, weight, last transition."""
+    routes: list[dict[str, Any]] = []
+    health = {key: h for key, h in router.board.items()}
+    for (cluster, slice), rs in router.stats.items():
+        lat: dict[str, Any] = {}
+        for metric in METRICS:
+            lat[metric] = {
+                "samples": rs.count(metric, now),
+                **{f"p{int(q * 100)}_ms": _ms(rs.quantile(metric, q, now))
+                   for q in (0.5, 0.95, 0.99)},
+            }
+        h = health.get((cluster, slice))
+        routes.append({
+            "cluster": cluster,
+            "slice": slice.label(),
+            "narrow": router.stats.is_narrow(cluster, slice),
+            "latency": lat,
+            "requests": rs.requests(now),
+            "error_rate": rs.error_rate(now),
+            "timeout_rate": rs.timeout_rate(now),
+            "state": h.state.value if h else "healthy",
+            "weight": h.weight if h else 1.0,
+            "since": h.since if h else None,
+        })
+    last: dict[tuple[str, str], dict[str, Any]] = {}
+    for e in router.transitions:
+        last[(e.cluster, e.slice)] = {"at": e.at, "from": e.old, "to": e.new, "reason": e.reason}
+    for r in routes:
+        r["last_transition"] = last.get((r["cluster"], r["slice"]))
+    return {
+        "now": now,
+        "clusters": {c: {"inflight": router.inflight(c),
+                         "max_concurrency": router.config.cluster(c).max_concurrency}
+                     for c in router.config.cluster_names},
+        "routes": routes,
+        "transitions": [asdict(e) for e in list(router.transitions)[-50:]],
+        "counters": {f"{k}:{label}": v for (k, label), v in sorted(router.counters.items())},
+    }
+
+
+def decision_json(at: float, decision: Decision, request: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"at": at, "request": request, "cluster": decision.cluster,
+                           "reason": decision.reason, "admission": decision.admission,
+                           "is_probe": decision.is_probe, "detail": decision.detail}
+    if decision.explain is not None:
+        out["explain"] = asdict(decision.explain)
+    return out
+
+
+def explain_recent(router: Router, limit: int = 20) -> list[dict[str, Any]]:
+    """The most recent decisions with their reasons, newest first."""
+    out = []
+    for rd in list(router.recent)[-limit:][::-1]:
+        req = {"model": rd.request.model, "class": rd.request.klass,
+               "slice": rd.request.slice.label(), "stream": rd.request.stream,
+               "priority": rd.request.priority, "retry_attempt": rd.request.retry_attempt}
+        out.append(decision_json(rd.at, rd.decision, req))
+    return out

@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sidecar.core.classify import (
+    BadRequest,
+    api_for_path,
+    classify,
+    parse_body,
+    token_profile,
+)
+from sidecar.core.config import Config
+from sidecar.core.types import SliceKey
+
+
+@pytest.mark.parametrize(
+    ("path", "api"),
+    [
+        ("/v1/chat/completions", "chat"),
+        ("/v1/chat/completions?x=1", "chat"),
+        ("/v1/completions", "completions"),
+        ("/v1/responses", "responses"),
+        ("/v1/models", "other"),
+        ("/", "other"),
+    ],
+)
+def test_api_for_path(path: str, api: str) -> None:
+    assert api_for_path(path) == api
+
+
+@pytest.mark.parametrize(
+    ("inp", "out", "profile"),
+    [(100, 50, "short"), (100, None, "short"), (100, 800, "medium"), (50000, 10, "long"),
+     (100, 5000, "long"), (3000, 100, "medium")],
+)
+def test_token_profile(inp: int, out: int | None, profile: str) -> None:
+    assert token_profile(inp, out) == profile
+
+
+def _chat(**kw: object) -> bytes:
+    body = {"model": "m", "messages": [{"role": "user", "content": "x" * 400}], **kw}
+    return json.dumps(body).encode()
+
+
+def test_parse_chat_body() -> None:
+    p = parse_body("chat", _chat(stream=True, max_completion_tokens=30))
+    assert (p.model, p.stream, p.max_tokens, p.input_tokens) == ("m", True, 30, 100)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"{not json", b"[1,2]", b'{"model": 5}', b'{"stream": "yes"}', b'{"max_tokens": -1}',
+     b'{"max_tokens": true}', b"\xff\xfe"],
+)
+def test_bad_bodies_raise(body: bytes) -> None:
+    with pytest.raises(BadRequest):
+        parse_body("chat", body)
+
+
+def test_classify_headers(config: Config) -> None:
+    body = parse_body("chat", _chat(stream=True))
+    info = classify(
+        config,
+        {"x-tailroute-class": "batch", "x-tailroute-priority": "3", "x-tailroute-tenant": "t1",
+         "x-envoy-attempt-count": "2"},
+        body,
+        "chat",
+    )
+    assert info.klass == "batch" and info.priority == 3 and info.tenant == "t1"
+    assert info.slice == SliceKey("m", "batch", "short", True)
+    assert info.retry_attempt == 1
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"x-tailroute-class": "no-such-class"},
+        {"x-tailroute-class": "a" * 5000},
+        {"x-tailroute-class": "inter\nactive"},
+        {"x-tailroute-priority": "99999999999999999999"},
+        {"x-tailroute-tenant": "<script>"},
+    ],
+)
+def test_hostile_headers_fall_back_to_defaults(config: Config, headers: dict[str, str]) -> None:
+    info = classify(config, headers, parse_body("chat", _chat()), "chat")
+    assert info.klass == config.default_class
+    assert info.tenant is None
+    assert 0 <= info.priority <= 1000
+
+
+def test_unknown_model_marks_slice(config: Config) -> None:
+    info = classify(config, {}, parse_body("chat", _chat(model="nope")), "chat")
+    assert not info.model_known and info.slice.model == "_unknown"
+
+
+def test_slice_hierarchy() -> None:
+    s = SliceKey("m", "interactive", "short", True)
+    assert [b.label() for b in s.broader()] == ["m|interactive|*|*", "m|*|*|*"]
+    assert SliceKey.parse(s.label()) == s

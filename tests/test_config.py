@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sidecar.core.config import ConfigError, parse_config
+from tests.conftest import base_config_dict
+
+
+def test_semantic_router_fragment_accepted_verbatim() -> None:
+    data = base_config_dict()
+    data["models"][0]["algorithm"] = {
+        "type": "latency_aware",
+        "latency_aware": {"tpot_percentile": 90, "ttft_percentile": 95, "description": "x"},
+    }
+    cfg = parse_config(data, "f.yaml")
+    m = cfg.model("m")
+    assert m is not None
+    assert (m.latency_aware.ttft_percentile, m.latency_aware.tpot_percentile) == (95, 90)
+
+
+def test_global_algorithm_applies_to_models() -> None:
+    data = base_config_dict(
+        algorithm={"type": "latency_aware", "latency_aware": {"ttft_percentile": 50}}
+    )
+    m = parse_config(data, "f.yaml").model("m")
+    assert m is not None and m.latency_aware.ttft_percentile == 50
+    assert m.latency_aware.tpot_percentile is None
+
+
+def _with(path: str, value: Any) -> dict[str, Any]:
+    data = base_config_dict()
+    keys = path.split(".")
+    target: Any = data
+    for k in keys[:-1]:
+        target = target[int(k)] if k.isdigit() else target[k]
+    last = keys[-1]
+    target[int(last) if last.isdigit() else last] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "expect"),
+    [
+        ("clusters.0.max_concurrency", 0, "clusters[0].max_concurrency: must be >= 1"),
+        ("clusters.1.address", "nope", "clusters[1].address: must be host:port"),
+        ("clusters.0.colour", "red", "clusters[0]: unknown field(s): colour"),
+        ("models.0.candidates", ["zz"], "models[0].candidates: unknown cluster 'zz'"),
+        ("default_cluster", "zz", "default_cluster: unknown cluster 'zz'"),
+        ("picker", "best", "picker: must be one of weighted_random, lowest_score"),
+        ("stats", {"subwindows": "six"}, "stats.subwindows: must be a number"),
+        (
+            "models.0.algorithm",
+            {"type": "latency_aware", "latency_aware": {"ttft_percentile": 101}},
+            "models[0].algorithm.latency_aware.ttft_percentile: must be <= 100",
+        ),
+        ("classes", {"x": {"slo": {"metric": "p99"}}}, "classes.x.slo.metric: must be one of"),
+        ("health", {"recover_ratio": 0.9}, "health: need recover_ratio < watch_ratio"),
+    ],
+)
+def test_errors_name_file_and_field(path: str, value: Any, expect: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(_with(path, value), "conf/tailroute.yaml")
+    msg = str(err.value)
+    assert msg.startswith("conf/tailroute.yaml: "), msg
+    assert expect in msg, msg
+
+
+def test_load_config_reports_yaml_line(tmp_path: Any) -> None:
+    from sidecar.config_file import load_config
+
+    p = tmp_path / "bad.yaml"
+    p.write_text("clusters: [\n  {name: a\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: line \d+, column \d+: invalid YAML"):
+        load_config(p)
+
+
+def test_example_config_is_valid() -> None:
+    from pathlib import Path
+
+    from sidecar.config_file import load_config
+
+    cfg = load_config(Path(__file__).parents[1] / "envoy" / "tailroute.example.yaml")
+    assert cfg.default_cluster == "provider-a"

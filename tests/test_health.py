@@ -1,0 +1,447 @@
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar.core.config import HealthConfig, SloConfig, StatsConfig
+from sidecar.core.health import (
+    TRANSITIONS,
+    HealthBoard,
+    HealthState,
+    RouteHealth,
+    Signal,
+    WindowVerdict,
+    classify,
+)
+from sidecar.core.stats import StatsStore, WindowSummary
+from sidecar.core.types import Observation, SliceKey, TransitionEvent
+
+S, G = HealthState, Signal
+HC = HealthConfig()  # watch 0.8 x3, restrict 1.0 x2, recover 0.6 x2, restore 0.25, ...
+SC = StatsConfig(subwindow_s=10.0, stale_after_s=300.0)
+SLO = SloConfig("ttft", 95, 1000, 30000)
+K = SliceKey("m", "interactive", "short", True)
+FAST = settings(max_examples=50, deadline=None)
+RATIO = {G.OK: 0.3, G.BAND: 0.7, G.ELEVATED: 0.9, G.THREATENING: 1.5}
+WINDOW_SIGNALS = [*RATIO, G.INSUFFICIENT, G.INSUFFICIENT_ERRORS, G.STALE, G.BURST]
+
+
+class Driver:
+    """Feeds one RouteHealth a signal at a time, one evaluation window apart."""
+
+    def __init__(self, state: HealthState = S.HEALTHY, cfg: HealthConfig = HC) -> None:
+        self.now, self.idx = 1000.0, 100
+        self.h = RouteHealth("a", K, cfg, SC, self.now)
+        self.h.state = state
+        if state is S.QUARANTINED:
+            self.h.offences, self.h.cooldown_until = 1, self.now + 10_000
+        elif state is S.PROBING:
+            self.h.offences = 1
+        elif state is S.RESTORING:
+            self.h.restore_base, self.h.restore_from_circuit = 0.25, True
+
+    def verdict(self, signal: Signal) -> WindowVerdict:
+        self.idx += 1
+        if signal in RATIO:
+            r = RATIO[signal]
+            return WindowVerdict(self.idx, "ttft", 95, r, r, 40, 40, 0)
+        if signal is G.BURST:
+            return WindowVerdict(self.idx, "ttft", 95, 0.2, 0.2, 8, 20, 12)
+        failures = 1 if signal is G.INSUFFICIENT_ERRORS else 0
+        return WindowVerdict(self.idx, "ttft", 95, None, None, 2, 3, failures)
+
+    def send(self, signal: Signal, may_quarantine: bool = True) -> list[TransitionEvent]:
+        if signal is G.COOLDOWN_OVER:
+            self.now = max(self.now, self.h.cooldown_until or self.now)
+            return self.h.tick(self.now)
+        if signal in (G.PROBE_OK, G.PROBE_FAIL):
+            return self.h.record_probe(signal is G.PROBE_OK, self.now)
+        self.now += SC.stale_after_s if signal is G.STALE else SC.subwindow_s
+        return self.h.evaluate(self.verdict(signal), self.now, may_quarantine)
+
+
+# ---------------------------------------------------------------- the table
+
+
+@pytest.mark.parametrize(
+    ("ratio", "failures", "requests", "stale", "signal"),
+    [
+        (0.5999, 0, 40, False, G.OK),
+        (0.6, 0, 40, False, G.BAND),  # entering the band needs >= recover_ratio
+        (0.7999, 0, 40, False, G.BAND),
+        (0.8, 0, 40, False, G.ELEVATED),  # watch_ratio inclusive
+        (1.0, 0, 40, False, G.THREATENING),  # restrict_ratio inclusive
+        (0.3, 20, 40, False, G.BURST),  # 50% failures: burst wins over latency
+        (0.3, 19, 40, False, G.OK),  # 47.5% failures: latency decides
+        (None, 4, 4, False, G.INSUFFICIENT_ERRORS),  # 100% but < error_min_samples
+        (None, 0, 3, False, G.INSUFFICIENT),
+        (None, 0, 0, True, G.STALE),
+        (None, 1, 3, True, G.INSUFFICIENT_ERRORS),  # failures are evidence: never stale
+    ],
+)
+def test_classify_boundaries(
+    ratio: float | None, failures: int, requests: int, stale: bool, signal: Signal
+) -> None:
+    v = WindowVerdict(1, "ttft", 95, ratio, ratio, 40, requests, failures)
+    assert classify(v, HC, stale) is signal
+
+
+def _label(key: tuple[HealthState, Signal]) -> str:
+    return f"{key[0].value}+{key[1].value}"
+
+
+@pytest.mark.parametrize("key", list(TRANSITIONS), ids=_label)
+def test_every_transition_in_the_table(key: tuple[HealthState, Signal]) -> None:
+    state, signal = key
+    rule = TRANSITIONS[key]
+    d = Driver(state)
+    if rule.target is None:  # stay, clearing vote streaks
+        d.h.votes = {S.DEGRADED: 1}
+        assert d.send(signal) == [] and d.h.state is state and d.h.votes == {}
+        return
+    needed = d.h._threshold(rule.after) if rule.after else 1
+    for _ in range(needed - 1):
+        d.send(signal)
+        assert d.h.state is (rule.meanwhile or state), "moved before the streak was complete"
+    events = d.send(signal)
+    assert d.h.state is rule.target
+    assert events and events[-1].new == rule.target.value and events[-1].reason
+    assert events[-1].slice == K.label() and events[-1].at == d.now
+
+
+NEUTRAL = [
+    (st_, sig) for st_ in HealthState for sig in Signal if (st_, sig) not in TRANSITIONS
+]
+
+
+@pytest.mark.parametrize("key", NEUTRAL, ids=_label)
+def test_pairs_absent_from_the_table_change_nothing(key: tuple[HealthState, Signal]) -> None:
+    state, signal = key
+    d = Driver(state)
+    d.h.votes = {S.HEALTHY: 1} if state is S.RESTORING else {}
+    votes = dict(d.h.votes)
+    assert d.send(signal) == []
+    assert d.h.state is state and d.h.votes == votes
+
+
+@pytest.mark.parametrize(
+    ("start", "signals", "end"),
+    [
+        # consecutive elevated windows: a band window restarts the count
+        (S.HEALTHY, [G.ELEVATED, G.BAND, G.ELEVATED, G.ELEVATED], S.WATCHING),
+        (S.HEALTHY, [G.ELEVATED, G.BAND, G.ELEVATED, G.ELEVATED, G.ELEVATED], S.DEGRADED),
+        # insufficient windows are neutral: they neither count nor break a streak
+        (S.HEALTHY, [G.ELEVATED, G.INSUFFICIENT, G.ELEVATED, G.ELEVATED], S.DEGRADED),
+        # hysteresis: leaving needs recover_windows consecutive windows below recover_ratio
+        (S.WATCHING, [G.OK, G.BAND, G.OK], S.WATCHING),
+        (S.WATCHING, [G.OK, G.BAND, G.OK, G.OK], S.HEALTHY),
+        (S.WATCHING, [G.BAND] * 20, S.WATCHING),
+        (S.DEGRADED, [G.BAND] * 20, S.DEGRADED),
+        (S.DEGRADED, [G.THREATENING, G.ELEVATED, G.THREATENING], S.DEGRADED),
+        (S.DEGRADED, [G.OK, G.THREATENING, G.OK], S.DEGRADED),
+        (S.RESTRICTED, [G.ELEVATED] * 20, S.RESTRICTED),
+        # restricted never returns straight to healthy
+        (S.RESTRICTED, [G.OK] * 2, S.DEGRADED),
+        (S.RESTRICTED, [G.OK] * 4, S.RESTORING),
+        (S.RESTRICTED, [G.OK] * 7, S.HEALTHY),
+        # restoring holds its weight in the band and on sparse windows with errors
+        (S.RESTORING, [G.BAND, G.INSUFFICIENT_ERRORS] * 5, S.RESTORING),
+        # a long run of sparse windows: stale verdicts age out one level at a time
+        (S.WATCHING, [G.INSUFFICIENT] * 29, S.WATCHING),
+        (S.WATCHING, [G.INSUFFICIENT] * 30, S.HEALTHY),
+        (S.DEGRADED, [G.INSUFFICIENT] * 30, S.WATCHING),
+        (S.DEGRADED, [G.INSUFFICIENT] * 60, S.HEALTHY),
+        (S.RESTRICTED, [G.INSUFFICIENT] * 30, S.WATCHING),
+        (S.RESTRICTED, [G.INSUFFICIENT_ERRORS] * 60, S.RESTRICTED),
+    ],
+)
+def test_hysteresis_and_streaks(
+    start: HealthState, signals: list[Signal], end: HealthState
+) -> None:
+    d = Driver(start)
+    for sig in signals:
+        d.send(sig)
+    assert d.h.state is end
+
+
+# ---------------------------------------------------------------- semantics
+
+
+def test_weights_and_exposure_per_state() -> None:
+    d = Driver()
+    assert (d.h.weight, d.h.excluded_for_sensitive, d.h.probe_share) == (1.0, False, 0.0)
+    d.h.state = S.DEGRADED
+    assert d.h.weight == HC.degraded_weight and d.h.weight_for(False) == 1.0
+    d.h.state = S.RESTRICTED
+    assert d.h.weight == 0.0 and d.h.excluded_for_sensitive and d.h.weight_for(False) == 1.0
+    d.h.state = S.PROBING
+    assert d.h.probe_share == HC.probe_share and d.h.circuit_open and d.h.weight_for(False) == 0
+
+
+def test_recovery_path_weights() -> None:
+    d = Driver()
+    events = d.send(G.BURST)
+    assert events[0].new == "quarantined" and "cooldown 15s (offence 1)" in events[0].reason
+    assert d.h.next_deadline() == d.now + HC.cooldown_s and d.h.weight == 0.0
+    assert d.h.tick(d.now + 14.9) == [] and d.h.circuit_open
+    d.send(G.COOLDOWN_OVER)
+    assert d.h.probe_share == HC.probe_share  # probing
+    for _ in range(HC.probe_successes):
+        d.send(G.PROBE_OK)
+    weights = [d.h.weight]
+    while d.h.state is S.RESTORING:
+        d.send(G.OK)
+        weights.append(d.h.weight)
+    assert weights == [0.25, 0.5, 0.75, 1.0] and d.h.state is S.HEALTHY
+    assert d.h.weight_for(False) == 1.0
+    d2 = Driver(S.DEGRADED)
+    d2.send(G.OK)
+    d2.send(G.OK)
+    assert d2.h.state is S.RESTORING and d2.h.weight == pytest.approx(HC.degraded_weight)
+    assert d2.h.weight_for(False) == 1.0  # tolerant classes were never throttled
+
+
+def test_cooldown_grows_per_offence_caps_and_is_forgiven() -> None:
+    d = Driver()
+    d.send(G.BURST)
+    cooldowns = []
+    for _ in range(7):
+        cooldowns.append(d.h.cooldown_until - d.now)  # type: ignore[operator]
+        d.send(G.COOLDOWN_OVER)
+        d.send(G.PROBE_FAIL)
+    assert cooldowns == [15, 30, 60, 120, 240, 300, 300] and d.h.offences == 8
+    d.h.state, d.h.healthy_since = S.HEALTHY, d.now
+    d.h.tick(d.now + 10 * HC.cooldown_max_s - 1)
+    assert d.h.offences == 8
+    d.h.tick(d.now + 10 * HC.cooldown_max_s)
+    assert d.h.offences == 7
+
+
+@pytest.mark.parametrize("start", [S.HEALTHY, S.WATCHING, S.DEGRADED, S.RESTORING, S.RESTRICTED])
+def test_last_viable_route_is_restricted_not_quarantined(start: HealthState) -> None:
+    d = Driver(start)
+    events = d.send(G.BURST, may_quarantine=False)
+    assert d.h.state is S.RESTRICTED and d.h.panic
+    assert len(events) == 1 and events[0].reason.startswith("panic: last viable route")
+    assert d.send(G.BURST, may_quarantine=False) == []  # one event per panic episode
+    d.send(G.INSUFFICIENT_ERRORS, may_quarantine=False)
+    assert d.send(G.BURST, may_quarantine=False)[0].new == "restricted"
+    assert d.send(G.BURST)[0].new == "quarantined"  # another route is viable again
+
+
+def test_restricted_exhaustion_respects_last_viable_route() -> None:
+    d = Driver(S.RESTRICTED)
+    events = [e for _ in range(HC.restricted_windows_to_quarantine)
+              for e in d.send(G.THREATENING, may_quarantine=False)]  # fmt: skip
+    assert d.h.state is S.RESTRICTED and len(events) == 1 and "panic" in events[0].reason
+
+
+def test_each_window_is_applied_once() -> None:
+    h = RouteHealth("a", K, HC, SC, 0.0)
+    v = WindowVerdict(7, "ttft", 95, 0.9, 0.9, 40, 40, 0)
+    assert h.evaluate(v, 10.0)[0].new == "watching"
+    for _ in range(5):
+        assert h.evaluate(v, 10.0) == []
+    assert h.votes == {S.DEGRADED: 1}
+
+
+# ---------------------------------------------------------------- the board
+
+
+def summary(index: int, tail: float | None, requests: int = 40, errors: int = 0) -> WindowSummary:
+    return WindowSummary(index, index * 10.0, index * 10.0 + 10, "ttft", 0.95,
+                         40 if tail else 2, tail, requests, errors, 0, 0)  # fmt: skip
+
+
+def test_board_keeps_only_routes_that_differ_from_healthy() -> None:
+    b = HealthBoard(HC, SC)
+    assert b.peek("a", K) is None and b.get("a", K).weight == 1.0
+    assert b.evaluate("a", K, summary(1, 0.2), SLO, 20.0) == [] and b.items() == []
+    assert b.evaluate("a", K, summary(2, 0.9), SLO, 30.0)[0].new == "watching"
+    assert b.peek("a", K) is not None and len(b.items()) == 1
+    b.evaluate("a", K, summary(3, 0.2), SLO, 40.0)
+    b.evaluate("a", K, summary(4, 0.2), SLO, 50.0)
+    assert b.peek("a", K) is None  # back to default: forgotten
+    assert b.record_probe("a", K, True, 60.0) == []
+    with pytest.raises(ValueError):
+        b.evaluate("a", K, summary(5, 0.2), replace(SLO, metric="e2e"), 60.0)
+
+
+def test_board_tick_deadline_snapshot_and_prune() -> None:
+    b = HealthBoard(HC, SC)
+    other = SliceKey("m", "batch", "long", False)
+    b.evaluate("a", K, summary(1, 0.2, requests=10, errors=9), SLO, 20.0)
+    b.evaluate("b", other, summary(1, 1.5), SLO, 20.0)
+    assert b.get("a", K).state is S.QUARANTINED and b.next_deadline() == 35.0
+    data = json.loads(json.dumps(b.to_dict(21.0)))
+    assert b.tick(34.0) == [] and b.tick(35.0)[0].new == "probing"
+    back = HealthBoard.from_dict(data, HC, SC, 1021.0)  # new monotonic base
+    assert back.next_deadline() == 1035.0 and back.get("b", other).state is S.WATCHING
+    assert back.get("b", other).votes == {S.DEGRADED: 1}
+    # window 1 was applied; rebased onto the new clock it is window 101
+    back.evaluate("b", other, summary(101, 1.5), SLO, 1030.0)
+    assert back.get("b", other).votes == {S.DEGRADED: 1}
+    for _ in range(3):  # window 102 is new: counted once
+        back.evaluate("b", other, summary(102, 1.5), SLO, 1030.0)
+    assert back.get("b", other).votes == {S.DEGRADED: 2}
+    assert back.prune([]) == 1 and back.peek("a", K) is not None  # cooldown pending: kept
+    with pytest.raises(ValueError):
+        HealthBoard.from_dict({"routes": [{"cluster": "a"}]}, HC, SC, 0.0)
+
+
+# ---------------------------------------------------------------- properties
+
+
+def run(
+    store: StatsStore,
+    board: HealthBoard,
+    windows: int,
+    traffic: Mapping[tuple[str, SliceKey], Callable[[int], np.ndarray]],
+    rng: np.random.Generator,
+) -> list[dict[tuple[str, SliceKey], HealthState]]:
+    """Simulate ``windows`` sub-windows; ``traffic[key](k)`` gives ttft samples of window k.
+    At each sub-window boundary every narrow series is evaluated, as the router does."""
+    history = []
+    for k in range(windows):
+        for (cluster, slice), gen in traffic.items():
+            for x in gen(k):
+                t = k * 10.0 + float(rng.uniform(0, 9.99))
+                store.observe(Observation(cluster, slice, "ok", ttft_s=float(x)), t)
+        now = (k + 1) * 10.0
+        for cluster, slice in store.narrow_keys():
+            s = store.window_summary(cluster, slice, "ttft", 0.95, now)
+            board.evaluate(cluster, slice, s, SLO, now)
+        history.append({key: board.get(*key).state for key in traffic})
+    return history
+
+
+def lognormal(rng: np.random.Generator, p95: float, sigma: float, n: int) -> np.ndarray:
+    return rng.lognormal(np.log(p95) - 1.645 * sigma, sigma, n)
+
+
+@FAST
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    p95=st.floats(0.05, 0.45),  # true p95 at most 0.45 x budget ("well under")
+    sigma=st.floats(0.05, 0.6),
+    noise=st.floats(0.0, 0.1),  # per-window drift of the median, +-10%
+    per_window=st.integers(20, 60),
+)
+def test_stationary_route_stays_healthy(
+    seed: int, p95: float, sigma: float, noise: float, per_window: int
+) -> None:
+    """(a) never beyond watching (no action is ever taken), and at most 10% of windows in
+    watching: one sampling-noise spike costs >= 2 windows (watching, then recover_windows
+    clean windows), so the bound allows a couple of such episodes in 50 windows."""
+    rng = np.random.default_rng(seed)
+    store, board = StatsStore(StatsConfig()), HealthBoard(HC, StatsConfig())
+
+    def gen(k: int) -> np.ndarray:
+        return lognormal(rng, p95 * (1 + rng.uniform(-noise, noise)), sigma, per_window)
+
+    hist = run(store, board, 50, {("a", K): gen}, rng)
+    states = [h[("a", K)] for h in hist]
+    assert set(states) <= {S.HEALTHY, S.WATCHING}
+    assert sum(st is S.WATCHING for st in states) <= 0.10 * len(hist)
+
+
+@FAST
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    spike_at=st.integers(1, 25),
+    kind=st.sampled_from(["bad_window", "huge_sample", "sparse_spike"]),
+    factor=st.floats(2.0, 100.0),
+)
+def test_isolated_spike_never_quarantines(
+    seed: int, spike_at: int, kind: str, factor: float
+) -> None:
+    """(b) one bad window or one huge sample: at most watching, weight stays 1."""
+    rng = np.random.default_rng(seed)
+    store, board = StatsStore(StatsConfig()), HealthBoard(HC, StatsConfig())
+    per_window = 3 if kind == "sparse_spike" else 40
+
+    def gen(k: int) -> np.ndarray:
+        xs = lognormal(rng, 0.3, 0.3, per_window)
+        if k == spike_at and kind == "bad_window":
+            xs *= factor
+        elif k == spike_at:
+            xs[0] = 100.0 * factor  # up to 10^4 s
+        return xs
+
+    hist = run(store, board, 30, {("a", K): gen}, rng)
+    states = {h[("a", K)] for h in hist}
+    assert states <= {S.HEALTHY, S.WATCHING}
+    if kind != "bad_window":
+        assert states == {S.HEALTHY}
+    assert hist[-1][("a", K)] is S.HEALTHY
+
+
+@FAST
+@given(seed=st.integers(0, 2**32 - 1), start=st.integers(2, 10), ratio=st.floats(1.2, 5.0))
+def test_sustained_degradation_is_local_to_its_slice(seed: int, start: int, ratio: float) -> None:
+    """(c) degraded within degrade_windows windows; other slices and clusters untouched."""
+    rng = np.random.default_rng(seed)
+    store, board = StatsStore(StatsConfig()), HealthBoard(HC, StatsConfig())
+    long = SliceKey("m", "interactive", "long", True)
+
+    def healthy(k: int) -> np.ndarray:
+        return lognormal(rng, 0.3, 0.3, 30)
+
+    def sick(k: int) -> np.ndarray:
+        return lognormal(rng, 0.3 if k < start else ratio, 0.2, 30)
+
+    traffic = {("a", K): sick, ("a", long): healthy, ("b", K): healthy}
+    hist = run(store, board, start + HC.degrade_windows, traffic, rng)
+    assert hist[start + HC.degrade_windows - 1][("a", K)] is S.DEGRADED
+    assert all(h[("a", K)] is S.HEALTHY for h in hist[:start])
+    for key in (("a", long), ("b", K)):
+        assert all(h[key] is S.HEALTHY for h in hist)
+
+
+@FAST
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    restore_step=st.floats(0.05, 1.0),
+    probe_successes=st.integers(1, 6),
+    degraded_weight=st.floats(0.0, 1.0),
+)
+def test_recovery_passes_probing_and_restoring_in_steps(
+    seed: int, restore_step: float, probe_successes: int, degraded_weight: float
+) -> None:
+    """(d) quarantined -> probing -> restoring -> healthy; the weight rises at most
+    restore_step per window through at least one intermediate value, and (for
+    restore_step < 0.5) never jumps from <= restore_step straight to 1."""
+    cfg = replace(HC, restore_step=restore_step, probe_successes=probe_successes,
+                  degraded_weight=degraded_weight)  # fmt: skip
+    rnd = random.Random(seed)
+    d = Driver(cfg=cfg)
+    d.send(G.BURST)
+    states, weights = [d.h.state], [d.h.weight]
+    noise = [G.BAND, G.INSUFFICIENT_ERRORS, G.PROBE_OK, G.COOLDOWN_OVER]
+    for _ in range(200):
+        if d.h.state is S.HEALTHY:
+            break
+        if d.h.state is S.QUARANTINED:
+            sig = G.COOLDOWN_OVER
+        elif d.h.state is S.PROBING:
+            sig = G.PROBE_OK
+        else:
+            sig = rnd.choice([G.OK, G.INSUFFICIENT, rnd.choice(noise)])
+        d.send(sig)
+        states.append(d.h.state)
+        weights.append(d.h.weight)
+    assert d.h.state is S.HEALTHY
+    assert S.PROBING in states and S.RESTORING in states
+    assert all(b - a <= restore_step + 1e-9 for a, b in itertools.pairwise(weights))
+    assert any(0.0 < w < 1.0 for w in weights)
+    jump_from = weights[weights.index(1.0) - 1]
+    if restore_step < 0.5:
+        assert jump_from > restore_step

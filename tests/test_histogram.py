@@ -1,0 +1,169 @@
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar.core.histogram import MAX_VALUE, MIN_VALUE, LogHistogram
+
+FAST = settings(max_examples=50, deadline=None)
+# In-range latencies (seconds) and the quantiles routing asks for.
+values = st.floats(min_value=2e-6, max_value=5e3, allow_nan=False, allow_infinity=False)
+quantiles = st.sampled_from([0.0, 0.01, 0.1, 0.5, 0.9, 0.95, 0.99, 0.999, 1.0])
+accuracies = st.sampled_from([0.005, 0.01, 0.02, 0.05])
+
+
+def rel_err(got: float, want: float) -> float:
+    return abs(got - want) / want
+
+
+def within(got: float | None, want: float, a: float = 0.02) -> bool:
+    """Relative error at most ``a`` (plus float slop at bucket boundaries)."""
+    return got is not None and rel_err(got, want) <= a * (1 + 1e-9)
+
+
+def exact(data: list[float], q: float) -> float:
+    return float(np.quantile(np.asarray(data), q, method="inverted_cdf"))
+
+
+def test_geometry_and_memory_bound() -> None:
+    h = LogHistogram(0.02)
+    assert h.gamma == pytest.approx(1.02 / 0.98)
+    assert h.max_buckets == 577  # the bound stated in the module docstring
+    assert LogHistogram(0.01).max_buckets == 1152
+    # bucket i holds (gamma**(i-1), gamma**i]
+    for i in (-300, -10, 0, 1, 57, 200):
+        hi = h.gamma**i
+        assert h.bucket_index(hi * (1 - 1e-9)) == i
+        assert h.bucket_index(hi * (1 + 1e-9)) == i + 1
+
+
+@pytest.mark.parametrize("a", [0.005, 0.01, 0.02, 0.05])
+def test_representative_within_relative_accuracy(a: float) -> None:
+    h = LogHistogram(a)
+    for x in np.geomspace(1.1e-6, 9e3, 2000):
+        assert within(h.bucket_value(h.bucket_index(float(x))), float(x), a)
+
+
+def test_empty_zero_bucket_and_clamping() -> None:
+    h = LogHistogram()
+    assert h.quantile(0.5) is None and h.count == 0 and len(h) == 0
+    h.add(0.0)
+    h.add(-3.0)  # a clock bug, not a crash
+    h.add(MIN_VALUE)
+    assert h.quantile(1.0) == 0.0 and h.count == 3
+    h.add(math.inf)
+    h.add(MAX_VALUE * 10)
+    top = h.quantile(1.0)
+    assert top is not None and MAX_VALUE <= top <= MAX_VALUE * 1.05  # clamped: under-reports
+    assert h.quantile(0.0) == 0.0
+
+
+def test_invalid_inputs() -> None:
+    h = LogHistogram()
+    with pytest.raises(ValueError):
+        h.add(math.nan)
+    with pytest.raises(ValueError):
+        h.add(1.0, -1.0)
+    with pytest.raises(ValueError):
+        h.add(1.0, math.nan)
+    with pytest.raises(ValueError):
+        h.quantile(1.5)
+    with pytest.raises(ValueError):
+        LogHistogram(0.0)
+    with pytest.raises(ValueError):
+        h.merge(LogHistogram(0.01))
+    assert h.count == 0  # a rejected add leaves no trace
+    h.add(1.0, 0.0)
+    assert h.quantile(0.5) is None
+
+
+def test_weighted_add_and_scaled_merge() -> None:
+    a, b = LogHistogram(), LogHistogram()
+    a.add(0.1, 3.0)
+    b.add(1.0)
+    a.merge(b, scale=2.0)
+    assert a.count == 5.0
+    assert within(a.quantile(0.6), 0.1)  # 3 of 5 weight at 0.1
+    assert within(a.quantile(0.61), 1.0)
+    assert b.count == 1.0  # merge leaves the source alone
+
+
+def test_growth_in_both_directions_keeps_counts() -> None:
+    h = LogHistogram()
+    xs = [1.0, 0.5, 2.0, 1e-4, 50.0, 3e-6, 4e3]
+    for x in xs:
+        h.add(x)
+    assert len(h) <= h.max_buckets
+    for q, want in zip([i / len(xs) for i in range(1, len(xs) + 1)], sorted(xs), strict=True):
+        assert within(h.quantile(q), want)
+
+
+def test_copy_clear_and_snapshot_roundtrip() -> None:
+    h = LogHistogram()
+    for x in (0.0, 0.2, 0.3, 0.3, 7.0):
+        h.add(x)
+    c = h.copy()
+    c.add(100.0)
+    assert h.count == 5 and c.count == 6
+    back = LogHistogram.from_dict(json.loads(json.dumps(h.to_dict())))
+    assert back.count == h.count
+    for q in (0.0, 0.2, 0.5, 0.9, 1.0):
+        assert back.quantile(q) == h.quantile(q)
+    h.clear()
+    assert h.count == 0 and h.quantile(0.5) is None and len(h) == 0
+    assert LogHistogram.from_dict(h.to_dict()).quantile(0.5) is None
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {},
+        {"relative_accuracy": 0.02, "counts": [-1.0], "offset": 0},
+        {"relative_accuracy": 0.02, "counts": [1.0], "offset": 10_000},
+        {"relative_accuracy": 0.02, "counts": "xx", "offset": 0},
+    ],
+)
+def test_malformed_snapshot(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        LogHistogram.from_dict(bad)
+
+
+# ---------------------------------------------------------------- properties
+
+
+@FAST
+@given(st.lists(values, min_size=1, max_size=300), quantiles, accuracies)
+def test_quantile_within_relative_error_of_numpy(data: list[float], q: float, a: float) -> None:
+    """(e) nearest-rank estimate is within ``a`` of numpy's exact inverted_cdf percentile."""
+    h = LogHistogram(a)
+    for x in data:
+        h.add(x)
+    assert within(h.quantile(q), exact(data, q), a)
+
+
+@FAST
+@given(
+    st.lists(st.tuples(values, st.integers(1, 5)), min_size=1, max_size=100),
+    quantiles,
+    st.integers(1, 4),
+)
+def test_merge_of_parts_equals_whole(
+    data: list[tuple[float, int]], q: float, parts: int
+) -> None:
+    """Integer weights and merges behave as repeated samples (same nearest rank)."""
+    shards = [LogHistogram() for _ in range(parts)]
+    expanded: list[float] = []
+    for i, (x, w) in enumerate(data):
+        shards[i % parts].add(x, float(w))
+        expanded += [x] * w
+    whole = LogHistogram()
+    for s in shards:
+        whole.merge(s)
+    assert whole.count == len(expanded)
+    assert within(whole.quantile(q), exact(expanded, q))

@@ -1,0 +1,225 @@
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar.core.config import StatsConfig
+from sidecar.core.stats import (
+    GLOBAL_OVERFLOW,
+    OVERFLOW_CLASS,
+    Lookup,
+    RouteStats,
+    SeriesWindow,
+    StatsStore,
+)
+from sidecar.core.types import ANY, Observation, Outcome, SliceKey
+
+CFG = StatsConfig(subwindow_s=10.0, subwindows=6, min_samples=5, decay=0.5, stale_after_s=300)
+NARROW = SliceKey("m", "interactive", "short", True)
+MID = SliceKey("m", "interactive", ANY, None)
+WIDE = SliceKey("m", ANY, ANY, None)
+
+
+def obs(
+    ttft: float | None = 0.5,
+    outcome: Outcome = "ok",
+    cluster: str = "a",
+    slice: SliceKey = NARROW,
+    retry: bool = False,
+) -> Observation:
+    e2e = None if ttft is None else ttft * 4
+    return Observation(cluster, slice, outcome, ttft_s=ttft, e2e_s=e2e, is_retry=retry)
+
+
+def feed(rs: RouteStats | StatsStore, values: list[float], t: float, **kw: object) -> None:
+    for v in values:
+        rs.observe(obs(v, **kw), t)  # type: ignore[arg-type]
+
+
+def within(got: float | None, want: float, a: float = 0.02) -> bool:
+    return got is not None and abs(got - want) / want <= a * (1 + 1e-9)
+
+
+# ---------------------------------------------------------------- SeriesWindow
+
+
+def test_series_window_rotation_and_expiry() -> None:
+    w = SeriesWindow(StatsConfig(subwindow_s=10.0, subwindows=3))
+    assert w.current(5.0).index == 0
+    w.current(5.0).ok += 1
+    assert w.current(25.0).index == 2
+    assert [age for age, _ in w.live(25.0)] == [0, 2]  # sub-window 1 never written
+    assert w.get(0) is not None
+    w.advance(30.0)  # sub-window 0 is now 3 back: expired
+    assert w.get(0) is None and w.get(3) is None  # 3 is current but not yet written
+    assert w.advance(12.0) == 3  # time never goes backwards
+    assert w.current(12.0).index == 3
+
+
+# ---------------------------------------------------------------- RouteStats
+
+
+def test_outcomes_counted_but_only_ok_first_attempts_are_latency_samples() -> None:
+    rs = RouteStats(CFG)
+    feed(rs, [0.1] * 4, 1.0)
+    rs.observe(obs(9.0, "error"), 1.0)
+    rs.observe(obs(9.0, "timeout"), 1.0)
+    rs.observe(obs(9.0, "cancel"), 1.0)
+    rs.observe(obs(9.0, retry=True), 1.0)  # retry: counted, not latency evidence
+    rs.observe(obs(None), 1.0)  # ok without a measured ttft
+    assert rs.count("ttft", 1.0) == 4
+    assert rs.count("tpot", 1.0) == 0
+    # 6 ok (incl. the retry and the unmeasured one) + error + timeout; cancels excluded
+    assert rs.error_rate(1.0) == pytest.approx(1 / 8)
+    assert rs.timeout_rate(1.0) == pytest.approx(1 / 8)
+    assert rs.quantile("ttft", 1.0, 1.0) is None  # 4 < min_samples
+    feed(rs, [0.1], 1.0)
+    assert within(rs.quantile("ttft", 1.0, 1.0), 0.1)  # the 9 s values never entered
+
+
+def test_recency_weighting_matches_weighted_nearest_rank() -> None:
+    rs = RouteStats(CFG)
+    feed(rs, [2.0] * 10, 5.0)  # sub-window 0
+    feed(rs, [0.2] * 10, 15.0)  # sub-window 1 (current at t=15)
+    # weights: current 1.0 x 10, one back 0.5 x 10: 2.0 holds 1/3 of the weight
+    assert within(rs.quantile("ttft", 0.6, 15.0), 0.2)
+    assert within(rs.quantile("ttft", 0.7, 15.0), 2.0)
+    # one window later both age by one: the same split, cached past merge refreshed
+    assert within(rs.quantile("ttft", 0.6, 25.0), 0.2)
+    feed(rs, [0.2] * 30, 25.0)  # cache must notice new samples
+    assert within(rs.quantile("ttft", 0.9, 25.0), 0.2)
+
+
+def test_window_summary_is_the_last_completed_subwindow() -> None:
+    rs = RouteStats(CFG)
+    feed(rs, [0.3] * 6, 12.0)
+    rs.observe(obs(1.0, "error"), 13.0)
+    feed(rs, [5.0] * 10, 21.0)  # current sub-window 2, not summarised yet
+    s = rs.window_summary(21.0, "ttft", 0.95)
+    assert (s.index, s.start, s.end, s.samples, s.requests, s.errors) == (1, 10.0, 20.0, 6, 7, 1)
+    assert within(s.quantile, 0.3) and s.failure_rate == pytest.approx(1 / 7)
+    sparse = RouteStats(CFG)
+    feed(sparse, [0.3] * 4, 12.0)
+    assert sparse.window_summary(21.0, "ttft", 0.95).quantile is None
+    assert sparse.window_summary(45.0, "ttft", 0.95).samples == 0  # gap: empty window
+
+
+def test_stale_data_reports_nothing() -> None:
+    rs = RouteStats(StatsConfig(subwindow_s=10, subwindows=60, min_samples=1, stale_after_s=30))
+    feed(rs, [0.4] * 5, 1.0)
+    assert rs.quantile("ttft", 0.5, 31.0) is not None
+    assert rs.quantile("ttft", 0.5, 31.5) is None
+    assert rs.count("ttft", 31.5) == 0 and rs.error_rate(31.5) is None
+
+
+# ---------------------------------------------------------------- StatsStore
+
+
+def test_observe_feeds_broader_slices_and_lookup_prefers_narrow() -> None:
+    store = StatsStore(CFG)
+    other = SliceKey("m", "interactive", "long", True)
+    feed(store, [0.1] * 5, 1.0)
+    feed(store, [3.0] * 5, 1.0, slice=other)
+    assert store.series("a", MID) is not None and store.series("a", WIDE) is not None
+    assert store.series("a", MID).count("ttft", 1.0) == 10  # type: ignore[union-attr]
+    lk = store.lookup("a", NARROW, "ttft", 0.95, 1.0)
+    assert lk.used == NARROW and not lk.fell_back and lk.samples == 5 and within(lk.value, 0.1)
+    # a narrow slice with too little data falls back to the narrowest broader one
+    third = SliceKey("m", "interactive", "medium", False)
+    feed(store, [1.0] * 2, 1.0, slice=third)
+    lk = store.lookup("a", third, "ttft", 0.95, 1.0)
+    assert lk.used == MID and lk.fell_back and lk.samples == 12
+    assert store.lookup("b", NARROW, "ttft", 0.95, 1.0) == Lookup(None, None, False, 0)
+    with pytest.raises(ValueError):
+        store.lookup("a", NARROW, "latency", 0.95, 1.0)
+
+
+def test_slice_cardinality_is_capped_per_cluster() -> None:
+    cfg = StatsConfig(max_slices=3, min_samples=1)
+    store = StatsStore(cfg)
+    for i in range(10):  # attacker-chosen classes
+        store.observe(obs(slice=SliceKey("m", f"c{i}", "short", True)), 1.0)
+    for i in range(10):  # and models
+        store.observe(obs(slice=SliceKey(f"x{i}", "c", "short", True)), 1.0)
+    keys = store.narrow_keys()
+    overflow = [s for _, s in keys if s.klass == OVERFLOW_CLASS]
+    assert len(keys) == 3 + 3 + 1 and GLOBAL_OVERFLOW in overflow
+    assert len(store) <= 5 * cfg.max_slices + 2
+    assert store.series("a", SliceKey("m", OVERFLOW_CLASS, ANY, None)).count("ttft", 1.0) == 7  # type: ignore[union-attr]
+    store.observe(obs(cluster="b", slice=SliceKey("m", "c9", "short", True)), 1.0)
+    assert ("b", SliceKey("m", "c9", "short", True)) in store.narrow_keys()  # per-cluster cap
+
+
+def test_prune_frees_stale_series_and_cap_slots() -> None:
+    store = StatsStore(StatsConfig(max_slices=1, stale_after_s=20))
+    store.observe(obs(), 0.0)
+    assert store.admit("a", SliceKey("m", "other", "short", True)).klass == OVERFLOW_CLASS
+    dead = store.prune(30.0)
+    assert ("a", NARROW) in dead and len(store) == 0
+    assert store.admit("a", SliceKey("m", "other", "short", True)).klass == "other"
+
+
+def test_snapshot_roundtrip_rebases_time() -> None:
+    store = StatsStore(CFG)
+    feed(store, [0.2] * 10, 3.0)
+    feed(store, [0.9] * 10, 14.0)
+    store.observe(obs(1.0, "timeout"), 14.0)
+    data = json.loads(json.dumps(store.to_dict(15.0)))
+    back = StatsStore.from_dict(data, CFG, 1015.0)  # new process, new monotonic base
+    for q in (0.3, 0.9):
+        assert back.lookup("a", NARROW, "ttft", q, 1015.0) == store.lookup(
+            "a", NARROW, "ttft", q, 15.0
+        )
+    before = store.window_summary("a", NARROW, "ttft", 0.5, 15.0)
+    after = back.window_summary("a", NARROW, "ttft", 0.5, 1015.0)
+    assert (after.samples, after.quantile, after.requests) == (
+        before.samples, before.quantile, before.requests,
+    )
+    assert after.index == before.index + 100  # rebased onto the new clock
+    assert back.series("a", NARROW).timeout_rate(1015.0) == pytest.approx(1 / 21)  # type: ignore[union-attr]
+    assert back.narrow_keys() == store.narrow_keys()
+    with pytest.raises(ValueError):
+        StatsStore.from_dict(data, StatsConfig(subwindow_s=5.0), 0.0)
+    with pytest.raises(ValueError):
+        StatsStore.from_dict({**data, "series": [{"cluster": "a"}]}, CFG, 0.0)
+
+
+# ---------------------------------------------------------------- properties
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.floats(0.001, 100.0), max_size=15), min_size=1, max_size=6
+    ),  # samples per sub-window, oldest first
+    st.sampled_from([0.1, 0.5, 0.9, 0.95, 0.99]),
+    st.sampled_from([0.5, 0.7, 1.0]),
+)
+def test_window_quantile_is_decay_weighted_nearest_rank(
+    windows: list[list[float]], q: float, decay: float
+) -> None:
+    cfg = StatsConfig(subwindow_s=1.0, subwindows=6, min_samples=1, decay=decay)
+    rs = RouteStats(cfg)
+    n = len(windows)
+    for k, xs in enumerate(windows):
+        feed(rs, xs, k + 0.5)
+    now = n - 0.5
+    data = [(x, decay ** (n - 1 - k)) for k, xs in enumerate(windows) for x in xs]
+    got = rs.quantile("ttft", q, now)
+    if not data:
+        assert got is None
+        return
+    values = np.array([x for x, _ in data])
+    order = np.argsort(values, kind="stable")
+    cum = np.cumsum(np.array([w for _, w in data])[order])
+    # nearest rank over the weighted samples; allow the neighbouring rank when
+    # the target sits on a boundary within float rounding of a partial sum
+    target = q * cum[-1]
+    lo = int(np.searchsorted(cum, target * (1 - 1e-9), side="left"))
+    hi = int(np.searchsorted(cum, target * (1 + 1e-9), side="left"))
+    candidates = {float(values[order][min(i, len(values) - 1)]) for i in range(lo, hi + 1)}
+    assert any(within(got, c) for c in candidates), (got, candidates)

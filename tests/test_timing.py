@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sidecar.core.timing import ResponseTimer, outcome_for_status
+from sidecar.core.types import SliceKey
+
+S = SliceKey("m", "interactive", "short", True)
+
+
+def sse(obj: object) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def chunk(text: str) -> bytes:
+    return sse({"choices": [{"index": 0, "delta": {"content": text}}]})
+
+
+def test_streaming_ttft_tpot_with_usage() -> None:
+    t = ResponseTimer("a", S, t0=10.0, streaming=True)
+    t.on_headers(200, "text/event-stream; charset=utf-8", 10.01)
+    t.on_body(sse({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}), 10.02)
+    t.on_body(chunk("hel"), 10.25)  # first token at +250 ms
+    for i in range(1, 5):
+        t.on_body(chunk("x"), 10.25 + 0.01 * i)
+    t.on_body(sse({"choices": [], "usage": {"completion_tokens": 5}}), 10.3)
+    t.on_body(b"data: [DONE]\n\n", 10.31, end=True)
+    obs = t.observation(10.31)
+    assert obs is not None and obs.outcome == "ok"
+    assert obs.ttft_s == pytest.approx(0.25)
+    assert obs.tpot_s == pytest.approx(0.04 / 4)
+    assert obs.e2e_s == pytest.approx(0.31)
+    assert obs.output_tokens == 5
+
+
+def test_events_split_across_chunks_and_counted_without_usage() -> None:
+    t = ResponseTimer("a", S, t0=0.0, streaming=True)
+    t.on_headers(200, "text/event-stream", 0.0)
+    raw = chunk("a") + chunk("b") + chunk("c")
+    first = len(chunk("a"))
+    t.on_body(raw[:7], 0.1)  # partial event: no token yet
+    t.on_body(raw[7 : first + 5], 0.2)  # completes the first event
+    t.on_body(raw[first + 5 :], 0.4, end=True)
+    obs = t.observation(0.4)
+    assert obs is not None and obs.output_tokens == 3 and obs.ttft_s == pytest.approx(0.2)
+
+
+def test_non_streaming_gives_e2e_only() -> None:
+    t = ResponseTimer("a", S, t0=1.0, streaming=False)
+    t.on_headers(200, "application/json", 1.5)
+    t.on_body(json.dumps({"usage": {"completion_tokens": 7}}).encode(), 2.0, end=True)
+    obs = t.observation(2.0)
+    assert obs is not None and obs.ttft_s is None and obs.tpot_s is None
+    assert obs.e2e_s == pytest.approx(1.0) and obs.output_tokens == 7
+
+
+@pytest.mark.parametrize(
+    ("status", "outcome"),
+    [(200, "ok"), (201, "ok"), (500, "error"), (503, "error"), (429, "error"),
+     (504, "timeout"), (408, "timeout"), (400, None), (404, None)],
+)
+def test_outcome_for_status(status: int, outcome: str | None) -> None:
+    assert outcome_for_status(status) == outcome
+
+
+def test_error_is_not_a_latency_sample() -> None:
+    t = ResponseTimer("a", S, t0=0.0, streaming=True)
+    t.on_headers(503, "application/json", 0.1)
+    t.on_body(b'{"error": {}}', 0.1, end=True)
+    obs = t.observation(0.1)
+    assert obs is not None and obs.outcome == "error" and obs.e2e_s is None
+
+
+def test_cancel_mid_stream() -> None:
+    t = ResponseTimer("a", S, t0=0.0, streaming=True)
+    t.on_headers(200, "text/event-stream", 0.1)
+    t.on_body(chunk("a"), 0.2)
+    obs = t.observation(0.3, cancelled=True)
+    assert obs is not None and obs.outcome == "cancel" and obs.ttft_s is None
+
+
+def test_no_response_at_all_is_cancel_or_timeout() -> None:
+    t = ResponseTimer("a", S, t0=0.0, streaming=True)
+    obs_c = t.observation(1.0, cancelled=True)
+    obs_t = t.observation(1.0, cancelled=False)
+    assert obs_c is not None and obs_c.outcome == "cancel"
+    assert obs_t is not None and obs_t.outcome == "timeout"
