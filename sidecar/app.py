@@ -21,6 +21,8 @@ log = logging.getLogger("tailroute")
 
 # A request whose streams never closed (Envoy crashed mid-request) is swept after this.
 _PENDING_GRACE_S = 60.0
+# How long after the routing stream closes the observing stream may still deliver the end.
+_OBSERVER_GRACE_S = 2.0
 
 
 @dataclass(slots=True)
@@ -32,7 +34,9 @@ class Pending:
     decision: Decision
     timer: ResponseTimer
     deadline: float
+    observed: bool = True  # an observing stream was asked for (sampled)
     observer_attached: bool = False
+    released: bool = False  # in-flight slot given back (the routing stream closed)
     done: bool = False
 
 
@@ -65,16 +69,45 @@ class App:
         self.pending[pending.rid] = pending
         self.router.started(pending.decision.cluster)
 
+    def release(self, rid: str) -> None:
+        """The request is over for capacity purposes (Envoy closed the routing stream)."""
+        p = self.pending.get(rid)
+        if p is not None:
+            self.release_pending(p)
+
+    def route_closed(self, rid: str, now: float, cancelled: bool) -> None:
+        """The routing stream ended, which Envoy does when the HTTP request is over.
+
+        Unobserved requests end here. An observed one is normally finalized by
+        its observing stream at end of body; the two gRPC streams are not
+        ordered, so a missing end gets a short grace before it counts as cancel.
+        """
+        p = self.pending.get(rid)
+        if p is None:
+            return
+        self.release(rid)
+        if not p.observer_attached or p.timer.ended_at is not None:
+            self.finalize(rid, now, cancelled=cancelled or p.timer.status is None)
+        else:
+            p.deadline = min(p.deadline, now + _OBSERVER_GRACE_S)
+
     def finalize(self, rid: str, now: float, cancelled: bool) -> None:
         """Turn a request's timer into an observation; idempotent."""
         p = self.pending.pop(rid, None)
         if p is None or p.done:
             return
         p.done = True
-        self.router.finished(p.decision.cluster)
+        self.release_pending(p)
+        if not p.observed and p.timer.status is None:
+            return  # not sampled for timing: nothing was measured
         obs = p.timer.observation(now, cancelled=cancelled)
         if obs is not None:
             self._log_events(self.router.observe(obs, now))
+
+    def release_pending(self, p: Pending) -> None:
+        if not p.released:
+            p.released = True
+            self.router.finished(p.decision.cluster)
 
     def tick(self, now: float) -> None:
         """Periodic work: health evaluation and sweeping abandoned requests."""

@@ -11,13 +11,14 @@ Load is bounded in count and stays on 127.0.0.1.
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import os
 import statistics
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.envoy_config import ObserveMode
@@ -45,6 +46,8 @@ class LoadResult:
     wall: float
     chunks: int
     tpots: list[float]
+    ttfts: list[float] = field(default_factory=list)
+    gaps: list[float] = field(default_factory=list)  # inter-token gaps seen by the client
 
     @property
     def rps(self) -> float:
@@ -78,8 +81,11 @@ def _worker(port: int, n: int, stream: bool, max_tokens: int, out: LoadResult,
         with lock:
             out.latencies.append(dt)
             out.chunks += len(times)
+            if times:
+                out.ttfts.append(times[0] - t0)
             if len(times) >= 2:
                 out.tpots.append((times[-1] - times[0]) / (len(times) - 1))
+                out.gaps.extend(b - a for a, b in itertools.pairwise(times))
     conn.close()
 
 
@@ -104,22 +110,23 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
-def _config(port: int, mode: ObserveMode) -> dict[str, Any]:
+def _config(port: int, mode: ObserveMode, overlap: bool = False) -> dict[str, Any]:
     return {
         "default_cluster": "p",
         "clusters": [{"name": "p", "address": f"127.0.0.1:{port}", "models": ["bench-model"],
                       "max_concurrency": 1000}],
         "models": [{"name": "bench-model", "candidates": ["p"]}],
-        "envoy": {"observe_mode": mode},
+        "envoy": {"observe_mode": mode, "overlap_headers": overlap},
     }
 
 
-Setup = tuple[str, ObserveMode | None]
+Setup = tuple[str, ObserveMode | None, bool]
 SETUPS: tuple[Setup, ...] = (
-    ("envoy alone", None),
-    ("sidecar: observability filter (default)", "observability"),
-    ("sidecar: STREAMED response body", "streamed"),
-    ("sidecar: headers only", "headers_only"),
+    ("envoy alone", None, False),
+    ("sidecar: observability filter (default)", "observability", False),
+    ("sidecar: observability + overlap_headers", "observability", True),
+    ("sidecar: STREAMED response body", "streamed", False),
+    ("sidecar: headers only", "headers_only", False),
 )
 
 
@@ -131,9 +138,9 @@ def run_bench(what: str, requests: int = 400, concurrency: int = 8) -> int:
     with Stack() as stack:
         port = stack.start_provider("p", ttft_ms="2", tpot_ms="5", seed=1,
                                     extra=["--max-tokens", "64"])
-        for label, mode in SETUPS:
+        for label, mode, overlap in SETUPS:
             print(f"-- {label}", file=sys.stderr, flush=True)
-            path = stack.write_config(_config(port, mode or "observability"))
+            path = stack.write_config(_config(port, mode or "observability", overlap))
             if mode is not None:
                 stack.start_sidecar(path)
             eport = stack.start_envoy(observe_mode=mode, with_sidecar=mode is not None)
@@ -156,6 +163,8 @@ def run_bench(what: str, requests: int = 400, concurrency: int = 8) -> int:
                 "rps": conc.rps,
                 "cpu_per_req_ms": (c2 - c0) / n_routed * 1e3 if pid else 0.0,
                 "tpot_ms": statistics.median(streamed.tpots) * 1e3 if streamed.tpots else 0.0,
+                "ttft_ms": _pct(streamed.ttfts, 0.5) * 1e3,
+                "gap_p99_ms": _pct(streamed.gaps, 0.99) * 1e3,
                 "cpu_per_chunk_ms": ((c3 - c2) - (c2 - c1) / max(len(conc.latencies), 1)
                                      * len(streamed.latencies)) / max(streamed.chunks, 1) * 1e3
                 if pid else 0.0,
@@ -167,14 +176,16 @@ def run_bench(what: str, requests: int = 400, concurrency: int = 8) -> int:
     print(f"\noverhead benchmark: {requests // 2} serial + {requests} concurrent "
           f"(c={concurrency}) non-streaming requests, streamed 48-token responses at 5 ms TPOT")
     print(f"{'setup':42} {'p50':>7} {'+p50':>7} {'p99':>7} {'+p99':>7} {'c.p50':>7} "
-          f"{'c.p99':>7} {'req/s':>7} {'cpu/req':>8} {'TPOT':>6} {'ratio':>6} {'cpu/chunk':>9}")
+          f"{'c.p99':>7} {'req/s':>7} {'cpu/req':>8} {'TTFT':>6} {'TPOT':>6} {'ratio':>6} "
+          f"{'gap99':>6} {'cpu/chunk':>9}")
     for r in rows:
         print(f"{r['setup']:42} {r['serial_p50_ms']:7.2f} "
               f"{r['serial_p50_ms'] - base['serial_p50_ms']:+7.2f} {r['serial_p99_ms']:7.2f} "
               f"{r['serial_p99_ms'] - base['serial_p99_ms']:+7.2f} {r['conc_p50_ms']:7.2f} "
               f"{r['conc_p99_ms']:7.2f} {r['rps']:7.0f} {r['cpu_per_req_ms']:8.3f} "
-              f"{r['tpot_ms']:6.2f} {r['tpot_ms'] / base['tpot_ms']:6.3f} "
-              f"{r['cpu_per_chunk_ms']:9.3f}")
+              f"{r['ttft_ms']:6.2f} {r['tpot_ms']:6.2f} {r['tpot_ms'] / base['tpot_ms']:6.3f} "
+              f"{r['gap_p99_ms']:6.2f} {r['cpu_per_chunk_ms']:9.3f}")
     print("(ms; +p50/+p99 = added over Envoy alone, serial; cpu = sidecar process CPU;"
-          " ratio = client TPOT / Envoy-alone TPOT)")
+          " TTFT = client p50 of streamed requests; ratio = client TPOT / Envoy-alone TPOT;"
+          " gap99 = p99 of client inter-token gaps)")
     return 0

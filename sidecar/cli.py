@@ -18,7 +18,8 @@ def _cmd_serve(ns: argparse.Namespace) -> int:
     config = load_config(ns.config)
     return asyncio.run(
         serve(config, grpc_addr=ns.grpc, unix=ns.unix, admin_addr=ns.admin,
-              ready_file=ns.ready_file, seed=ns.seed)
+              ready_file=ns.ready_file, seed=ns.seed, config_path=ns.config,
+              snapshot_path=ns.snapshot, snapshot_every_s=ns.snapshot_every)
     )
 
 
@@ -46,6 +47,12 @@ def _cmd_envoy_config(ns: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _cmd_status(ns: argparse.Namespace) -> int:
+    from sidecar.status_cli import run_status
+
+    return run_status(ns.admin, watch=ns.watch, interval_s=ns.interval, show_all=ns.all)
 
 
 def _cmd_fake_provider(argv: list[str]) -> int:
@@ -79,7 +86,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ready-file", default=None,
                    help="write '<grpc port> <admin port>' here once serving")
     s.add_argument("--seed", type=int, default=None, help="seed the picker's RNG")
+    s.add_argument("--snapshot", default=None, metavar="PATH",
+                   help="warm-restart snapshot file (default: snapshot_path from the config)")
+    s.add_argument("--snapshot-every", type=float, default=30.0, metavar="SECONDS",
+                   help="how often to rewrite the snapshot (also written on shutdown)")
     s.set_defaults(func=_cmd_serve)
+
+    st = sub.add_parser("status", help="terminal view of a running sidecar's /state")
+    st.add_argument("--admin", default="127.0.0.1:9911", metavar="HOST:PORT",
+                    help="the sidecar's admin address (default: 127.0.0.1:9911)")
+    st.add_argument("--watch", action="store_true", help="refresh until interrupted")
+    st.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    st.add_argument("--all", action="store_true",
+                    help="also show aggregate (broader) slices, not only the routed ones")
+    st.set_defaults(func=_cmd_status)
 
     c = sub.add_parser("check-config", help="validate a config file")
     c.add_argument("file")
@@ -94,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=_cmd_envoy_config)
 
     sub.add_parser("fake-provider", help="simulated OpenAI-compatible provider", add_help=False)
+    sub.add_parser("simulate", help="policy lab: replay scenarios against policies",
+                   add_help=False)
+    sub.add_parser("report", help="policy lab: markdown + PNG report for a suite",
+                   add_help=False)
 
     d = sub.add_parser("demo", help="Envoy + sidecar + 3 simulated providers, one degrades")
     d.add_argument("--duration", type=float, default=60.0)
@@ -112,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "fake-provider":
         return _cmd_fake_provider(argv[1:])
+    if argv and argv[0] in ("simulate", "report"):
+        from sidecar.sim.cli import main as sim_main
+
+        return sim_main(argv)
     ns = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if ns.verbose else logging.INFO,

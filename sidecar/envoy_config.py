@@ -2,6 +2,10 @@
 
 The rendered bootstrap (see ``envoy/envoy.yaml`` for a readable copy) has:
 
+* an HTTP connection manager early header mutation that removes any
+  client-supplied ``x-tailroute-cluster`` *before routing* (Envoy computes and
+  caches the route before HTTP filters run; with the sidecar down, nothing
+  else would clear a spoofed choice);
 * a listener with an HTTP connection manager whose filter chain is
   1. ``header_mutation`` that strips any client-supplied ``x-tailroute-cluster``
      (a client must never choose its own cluster) and our internal headers;
@@ -24,6 +28,7 @@ The rendered bootstrap (see ``envoy/envoy.yaml`` for a readable copy) has:
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any, Literal
 
 import yaml
@@ -35,6 +40,7 @@ REQUEST_ID_HEADER = "x-tailroute-rid"
 SIDECAR_CLUSTER = "tailroute_sidecar"
 ObserveMode = Literal["observability", "streamed", "headers_only"]
 
+_TYPE = "type.googleapis.com/"
 _EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 _HCM = (
     "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3"
@@ -51,16 +57,37 @@ def _addr(hostport: str) -> dict[str, Any]:
     return {"socket_address": {"address": host, "port_value": int(port)}}
 
 
-def _cluster(name: str, address: dict[str, Any], http2: bool, timeout_s: float) -> dict[str, Any]:
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _cluster(
+    name: str, address: dict[str, Any], http2: bool, timeout_s: float, tls: bool = False
+) -> dict[str, Any]:
+    host = address.get("socket_address", {}).get("address", "")
     c: dict[str, Any] = {
         "name": name,
-        "type": "STATIC",
+        # Hostnames need DNS resolution; a STATIC cluster accepts IP addresses only.
+        "type": "STRICT_DNS" if host and not _is_ip(host) else "STATIC",
         "connect_timeout": f"{timeout_s}s",
         "load_assignment": {
             "cluster_name": name,
             "endpoints": [{"lb_endpoints": [{"endpoint": {"address": address}}]}],
         },
     }
+    if tls:
+        c["transport_socket"] = {
+            "name": "envoy.transport_sockets.tls",
+            "typed_config": {
+                "@type": _TYPE
+                + "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                "sni": host,
+            },
+        }
     if http2:
         c["typed_extension_protocol_options"] = {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
@@ -72,7 +99,7 @@ def _cluster(name: str, address: dict[str, Any], http2: bool, timeout_s: float) 
 
 
 def _ext_proc(
-    name: str, timeout_ms: int, mode: dict[str, str], observe: bool
+    name: str, timeout_ms: int, mode: dict[str, str], observe: bool, overlap: bool = False
 ) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "@type": _EXT_PROC,
@@ -87,11 +114,54 @@ def _ext_proc(
     if observe:
         cfg["observability_mode"] = True
     else:
-        cfg["allow_mode_override"] = True
+        if overlap:
+            cfg["send_body_without_waiting_for_header_response"] = True
+        else:
+            cfg["allow_mode_override"] = True
         # Let the sidecar set headers the route table matches on; x-envoy-* stays forbidden
         # except the per-request upstream timeout.
         cfg["mutation_rules"] = {"allow_all_routing": True, "allow_envoy": True}
     return {"name": name, "typed_config": cfg}
+
+
+def _only_with_rid(flt: dict[str, Any]) -> dict[str, Any]:
+    """Skip the wrapped filter unless the request carries ``x-tailroute-rid``.
+
+    The sidecar sets that header only on requests it wants timed, so the
+    observing stream (and its CPU) exists only for sampled requests.
+    """
+    has_rid = {
+        "single_predicate": {
+            "input": {
+                "name": "rid",
+                "typed_config": {
+                    "@type": _TYPE + "envoy.type.matcher.v3.HttpRequestHeaderMatchInput",
+                    "header_name": REQUEST_ID_HEADER,
+                },
+            },
+            "value_match": {"contains": "-"},  # every rid is "<prefix>-<n>"
+        }
+    }
+    skip = {
+        "name": "skip",
+        "typed_config": {
+            "@type": _TYPE + "envoy.extensions.filters.common.matcher.action.v3.SkipFilter"
+        },
+    }
+    return {
+        "name": flt["name"],
+        "typed_config": {
+            "@type": _TYPE + "envoy.extensions.common.matching.v3.ExtensionWithMatcher",
+            "extension_config": flt,
+            "xds_matcher": {
+                "matcher_list": {
+                    "matchers": [
+                        {"predicate": {"not_matcher": has_rid}, "on_match": {"action": skip}}
+                    ]
+                }
+            },
+        },
+    }
 
 
 def render_bootstrap(
@@ -121,7 +191,9 @@ def render_bootstrap(
     route_mode = {
         "request_header_mode": "SEND",
         "request_body_mode": "BUFFERED",
-        "response_header_mode": "SEND",
+        # With the observing filter, status and timing come from it: the routing
+        # stream skips response headers (one synchronous round trip less per request).
+        "response_header_mode": "SKIP" if mode == "observability" else "SEND",
         "response_body_mode": "STREAMED" if mode == "streamed" else "NONE",
         "request_trailer_mode": "SKIP",
         "response_trailer_mode": "SKIP",
@@ -139,7 +211,8 @@ def render_bootstrap(
                 },
             },
         },
-        _ext_proc("tailroute.route", timeout_ms, route_mode, observe=False),
+        _ext_proc("tailroute.route", timeout_ms, route_mode, observe=False,
+                  overlap=config.envoy.overlap_headers),
     ]
     if not with_sidecar:
         filters = filters[:1]
@@ -152,7 +225,9 @@ def render_bootstrap(
             "request_trailer_mode": "SKIP",
             "response_trailer_mode": "SKIP",
         }
-        filters.append(_ext_proc("tailroute.observe", timeout_ms, observe_pm, observe=True))
+        filters.append(_only_with_rid(
+            _ext_proc("tailroute.observe", timeout_ms, observe_pm, observe=True)
+        ))
     filters.append(
         {
             "name": "envoy.filters.http.router",
@@ -171,20 +246,36 @@ def render_bootstrap(
             "name": "tailroute_routed",
             "match": {"prefix": "/", "headers": [{"name": ROUTE_HEADER, "present_match": True}]},
             "route": {"cluster_header": ROUTE_HEADER, **route_common},
-            "request_headers_to_remove": [REQUEST_ID_HEADER],
+            "request_headers_to_remove": [REQUEST_ID_HEADER, ROUTE_HEADER],
             "request_body_buffer_limit": config.envoy.route_buffer_bytes,
         },
         {
             "name": "tailroute_default",
             "match": {"prefix": "/"},
             "route": {"cluster": config.default_cluster, **route_common},
-            "request_headers_to_remove": [REQUEST_ID_HEADER],
+            "request_headers_to_remove": [REQUEST_ID_HEADER, ROUTE_HEADER],
             "request_body_buffer_limit": config.envoy.route_buffer_bytes,
         },
     ]
     hcm = {
         "@type": _HCM,
         "stat_prefix": "tailroute",
+        # Envoy picks (and caches) the route before any HTTP filter runs, so a
+        # filter alone cannot stop a spoofed routing header when the sidecar is down
+        # (nothing would clear the route cache): strip it before routing as well.
+        "early_header_mutation_extensions": [
+            {
+                "name": "tailroute.strip_client_routing_early",
+                "typed_config": {
+                    "@type": _TYPE + "envoy.extensions.http.early_header_mutation"
+                    ".header_mutation.v3.HeaderMutation",
+                    "mutations": [
+                        {"remove": ROUTE_HEADER},
+                        {"remove": REQUEST_ID_HEADER},
+                    ],
+                },
+            }
+        ],
         "codec_type": "AUTO",
         "stream_idle_timeout": f"{max_timeout_s:g}s",
         "request_timeout": "0s",
@@ -195,7 +286,8 @@ def render_bootstrap(
         "http_filters": filters,
     }
     clusters = [
-        _cluster(c.name, _addr(c.address), http2=False, timeout_s=2.0) for c in config.clusters
+        _cluster(c.name, _addr(c.address), http2=False, timeout_s=2.0, tls=c.tls)
+        for c in config.clusters
     ]
     clusters.append(_cluster(SIDECAR_CLUSTER, sidecar_addr, http2=True, timeout_s=0.25))
     return {

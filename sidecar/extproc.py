@@ -9,6 +9,8 @@ Routing stream (filter ``tailroute.route``), states and the messages each accept
     EXPECT_HEADERS --request_headers(eos)--> ROUTED        (GET / no body)
     EXPECT_HEADERS --request_headers-------> EXPECT_BODY
     EXPECT_BODY    --request_body(eos)-----> ROUTED
+    EXPECT_BODY    --request_body(eos)-----> QUEUED        (admission "queue": Hold)
+    QUEUED         --resume (server)-------> QUEUED | ROUTED
     ROUTED         --response_headers------> RESPONSE      (status recorded)
     RESPONSE       --response_body*--------> RESPONSE      (only in "streamed" mode)
     any            --unexpected message----> answered with an empty CONTINUE, counted
@@ -18,6 +20,10 @@ What the request gets (documented in docs/ext-proc.md):
 * valid OpenAI-style request: CONTINUE with ``x-tailroute-cluster`` set
   (OVERWRITE_IF_EXISTS_OR_ADD, raw_value) and ``clear_route_cache``; the
   ``model`` field is rewritten when the chosen cluster serves it under another name;
+  ``x-envoy-upstream-rq-timeout-ms`` is the remaining budget (class timeout or
+  the caller's deadline);
+* not admitted (defer 429, shed/reject 503, skip 412) or held (queue): see
+  :mod:`sidecar.admission_shell` and docs/admission.md;
 * body that is not JSON / not an object / has mistyped fields on an LLM API
   path: 400 ImmediateResponse with an OpenAI-style error JSON (the request
   itself is invalid, every upstream would refuse it);
@@ -29,26 +35,39 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from enum import Enum
 from typing import Any
 
+from sidecar.admission_shell import Hold, admission_response, timeout_header
 from sidecar.app import App, Pending
-from sidecar.core.classify import BadRequest, api_for_path, classify, parse_body
+from sidecar.core.classify import BadRequest, ParsedBody, api_for_path, classify, parse_body
 from sidecar.core.timing import ResponseTimer
 from sidecar.core.types import Decision, RequestInfo
 from sidecar.envoy_config import REQUEST_ID_HEADER, ROUTE_HEADER
 from sidecar.pb.envoy.config.core.v3 import base_pb2
+from sidecar.pb.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm_pb2
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 log = logging.getLogger("tailroute.extproc")
 
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 EXPLAIN_HEADER = "x-tailroute-explain-result"
+_PM = pm_pb2.ProcessingMode
+_EXPLAIN_MODE = _PM(
+    request_header_mode=_PM.SEND,
+    request_body_mode=_PM.BUFFERED,
+    response_header_mode=_PM.SEND,
+    response_body_mode=_PM.NONE,
+    request_trailer_mode=_PM.SKIP,
+    response_trailer_mode=_PM.SKIP,
+)
 
 
 class Phase(Enum):
     EXPECT_HEADERS = "expect_headers"
     EXPECT_BODY = "expect_body"
+    QUEUED = "queued"  # held by an admission "queue" answer; the server re-asks (resume)
     ROUTED = "routed"
     RESPONSE = "response"
 
@@ -97,10 +116,17 @@ class RouteStream:
         self.rid: str | None = None
         self.info: RequestInfo | None = None
         self.decision: Decision | None = None
+        self._body: bytes | None = None
+        self._parsed: ParsedBody | None = None
+        self._is_body = False
+        self._arrived = 0.0
+        self._classified: RequestInfo | None = None  # as classified on arrival
 
     # -------------------------------------------------------------- dispatch
 
-    def on_message(self, msg: pb.ProcessingRequest, now: float) -> pb.ProcessingResponse | None:
+    def on_message(
+        self, msg: pb.ProcessingRequest, now: float
+    ) -> pb.ProcessingResponse | Hold | None:
         kind = msg.WhichOneof("request")
         if kind == "request_headers" and self.phase is Phase.EXPECT_HEADERS:
             return self._on_request_headers(msg.request_headers, now)
@@ -130,18 +156,30 @@ class RouteStream:
 
     # -------------------------------------------------------------- request
 
-    def _on_request_headers(self, msg: pb.HttpHeaders, now: float) -> pb.ProcessingResponse:
+    def _on_request_headers(
+        self, msg: pb.HttpHeaders, now: float
+    ) -> pb.ProcessingResponse | Hold:
         self.headers = header_map(msg.headers)
         if msg.end_of_stream:
             return self._route(None, now, is_body=False)
         self.phase = Phase.EXPECT_BODY
+        if self.app.observe_mode == "observability" and self.headers.get(
+            "x-tailroute-explain", ""
+        ).strip() == "1":
+            # Response headers are skipped in this mode; a debugging caller who asks
+            # for the explain header gets them back for this one request.
+            return pb.ProcessingResponse(
+                request_headers=pb.HeadersResponse(), mode_override=_EXPLAIN_MODE
+            )
         return _continue_headers()
 
-    def _on_request_body(self, msg: pb.HttpBody, now: float) -> pb.ProcessingResponse:
+    def _on_request_body(self, msg: pb.HttpBody, now: float) -> pb.ProcessingResponse | Hold:
         # BUFFERED mode: the whole body arrives in one message with end_of_stream set.
         return self._route(msg.body, now, is_body=True)
 
-    def _route(self, body: bytes | None, now: float, is_body: bool) -> pb.ProcessingResponse:
+    def _route(
+        self, body: bytes | None, now: float, is_body: bool
+    ) -> pb.ProcessingResponse | Hold:
         app = self.app
         cfg = app.config
         api = api_for_path(self.headers.get(":path", "/"))
@@ -158,13 +196,47 @@ class RouteStream:
                     self.phase = Phase.ROUTED
                     return immediate(400, str(exc), "invalid_request_error")
         info = classify(cfg, self.headers, parsed, api)
-        decision = app.router.decide(info, now, app.rng)
-        self.info, self.decision = info, decision
+        self.rid = app.new_rid()  # also the admission queue ticket
+        self.info, self._body, self._parsed, self._is_body = info, body, parsed, is_body
+        self._classified = info
+        self._arrived = now
+        return self._answer(app.router.decide(info, now, app.rng, ticket=self.rid), now)
+
+    def resume(self, now: float) -> pb.ProcessingResponse | Hold:
+        """Re-ask the core for a request held in the admission queue.
+
+        The caller's deadline shrinks by the time spent waiting; the class
+        timeout does not (Envoy starts it when the request is forwarded).
+        """
+        assert self._classified is not None and self.rid is not None
+        info = self._classified
+        if info.deadline_ms is not None:
+            waited_ms = (now - self._arrived) * 1000.0
+            info = replace(info, deadline_ms=max(info.deadline_ms - waited_ms, 0.0))
+        self.info = info
+        return self._answer(self.app.router.decide(info, now, self.app.rng, ticket=self.rid), now)
+
+    def _answer(self, decision: Decision, now: float) -> pb.ProcessingResponse | Hold:
+        """Turn a decision into Envoy's answer (sidecar.admission_shell has the table)."""
+        app = self.app
+        info, body, parsed, is_body = self.info, self._body, self._parsed, self._is_body
+        assert info is not None and self.rid is not None
+        self.decision = decision
+        if decision.admission == "queue":
+            self.phase = Phase.QUEUED
+            return Hold(app.router.queue_until(self.rid) or now)
         self.phase = Phase.ROUTED
+        if decision.admission != "admit":
+            return admission_response(decision, info)
         sets = [_set(ROUTE_HEADER, decision.cluster)]
-        rid = app.new_rid()
-        self.rid = rid
-        if app.observe_mode == "observability":
+        timeout = timeout_header(decision)
+        if timeout is not None:
+            sets.append(timeout)
+        rid = self.rid
+        observed = app.router.wants_observation(decision.cluster, info.slice, now, app.rng)
+        if app.observe_mode == "observability" and observed:
+            # The rid header both correlates the observing stream and switches the
+            # observing filter on for this request (Envoy skips it without the header).
             sets.append(_set(REQUEST_ID_HEADER, rid))
         common = pb.CommonResponse(
             header_mutation=pb.HeaderMutation(set_headers=sets), clear_route_cache=True
@@ -178,9 +250,10 @@ class RouteStream:
                 )
         timer = ResponseTimer(
             decision.cluster, info.slice, now, info.stream,
-            is_retry=info.retry_attempt > 0, is_probe=decision.is_probe,
+            is_retry=info.retry_attempt > 0 or decision.is_retry, is_probe=decision.is_probe,
         )
-        app.register(Pending(rid, info, decision, timer, app.deadline_for(decision, now)))
+        app.register(Pending(rid, info, decision, timer, app.deadline_for(decision, now),
+                             observed=observed))
         if is_body:
             return pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
         return pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=common))
@@ -214,15 +287,20 @@ class RouteStream:
         return pb.ProcessingResponse(response_body=pb.BodyResponse())
 
     def close(self, now: float, cancelled: bool) -> None:
-        """The gRPC stream ended. Without an observer, this stream owns the observation."""
-        pending = self.app.pending.get(self.rid or "")
-        if pending is None or pending.observer_attached:
+        """The gRPC stream ended: Envoy closes it when the HTTP request is over."""
+        if self.phase is Phase.QUEUED and self.rid is not None:
+            self.app.router.withdraw(self.rid)  # client gone or Envoy gave up while held
             return
-        if pending.timer.ended_at is None and pending.timer.status is not None and not cancelled:
-            # headers_only mode: the stream ends after response headers; end-to-end is
-            # time to headers, which for SSE is not the generation time (documented).
-            pending.timer.on_end(now)
-        self.app.finalize(pending.rid, now, cancelled=cancelled or pending.timer.status is None)
+        pending = self.app.pending.get(self.rid or "")
+        if pending is None:
+            return
+        timer = pending.timer
+        if (not pending.observer_attached and timer.ended_at is None
+                and timer.status is not None and not cancelled):
+            # headers_only mode: no body seen; end-to-end is measured to the end of
+            # the request (Envoy closes this stream then), documented as such.
+            timer.on_end(now)
+        self.app.route_closed(pending.rid, now, cancelled)
 
 
 class ObserveStream:
@@ -257,12 +335,15 @@ class ObserveStream:
             p.timer.on_body(msg.response_body.body, now, end=msg.response_body.end_of_stream)
         elif kind == "response_trailers":
             p.timer.on_end(now)
+        if p.timer.ended_at is not None:
+            self.app.finalize(p.rid, now, cancelled=False)
 
     def close(self, now: float, cancelled: bool) -> None:
+        """Envoy closes observability streams late (deferred close); the end of the
+        body already finalized a complete response, so only a cut-off one is left."""
         p = self.app.pending.get(self.rid) if self.rid else None
-        if p is None:
-            return
-        self.app.finalize(p.rid, now, cancelled=cancelled or p.timer.ended_at is None)
+        if p is not None and p.released:
+            self.app.finalize(p.rid, now, cancelled=True)
 
 
 def _rewrite_model(body: bytes, model: str) -> bytes | None:

@@ -78,10 +78,15 @@ class RouterCollector(Collector):
                                   labels=["cluster", "slice", "state"])
         weight = GaugeMetricFamily("tailroute_route_weight", "Health weight of cluster x slice",
                                    labels=["cluster", "slice"])
-        for (cluster, slice), h in r.board.items():
+        # The board keeps only routes that differ from a fresh healthy one; export every
+        # routed (narrow) series too, so "count routes by state" queries see all of them.
+        board = dict(r.board.items())
+        for cluster, slice in sorted({*r.stats.narrow_keys(), *board},
+                                     key=lambda k: (k[0], k[1].label())):
             label = slice.label()
-            state.add_metric([cluster, label, h.state.value], 1.0)
-            weight.add_metric([cluster, label], h.weight)
+            h = board.get((cluster, slice))
+            state.add_metric([cluster, label, h.state.value if h else "healthy"], 1.0)
+            weight.add_metric([cluster, label], h.weight if h else 1.0)
         yield from (state, weight)
 
         infl = GaugeMetricFamily("tailroute_inflight", "Requests in flight per cluster",

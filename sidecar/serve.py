@@ -1,4 +1,13 @@
-"""`tailroute serve`: run the ext_proc server and the admin server until signalled."""
+"""`tailroute serve`: run the ext_proc server and the admin server until signalled.
+
+Besides serving, the loop owns the operational chores:
+
+* hot reload on SIGHUP and on config file change (:mod:`sidecar.reload`);
+* warm restart: load the snapshot before serving, rewrite it every
+  ``snapshot_every_s`` and once more after the final drain (:mod:`sidecar.snapshot`);
+* graceful shutdown on SIGTERM/SIGINT: stop accepting, let in-flight streams
+  finish for up to ``drain_s``, then snapshot and exit.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +16,18 @@ import contextlib
 import logging
 import os
 import signal
+import time
+from collections import Counter
 from pathlib import Path
 
+import grpc
+
+from sidecar import snapshot
 from sidecar.admin import AdminServer
 from sidecar.app import App
 from sidecar.core.config import Config
 from sidecar.metrics import build_registry
+from sidecar.reload import ConfigReloader, watch_loop
 from sidecar.server import start_grpc, tick_loop
 
 log = logging.getLogger("tailroute")
@@ -25,6 +40,65 @@ async def _sample_loop(admin: AdminServer, stop: asyncio.Event, every_s: float) 
             await asyncio.wait_for(stop.wait(), timeout=every_s)
 
 
+async def _drain(server: grpc.aio.Server, app: App, drain_s: float) -> None:
+    """Stop taking streams; let in-flight requests finish for up to ``drain_s``.
+
+    Waiting for every gRPC stream to close would always take the full ``drain_s``:
+    Envoy keeps observing streams open for a while after the response ended. So
+    once no routed request has been pending for two checks in a row, the streams
+    left are idle and are closed at once.
+    """
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.ensure_future(server.stop(grace=drain_s))
+    deadline, idle = loop.time() + drain_s, 0
+    while not stopping.done() and loop.time() < deadline:
+        idle = idle + 1 if not app.pending else 0
+        if idle >= 2:
+            await server.stop(grace=0.05)  # the most restrictive grace applies
+            break
+        await asyncio.wait({stopping}, timeout=0.05)
+    await stopping
+
+
+class Snapshotter:
+    """Periodic and final snapshots; the path follows the live config unless overridden."""
+
+    def __init__(self, app: App, override: str | None, errors: Counter[str]) -> None:
+        self.app = app
+        self.override = override
+        self.errors = errors  # exported as tailroute_errors_total{kind="snapshot_*"}
+
+    @property
+    def path(self) -> str | None:
+        return self.override or self.app.config.snapshot_path
+
+    def load(self, now: float) -> None:
+        if self.path and not snapshot.load(self.app.router, self.path, now):
+            self.errors["snapshot_load"] += int(os.path.exists(self.path))
+
+    async def save(self) -> None:
+        path = self.path
+        if not path:
+            return
+        loop = asyncio.get_running_loop()
+        # Build on the loop thread (the router is not thread-safe); write off it.
+        data = snapshot.build(self.app.router, loop.time(), time.time())
+        try:
+            size = await asyncio.to_thread(snapshot.write_atomic, path, data)
+        except OSError as exc:
+            self.errors["snapshot_write"] += 1
+            log.warning("cannot write snapshot %s: %s", path, exc.strerror or exc)
+            return
+        log.debug("snapshot written to %s (%d bytes)", path, size)
+
+    async def loop(self, stop: asyncio.Event, every_s: float) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=every_s)
+            if not stop.is_set():
+                await self.save()
+
+
 async def serve(
     config: Config,
     grpc_addr: str | None = None,
@@ -33,38 +107,72 @@ async def serve(
     ready_file: str | None = None,
     seed: int | None = None,
     drain_s: float = 5.0,
+    config_path: str | None = None,
+    snapshot_path: str | None = None,
+    snapshot_every_s: float = 30.0,
+    watch_every_s: float = 1.0,
 ) -> int:
-    """Serve until SIGTERM/SIGINT, then drain in-flight streams for up to ``drain_s``."""
+    """Serve until SIGTERM/SIGINT, then drain in-flight streams for up to ``drain_s``.
+
+    ``config_path`` (default: ``config.source`` if it is a file) is watched for
+    changes and re-read on SIGHUP. ``snapshot_path`` overrides ``config.snapshot_path``.
+    """
     loop = asyncio.get_running_loop()
     app = App.create(config, seed)
-    registry, phase_hist = build_registry(
-        lambda: app.router, loop.time, lambda: app.shell_counters()
-    )
+    if config_path is None and os.path.isfile(config.source):
+        config_path = config.source
+    reloader = ConfigReloader(app, config_path) if config_path else None
+    ops_errors: Counter[str] = Counter()
+    snap = Snapshotter(app, snapshot_path, ops_errors)
+    snap.load(loop.time())  # before serving, so the first decisions are already informed
+
+    def shell_counters() -> dict[str, int]:
+        out = app.shell_counters()
+        for k, v in ops_errors.items():
+            out[f"error:{k}"] = out.get(f"error:{k}", 0) + v
+        if reloader is not None:
+            out.update(reloader.counters())
+        return out
+
+    registry, phase_hist = build_registry(lambda: app.router, loop.time, shell_counters)
     tcp = grpc_addr if grpc_addr is not None else config.listen.grpc
     unix = unix if unix is not None else config.listen.grpc_unix
     if unix and os.path.exists(unix):
         os.unlink(unix)  # a stale socket from a crashed run would block the bind
     serving = False
     admin = AdminServer(app, registry, ready=lambda: serving)
-    admin_port = await admin.start(admin_addr if admin_addr is not None else config.listen.admin)
+    admin_at = admin_addr if admin_addr is not None else config.listen.admin
+    admin_port = await admin.start(admin_at)
     server, service, port = await start_grpc(app, tcp or None, unix, phase_hist)
     serving = True
-    stop = asyncio.Event()
+    stop, hup = asyncio.Event(), asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    with contextlib.suppress(NotImplementedError):
+        loop.add_signal_handler(signal.SIGHUP, hup.set)
     tasks = [asyncio.create_task(tick_loop(app, stop)),
-             asyncio.create_task(_sample_loop(admin, stop, config.stats.subwindow_s / 2))]
-    log.info("tailroute serving ext_proc on %s%s; admin on 127.0.0.1:%d",
-             f"127.0.0.1:{port}" if port else "", f" unix:{unix}" if unix else "", admin_port)
+             asyncio.create_task(_sample_loop(admin, stop, config.stats.subwindow_s / 2)),
+             asyncio.create_task(snap.loop(stop, snapshot_every_s))]
+    if reloader is not None:
+        tasks.append(asyncio.create_task(watch_loop(reloader, stop, hup, watch_every_s)))
+    log.info("tailroute serving ext_proc on %s%s; admin on %s:%d",
+             f"{tcp.rpartition(':')[0]}:{port}" if port and tcp else "",
+             f" unix:{unix}" if unix else "", admin_at.rpartition(":")[0] or "127.0.0.1",
+             admin_port)
     if ready_file:
         tmp = Path(ready_file + ".tmp")
         tmp.write_text(f"{port or 0} {admin_port}\n")
         tmp.replace(ready_file)
     await stop.wait()
     serving = False
-    log.info("shutting down: draining %d streams", service.active_streams)
-    await server.stop(grace=drain_s)
+    # Snapshot before the drain too: an orchestrator whose grace period is shorter
+    # than the drain may SIGKILL us mid-drain, and a slightly older snapshot beats none.
+    await snap.save()
+    log.info("shutting down: draining %d streams, %d requests in flight",
+             service.active_streams, len(app.pending))
+    await _drain(server, app, drain_s)
     await asyncio.gather(*tasks)
+    await snap.save()  # again after the drain, so the last observations are in it
     await admin.stop()
     return 0

@@ -3,6 +3,12 @@
 Each stream's first message says which filter opened it: the observability
 filter sets ``observability_mode``; everything else is a routing stream. The
 loop's clock (``loop.time()``) is the only time source, handed to the core.
+
+Handlers answer synchronously (the fast path). The one exception is an
+admission ``queue`` answer: the handler returns a :class:`Hold` and this
+server awaits, without blocking other streams, until the hold's deadline or
+until a stream closes or the in-flight total drops (:class:`CapacitySignal`),
+then calls ``handler.resume(now)``, which asks the core again.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Any
 import grpc
 from prometheus_client import Histogram
 
+from sidecar.admission_shell import CapacitySignal, Hold
 from sidecar.app import App
 from sidecar.extproc import ObserveStream, RouteStream
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -32,6 +39,29 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self.app = app
         self.active_streams = 0
         self._phase = phase_hist
+        self.capacity = CapacitySignal()
+
+    def _load(self) -> int:
+        router = self.app.router
+        return sum(router.inflight(c) for c in self.app.config.cluster_names)
+
+    async def _hold(
+        self, handler: RouteStream, hold: Hold, msg: pb.ProcessingRequest
+    ) -> pb.ProcessingResponse:
+        """Wait out admission ``queue`` answers until the core admits or refuses."""
+        loop = asyncio.get_running_loop()
+        resp: pb.ProcessingResponse | Hold = hold
+        while isinstance(resp, Hold):
+            await self.capacity.wait(resp.until - loop.time())
+            try:
+                resp = handler.resume(loop.time())
+            except Exception:
+                log.exception("handler error while queued; answering CONTINUE")
+                self.app.errors["handler_exception"] += 1
+                if handler.rid is not None:
+                    self.app.router.withdraw(handler.rid)
+                return _safe_continue(msg)
+        return resp
 
     async def Process(
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: Any
@@ -58,6 +88,11 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     self._phase.labels(msg.WhichOneof("request") or "unknown").observe(
                         time.perf_counter() - t0
                     )
+                if isinstance(resp, Hold):
+                    resp = (await self._hold(handler, resp, msg)
+                            if isinstance(handler, RouteStream) else None)
+                elif self.capacity.waiting:
+                    self.capacity.observe_load(self._load())
                 if resp is not None:
                     yield resp
             cancelled = False
@@ -65,12 +100,15 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             raise
         finally:
             self.active_streams -= 1
+            log.debug("stream closed at %.3f: %s rid=%s cancelled=%s", loop.time(),
+                      type(handler).__name__, getattr(handler, "rid", None), cancelled)
             if handler is not None:
                 try:
                     handler.close(loop.time(), cancelled=cancelled)
                 except Exception:
                     log.exception("error closing stream handler")
                     self.app.errors["close_exception"] += 1
+                self.capacity.notify()  # a slot or a queue place may have freed
 
 
 def _safe_continue(msg: pb.ProcessingRequest) -> pb.ProcessingResponse:

@@ -7,7 +7,7 @@ from typing import Any
 
 from sidecar.core.router import Router
 from sidecar.core.stats import METRICS
-from sidecar.core.types import Decision
+from sidecar.core.types import Decision, Explain
 
 
 def _ms(v: float | None) -> float | None:
@@ -55,12 +55,13 @@ def state_json(router: Router, now: float) -> dict[str, Any]:
     }
 
 
-def decision_json(at: float, decision: Decision, request: dict[str, Any]) -> dict[str, Any]:
+def decision_json(at: float, decision: Decision, request: dict[str, Any],
+                  explain: Explain | None) -> dict[str, Any]:
     out: dict[str, Any] = {"at": at, "request": request, "cluster": decision.cluster,
                            "reason": decision.reason, "admission": decision.admission,
                            "is_probe": decision.is_probe, "detail": decision.detail}
-    if decision.explain is not None:
-        out["explain"] = asdict(decision.explain)
+    if explain is not None:
+        out["explain"] = asdict(explain)
     return out
 
 
@@ -71,5 +72,5 @@ def explain_recent(router: Router, limit: int = 20) -> list[dict[str, Any]]:
         req = {"model": rd.request.model, "class": rd.request.klass,
                "slice": rd.request.slice.label(), "stream": rd.request.stream,
                "priority": rd.request.priority, "retry_attempt": rd.request.retry_attempt}
-        out.append(decision_json(rd.at, rd.decision, req))
+        out.append(decision_json(rd.at, rd.decision, req, rd.explain()))
     return out

@@ -8,6 +8,7 @@ import pytest
 
 from sidecar.app import App
 from sidecar.core.config import Config, parse_config
+from sidecar.core.types import SliceKey
 from sidecar.envoy_config import REQUEST_ID_HEADER, ROUTE_HEADER
 from sidecar.extproc import ObserveStream, RouteStream
 from tests.conftest import base_config_dict
@@ -124,13 +125,43 @@ def test_observer_times_stream_and_feeds_stats(app: App) -> None:
         (10.24, body_msg(token("c") + sse({"choices": [], "usage": {"completion_tokens": 3}})
                          + b"data: [DONE]\n\n", eos=True, response=True, observe=True)),
     ])
-    s.on_message(headers_msg({":status": "200"}, response=True), 10.05)
-    s.close(10.3, cancelled=False)
-    assert rid in app.pending  # the observer owns the observation
-    o.close(10.3, cancelled=False)
+    # The end of the body finalizes the observation (Envoy closes observability
+    # streams only after a deferred-close delay).
     assert rid not in app.pending
     assert app.router.inflight(cluster) == 0
     assert app.router.counters[("outcome", "ok")] == 1
+    s.close(10.3, cancelled=False)
+    o.close(15.3, cancelled=False)
+    assert app.router.counters[("outcome", "ok")] == 1
+    series = app.router.stats.series(cluster, SliceKey("m", "interactive", "short", True))
+    assert series is not None and series.count("ttft", 10.3) == 1
+
+
+def test_route_close_before_observer_end_waits_a_grace() -> None:
+    """The two gRPC streams are unordered: the end may arrive after the route closes."""
+    app = App.create(parse_config(base_config_dict(), "t.yaml"), seed=1)
+    s, (_, r2) = route(app, chat_request(), now=0.0)
+    rid = set_headers(r2)[REQUEST_ID_HEADER]  # type: ignore[arg-type]
+    o = _observe(app, rid, [
+        (0.1, headers_msg({":status": "200", "content-type": "text/event-stream"},
+                          response=True, observe=True)),
+    ])
+    s.close(0.5, cancelled=False)
+    assert rid in app.pending and app.pending[rid].released
+    o.on_message(body_msg(token("a") + b"data: [DONE]\n\n", eos=True, response=True,
+                          observe=True), 0.6)
+    assert app.router.counters[("outcome", "ok")] == 1 and not app.pending
+
+
+def test_observer_that_never_ends_is_cancel_after_grace(app: App) -> None:
+    s, (_, r2) = route(app, chat_request(), now=0.0)
+    rid = set_headers(r2)[REQUEST_ID_HEADER]  # type: ignore[arg-type]
+    _observe(app, rid, [(0.1, headers_msg({":status": "200"}, response=True, observe=True))])
+    s.close(0.5, cancelled=True)
+    app.tick(1.0)
+    assert rid in app.pending
+    app.tick(3.0)
+    assert not app.pending and app.router.counters[("outcome", "cancel")] == 1
 
 
 def test_client_cancel_mid_stream_counts_cancel(app: App) -> None:

@@ -102,10 +102,33 @@ def test_window_summary_is_the_last_completed_subwindow() -> None:
     s = rs.window_summary(21.0, "ttft", 0.95)
     assert (s.index, s.start, s.end, s.samples, s.requests, s.errors) == (1, 10.0, 20.0, 6, 7, 1)
     assert within(s.quantile, 0.3) and s.failure_rate == pytest.approx(1 / 7)
+
+
+def test_sparse_route_evaluation_window_grows_until_min_samples() -> None:
+    """Too few samples: the span is kept and extended (never judged twice)."""
     sparse = RouteStats(CFG)
     feed(sparse, [0.3] * 4, 12.0)
-    assert sparse.window_summary(21.0, "ttft", 0.95).quantile is None
-    assert sparse.window_summary(45.0, "ttft", 0.95).samples == 0  # gap: empty window
+    first = sparse.window_summary(21.0, "ttft", 0.95)
+    assert first.quantile is None and first.samples == 4
+    feed(sparse, [0.4] * 2, 25.0)
+    grown = sparse.window_summary(31.0, "ttft", 0.95)
+    assert (grown.start, grown.end, grown.samples) == (10.0, 30.0, 6)
+    assert within(grown.quantile, 0.4)
+    # Judged: the next evaluation window starts after it.
+    nxt = sparse.window_summary(41.0, "ttft", 0.95)
+    assert (nxt.start, nxt.samples, nxt.quantile) == (30.0, 0, None)
+
+
+def test_sparse_span_is_capped_at_the_ring() -> None:
+    sparse = RouteStats(CFG)
+    feed(sparse, [0.3], 12.0)
+    for t in (21.0, 31.0, 41.0, 51.0):
+        assert sparse.window_summary(t, "ttft", 0.95).start == 10.0
+    # At 61 the span covers every completed sub-window the ring keeps: it is closed
+    # (insufficient) and the next evaluation window starts after it.
+    last = sparse.window_summary(61.0, "ttft", 0.95)
+    assert (last.start, last.quantile) == (10.0, None)
+    assert sparse.window_summary(71.0, "ttft", 0.95).start == 60.0
 
 
 def test_stale_data_reports_nothing() -> None:

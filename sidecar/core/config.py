@@ -100,6 +100,9 @@ class StatsConfig:
     decay: float = 0.7  # weight of sub-window i back is decay**i (recency weighting)
     stale_after_s: float = 300.0  # no samples for this long: verdict expires
     max_slices: int = 512  # per cluster; beyond this, fold into an overflow slice
+    # Share of responses timed by the observing filter once a route's current
+    # sub-window holds min_samples samples (below that, every response is timed).
+    observe_share: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +162,10 @@ class EnvoyConfig:
     admin: str = "127.0.0.1:9901"
     route_buffer_bytes: int = 16 * 1024 * 1024
     observe_mode: Literal["observability", "streamed", "headers_only"] = "observability"
+    # Envoy sends the request body without waiting for the headers answer: one
+    # round trip less before routing, but no per-request mode override (so no
+    # opt-in explain response header in observability mode).
+    overlap_headers: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -449,6 +456,7 @@ def _stats(r: _Reader) -> StatsConfig:
         decay=r.num("decay", 0.7, lo=0.01, hi=1.0),
         stale_after_s=r.num("stale_after_s", 300.0, lo=1),
         max_slices=r.num("max_slices", 512, lo=1, hi=100000, integer=True),
+        observe_share=r.num("observe_share", 1.0, lo=0.0, hi=1.0),
     )
     r.done()
     return cfg
@@ -529,6 +537,7 @@ def _envoy(r: _Reader) -> EnvoyConfig:
         observe_mode=r.choice(
             "observe_mode", "observability", ("observability", "streamed", "headers_only")
         ),
+        overlap_headers=r.bool_("overlap_headers", False),
     )
     r.done()
     return cfg
@@ -599,4 +608,23 @@ def parse_config(data: Any, source: str = "<memory>") -> Config:
         source=source,
     )
     root.done()
+    _check_queue_wait(root, cfg)
     return cfg
+
+
+QUEUE_MARGIN_MS = 50  # decision time and gRPC overhead on top of the longest queue wait
+
+
+def _check_queue_wait(root: _Reader, cfg: Config) -> None:
+    """A queued request holds Envoy's ext_proc answer for up to ``queue_wait_ms``;
+    Envoy's ``message_timeout`` (``limits.decision_timeout_ms``) must outlast it."""
+    adm = cfg.admission
+    if not adm.enabled or adm.queue_max == 0 or adm.queue_wait_ms == 0:
+        return
+    limit = cfg.limits.decision_timeout_ms - QUEUE_MARGIN_MS
+    if adm.queue_wait_ms > limit:
+        root.fail(
+            f"must be <= limits.decision_timeout_ms - {QUEUE_MARGIN_MS} = {limit} ms (Envoy "
+            f"gives up on the decision after decision_timeout_ms), got {adm.queue_wait_ms:g}",
+            "admission.queue_wait_ms",
+        )

@@ -14,7 +14,8 @@ Shape (after the Gateway API Inference Extension's scheduler):
    (0, 1] per dimension.
 4. The candidate's **weight** combines them log-linearly with the class's
    weights: ``w = health * prod_i s_i ** k_i``; a class weight k_i = 0 ignores
-   the dimension.
+   the dimension. Each survivor keeps at least ``probe_share x max w``
+   (exploration floor) so its statistics stay fresh.
 5. One **picker** (``sidecar.core.pickers``) chooses, with the injected RNG.
 
 Everything here is pure: the route view supplies statistics, health and load
@@ -132,6 +133,19 @@ class PipelineResult:
     notes: tuple[str, ...]
 
 
+def _apply_exploration_floor(cands: list[Candidate], floor: float) -> None:
+    """Every surviving route keeps at least ``floor x`` the best weight.
+
+    Without it a route that was slow once would get almost no traffic, its
+    statistics would never refresh, and neither the health machine nor the
+    latency score could see it recover. Routes the health machine excluded
+    never get here (they are filtered; probes reach them instead).
+    """
+    best = max(c.weight for c in cands)
+    for c in cands:
+        c.weight = max(c.weight, floor * best)
+
+
 def run_pipeline(
     ctx: SelectionContext,
     filters: tuple[Filter, ...],
@@ -185,5 +199,6 @@ def run_pipeline(
         # The view already resolved the health weight for this class (tolerant
         # classes ignore latency states, never an open circuit).
         cand.weight = max(weight * cand.health.weight, 1e-9)
+    _apply_exploration_floor(survivors, ctx.config.health.probe_share)
     chosen = picker(ctx, survivors, rng)
     return PipelineResult(chosen, tuple(cands), panic, tuple(notes))

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import random
 from collections import Counter, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from sidecar.core.admission import AdmissionControl
 from sidecar.core.config import ClassConfig, Config
 from sidecar.core.filters import DEFAULT_FILTERS
 from sidecar.core.health import HealthBoard, HealthState
@@ -41,9 +42,18 @@ _HEALTHY = HealthView("healthy", 1.0, False, False)
 
 @dataclass(frozen=True, slots=True)
 class RecentDecision:
+    """One entry of the recent-decision ring; explain is built when someone reads it."""
+
     at: float
     request: RequestInfo
     decision: Decision
+    result: PipelineResult | None = None
+    picker: str = ""
+
+    def explain(self) -> Explain | None:
+        if self.decision.explain is not None or self.result is None:
+            return self.decision.explain
+        return _explain(self.request, self.result, self.picker)
 
 
 class Router:
@@ -59,6 +69,8 @@ class Router:
         self.transitions: deque[TransitionEvent] = deque(maxlen=256)
         self._next_eval: float | None = None
         self._picker = PICKERS[config.picker]
+        self.admission = AdmissionControl(config)
+        self._memo: dict[tuple[str, SliceKey, str, float, float], LatencyValue] = {}
 
     # ------------------------------------------------------------ config
 
@@ -73,14 +85,21 @@ class Router:
         self.board.reconfigure(config.health, config.stats)
         self.config = config
         self._picker = PICKERS[config.picker]
+        self.admission.reconfigure(config)
 
     # ------------------------------------------------------------ RouteView
 
     def latency(
         self, cluster: str, slice: SliceKey, metric: str, percentile: float, now: float
     ) -> LatencyValue:
-        lk = self.stats.lookup(cluster, slice, metric, percentile / 100.0, now)
-        return LatencyValue(lk.value, lk.used, lk.fell_back, lk.samples)
+        # Scorers ask for the same percentile more than once per decision (the
+        # latency_aware TTFT and the class SLO are often the same): memoise per decision.
+        key = (cluster, slice, metric, percentile, now)
+        hit = self._memo.get(key)
+        if hit is None:
+            lk = self.stats.lookup(cluster, slice, metric, percentile / 100.0, now)
+            hit = self._memo[key] = LatencyValue(lk.value, lk.used, lk.fell_back, lk.samples)
+        return hit
 
     def health(self, cluster: str, slice: SliceKey) -> HealthView:
         h = self.board.peek(cluster, slice)
@@ -101,29 +120,88 @@ class Router:
 
     # ------------------------------------------------------------ decisions
 
-    def decide(self, req: RequestInfo, now: float, rng: random.Random) -> Decision:
-        """Choose a cluster for ``req``. Never raises for request content."""
-        decision = self._decide(req, now, rng)
+    def decide(
+        self, req: RequestInfo, now: float, rng: random.Random, ticket: str | None = None
+    ) -> Decision:
+        """Choose a cluster for ``req`` and decide its admission. Never raises for content.
+
+        ``ticket`` identifies the held request when admission answers ``queue``
+        (default: ``req.request_id``); the caller re-asks with the same ticket
+        when capacity frees or at :meth:`queue_until`, and calls :meth:`withdraw`
+        if it gives up. A re-ask that stays queued is not counted again.
+        """
+        self._memo.clear()
+        decision, result = self._decide(req, now, rng)
+        decision, new_event = self._admit(req, decision, result, now, ticket or req.request_id)
+        if not new_event:
+            return decision
         self.counters[("decision", decision.reason)] += 1
-        self.recent.append(RecentDecision(now, req, decision))
+        self.counters[("admission", decision.admission)] += 1
+        self.recent.append(RecentDecision(now, req, decision, result, self._picker.name))
         return decision
 
-    def _decide(self, req: RequestInfo, now: float, rng: random.Random) -> Decision:
+    def _admit(
+        self, req: RequestInfo, decision: Decision, result: PipelineResult | None,
+        now: float, ticket: str | None,
+    ) -> tuple[Decision, bool]:
+        """Run admission control (sidecar.core.admission) on a selection result."""
+        if decision.reason in ("unknown_model", "no_candidate"):
+            return decision, True
+        klass = self.config.workload_class(req.klass) or self.config.workload_class(
+            self.config.default_class)
+        assert klass is not None
+        if self.admission.pressure_dirty:
+            self.admission.update_pressure(self.board.items())
+        v = self.admission.assess(req, klass, decision, result, self, now, ticket)
+        if not v.requeued and v.reason not in ("ok", "disabled"):
+            self.counters[("admission_reason", v.reason)] += 1
+        if v.outcome == "admit" and v.cluster != decision.cluster:
+            decision = self._finish(req, v.cluster, decision.reason, klass, result,
+                                    is_probe=decision.is_probe)
+        detail = f"{v.reason}: {v.note}" if v.note or v.outcome != "admit" else decision.detail
+        decision = replace(
+            decision,
+            reason=decision.reason if v.outcome == "admit" else "admission",
+            admission=v.outcome,
+            status=v.status,
+            retry_after_s=self.config.admission.defer_retry_after_s
+            if v.outcome == "defer" else None,
+            timeout_ms=v.timeout_ms,
+            is_retry=v.is_retry,
+            detail=detail,
+        )
+        return decision, not v.requeued
+
+    def queue_until(self, ticket: str) -> float | None:
+        """The latest time a request held by a ``queue`` answer must re-ask (None: not held)."""
+        return self.admission.wait_until(ticket)
+
+    def withdraw(self, ticket: str) -> None:
+        """The shell gave up on a held request (client gone, stream closed)."""
+        if self.admission.queue.leave(ticket) is not None:
+            self.counters[("admission_reason", "queue_abandoned")] += 1
+
+    def _decide(
+        self, req: RequestInfo, now: float, rng: random.Random
+    ) -> tuple[Decision, PipelineResult | None]:
         cfg = self.config
         model = cfg.model(req.model) if req.model else None
         if model is None:
-            return Decision(cfg.default_cluster, "unknown_model", detail=str(req.model))
+            return Decision(cfg.default_cluster, "unknown_model", detail=str(req.model)), None
         klass = cfg.workload_class(req.klass) or cfg.workload_class(cfg.default_class)
         assert klass is not None
         probe = self._maybe_probe(req, klass, model.candidates, rng)
         if probe is not None:
-            return self._finish(req, probe, "probe", klass, None, is_probe=True)
+            return self._finish(req, probe, "probe", klass, None, is_probe=True), None
         ctx = SelectionContext(cfg, model, klass, req, self, now)
         result = run_pipeline(ctx, DEFAULT_FILTERS, DEFAULT_SCORERS, self._picker, rng)
         if result is None:
-            return Decision(cfg.default_cluster, "no_candidate", detail="hard filters left none")
+            decision = Decision(
+                cfg.default_cluster, "no_candidate", detail="hard filters left none"
+            )
+            return decision, None
         reason = self._reason(result, len(model.candidates))
-        return self._finish(req, result.chosen.name, reason, klass, result)
+        return self._finish(req, result.chosen.name, reason, klass, result), result
 
     def _maybe_probe(
         self, req: RequestInfo, klass: ClassConfig, candidates: tuple[str, ...],
@@ -177,7 +255,12 @@ class Router:
         is_probe: bool = False,
     ) -> Decision:
         upstream = self.config.cluster(cluster).models.get(req.model or "")
-        explain = _explain(req, result, self._picker.name) if result is not None else None
+        # Building the explain costs ~10% of a decision: only on request (the
+        # recent-decision ring builds it lazily for /explain).
+        explain = (
+            _explain(req, result, self._picker.name) if result is not None and req.explain
+            else None
+        )
         return Decision(
             cluster=cluster,
             reason=reason,
@@ -188,6 +271,19 @@ class Router:
         )
 
     # ------------------------------------------------------------ observations
+
+    def wants_observation(
+        self, cluster: str, slice: SliceKey, now: float, rng: random.Random
+    ) -> bool:
+        """Should this response be timed? Always while the route's current sub-window
+        lacks ``min_samples`` samples (evidence first), else with ``observe_share``."""
+        share = self.config.stats.observe_share
+        if share >= 1.0:
+            return True
+        series = self.stats.series(cluster, slice)
+        if series is None or series.current_samples(now) < self.config.stats.min_samples:
+            return True
+        return rng.random() < share
 
     def started(self, cluster: str) -> None:
         """A routed request was released to ``cluster``."""
@@ -278,6 +374,8 @@ class Router:
         return False
 
     def _log(self, events: list[TransitionEvent]) -> None:
+        if events:
+            self.admission.pressure_dirty = True
         for e in events:
             self.transitions.append(e)
             self.counters[("transition", e.new)] += 1

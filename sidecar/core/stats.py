@@ -14,6 +14,9 @@ min_samples`` (a percentile of a handful of samples is noise).
 
 Accuracy: the exact nearest-rank quantile of the decay-weighted samples up to
 relative error ``a`` (default 0.02: 1.00 s means the sample was in 0.98 .. 1.02 s).
+Freshness: a decision may see a window quantile that misses the newest
+observations, at most 2 % of the samples it was computed from (cached until
+then; a merge per decision under steady traffic is what this buys back).
 Memory per series (``a = 0.02``): ``3 x subwindows`` histograms of <= 4.6 KiB
 (577 float64 buckets) plus 3 cached merges, ``(3 x 6 + 3) x 4.6 KiB ~= 97 KiB``
 worst case with 6 sub-windows, typically ~1 KiB per non-empty histogram (only
@@ -37,6 +40,8 @@ from sidecar.core.types import ANY, Observation, SliceKey
 
 METRICS: tuple[Metric, ...] = ("ttft", "tpot", "e2e")
 OVERFLOW_CLASS = "_overflow"
+# A cached quantile is recomputed once new observations exceed this share of its samples.
+_REFRESH_SHARE = 0.02
 GLOBAL_OVERFLOW = SliceKey(OVERFLOW_CLASS, OVERFLOW_CLASS, ANY, None)
 _COUNTERS = ("ok", "error", "timeout", "cancel")  # SubWindow attributes, named as the outcomes
 _NEVER = -(1 << 62)  # index of an unused ring slot: matches no real sub-window
@@ -164,7 +169,9 @@ class SeriesWindow:
 class RouteStats:
     """Rolling statistics of one (cluster, slice)."""
 
-    __slots__ = ("_past", "_qcache", "_version", "accuracy", "cfg", "last_seen", "window")
+    __slots__ = (
+        "_past", "_qcache", "_unjudged", "_version", "accuracy", "cfg", "last_seen", "window",
+    )  # fmt: skip
 
     def __init__(self, cfg: StatsConfig, relative_accuracy: float = 0.02) -> None:
         self.cfg = cfg
@@ -175,6 +182,8 @@ class RouteStats:
         # Merge of the completed sub-windows: fixed until the window rotates.
         self._past: dict[Metric, tuple[int, LogHistogram, int]] = {}
         self._qcache: dict[tuple[Metric, float], tuple[int, int, float | None, int]] = {}
+        # First completed sub-window not yet covered by a verdict (see window_summary).
+        self._unjudged: int | None = None
 
     def observe(self, obs: Observation, now: float) -> None:
         """Count the outcome; add latency samples only for ``ok`` first attempts.
@@ -235,7 +244,12 @@ class RouteStats:
         if self.is_stale(now):
             return None, 0
         hit = self._qcache.get((metric, q))
-        if hit is not None and hit[0] == k and hit[1] == self._version:
+        # Valid while the observations since it was computed are a small share of
+        # its samples: with steady traffic every observation would otherwise force
+        # a merge per decision. A handful of samples always recomputes.
+        if hit is not None and hit[0] == k and (
+            self._version - hit[1] <= hit[3] * _REFRESH_SHARE
+        ):
             return hit[2], hit[3]
         past, n = self._past_merged(metric, k)
         cur = self.window.get(k)
@@ -257,6 +271,12 @@ class RouteStats:
         n = sum(s.requests for s in live)
         return sum(getattr(s, field) for s in live) / n if n else None
 
+    def current_samples(self, now: float) -> int:
+        """Outcomes recorded in the current (partial) sub-window."""
+        k = self.window.advance(now)
+        cur = self.window.get(k)
+        return 0 if cur is None else cur.requests + cur.cancel
+
     def requests(self, now: float) -> int:
         """Requests (excluding cancels) recorded over the live window."""
         return 0 if self.is_stale(now) else sum(s.requests for _, s in self.window.live(now))
@@ -270,16 +290,48 @@ class RouteStats:
         return self._rate(now, "timeout")
 
     def window_summary(self, now: float, metric: Metric, q: float) -> WindowSummary:
-        """The most recently *completed* sub-window (``k - 1``), unweighted."""
+        """The next *evaluation window*: completed sub-windows not yet judged.
+
+        Normally that is just the last completed sub-window ``k - 1``. A sparse
+        route may not reach ``min_samples`` (latency) or ``error_min`` requests
+        in one sub-window; its evaluation window then grows over the following
+        sub-windows (unweighted merge, at most ``subwindows - 1`` of them) until
+        it does. Windows never overlap, so no sample is judged twice and one
+        spike cannot count as "sustained" across several verdicts. Until the
+        span is complete the summary carries ``quantile=None`` (insufficient)
+        and the span is kept for the next call.
+        """
         k = self.window.advance(now)
-        start, end = (k - 1) * self.cfg.subwindow_s, k * self.cfg.subwindow_s
-        slot = None if self.is_stale(now) else self.window.get(k - 1)
-        if slot is None:
+        end = k * self.cfg.subwindow_s
+        oldest = k - (self.cfg.subwindows - 1)
+        first = k - 1 if self._unjudged is None else max(self._unjudged, oldest)
+        first = min(first, k - 1)
+        start = first * self.cfg.subwindow_s
+        if self.is_stale(now):
+            self._unjudged = k
             return WindowSummary(k - 1, start, end, metric, q, 0, None, 0, 0, 0, 0)
-        n = slot.samples(metric)
-        value = slot.hists[metric].quantile(q) if n >= self.cfg.min_samples else None
-        return WindowSummary(k - 1, start, end, metric, q, n, value,
-                             slot.requests, slot.error, slot.timeout, slot.cancel)  # fmt: skip
+        merged: LogHistogram | None = None
+        n = req = err = tmo = canc = 0
+        for idx in range(first, k):
+            slot = self.window.get(idx)
+            if slot is None:
+                continue
+            if m := slot.samples(metric):
+                if merged is None:
+                    merged = slot.hists[metric].copy()
+                else:
+                    merged.merge(slot.hists[metric])
+                n += m
+            req, err, tmo, canc = (req + slot.requests, err + slot.error,
+                                   tmo + slot.timeout, canc + slot.cancel)  # fmt: skip
+        enough = n >= self.cfg.min_samples
+        full_span = first <= oldest
+        if enough or full_span or (req and (err + tmo) >= self.cfg.min_samples):
+            self._unjudged = k  # verdict given: the next window starts fresh
+        else:
+            self._unjudged = first  # keep accumulating
+        value = merged.quantile(q) if enough and merged is not None else None
+        return WindowSummary(k - 1, start, end, metric, q, n, value, req, err, tmo, canc)
 
     def to_dict(self, now: float) -> dict[str, Any]:
         """JSON-safe snapshot; times are stored as ages relative to ``now``."""

@@ -6,8 +6,9 @@ as decisions, never mutating what a caller holds.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 Outcome = Literal["ok", "error", "timeout", "cancel"]
 Api = Literal["chat", "completions", "responses", "other"]
@@ -16,12 +17,13 @@ Step = Literal["critical", "optional"]
 ANY = "*"  # wildcard level in a broader slice
 
 
-@dataclass(frozen=True, slots=True)
-class SliceKey:
+class SliceKey(NamedTuple):
     """A workload slice: traffic whose latency is comparable.
 
     ``profile`` is a token-profile bucket (see :func:`sidecar.core.classify.token_profile`).
-    Broader slices replace the narrow levels with :data:`ANY`.
+    Broader slices replace the narrow levels with :data:`ANY`. A NamedTuple
+    rather than a dataclass: it is a dict key on every lookup, and tuple
+    hashing and equality run in C.
     """
 
     model: str
@@ -35,23 +37,33 @@ class SliceKey:
         Long generations never share a percentile with short ones unless the
         narrow slice lacks data; the caller decides when to fall back.
         """
-        out: list[SliceKey] = []
-        if self.profile != ANY or self.streaming is not None:
-            out.append(SliceKey(self.model, self.klass, ANY, None))
-        if self.klass != ANY:
-            out.append(SliceKey(self.model, ANY, ANY, None))
-        return tuple(out)
+        return _broader(self)
 
     def label(self) -> str:
         """Stable text form, used in metrics labels, logs and snapshots."""
-        s = ANY if self.streaming is None else ("stream" if self.streaming else "unary")
-        return f"{self.model}|{self.klass}|{self.profile}|{s}"
+        return _label(self)
 
     @staticmethod
     def parse(text: str) -> SliceKey:
         model, klass, profile, s = text.split("|")
         streaming = None if s == ANY else s == "stream"
         return SliceKey(model, klass, profile, streaming)
+
+
+@functools.lru_cache(maxsize=4096)
+def _broader(key: SliceKey) -> tuple[SliceKey, ...]:
+    out: list[SliceKey] = []
+    if key.profile != ANY or key.streaming is not None:
+        out.append(SliceKey(key.model, key.klass, ANY, None))
+    if key.klass != ANY:
+        out.append(SliceKey(key.model, ANY, ANY, None))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _label(key: SliceKey) -> str:
+    s = ANY if key.streaming is None else ("stream" if key.streaming else "unary")
+    return f"{key.model}|{key.klass}|{key.profile}|{s}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +147,7 @@ class Decision:
     retry_after_s: int | None = None
     timeout_ms: float | None = None  # per-request upstream timeout to set
     is_probe: bool = False
+    is_retry: bool = False  # recognised retry: its latency is not counted as evidence twice
     explain: Explain | None = None
     detail: str = ""
 

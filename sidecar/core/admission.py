@@ -1,0 +1,313 @@
+"""Admission control and deadline-aware routing, run after selection (pure).
+
+Inputs per request: the pipeline's candidates, the route view (in-flight,
+percentiles) as of ``now``, the request's class/priority/deadline/step/retry.
+The answer is a :class:`Verdict`: admit (possibly on another route), queue,
+defer, shed, reject or skip, with a machine-readable reason and a note. The
+decision table itself is :mod:`sidecar.core.admission_rules`.
+
+Definitions (ms; ``pXX`` are the route's e2e percentiles for the request's slice)::
+
+    remaining   = min(class slo.timeout_ms, x-tailroute-deadline-ms)   (timeout_ms if no deadline)
+    timeout     = max(1, ceil(remaining))       -> x-envoy-upstream-rq-timeout-ms
+    usable(r)   = passed hard filters and health filters for this class (capacity aside)
+    full(r)     = inflight(r) >= max_concurrency(r)
+    over(r)     = tail(r, class metric, class percentile) > class budget_ms
+                  or pressure(r) > priority      (pressure: highest priority of a class
+                                                  with a degraded/restricted slice on r)
+    ok(r)       = usable and not full and not over
+    saturated   = no ok route
+    ahead       = queued waiters served before this request (FIFO per priority)
+    contended   = saturated or (ahead > 0 and free slots on ok routes <= ahead)
+    need        = min over usable routes of p50 e2e        (None without data)
+    need_tail   = min over usable routes of e2e at the class percentile
+    high        = priority >= admission.shed_below_priority
+    can_defer   = no deadline or remaining >= defer_retry_after_s * 1000 + need
+
+Route choice on admit (critical or unmarked step with a deadline): if the
+chosen route's e2e tail does not fit ``remaining``, switch to the highest
+weight survivor whose tail fits, else to the survivor with the lowest tail.
+Pressure only counts toward saturation (shedding low priority when every
+route is needed by a higher class); it never moves a tolerant class off a
+route it may use. A retry avoids the route of its previous
+attempt when another survivor has retry budget, and only goes to routes whose
+budget allows it (:mod:`sidecar.core.retry_budget`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sidecar.core.admission_queue import AdmissionQueue, Waiter
+from sidecar.core.admission_rules import RULES, STATUS, Rule, Situation, evaluate
+from sidecar.core.config import ClassConfig, Config
+from sidecar.core.pipeline import PipelineResult, RouteView
+from sidecar.core.retry_budget import RetryBudget, RetryMemory
+from sidecar.core.types import Admission, Decision, RequestInfo, SliceKey
+
+__all__ = ["RULES", "AdmissionControl", "RouteFacts", "Situation", "Verdict", "evaluate"]
+
+PRESSURE_STATES = frozenset({"degraded", "restricted"})
+
+
+@dataclass(frozen=True, slots=True)
+class RouteFacts:
+    """What admission knows about one eligible candidate."""
+
+    name: str
+    usable: bool
+    selectable: bool  # survived selection (has a weight); the panic choice counts
+    weight: float
+    full: bool
+    free: int
+    over: bool
+    p50_ms: float | None = None
+    tail_ms: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.usable and not self.full and not self.over
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The admission answer for one request."""
+
+    outcome: Admission
+    reason: str
+    cluster: str
+    timeout_ms: float | None
+    is_retry: bool
+    note: str = ""
+    requeued: bool = False  # already waiting and still waiting: not a new event
+
+    @property
+    def status(self) -> int | None:
+        return STATUS.get(self.outcome)
+
+
+def remaining_ms(req: RequestInfo, klass: ClassConfig) -> float:
+    """What is left of the class timeout and the caller's deadline, in ms."""
+    t = klass.slo.timeout_ms
+    return t if req.deadline_ms is None else min(t, req.deadline_ms)
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else v * 1000.0
+
+
+def _min(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
+
+
+class AdmissionControl:
+    """Admission state of one router: the queue, retry memory and budgets, pressure."""
+
+    def __init__(self, config: Config) -> None:
+        self.queue = AdmissionQueue(config.admission.queue_max)
+        self.memory = RetryMemory()
+        self.budget = RetryBudget(config.admission.retry_budget_ratio, 1.0)
+        self.pressure: dict[str, int] = {}
+        self.pressure_dirty = False
+        self.reconfigure(config)
+
+    def reconfigure(self, config: Config) -> None:
+        self.config = config
+        self.cfg = config.admission
+        self.queue.max_live = self.cfg.queue_max
+        self.budget.ratio = self.cfg.retry_budget_ratio
+        self.budget.tau_s = config.stats.subwindow_s * config.stats.subwindows
+
+    def update_pressure(self, board: Iterable[tuple[tuple[str, SliceKey], object]]) -> None:
+        """Recompute per-cluster pressure from the health board (after transitions)."""
+        pressure: dict[str, int] = {}
+        for (cluster, slice), h in board:
+            if str(getattr(h, "state", "")) not in PRESSURE_STATES:
+                continue
+            klass = self.config.workload_class(slice.klass)
+            if klass is not None:
+                pressure[cluster] = max(pressure.get(cluster, -1), klass.priority)
+        self.pressure = pressure
+        self.pressure_dirty = False
+
+    # ------------------------------------------------------------ facts
+
+    def _facts(
+        self, req: RequestInfo, klass: ClassConfig, decision: Decision,
+        result: PipelineResult | None, view: RouteView, now: float,
+    ) -> list[RouteFacts]:
+        rows: list[tuple[str, bool, bool, float]] = []  # name, usable, selectable, weight
+        if result is None:
+            rows.append((decision.cluster, True, True, 1.0))
+        else:
+            for c in result.candidates:
+                if c.dropped is not None and not c.soft_drop:
+                    continue  # hard policy: not eligible at all
+                chosen = c is result.chosen
+                rows.append((c.name, c.dropped in (None, "capacity"),
+                             c.dropped is None or chosen, c.weight))
+        slo = klass.slo
+        deadline = req.deadline_ms is not None
+        out = []
+        for name, usable, selectable, weight in rows:
+            n, cap = view.inflight(name), self.config.cluster(name).max_concurrency
+            over = self.pressure.get(name, -1) > req.priority
+            if usable and not over:
+                tail = view.latency(name, req.slice, slo.metric, slo.percentile, now).value
+                over = tail is not None and tail * 1000.0 > slo.budget_ms
+            p50 = tail_e2e = None
+            if deadline and usable:
+                p50 = _ms(view.latency(name, req.slice, "e2e", 50.0, now).value)
+                tail_e2e = _ms(view.latency(name, req.slice, "e2e", slo.percentile, now).value)
+            out.append(RouteFacts(name, usable, selectable, weight, n >= cap,
+                                  max(cap - n, 0), over, p50, tail_e2e))
+        return out
+
+    def _chosen_ok(
+        self, req: RequestInfo, klass: ClassConfig, decision: Decision,
+        result: PipelineResult | None, view: RouteView, now: float,
+    ) -> bool:
+        """Is the selected route itself usable, below capacity, within budget, unpressured?"""
+        if result is None or result.panic or result.chosen.dropped is not None:
+            return False
+        name = decision.cluster
+        if self.pressure.get(name, -1) > req.priority:
+            return False
+        if view.inflight(name) >= self.config.cluster(name).max_concurrency:
+            return False
+        slo = klass.slo
+        tail = view.latency(name, req.slice, slo.metric, slo.percentile, now).value
+        return tail is None or tail * 1000.0 <= slo.budget_ms
+
+    # ------------------------------------------------------------ route choice
+
+    def _choose(
+        self, req: RequestInfo, facts: list[RouteFacts], chosen: str, remaining: float,
+        is_retry: bool, previous: str | None, now: float,
+    ) -> tuple[str | None, str]:
+        """Final route for an admitted request (None: retry budget exhausted everywhere)."""
+        sel = [f for f in facts if f.selectable]
+        by_name = {f.name: f for f in facts}
+        cand, note = chosen, ""
+        cur = by_name.get(chosen)
+        if (req.deadline_ms is not None and req.step != "optional" and cur is not None
+                and cur.tail_ms is not None and cur.tail_ms > remaining):
+            fit = [f for f in sel if f.tail_ms is not None and f.tail_ms <= remaining]
+            timed = [f for f in sel if f.tail_ms is not None]
+            best = (max(fit, key=lambda f: f.weight) if fit
+                    else min(timed, key=lambda f: f.tail_ms or 0.0) if timed else cur)
+            if best.name != chosen and (best.tail_ms or 0.0) < cur.tail_ms:
+                cand = best.name
+                why = "fits" if fit else "strongest tail, none fits"
+                note = (f"deadline_fit: {chosen} e2e tail {cur.tail_ms:.0f}ms > "
+                        f"{remaining:.0f}ms left -> {cand} ({why})")
+        if not is_retry:
+            return cand, note
+        allowed = [f for f in sel if self.budget.allows(f.name, now)]
+        if not allowed:
+            return None, self.budget.describe(cand, now)
+        names = {f.name for f in allowed}
+        if cand not in names or (cand == previous and len(allowed) > 1):
+            pool = [f for f in allowed if f.name != previous] or allowed
+            new = max(pool, key=lambda f: f.weight).name
+            note = (note + "; " if note else "") + f"retry moved {cand} -> {new}"
+            cand = new
+        return cand, note
+
+    # ------------------------------------------------------------ assess
+
+    def assess(
+        self, req: RequestInfo, klass: ClassConfig, decision: Decision,
+        result: PipelineResult | None, view: RouteView, now: float, ticket: str | None,
+    ) -> Verdict:
+        """Decide admission for ``req`` and record it (queue, retry memory, budgets)."""
+        cfg = self.cfg
+        self.queue.prune(now)
+        left = remaining_ms(req, klass)
+        timeout = float(max(1, math.ceil(left - 1e-6)))  # whole ms; float noise ignored
+        seen = self.memory.lookup(req.request_id, now)
+        waiter = self.queue.get(ticket)
+        is_retry = req.retry_attempt > 0 or seen is not None
+        if not cfg.enabled:
+            return Verdict("admit", "disabled", decision.cluster, timeout, is_retry)
+        if (req.deadline_ms is None and not is_retry and not len(self.queue)
+                and self._chosen_ok(req, klass, decision, result, view, now)):
+            # Fast path (the common case): no row above 12 can match.
+            self.memory.remember(req.request_id, decision.cluster, now)
+            self.budget.record(decision.cluster, now, retry=False)
+            return Verdict("admit", "ok", decision.cluster, timeout, False)
+        facts = self._facts(req, klass, decision, result, view, now)
+        usable = [f for f in facts if f.usable]
+        need = _min(f.p50_ms for f in usable)
+        ok = [f for f in facts if f.ok]
+        free = sum(f.free for f in ok)
+        ahead = self.queue.ahead(req.priority, waiter, now)
+        saturated = not ok
+        contended = saturated or (ahead > 0 and free <= ahead)
+        waits_help = any(f.usable and f.full and not f.over for f in facts) or (
+            not saturated and contended)
+        has_deadline = req.deadline_ms is not None
+        window = cfg.queue_wait_ms if ticket is not None else 0.0
+        if has_deadline:
+            window = min(window, left - (need or 0.0))
+        cluster, choice_note = self._choose(
+            req, facts, decision.cluster, left, is_retry, seen.cluster if seen else None, now)
+        s = Situation(
+            enabled=True, high=req.priority >= cfg.shed_below_priority, step=req.step,
+            has_deadline=has_deadline, remaining_ms=left, need_ms=need,
+            need_tail_ms=_min(f.tail_ms for f in usable), is_retry=is_retry,
+            retry_blocked=cluster is None, saturated=saturated, capacity_bound=waits_help,
+            contended=contended, queued=waiter is not None,
+            wait_expired=waiter is not None and waiter.expired(now),
+            queue_room=self.queue.has_room(now), queue_window_ms=window,
+            can_defer=not has_deadline
+            or left >= cfg.defer_retry_after_s * 1000.0 + (need or 0.0),
+        )
+        rule = evaluate(s)
+        note = _note(rule, s, ahead, free, choice_note)
+        final = cluster or decision.cluster
+        if rule.outcome == "queue":
+            if waiter is None:
+                assert ticket is not None  # window > 0 requires a ticket
+                waiter = self.queue.join(ticket, req.priority, now, now + window / 1000.0)
+                return Verdict("queue", rule.reason, final, None, is_retry, note)
+            return Verdict("queue", rule.reason, final, None, is_retry, note, requeued=True)
+        self.queue.leave(ticket if waiter is not None else None)
+        self.memory.remember(req.request_id, final, now)
+        if rule.outcome != "admit":
+            return Verdict(rule.outcome, rule.reason, final, None, is_retry, note)
+        self.budget.record(final, now, retry=is_retry)
+        return Verdict("admit", rule.reason, final, timeout, is_retry, note)
+
+    def wait_until(self, ticket: str) -> float | None:
+        """When the shell should re-ask at the latest for a queued ``ticket``."""
+        w: Waiter | None = self.queue.get(ticket)
+        return None if w is None else w.until
+
+
+def _note(rule: Rule, s: Situation, ahead: int, free: int, choice: str) -> str:
+    """A short human explanation of the row that matched."""
+    parts: list[str] = []
+    if rule.reason in ("deadline_exhausted", "deadline_unreachable", "optional_does_not_fit"):
+        need = s.need_tail_ms if rule.reason == "optional_does_not_fit" else s.need_ms
+        parts.append(f"{s.remaining_ms:.0f}ms left"
+                     + (f", best route needs {need:.0f}ms" if need is not None else ""))
+    elif rule.reason == "retry_budget":
+        parts.append(f"retry budget spent ({choice})")
+        choice = ""
+    elif s.contended:
+        why = "every eligible route is full or over budget" if s.saturated else (
+            f"{ahead} waiter(s) ahead for {free} free slot(s)")
+        parts.append(why)
+        if rule.outcome == "queue":
+            parts.append("waiting" if s.queued else f"queued up to {s.queue_window_ms:.0f}ms")
+        elif rule.reason == "best_effort":
+            parts.append("queue wait over" if s.queued and s.wait_expired
+                         else "waiting cannot help" if not s.capacity_bound
+                         else "queue full" if not s.queue_room else "no time to wait")
+    if choice and rule.outcome in ("admit", "queue"):
+        parts.append(choice)
+    return "; ".join(parts)

@@ -1,0 +1,112 @@
+"""The admission decision table: plain data in, one row out (pure).
+
+:class:`Situation` holds what :class:`~sidecar.core.admission.AdmissionControl`
+measured (definitions in that module's docstring); :data:`RULES` is the table,
+first matching row wins. Deadline rows apply only when the caller sent
+``x-tailroute-deadline-ms``; ``optional`` means ``x-tailroute-step: optional``.
+
+==  ==========================================  =======  =====================
+#   when                                        outcome  reason
+==  ==========================================  =======  =====================
+1   admission disabled                          admit    disabled
+2   optional and remaining <= 0                 skip     deadline_exhausted
+3   remaining <= 0                              reject   deadline_exhausted
+4   optional and need_tail > remaining          skip     optional_does_not_fit
+5   need > remaining                            reject   deadline_unreachable
+6   retry and no route has retry budget         reject   retry_budget
+7   contended and optional                      skip     overload_optional
+8   contended and not high and can_defer        defer    overload
+9   contended and not high                      shed     overload
+10  contended, waiting helps, may queue         queue    capacity
+11  contended                                   admit    best_effort
+12  otherwise                                   admit    ok
+==  ==========================================  =======  =====================
+
+"Waiting helps" = a usable route within budget is merely full, or waiters are
+ahead. "May queue" = already waiting and not expired, or: a queue ticket, room
+in the queue and a positive wait window ``min(queue_wait_ms, remaining - need)``.
+HTTP status per outcome: :data:`STATUS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sidecar.core.types import Admission, Step
+
+STATUS: dict[str, int] = {"defer": 429, "shed": 503, "reject": 503, "skip": 412}
+
+
+@dataclass(frozen=True, slots=True)
+class Situation:
+    """Everything the decision table reads; built by :meth:`AdmissionControl.assess`."""
+
+    enabled: bool = True
+    high: bool = True
+    step: Step | None = None
+    has_deadline: bool = False
+    remaining_ms: float = 30000.0
+    need_ms: float | None = None
+    need_tail_ms: float | None = None
+    is_retry: bool = False
+    retry_blocked: bool = False
+    saturated: bool = False
+    capacity_bound: bool = False
+    contended: bool = False
+    queued: bool = False
+    wait_expired: bool = False
+    queue_room: bool = True
+    queue_window_ms: float = 0.0
+    can_defer: bool = True
+
+    @property
+    def optional(self) -> bool:
+        return self.step == "optional"
+
+    @property
+    def may_queue(self) -> bool:
+        if self.queued:
+            return not self.wait_expired
+        return self.queue_room and self.queue_window_ms > 0
+
+    @property
+    def deadline_over(self) -> bool:
+        return self.has_deadline and self.remaining_ms <= 0
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One row of the decision table."""
+
+    when: Callable[[Situation], bool]
+    outcome: Admission
+    reason: str
+
+
+def _exceeds(need: float | None, remaining: float) -> bool:
+    return need is not None and need > remaining
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(lambda s: not s.enabled, "admit", "disabled"),
+    Rule(lambda s: s.deadline_over and s.optional, "skip", "deadline_exhausted"),
+    Rule(lambda s: s.deadline_over, "reject", "deadline_exhausted"),
+    Rule(lambda s: s.has_deadline and s.optional and _exceeds(s.need_tail_ms, s.remaining_ms),
+         "skip", "optional_does_not_fit"),
+    Rule(lambda s: s.has_deadline and _exceeds(s.need_ms, s.remaining_ms),
+         "reject", "deadline_unreachable"),
+    Rule(lambda s: s.is_retry and s.retry_blocked, "reject", "retry_budget"),
+    Rule(lambda s: s.contended and s.optional, "skip", "overload_optional"),
+    Rule(lambda s: s.contended and not s.high and s.can_defer, "defer", "overload"),
+    Rule(lambda s: s.contended and not s.high, "shed", "overload"),
+    Rule(lambda s: s.contended and s.capacity_bound and s.may_queue, "queue", "capacity"),
+    Rule(lambda s: s.contended, "admit", "best_effort"),
+    Rule(lambda s: True, "admit", "ok"),
+)
+
+
+def evaluate(s: Situation) -> Rule:
+    """The first row of :data:`RULES` that matches ``s``."""
+    return next(r for r in RULES if r.when(s))
+

@@ -1,0 +1,125 @@
+"""Retry recognition and per-route retry budgets (pure: every method takes ``now``).
+
+Retries are recognised three ways (any one suffices):
+
+* ``x-envoy-attempt-count`` > 1 or ``x-stainless-retry-count`` > 0 (already in
+  :attr:`RequestInfo.retry_attempt`);
+* the same ``x-request-id`` reached a final admission decision less than
+  :data:`RETRY_MEMORY_S` ago (:class:`RetryMemory`, a bounded LRU).
+
+A recognised retry is flagged on the decision (``Decision.is_retry``) so its
+latency is counted but never used as evidence twice (``StatsStore.observe``).
+
+**Retry budget** (:class:`RetryBudget`), per route, after Finagle's and Envoy's
+retry budgets: first attempts and retries sent to the route are counted with
+exponential decay (time constant ``tau`` = the statistics window), and a retry
+may go to the route only while
+
+    retries + 1 <= ratio * first_attempts + RETRY_FLOOR
+
+so retries can add at most ``ratio`` (``admission.retry_budget_ratio``) on top
+of the route's recent first-attempt load, plus a small floor so a quiet route
+can still retry at all. A local tail event therefore cannot snowball into a
+retry storm: once the budget is spent, retries go to another route or are
+rejected with 503 ``retry_budget``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+
+RETRY_MEMORY_S = 120.0  # a repeated request id within this long is a retry
+RETRY_MEMORY_SIZE = 4096  # request ids remembered (LRU)
+RETRY_FLOOR = 3.0  # retries always allowed per tau, even on an idle route
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """The last final decision for one request id."""
+
+    at: float
+    cluster: str
+
+
+class RetryMemory:
+    """Bounded LRU of request ids that reached a final admission decision."""
+
+    def __init__(self, size: int = RETRY_MEMORY_SIZE, ttl_s: float = RETRY_MEMORY_S) -> None:
+        self.size = size
+        self.ttl_s = ttl_s
+        self._seen: OrderedDict[str, Seen] = OrderedDict()
+
+    def lookup(self, request_id: str | None, now: float) -> Seen | None:
+        """The earlier decision for this id if it is recent enough to make this a retry."""
+        if request_id is None:
+            return None
+        seen = self._seen.get(request_id)
+        if seen is None or now - seen.at > self.ttl_s:
+            return None
+        return seen
+
+    def remember(self, request_id: str | None, cluster: str, now: float) -> None:
+        if request_id is None:
+            return
+        self._seen[request_id] = Seen(now, cluster)
+        self._seen.move_to_end(request_id)
+        while len(self._seen) > self.size:
+            self._seen.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+
+@dataclass(slots=True)
+class _Counts:
+    firsts: float = 0.0
+    retries: float = 0.0
+    at: float = 0.0
+
+
+class RetryBudget:
+    """Decayed first-attempt and retry counts per route; see the module docstring."""
+
+    def __init__(self, ratio: float, tau_s: float, floor: float = RETRY_FLOOR) -> None:
+        self.ratio = ratio
+        self.tau_s = max(tau_s, 1e-3)
+        self.floor = floor
+        self._routes: dict[str, _Counts] = {}
+
+    def _at(self, cluster: str, now: float) -> _Counts:
+        c = self._routes.get(cluster)
+        if c is None:
+            c = self._routes[cluster] = _Counts(at=now)
+        elif now > c.at:
+            k = math.exp(-(now - c.at) / self.tau_s)
+            c.firsts *= k
+            c.retries *= k
+            c.at = now
+        return c
+
+    def allows(self, cluster: str, now: float) -> bool:
+        """May one more retry go to ``cluster`` now?"""
+        c = self._at(cluster, now)
+        return c.retries + 1.0 <= self.ratio * c.firsts + self.floor
+
+    def record(self, cluster: str, now: float, retry: bool) -> None:
+        """A request was sent to ``cluster`` (a retry or a first attempt)."""
+        c = self._at(cluster, now)
+        if retry:
+            c.retries += 1.0
+        else:
+            c.firsts += 1.0
+
+    def describe(self, cluster: str, now: float) -> str:
+        c = self._at(cluster, now)
+        return (f"{cluster}: {c.retries:.1f} recent retries vs "
+                f"{self.ratio:g} x {c.firsts:.1f} first attempts + {self.floor:g}")
+
+    def snapshot(self, now: float) -> dict[str, dict[str, float]]:
+        out = {}
+        for name in list(self._routes):
+            c = self._at(name, now)
+            out[name] = {"first_attempts": round(c.firsts, 3), "retries": round(c.retries, 3)}
+        return out

@@ -1,0 +1,212 @@
+"""Distributions used by scenarios: lognormal latencies and token counts.
+
+A lognormal is specified the way operators talk about latency, by its median
+and its p99::
+
+    mu    = ln(median)
+    sigma = ln(p99 / median) / z99          (z99 = 2.3263, the normal 0.99 quantile)
+
+Samples are capped at ``TAIL_CAP x p99`` (the same cap as the fake provider):
+the cap only bites beyond ~p99.99 and keeps one freak sample from dominating a
+short run. A plain number means a fixed value (sigma = 0).
+
+Samples are drawn as ``median * exp(sigma * z)`` with ``z`` a standard normal,
+so a caller can pre-draw ``z`` (the oracle does) and apply it later.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from sidecar.sim.validate import Reader
+
+Z99 = 2.3263478740408408
+TAIL_CAP = 10.0
+_BLOCK = 4096
+
+
+class Variates(Protocol):
+    """What the simulator draws from (``random.Random`` and :class:`Stream` both fit)."""
+
+    def random(self) -> float: ...
+
+    def gauss(self, mu: float = 0.0, sigma: float = 1.0) -> float: ...
+
+    def expovariate(self, lambd: float = 1.0) -> float: ...
+
+
+class Stream:
+    """A named, reproducible stream of variates, generated in numpy blocks.
+
+    ``Stream("7:provider:a")`` always yields the same sequence (PCG64 seeded
+    from a SHA-256 of the name), independent of every other stream. Drawing
+    from pre-generated blocks costs a fraction of ``random.gauss``, which
+    matters on the per-request path.
+    """
+
+    __slots__ = ("_gen", "_n", "_ni", "_r", "_ri", "_u", "_ui")
+
+    def __init__(self, name: str) -> None:
+        seed = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
+        self._gen = np.random.Generator(np.random.PCG64(seed))
+        self._u: list[float] = []
+        self._ui = 0
+        self._n: list[float] = []
+        self._ni = 0
+        self._r: list[list[float]] = []
+        self._ri = 0
+
+    def random(self) -> float:
+        """Uniform in [0, 1)."""
+        i = self._ui
+        if i >= len(self._u):
+            self._u = self._gen.random(_BLOCK).tolist()
+            i = 0
+        self._ui = i + 1
+        return self._u[i]
+
+    def gauss(self, mu: float = 0.0, sigma: float = 1.0) -> float:
+        i = self._ni
+        if i >= len(self._n):
+            self._n = self._gen.standard_normal(_BLOCK).tolist()
+            i = 0
+        self._ni = i + 1
+        return mu + sigma * self._n[i]
+
+    def row(self) -> list[float]:
+        """Five variates at once: ``[u, u, z, z, u]`` (u uniform [0, 1), z standard normal).
+
+        One call per request instead of five: the provider's service draws.
+        """
+        i = self._ri
+        if i >= len(self._r):
+            g = self._gen
+            block = np.empty((_BLOCK, 5))
+            block[:, 0:2] = g.random((_BLOCK, 2))
+            block[:, 2:4] = g.standard_normal((_BLOCK, 2))
+            block[:, 4] = g.random(_BLOCK)
+            self._r = block.tolist()
+            i = 0
+        self._ri = i + 1
+        row: list[float] = self._r[i]
+        return row
+
+    def normals(self, n: int) -> npt.NDArray[np.float64]:
+        """``n`` standard normals as an array (vectorised sampling)."""
+        return self._gen.standard_normal(n)
+
+    def expovariate(self, lambd: float = 1.0) -> float:
+        return -math.log(1.0 - self.random()) / lambd
+
+    def randrange(self, n: int) -> int:
+        return min(int(self.random() * n), n - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Lognormal:
+    """A lognormal from median and p99 (same unit); ``sigma == 0`` is a fixed value."""
+
+    median: float
+    p99: float
+    sigma: float = field(init=False, compare=False)
+    cap: float = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        sigma = 0.0
+        if self.p99 > self.median > 0:
+            sigma = math.log(self.p99 / self.median) / Z99
+        object.__setattr__(self, "sigma", sigma)
+        object.__setattr__(self, "cap", TAIL_CAP * max(self.p99, self.median))
+
+    def at(self, z: float) -> float:
+        """The value at standard-normal deviate ``z`` (capped)."""
+        s = self.sigma
+        if s == 0.0:
+            return self.median
+        v = self.median * math.exp(s * z)
+        return v if v < self.cap else self.cap
+
+    def sample(self, rng: Variates) -> float:
+        return self.at(rng.gauss(0.0, 1.0))
+
+    def scaled(self, factor: float) -> Lognormal:
+        return Lognormal(self.median * factor, self.p99 * factor)
+
+    def to_json(self) -> dict[str, float]:
+        return {"median": self.median, "p99": self.p99}
+
+
+@dataclass(frozen=True, slots=True)
+class TokenDist:
+    """Token counts: a lognormal rounded to an integer in ``[lo, hi]``."""
+
+    dist: Lognormal
+    lo: int = 1
+    hi: int = 1_000_000
+
+    def sample(self, rng: Variates) -> int:
+        v = round(self.dist.sample(rng))
+        return self.hi if v > self.hi else (self.lo if v < self.lo else v)
+
+    def block(self, rng: Stream, n: int) -> list[int]:
+        """``n`` samples at once, distributed exactly like :meth:`sample`."""
+        d = self.dist
+        if d.sigma == 0.0:
+            v = np.full(n, d.median)
+        else:
+            v = np.minimum(d.median * np.exp(d.sigma * rng.normals(n)), d.cap)
+        out: list[int] = np.clip(np.rint(v), self.lo, self.hi).astype(np.int64).tolist()
+        return out
+
+    @property
+    def median(self) -> int:
+        return max(self.lo, min(self.hi, round(self.dist.median)))
+
+
+def parse_latency_ms(r: Reader, key: str, default: float | None) -> Lognormal:
+    """``key: 300`` (fixed ms) or ``key: {median: 300, p99: 900}``; returned in seconds."""
+    raw: Any = r.raw(key)
+    if raw is None:
+        if default is None:
+            r.fail("required field is missing", key)
+        return Lognormal(float(default or 0.0) / 1000.0, float(default or 0.0) / 1000.0)
+    if isinstance(raw, int | float) and not isinstance(raw, bool):
+        ms = r.num(key, lo=0)
+        return Lognormal(ms / 1000.0, ms / 1000.0)
+    s = r.sub(key)
+    median = s.num("median", gt=0)
+    p99 = s.num("p99", median, lo=0)
+    s.done()
+    if p99 < median:
+        s.fail(f"must be >= median ({median:g}), got {p99:g}", "p99")
+    return Lognormal(median / 1000.0, p99 / 1000.0)
+
+
+def parse_tokens(r: Reader, key: str, default: int | None) -> TokenDist:
+    """``key: 200`` (fixed) or ``key: {median: 200, p99: 2000, min: 1, max: 8192}``."""
+    raw: Any = r.raw(key)
+    if raw is None:
+        if default is None:
+            r.fail("required field is missing", key)
+        d = float(default or 1)
+        return TokenDist(Lognormal(d, d))
+    if isinstance(raw, int | float) and not isinstance(raw, bool):
+        n = r.int_(key, lo=1)
+        return TokenDist(Lognormal(float(n), float(n)), n, n)
+    s = r.sub(key)
+    median = s.num("median", gt=0)
+    p99 = s.num("p99", median, lo=0)
+    lo = s.int_("min", 1, lo=1)
+    hi = s.int_("max", 1_000_000, lo=1)
+    s.done()
+    if p99 < median:
+        s.fail(f"must be >= median ({median:g}), got {p99:g}", "p99")
+    if hi < lo:
+        s.fail(f"must be >= min ({lo}), got {hi}", "max")
+    return TokenDist(Lognormal(median, p99), lo, hi)

@@ -1,0 +1,366 @@
+"""The discrete-event engine: virtual time, one heap of events, one policy.
+
+Events are plain tuples ``(time, seq, handler, arg)`` in a :mod:`heapq`; ``seq``
+breaks ties in scheduling order, so a run is a pure function of the scenario,
+the seed and the policy. Nothing sleeps: a simulated hour takes as long as its
+events take to process.
+
+Randomness is split into independent named streams derived from the seed
+(:class:`~sidecar.sim.dists.Stream` ``f"{seed}:{name}"`` for arrivals, token
+counts and user cancellations per workload and service per provider;
+``random.Random(f"{seed}:{name}")`` for client retry jitter and the policy's
+own). Arrivals, token counts and cancellations therefore do not depend on the
+policy: every policy faces exactly the same traffic (common random numbers),
+which makes differences between policies far less noisy.
+
+Client behaviour (per attempt): the deadline is the earliest of the route
+timeout (the class's ``timeout_ms``, or the decision's ``timeout_ms`` when the
+policy returns a :class:`~sidecar.core.types.Decision`), the client's own
+``timeout_ms``, the workflow deadline and a user cancellation; a
+``first_token_timeout_ms`` may end it earlier. On ``error`` or ``timeout`` the
+client retries per its ``retry_on``/``retries`` with exponential backoff and
+jitter, never past the workflow deadline. Non-admit answers of a policy are
+handled as documented in docs/policy-lab.md (skip, refuse, hold on ``queue``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections.abc import Callable
+from typing import Any
+
+from sidecar.core.classify import token_profile
+from sidecar.core.types import Decision, SliceKey
+from sidecar.sim.dists import Stream
+from sidecar.sim.metrics import Metrics, slo_value
+from sidecar.sim.policies import BasePolicy, Policy, PolicyContext, make_policy
+from sidecar.sim.provider import Provider, finalize_unfinished, outcome_kind
+from sidecar.sim.records import CLIENT, DONE, ROUTE, USER, Attempt, Call
+from sidecar.sim.scenario import Scenario
+from sidecar.sim.traffic import ArrivalItem, Source, arrivals
+from sidecar.sim.workflows import WorkflowRunner
+
+Handler = Callable[[Any], None]
+
+
+def _no_queue(call: Call) -> None:
+    """Policies without an admission queue: nothing to ask or withdraw."""
+    return None
+
+
+class Simulation:
+    """One run: ``Simulation(scenario, "tailroute").run()`` returns the metrics summary."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        policy: str,
+        progress: Callable[[float], None] | None = None,
+    ) -> None:
+        sc = scenario
+        self.sc = sc
+        self.config = sc.config
+        self.now = 0.0
+        self.horizon = sc.duration + sc.drain
+        self._heap: list[tuple[float, int, Handler, Any]] = []
+        self._seq = itertools.count()
+        self._progress = progress
+        seed = sc.seed
+        self.rng_policy = random.Random(f"{seed}:policy:{policy}")
+        self.rng_client = random.Random(f"{seed}:client")
+        self.providers = {
+            name: Provider(spec, [e for e in sc.events if e.provider == name],
+                           Stream(f"{seed}:provider:{name}"), self.push, self._attempt_end)
+            for name, spec in sc.providers.items()
+        }
+        self.policy: Policy = make_policy(policy, PolicyContext(sc.config, self.providers))
+        self.policy_name = policy
+        # Skip hooks a policy does not override (most baselines): calls cost time per request.
+        cls_ = type(self.policy)
+        self._on_start = None if getattr(cls_, "on_start", None) is BasePolicy.on_start \
+            else self.policy.on_start
+        self._on_result = None if getattr(cls_, "on_result", None) is BasePolicy.on_result \
+            else self.policy.on_result
+        self._needs_tick = self.policy.needs_tick
+        self._prices = {n: p.cost_per_1k_tokens for n, p in sc.providers.items()}
+        self.metrics = Metrics(sc.config, sc.warmup, sc.duration, sc.bucket, self.horizon)
+        self._slices: dict[tuple[str, str, str, bool], SliceKey] = {}
+        self._candidates = {m.name: m.candidates for m in sc.config.models}
+        self._ids = itertools.count()
+        self.active = 0  # calls and workflows not yet finished
+        self.sources_left = 0
+        self._armed = math.inf
+        self._sources: dict[str, Source] = {}
+        self.workflows = WorkflowRunner(self)
+        # calls held by an admission "queue" answer: heap of (-priority, seq, call id)
+        self._held: list[tuple[int, int, int]] = []
+        self._held_calls: dict[int, tuple[Call, float]] = {}  # id -> (call, give-up time)
+        for wl in sc.workloads:
+            end = min(wl.end if wl.end is not None else sc.duration, sc.duration)
+            rng = Stream(f"{seed}:arrivals:{wl.name}")
+            src = Source(wl, arrivals(wl.arrival, rng, wl.start, end, sc.source), seed)
+            self._sources[wl.name] = src
+            self._next_arrival(src)
+        for prov in self.providers.values():
+            for ev in prov.cap_events:
+                for lo, hi in ev.windows(self.horizon):
+                    self.push(lo, self._pump, prov)
+                    self.push(hi, self._pump, prov)
+
+    # ------------------------------------------------------------ loop
+
+    def push(self, t: float, fn: Handler, arg: Any) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), fn, arg))
+
+    def run(self) -> dict[str, Any]:
+        heap, pop = self._heap, heapq.heappop
+        horizon, progress = self.horizon, self._progress
+        if self._needs_tick:
+            self._arm()
+        n = 0
+        while heap:
+            t, _, fn, arg = pop(heap)
+            if t > horizon:
+                break
+            self.now = t
+            fn(arg)
+            if self.active == 0 and self.sources_left == 0:
+                break
+            n += 1
+            if progress is not None and not n & 0xFFFF:
+                progress(min(t / self.sc.duration, 1.0))
+        peaks = {c: p.peak_inflight / p.spec.capacity for c, p in self.providers.items()}
+        out = self.metrics.summary(peaks)
+        out["unfinished"] = self.active
+        stats = getattr(self.policy, "stats", None)
+        if callable(stats):
+            out["policy_stats"] = stats()
+        return out
+
+    def _pump(self, prov: Provider) -> None:
+        prov.pump(self.now)
+
+    def _arm(self) -> None:
+        d = self.policy.next_deadline()
+        if d is not None and d < self._armed:
+            self._armed = max(d, self.now)
+            self.push(self._armed, self._tick, None)
+
+    def _tick(self, _: Any) -> None:
+        self._armed = math.inf
+        self.policy.tick(self.now)
+        self._arm()
+
+    # ------------------------------------------------------------ arrivals
+
+    def _next_arrival(self, src: Source) -> None:
+        item = next(src.gen, None)
+        if item is None:
+            return
+        self.sources_left += 1
+        self.push(item[0], self._arrive, (src, item))
+
+    def _arrive(self, arg: tuple[Source, ArrivalItem]) -> None:
+        src, (now, inp, out) = arg
+        self.sources_left -= 1
+        self._next_arrival(src)
+        wl = src.wl
+        scored = self.sc.warmup <= now < self.sc.duration
+        if wl.workflow is not None:
+            self.workflows.start(src, inp, out, scored)
+            return
+        if inp is None or out is None:
+            inp, out = src.tokens()
+        call = self.new_call(src, wl.klass, wl.stream, inp, out, wl.max_tokens, scored)
+        self.send(call)
+
+    def new_call(self, src: Source, klass: str, stream: bool, inp: int, out: int,
+                  max_spec: Any, scored: bool) -> Call:
+        wl = src.wl
+        declared: int | None
+        if max_spec == "output":
+            declared = out
+        elif max_spec is None:
+            declared = None
+        else:
+            declared = int(max_spec)
+            out = min(out, declared)
+        profile = token_profile(inp, declared)
+        key = (wl.model, klass, profile, stream)
+        sk = self._slices.get(key)
+        if sk is None:
+            sk = self._slices[key] = SliceKey(wl.model, klass, profile, stream)
+        cls = self.config.workload_class(klass)
+        assert cls is not None
+        call = Call(next(self._ids), wl, cls, wl.model, stream, inp, out, declared, sk,
+                    self._candidates[wl.model], self.now, scored)
+        cr = wl.client.cancel_rate
+        if cr > 0.0:
+            r = src.cancel_rng
+            if r.random() < cr:
+                limit = wl.client.timeout or cls.slo.timeout_ms / 1000.0
+                call.user_cancel_at = self.now + r.random() * limit
+        self.active += 1
+        return call
+
+    # ------------------------------------------------------------ attempts
+
+    def send(self, call: Call) -> None:
+        now = self.now
+        if call.deadline is not None and now >= call.deadline:
+            self.finish_call(call, "timeout", None)
+            return
+        att = Attempt(call, call.attempts, now)
+        choice = self.policy.choose(att, now, self.rng_policy)
+        route_timeout = call.cls.slo.timeout_ms / 1000.0
+        if choice.__class__ is str:
+            cluster: str = choice
+        else:
+            d: Decision = choice  # type: ignore[assignment]
+            if d.admission != "admit":
+                self._not_admitted(call, d)
+                return
+            cluster = d.cluster
+            att.is_probe = d.is_probe
+            if d.timeout_ms is not None:
+                route_timeout = d.timeout_ms / 1000.0
+        call.attempts += 1
+        att.cluster = cluster
+        dl, kind = now + route_timeout, ROUTE
+        ct = call.wl.client.timeout
+        if ct is not None and now + ct < dl:
+            dl, kind = now + ct, CLIENT
+        if call.deadline is not None and call.deadline < dl:
+            dl, kind = call.deadline, CLIENT
+        if call.user_cancel_at is not None and call.user_cancel_at < dl:
+            dl, kind = max(call.user_cancel_at, now), USER
+        att.deadline, att.deadline_kind = dl, kind
+        ft = call.wl.client.first_token_timeout
+        if ft is not None and now + ft < dl:
+            att.ttft_deadline = now + ft
+        if self._on_start is not None:
+            self._on_start(att, now)
+        self.metrics.sent(att, now)
+        self.providers[cluster].submit(att, now)
+
+    def _not_admitted(self, call: Call, d: Decision) -> None:
+        """The policy answered queue, defer, shed, reject or skip instead of a route."""
+        if d.admission == "skip":
+            self.finish_call(call, "skipped", None)
+            return
+        if d.admission == "queue":
+            self._hold(call)
+            return
+        call.attempts += 1
+        extra = float(d.retry_after_s or 0)
+        if not self._retry(call, "error", extra):
+            self.finish_call(call, "rejected", None)
+
+    # ------------------------------------------------------------ admission queue
+
+    def _hold(self, call: Call) -> None:
+        """Hold a call the policy answered ``queue``: it re-asks when a slot frees (highest
+        priority first) or at the policy's ``queue_until``; the client gives up at its own
+        limit (then the policy is told to ``withdraw`` it)."""
+        now = self.now
+        give_up = call.hold_limit
+        if give_up is None:  # first time held: the client's patience starts now
+            cl, cls = call.wl.client, call.cls
+            give_up = now + (cl.first_token_timeout or cl.timeout or cls.slo.timeout_ms / 1000.0)
+            for t in (call.deadline, call.user_cancel_at):
+                if t is not None and t < give_up:
+                    give_up = t
+            call.hold_limit = give_up
+        self._held_calls[call.id] = (call, give_up)
+        heapq.heappush(self._held, (-call.cls.priority, next(self._seq), call.id))
+        until = getattr(self.policy, "queue_until", _no_queue)(call)
+        if until is None:
+            until = now + self.config.admission.queue_wait_ms / 1000.0
+        self.push(max(min(until, give_up), now), self._held_timer, call)
+
+    def _held_timer(self, call: Call) -> None:
+        held = self._held_calls.pop(call.id, None)
+        if held is None:
+            return  # already re-asked (a slot freed first)
+        self._reask(call, held[1])
+
+    def _reask(self, call: Call, give_up: float) -> None:
+        if self.now >= give_up:
+            getattr(self.policy, "withdraw", _no_queue)(call)
+            self.finish_call(call, "cancelled" if call.user_cancel_at is not None
+                             and self.now >= call.user_cancel_at else "timeout", None)
+            return
+        self.send(call)
+
+    def _release_one_held(self) -> None:
+        """A slot freed: the highest-priority, longest-waiting held call re-asks."""
+        while self._held:
+            _, _, cid = heapq.heappop(self._held)
+            held = self._held_calls.pop(cid, None)
+            if held is not None:
+                self._reask(*held)
+                return
+
+    # ------------------------------------------------------------ attempts
+
+    def _attempt_end(self, att: Attempt) -> None:
+        now = self.now
+        if att.outcome is None:
+            finalize_unfinished(att)
+        att.state = DONE
+        self.providers[att.cluster].finish(att, now)
+        call = att.call
+        if att.tokens_done:
+            call.cost += self._prices[att.cluster] * (call.input_tokens + att.tokens_done) / 1000.0
+        if att.degraded:
+            self.metrics.attempt_done(att)
+        if self._on_result is not None:
+            self._on_result(att, now)
+        if self._needs_tick:
+            self._arm()
+        if self._held_calls:
+            self._release_one_held()
+        if att.outcome == "ok":
+            call.end_at = att.end_at
+            call.first_token_at = att.first_token_at if call.stream else att.end_at
+            call.tpot_s = att.tpot_s
+            self.finish_call(call, "ok", slo_value(call))
+            return
+        kind = outcome_kind(att)
+        if kind == "cancelled":
+            self.finish_call(call, "cancelled", None)
+        elif not self._retry(call, kind, 0.0):
+            self.finish_call(call, kind, None)
+
+    def _retry(self, call: Call, kind: str, at_least: float) -> bool:
+        cl = call.wl.client
+        if call.retries_left <= 0 or kind not in cl.retry_on:
+            return False
+        wait = cl.backoff * cl.backoff_factor ** max(call.attempts - 1, 0)
+        if cl.jitter:
+            wait *= 1.0 + cl.jitter * (2.0 * self.rng_client.random() - 1.0)
+        t = self.now + max(wait, at_least)
+        if call.deadline is not None and t >= call.deadline:
+            return False
+        if call.user_cancel_at is not None and t >= call.user_cancel_at:
+            return False
+        call.retries_left -= 1
+        self.push(t, self.send, call)
+        return True
+
+    def finish_call(self, call: Call, kind: str, metric: float | None) -> None:
+        self.active -= 1
+        self.metrics.call_done(call, kind, metric, self.now)
+        wf = call.workflow
+        if wf is not None and not wf.done:
+            self.workflows.call_done(wf, call, kind)
+
+
+def run_once(scenario: Scenario, policy: str,
+             progress: Callable[[float], None] | None = None) -> dict[str, Any]:
+    """Run ``policy`` on ``scenario`` and return the metrics summary."""
+    return Simulation(scenario, policy, progress).run()
+

@@ -1,0 +1,317 @@
+"""A simulated LLM provider: concurrency slots, a FIFO queue and lognormal service.
+
+Model (per provider, all times in seconds):
+
+* ``capacity`` slots serve requests; more requests wait in a FIFO queue of at
+  most ``queue_limit`` (beyond that the provider answers 429 at once).
+* Service starts when a slot frees. With ``busy`` requests already in service,
+  contention slows the new one by ``slow = 1 + contention * busy / capacity``
+  (batching shares the accelerator), fixed for the request's lifetime.
+* ``TTFT = (ttft_median + prefill_per_1k * input/1000) * noise1 * slow * f_ttft``
+  and ``TPOT = tpot_median * noise2 * slow * f_tpot``, with noise lognormal of
+  median 1 and the spec's p99/median spread; ``e2e = TTFT + TPOT * (out - 1)``.
+  TTFT as a client sees it also includes the time queued.
+* With probability ``error_rate`` the answer is ``error_status`` after
+  ``error_after``; with ``stall_rate`` no answer comes at all (the slot is held
+  until the client gives up).
+* Degradation events (``f_*``, error/stall rates, a slow-path share
+  ``tail_rate`` with its own factors, outage, capacity) apply to
+  requests *starting service* while the event is active and matching their
+  slice; requests already in service keep what they started with. An outage
+  answers ``error_status`` after ``error_after`` without taking a slot.
+* A client may give up waiting for the first byte (``first_token_timeout_ms``:
+  the first token of a stream, the whole body otherwise) or for the whole
+  response (its own ``timeout_ms``, the route timeout, a workflow deadline).
+* A request abandoned by its client frees its slot at once, unless
+  ``keeps_working_on_cancel``: then the slot stays busy until the generation
+  would have ended (wasted work, what makes retry storms self-sustaining).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from sidecar.sim.dists import TAIL_CAP, Stream, Variates
+from sidecar.sim.records import CLIENT, DONE, QUEUED, ROUTE, SERVING, USER, Attempt
+from sidecar.sim.scenario import EventSpec, ProviderSpec
+
+Push = Callable[[float, Callable[[Any], None], Any], None]
+Draws = tuple[float, float, float, float, float]  # (u_error, u_stall, z_ttft, z_tpot, u_tail)
+
+
+class Provider:
+    """State of one provider during one run. ``push`` schedules engine events."""
+
+    def __init__(
+        self,
+        spec: ProviderSpec,
+        events: list[EventSpec],
+        rng: Variates,
+        push: Push,
+        on_end: Callable[[Attempt], None],
+    ) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.events = events
+        self.rng = rng
+        self._push = push
+        self._on_end = on_end
+        self.busy = 0
+        self.queued = 0
+        self.queue: deque[Attempt] = deque()
+        self.in_service: set[Attempt] = set()
+        self.peak_inflight = 0
+        self.cap_events = [e for e in events if e.capacity is not None]
+        # Events that change how a request is served (a pure capacity change does not).
+        self._deg_events = [e for e in events if _degrades(e)]
+        ttft, tpot = spec.ttft, spec.tpot
+        self._ttft_med, self._ttft_sigma = ttft.median, ttft.sigma
+        self._tpot_med, self._tpot_sigma = tpot.median, tpot.sigma
+        self._ttft_cap = TAIL_CAP * ttft.p99 / ttft.median if ttft.median > 0 else 1.0
+        self._tpot_cap = TAIL_CAP * tpot.p99 / tpot.median if tpot.median > 0 else 1.0
+        self._alpha = spec.contention
+        self._per_token_prefill = spec.prefill_per_1k / 1000.0
+        self._row = rng.row if isinstance(rng, Stream) else None
+
+    # ------------------------------------------------------------ state
+
+    def capacity(self, now: float) -> int:
+        cap = self.spec.capacity
+        for e in self.cap_events:
+            if e.active(now) and e.capacity is not None:
+                cap = min(cap, e.capacity)
+        return cap
+
+    @property
+    def inflight(self) -> int:
+        return self.busy + self.queued
+
+    def effects(self, att: Attempt, now: float, u_tail: float = 1.0
+                ) -> tuple[float, float, float, float, bool, bool]:
+        """``(f_ttft, f_tpot, error_rate, stall_rate, outage, degraded)`` for ``att`` now.
+
+        ``u_tail`` is the attempt's uniform draw for tail events (slow path when
+        below an event's ``tail_rate``).
+        """
+        s = self.spec
+        f1 = f2 = 1.0
+        err, stall, outage, degraded = s.error_rate, s.stall_rate, False, False
+        c = att.call
+        for e in self._deg_events:
+            if not e.active(now):
+                continue
+            if e.match is not None and not e.match.matches(
+                c.klass, c.model, c.stream, c.slice.profile, c.input_tokens, c.output_tokens
+            ):
+                continue
+            degraded = True
+            f1 *= e.ttft_factor
+            f2 *= e.tpot_factor
+            if u_tail < e.tail_rate:
+                f1 *= e.tail_ttft_factor
+                f2 *= e.tail_tpot_factor
+            if e.error_rate is not None:
+                err = max(err, e.error_rate)
+            if e.stall_rate is not None:
+                stall = max(stall, e.stall_rate)
+            outage = outage or e.outage
+        return f1, f2, err, stall, outage, degraded
+
+    def service_times(self, att: Attempt, z1: float, z2: float, k1: float,
+                      k2: float) -> tuple[float, float]:
+        """``(TTFT, TPOT)`` of service for noise deviates ``z1, z2`` and multipliers ``k``."""
+        n1 = min(math.exp(self._ttft_sigma * z1), self._ttft_cap)
+        n2 = min(math.exp(self._tpot_sigma * z2), self._tpot_cap)
+        ttft = (self._ttft_med + self._per_token_prefill * att.call.input_tokens) * n1 * k1
+        return ttft, self._tpot_med * n2 * k2
+
+    def draw(self) -> Draws:
+        r = self.rng
+        if isinstance(r, Stream):
+            u1, u2, z1, z2, u3 = r.row()
+            return (u1, u2, z1, z2, u3)
+        return (r.random(), r.random(), r.gauss(0.0, 1.0), r.gauss(0.0, 1.0), r.random())
+
+    # ------------------------------------------------------------ requests
+
+    def submit(self, att: Attempt, now: float) -> None:
+        """An attempt arrives: serve, queue, or refuse it."""
+        if self._deg_events:
+            outage = self.effects(att, now)[4]
+            if outage:
+                self._refuse(att, now, self.spec.error_status, degraded=True)
+                return
+        if self.busy < (self.capacity(now) if self.cap_events else self.spec.capacity):
+            self._start(att, now)
+        elif self.queued >= self.spec.queue_limit:
+            self._refuse(att, now, 429, degraded=False)
+        else:
+            att.state = QUEUED
+            self.queue.append(att)
+            self.queued += 1
+            if self.busy + self.queued > self.peak_inflight:
+                self.peak_inflight = self.busy + self.queued
+            self._push(min(att.deadline, att.ttft_deadline), self._queue_timeout, att)
+
+    def _refuse(self, att: Attempt, now: float, status: int, degraded: bool) -> None:
+        att.state = SERVING  # answered without a slot; the end event finishes it
+        att.degraded = degraded
+        end = now + self.spec.error_after
+        if end >= att.deadline or end > att.ttft_deadline:
+            _cut_at_first_token_deadline(att, None)
+            att.end_at = att.deadline
+            self._push(att.deadline, self._on_end, att)
+            return
+        att.outcome, att.status, att.end_at = "error", status, end
+        self._push(end, self._on_end, att)
+
+    def _start(self, att: Attempt, now: float) -> None:
+        cap = self.spec.capacity
+        slow = 1.0 + self._alpha * self.busy / cap
+        self.busy += 1
+        if self.busy + self.queued > self.peak_inflight:
+            self.peak_inflight = self.busy + self.queued
+        self.in_service.add(att)
+        att.state = SERVING
+        if att.draws is not None:
+            u_err, u_stall, z1, z2, u_tail = att.draws
+        elif self._row is not None:
+            u_err, u_stall, z1, z2, u_tail = self._row()
+        else:
+            u_err, u_stall, z1, z2, u_tail = self.draw()
+        if self._deg_events:
+            f1, f2, err, stall, outage, att.degraded = self.effects(att, now, u_tail)
+        else:
+            f1 = f2 = 1.0
+            err, stall, outage = self.spec.error_rate, self.spec.stall_rate, False
+        deadline, fdl = att.deadline, att.ttft_deadline
+        first_byte: float | None = None
+        if outage or u_err < err:
+            end = now + self.spec.error_after * slow
+            if end < deadline and end <= fdl:
+                att.outcome, att.status = "error", self.spec.error_status
+                att.end_at = end
+                self._push(end, self._on_end, att)
+                return
+            natural = end
+        elif u_stall < stall:
+            natural = math.inf
+        else:
+            # inlined service_times() (hot path)
+            c = att.call
+            n1 = math.exp(self._ttft_sigma * z1)
+            if n1 > self._ttft_cap:
+                n1 = self._ttft_cap
+            n2 = math.exp(self._tpot_sigma * z2)
+            if n2 > self._tpot_cap:
+                n2 = self._tpot_cap
+            first = now + (self._ttft_med + self._per_token_prefill * c.input_tokens) \
+                * n1 * slow * f1
+            tpot = self._tpot_med * n2 * slow * f2
+            out = c.output_tokens
+            end = first + tpot * (out - 1)
+            att.tpot_s = tpot if out > 1 else None
+            first_byte = first if c.stream else end
+            if end <= deadline and first_byte <= fdl:
+                att.outcome, att.status = "ok", 200
+                att.first_token_at, att.end_at, att.tokens_done = first, end, out
+                self._push(end, self._on_end, att)
+                return
+            natural = end
+            _cut_at_first_token_deadline(att, first_byte)
+            deadline = att.deadline
+            if first < deadline:
+                att.first_token_at = first
+                att.tokens_done = min(out, 1 + int((deadline - first) / tpot)) if tpot > 0 else 1
+        if first_byte is None:
+            _cut_at_first_token_deadline(att, None)
+            deadline = att.deadline
+        # The attempt does not finish before its deadline: it ends there.
+        att.end_at = deadline
+        if self.spec.keeps_working_on_cancel and math.isfinite(natural):
+            att.slot_until = natural
+        self._push(deadline, self._on_end, att)
+
+    def _queue_timeout(self, att: Attempt) -> None:
+        if att.state != QUEUED:
+            return
+        att.state = SERVING  # left the queue; _on_end marks it done
+        self.queued -= 1
+        _cut_at_first_token_deadline(att, None)
+        att.end_at = att.deadline
+        self._on_end(att)
+
+    # ------------------------------------------------------------ slots
+
+    def finish(self, att: Attempt, now: float) -> None:
+        """Called by the engine when ``att`` ends; frees (or keeps) its slot."""
+        if att in self.in_service:
+            if att.slot_until is not None and att.slot_until > now:
+                self._push(att.slot_until, self._release_later, att)
+                return
+            self.in_service.discard(att)
+            self.busy -= 1
+            if self.queued or self.cap_events:
+                self.pump(now)
+
+    def _release_later(self, att: Attempt) -> None:
+        self.in_service.discard(att)
+        self.busy -= 1
+        self.pump(att.slot_until or 0.0)
+
+    def pump(self, now: float) -> None:
+        """Start queued requests while slots are free (also on capacity increases)."""
+        q = self.queue
+        cap = self.capacity(now) if self.cap_events else self.spec.capacity
+        while q and self.busy < cap:
+            att = q.popleft()
+            if att.state != QUEUED:
+                continue  # timed out while queued (lazy removal)
+            self.queued -= 1
+            self._start(att, now)
+
+    def release_times(self, now: float) -> list[float]:
+        """When each busy slot frees, ascending (the oracle's queue-wait estimate)."""
+        out = []
+        for a in self.in_service:
+            t = a.slot_until if a.slot_until is not None else (a.end_at or now)
+            out.append(max(t, now))
+        out.sort()
+        return out
+
+
+def outcome_kind(att: Attempt) -> str:
+    """How the attempt ended from the client's view: ok, error, timeout or cancelled."""
+    if att.outcome == "ok":
+        return "ok"
+    if att.outcome == "error":
+        return "error"
+    return "cancelled" if att.deadline_kind == USER else "timeout"
+
+
+def finalize_unfinished(att: Attempt) -> None:
+    """Set the core outcome of an attempt that hit its deadline.
+
+    The route timeout (Envoy's per-request timeout) answers 504: a ``timeout``.
+    A client or user giving up first closes the downstream: the sidecar sees a
+    ``cancel`` (as :class:`~sidecar.core.timing.ResponseTimer` would report it).
+    """
+    att.state = DONE
+    if att.outcome is None:
+        att.outcome = "timeout" if att.deadline_kind == ROUTE else "cancel"
+        att.status = 504 if att.deadline_kind == ROUTE else None
+
+
+def _cut_at_first_token_deadline(att: Attempt, first_byte: float | None) -> None:
+    """The client's first-token timeout fires before the first byte: it gives up then."""
+    fdl = att.ttft_deadline
+    if fdl < att.deadline and (first_byte is None or first_byte > fdl):
+        att.deadline, att.deadline_kind = fdl, CLIENT
+
+
+def _degrades(e: EventSpec) -> bool:
+    return (e.ttft_factor != 1.0 or e.tpot_factor != 1.0 or e.error_rate is not None
+            or e.stall_rate is not None or e.outage or e.tail_rate > 0)

@@ -1,0 +1,193 @@
+"""Mutable per-request records of the simulation: workflows, calls and attempts.
+
+Slotted plain classes rather than dataclasses: the engine creates one
+:class:`Call` and at least one :class:`Attempt` per simulated request, and this
+is on the hot path of a run of millions of requests.
+
+* A :class:`Workflow` is one agentic task: stages of parallel calls sharing one
+  end-to-end deadline.
+* A :class:`Call` is what the application asked for once (a logical request);
+  it may take several attempts (client retries).
+* An :class:`Attempt` is one routed HTTP request: what a policy chooses a
+  cluster for and later learns the outcome of. Its read-only properties mirror
+  :class:`sidecar.core.types.Observation` so policies can read it directly.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from sidecar.core.config import ClassConfig
+from sidecar.core.types import Observation, Outcome, RequestInfo, SliceKey
+
+if TYPE_CHECKING:
+    from sidecar.sim.scenario import StepSpec, WorkloadSpec
+
+# Attempt.state
+PENDING, QUEUED, SERVING, DONE = 0, 1, 2, 3
+# Attempt.deadline_kind: which clock ended it, if it did not finish
+ROUTE, CLIENT, USER = "route", "client", "user"
+
+
+class Workflow:
+    __slots__ = ("cost", "deadline", "done", "failed", "pending", "plan", "scored", "stage",
+                 "start", "wl")
+
+    def __init__(self, wl: WorkloadSpec, start: float, deadline: float, scored: bool) -> None:
+        self.wl = wl
+        self.start = start
+        self.deadline = deadline
+        self.scored = scored
+        self.stage = 0
+        self.pending = 0
+        self.failed = False
+        self.done = False
+        self.cost = 0.0
+        # per stage, per parallel call: (input tokens, output tokens), drawn at arrival so
+        # every policy sees the same workflow (common random numbers)
+        self.plan: list[list[tuple[int, int]]] = []
+
+
+class Call:
+    __slots__ = ("attempts", "candidates", "cls", "cost", "deadline", "end_at", "first_token_at",
+                 "hold_limit", "id", "input_tokens", "klass", "max_tokens", "model",
+                 "output_tokens", "retries_left", "scored", "slice", "start", "step", "stream",
+                 "tpot_s", "user_cancel_at", "wl", "workflow")
+
+    def __init__(
+        self,
+        cid: int,
+        wl: WorkloadSpec,
+        cls: ClassConfig,
+        model: str,
+        stream: bool,
+        input_tokens: int,
+        output_tokens: int,
+        max_tokens: int | None,
+        slice_key: SliceKey,
+        candidates: tuple[str, ...],
+        start: float,
+        scored: bool,
+    ) -> None:
+        self.id = cid
+        self.wl = wl
+        self.cls = cls
+        self.klass = cls.name
+        self.model = model
+        self.stream = stream
+        self.input_tokens = input_tokens
+        self.output_tokens = output_tokens
+        self.max_tokens = max_tokens
+        self.slice = slice_key
+        self.candidates = candidates
+        self.start = start
+        self.scored = scored
+        self.attempts = 0
+        self.retries_left = wl.client.retries
+        self.deadline: float | None = None  # absolute end-to-end deadline (workflows)
+        self.user_cancel_at: float | None = None
+        self.workflow: Workflow | None = None
+        self.step: StepSpec | None = None
+        self.first_token_at: float | None = None
+        self.end_at: float | None = None
+        self.tpot_s: float | None = None
+        self.cost = 0.0
+        self.hold_limit: float | None = None  # client gives up while held by "queue"
+
+
+class Attempt:
+    """One routed request. ``draws`` may hold pre-drawn service randomness (oracle)."""
+
+    __slots__ = ("call", "cluster", "deadline", "deadline_kind", "degraded", "draws", "end_at",
+                 "first_token_at", "is_probe", "n", "outcome", "sent_at", "slot_until",
+                 "state", "status", "tokens_done", "tpot_s", "ttft_deadline")
+
+    def __init__(self, call: Call, n: int, now: float) -> None:
+        self.call = call
+        self.n = n
+        self.sent_at = now
+        self.cluster = ""
+        self.deadline = 0.0
+        self.ttft_deadline = math.inf  # client's first-byte timeout, if any
+        self.deadline_kind = ROUTE
+        self.state = PENDING
+        self.outcome: Outcome | None = None
+        self.status: int | None = None
+        self.first_token_at: float | None = None
+        self.end_at: float | None = None
+        self.tpot_s: float | None = None
+        self.tokens_done = 0
+        self.slot_until: float | None = None
+        self.is_probe = False
+        self.degraded = False
+        self.draws: Any = None
+
+    # ---------------------------------------------------- Observation-like view
+
+    @property
+    def stream(self) -> bool:
+        return self.call.stream
+
+    @property
+    def slice(self) -> SliceKey:
+        return self.call.slice
+
+    @property
+    def is_retry(self) -> bool:
+        return self.n > 0
+
+    @property
+    def output_tokens(self) -> int | None:
+        return self.tokens_done or None
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Time to first token as the sidecar measures it (streams only, ok only)."""
+        if self.outcome != "ok" or not self.call.stream or self.first_token_at is None:
+            return None
+        return self.first_token_at - self.sent_at
+
+    @property
+    def e2e_s(self) -> float | None:
+        if self.outcome != "ok" or self.end_at is None:
+            return None
+        return self.end_at - self.sent_at
+
+    def observation(self) -> Observation | None:
+        """The core :class:`Observation` the server's ResponseTimer would produce."""
+        if self.outcome is None:
+            return None
+        ok = self.outcome == "ok"
+        return Observation(
+            cluster=self.cluster,
+            slice=self.call.slice,
+            outcome=self.outcome,
+            status=self.status,
+            ttft_s=self.ttft_s,
+            tpot_s=self.tpot_s if ok and self.call.stream else None,
+            e2e_s=self.e2e_s,
+            output_tokens=self.tokens_done or None,
+            is_retry=self.n > 0,
+            is_probe=self.is_probe,
+        )
+
+    def request_info(self, now: float) -> RequestInfo:
+        """What the classifier would have produced for this attempt's HTTP request."""
+        c = self.call
+        deadline_ms = None if c.deadline is None else max(c.deadline - now, 0.0) * 1000.0
+        return RequestInfo(
+            api="chat",
+            model=c.model,
+            stream=c.stream,
+            max_tokens=c.max_tokens,
+            input_tokens=c.input_tokens,
+            klass=c.klass,
+            priority=c.cls.priority,
+            tenant=None,
+            slice=c.slice,
+            request_id=f"c{c.id}",
+            retry_attempt=self.n,
+            deadline_ms=deadline_ms,
+            step=None if c.step is None else c.step.kind,
+        )

@@ -1,0 +1,176 @@
+"""Strict reading of scenario YAML with errors naming the file and the field path.
+
+Same contract as :mod:`sidecar.core.config`: every problem raises
+:class:`ScenarioError` (a :class:`~sidecar.core.config.ConfigError`) whose
+message reads ``<file>: <field path>: <problem>``, e.g.
+``burst.yaml: workloads[0].arrival.rate_per_s: must be > 0, got 0``.
+Unknown keys are errors: a typo must not silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, cast
+
+from sidecar.core.config import ConfigError
+
+
+class ScenarioError(ConfigError):
+    """A mistake in a scenario file; the message names the file and the field path."""
+
+
+class Reader:
+    """Walks one mapping while remembering its field path (see module docstring)."""
+
+    def __init__(self, data: Any, source: str, path: str) -> None:
+        self.source = source
+        self.path = path
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            self.fail(f"expected a mapping, got {type(data).__name__}")
+        self.data: Mapping[str, Any] = data
+        self.used: set[str] = set()
+
+    # ------------------------------------------------------------ plumbing
+
+    def where(self, key: str | None = None) -> str:
+        if key is None:
+            return self.path or "<root>"
+        return f"{self.path}.{key}" if self.path else key
+
+    def fail(self, problem: str, key: str | None = None) -> Any:
+        raise ScenarioError(f"{self.source}: {self.where(key)}: {problem}")
+
+    def has(self, key: str) -> bool:
+        return key in self.data and self.data[key] is not None
+
+    def raw(self, key: str, default: Any = None) -> Any:
+        self.used.add(key)
+        return self.data.get(key, default)
+
+    def sub(self, key: str) -> Reader:
+        self.used.add(key)
+        return Reader(self.data.get(key), self.source, self.where(key))
+
+    def item(self, key: str, index: int, value: Any) -> Reader:
+        return Reader(value, self.source, f"{self.where(key)}[{index}]")
+
+    def done(self) -> None:
+        extra = sorted(str(k) for k in set(self.data) - self.used)
+        if extra:
+            self.fail(f"unknown field(s): {', '.join(extra)}")
+
+    # ------------------------------------------------------------ scalars
+
+    def num(
+        self,
+        key: str,
+        default: float | None = None,
+        lo: float | None = None,
+        hi: float | None = None,
+        gt: float | None = None,
+    ) -> float:
+        """A number; ``default=None`` makes the field required."""
+        self.used.add(key)
+        if key not in self.data or self.data[key] is None:
+            if default is None:
+                self.fail("required field is missing", key)
+            return float(cast(float, default))
+        v = self.data[key]
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            self.fail(f"must be a number, got {v!r}", key)
+        if v != v or v in (float("inf"), float("-inf")):
+            self.fail(f"must be a finite number, got {v!r}", key)
+        if lo is not None and v < lo:
+            self.fail(f"must be >= {lo:g}, got {v!r}", key)
+        if gt is not None and v <= gt:
+            self.fail(f"must be > {gt:g}, got {v!r}", key)
+        if hi is not None and v > hi:
+            self.fail(f"must be <= {hi:g}, got {v!r}", key)
+        return float(v)
+
+    def opt_num(
+        self, key: str, lo: float | None = None, hi: float | None = None, gt: float | None = None
+    ) -> float | None:
+        self.used.add(key)
+        if self.data.get(key) is None:
+            return None
+        return self.num(key, 0.0, lo=lo, hi=hi, gt=gt)
+
+    def int_(self, key: str, default: int | None = None, lo: int | None = None,
+             hi: int | None = None) -> int:
+        v = self.num(key, None if default is None else float(default), lo=lo, hi=hi)
+        if not v.is_integer():
+            self.fail(f"must be an integer, got {self.data.get(key)!r}", key)
+        return int(v)
+
+    def opt_int(self, key: str, lo: int | None = None, hi: int | None = None) -> int | None:
+        self.used.add(key)
+        if self.data.get(key) is None:
+            return None
+        return self.int_(key, 0, lo=lo, hi=hi)
+
+    def bool_(self, key: str, default: bool) -> bool:
+        self.used.add(key)
+        v = self.data.get(key, default)
+        if not isinstance(v, bool):
+            self.fail(f"must be true or false, got {v!r}", key)
+        return cast(bool, v)
+
+    def str_(self, key: str, default: str | None = None) -> str:
+        """A non-empty string; ``default=None`` makes the field required."""
+        self.used.add(key)
+        if key not in self.data or self.data[key] is None:
+            if default is None:
+                self.fail("required field is missing", key)
+            return cast(str, default)
+        v = self.data[key]
+        if not isinstance(v, str) or not v:
+            self.fail(f"must be a non-empty string, got {v!r}", key)
+        return cast(str, v)
+
+    def opt_str(self, key: str) -> str | None:
+        self.used.add(key)
+        if self.data.get(key) is None:
+            return None
+        return self.str_(key)
+
+    def choice(self, key: str, default: str | None, choices: tuple[str, ...]) -> str:
+        self.used.add(key)
+        v = self.data.get(key, default)
+        if v is None:
+            self.fail(f"required field is missing (one of {', '.join(choices)})", key)
+        if v not in choices:
+            self.fail(f"must be one of {', '.join(choices)}; got {v!r}", key)
+        return cast(str, v)
+
+    def list_(self, key: str, required: bool = False) -> list[Any]:
+        self.used.add(key)
+        if self.data.get(key) is None:
+            if required:
+                self.fail("required field is missing", key)
+            return []
+        v = self.data[key]
+        if not isinstance(v, list):
+            self.fail(f"must be a list, got {type(v).__name__}", key)
+        return cast(list[Any], v)
+
+    def str_list(self, key: str) -> tuple[str, ...]:
+        out: list[str] = []
+        for i, v in enumerate(self.list_(key)):
+            if not isinstance(v, str) or not v:
+                self.fail(f"must be a non-empty string, got {v!r}", f"{key}[{i}]")
+            out.append(v)
+        return tuple(out)
+
+    def mapping(self, key: str, required: bool = False) -> Mapping[str, Any]:
+        self.used.add(key)
+        v = self.data.get(key)
+        if v is None:
+            if required:
+                self.fail("required field is missing", key)
+            return {}
+        if not isinstance(v, Mapping):
+            self.fail(f"must be a mapping, got {type(v).__name__}", key)
+        return cast(Mapping[str, Any], v)

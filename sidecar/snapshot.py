@@ -1,0 +1,163 @@
+"""Warm restart: snapshot the router's statistics and health states to a local file.
+
+A restarted sidecar that starts cold routes blind for a whole statistics
+window and forgets which routes it had quarantined. So the serve loop writes
+a snapshot periodically and on shutdown, and loads it on start.
+
+File format (JSON, one object)::
+
+    {"format": "tailroute-snapshot", "version": 1,
+     "written_at": <wall-clock seconds since the epoch>,
+     "stats": StatsStore.to_dict(now), "health": HealthBoard.to_dict(now),
+     "transitions": [{"age": s, "cluster": ..., "slice": ..., ...}, ...]}
+
+Times inside the core are the event loop's monotonic clock, which means
+nothing in another process, so the core stores them as *ages* relative to the
+``now`` of the writer. The loader rebuilds them against ``now - gap``, where
+``gap`` is the wall-clock time the file spent on disk: a sample that was 10 s
+old when written and restored 20 s later is 30 s old, and a quarantine
+cooldown keeps running while the sidecar is down.
+
+A missing, stale, future-dated or corrupt snapshot is logged in one line and
+ignored; loading never raises. Writing is atomic (temp file + rename), so a
+crash mid-write leaves the previous snapshot intact.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from sidecar.core.health import HealthBoard
+from sidecar.core.router import Router
+from sidecar.core.stats import StatsStore
+from sidecar.core.types import TransitionEvent
+
+log = logging.getLogger("tailroute.snapshot")
+
+FORMAT = "tailroute-snapshot"
+VERSION = 1
+# Clocks of two hosts (or one host across an NTP step) may disagree a little;
+# a file dated further in the future than this is not trusted.
+_MAX_FUTURE_S = 60.0
+
+
+def build(router: Router, now: float, wall: float) -> dict[str, Any]:
+    """The snapshot of ``router`` at loop time ``now`` / wall-clock time ``wall``."""
+    transitions = [
+        {"age": now - e.at, "cluster": e.cluster, "slice": e.slice, "old": e.old,
+         "new": e.new, "reason": e.reason}
+        for e in router.transitions
+    ]  # fmt: skip
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "written_at": wall,
+        "stats": router.stats.to_dict(now),
+        "health": router.board.to_dict(now),
+        "transitions": transitions,
+    }
+
+
+def write_atomic(path: str | Path, data: dict[str, Any]) -> int:
+    """Write ``data`` as JSON to ``path`` via a temp file and rename; returns bytes written.
+
+    fsync before the rename so a power loss cannot leave a renamed but empty file.
+    """
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    blob = json.dumps(data, separators=(",", ":")).encode()
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return len(blob)
+
+
+def save(router: Router, path: str | Path, now: float, wall: float | None = None) -> int:
+    """Snapshot ``router`` to ``path`` (synchronously); returns bytes written."""
+    return write_atomic(path, build(router, now, time.time() if wall is None else wall))
+
+
+def restore(router: Router, data: Any, now: float, wall: float | None = None) -> str:
+    """Load a parsed snapshot into ``router``; returns a one-line summary.
+
+    Raises ``ValueError`` naming the problem if the snapshot is unusable; the
+    router is only modified once everything parsed, so a failure leaves it cold.
+    """
+    wall = time.time() if wall is None else wall
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError("not a tailroute snapshot")
+    if data.get("version") != VERSION:
+        raise ValueError(f"unsupported format version {data.get('version')!r} "
+                         f"(this build reads {VERSION})")
+    written = data.get("written_at")
+    if isinstance(written, bool) or not isinstance(written, int | float):
+        raise ValueError("missing written_at timestamp")
+    gap = wall - float(written)
+    limit = router.config.stats.stale_after_s
+    if gap > limit:
+        raise ValueError(f"stale: written {gap:.0f}s ago, older than stats.stale_after_s "
+                         f"({limit:g}s)")
+    if gap < -_MAX_FUTURE_S:
+        raise ValueError(f"written {-gap:.0f}s in the future (clock skew?)")
+    at = now - max(gap, 0.0)  # the writer's "now", on this process's loop clock
+    known = set(router.config.cluster_names)
+    stats_raw = dict(data.get("stats") or {})
+    # Clusters removed from the config since the snapshot must not reappear in /state.
+    stats_raw["series"] = [s for s in stats_raw.get("series", [])
+                           if isinstance(s, dict) and s.get("cluster") in known]
+    health_raw = {"routes": [r for r in (data.get("health") or {}).get("routes", [])
+                             if isinstance(r, dict) and r.get("cluster") in known]}
+    stats = StatsStore.from_dict(stats_raw, router.config.stats, at)
+    board = HealthBoard.from_dict(health_raw, router.config.health, router.config.stats, at)
+    try:
+        transitions = [
+            TransitionEvent(at - float(t["age"]), str(t["cluster"]), str(t["slice"]),
+                            str(t["old"]), str(t["new"]), str(t["reason"]))
+            for t in data.get("transitions", []) if t["cluster"] in known
+        ]  # fmt: skip
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"malformed transitions: {exc!r}") from exc
+    # Router has no restore hook yet; stats and board are its public state holders.
+    router.stats = stats
+    router.board = board
+    router.transitions.extend(transitions)
+    return (f"{len(stats_raw['series'])} series, {len(health_raw['routes'])} health states, "
+            f"written {max(gap, 0.0):.0f}s ago")
+
+
+def load(router: Router, path: str | Path, now: float, wall: float | None = None) -> bool:
+    """Warm-start ``router`` from ``path``; logs one line and returns False if unusable.
+
+    Never raises: a sidecar that cannot read its snapshot must still start (cold).
+    """
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        log.info("no snapshot at %s; starting cold", p)
+        return False
+    except OSError as exc:
+        log.warning("snapshot %s ignored (cannot read: %s); starting cold", p, exc.strerror or exc)
+        return False
+    try:
+        data = json.loads(raw)
+        summary = restore(router, data, now, wall)
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        log.warning("snapshot %s ignored (%s); starting cold", p, exc)
+        return False
+    except Exception as exc:  # a bug in a from_dict must not stop the sidecar starting
+        log.warning("snapshot %s ignored (unexpected %r); starting cold", p, exc)
+        return False
+    log.info("warm start from snapshot %s: %s", p, summary)
+    return True

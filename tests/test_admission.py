@@ -1,0 +1,276 @@
+"""Admission control: the decision table, then the Router driving it with virtual time."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from sidecar.core.admission import Situation, evaluate
+from sidecar.core.config import Config, parse_config
+from sidecar.core.router import Router
+from sidecar.core.types import Observation, RequestInfo, SliceKey
+from tests.conftest import base_config_dict
+
+# ---------------------------------------------------------------- the table
+
+S = Situation
+CONTENDED = {"contended": True, "saturated": True}
+CAPACITY = {**CONTENDED, "capacity_bound": True, "queue_window_ms": 250.0}
+
+
+@pytest.mark.parametrize(
+    ("situation", "outcome", "reason"),
+    [
+        (S(), "admit", "ok"),
+        (S(enabled=False, **CONTENDED, high=False), "admit", "disabled"),
+        # deadline rows
+        (S(has_deadline=True, remaining_ms=0, step="optional"), "skip", "deadline_exhausted"),
+        (S(has_deadline=True, remaining_ms=0), "reject", "deadline_exhausted"),
+        (S(has_deadline=True, remaining_ms=0, step="critical"), "reject", "deadline_exhausted"),
+        (S(has_deadline=True, remaining_ms=500, need_tail_ms=900, need_ms=300,
+           step="optional"), "skip", "optional_does_not_fit"),
+        (S(has_deadline=True, remaining_ms=500, need_tail_ms=900, need_ms=300,
+           step="critical"), "admit", "ok"),  # critical: only the median must fit
+        (S(has_deadline=True, remaining_ms=500, need_ms=600), "reject", "deadline_unreachable"),
+        (S(has_deadline=True, remaining_ms=500, need_ms=None), "admit", "ok"),  # no evidence
+        (S(has_deadline=False, remaining_ms=500, need_ms=600), "admit", "ok"),  # no deadline
+        # retries
+        (S(is_retry=True, retry_blocked=True), "reject", "retry_budget"),
+        (S(is_retry=True, retry_blocked=False), "admit", "ok"),
+        # overload by priority
+        (S(**CONTENDED, step="optional"), "skip", "overload_optional"),
+        (S(**CONTENDED, high=False, can_defer=True), "defer", "overload"),
+        (S(**CONTENDED, high=False, can_defer=False), "shed", "overload"),
+        (S(**CAPACITY), "queue", "capacity"),
+        (S(**CAPACITY, queued=True), "queue", "capacity"),
+        (S(**CAPACITY, queued=True, wait_expired=True), "admit", "best_effort"),
+        (S(**CAPACITY, queue_room=False), "admit", "best_effort"),
+        (S(**{**CAPACITY, "queue_window_ms": 0.0}), "admit", "best_effort"),
+        (S(**CONTENDED, capacity_bound=False), "admit", "best_effort"),  # over budget only
+    ],
+)
+def test_decision_table(situation: Situation, outcome: str, reason: str) -> None:
+    rule = evaluate(situation)
+    assert (rule.outcome, rule.reason) == (outcome, reason)
+
+
+# ---------------------------------------------------------------- the router
+
+SLICE = SliceKey("m", "interactive", "short", True)
+RNG = random.Random(7)
+
+
+def make_router(conc: int = 4, **overrides: Any) -> Router:
+    data = base_config_dict(stats={"min_samples": 5})
+    for c in data["clusters"]:
+        c["max_concurrency"] = conc
+    data.update(overrides)
+    return Router(parse_config(data, "t.yaml"))
+
+
+def request(klass: str = "interactive", **kw: Any) -> RequestInfo:
+    cfg: Config = parse_config(base_config_dict(), "t.yaml")
+    k = cfg.workload_class(klass)
+    assert k is not None
+    base = RequestInfo(api="chat", model="m", stream=True, max_tokens=None, input_tokens=10,
+                       klass=klass, priority=k.priority, tenant=None,
+                       slice=SliceKey("m", klass, "short", True), request_id=kw.pop("rid", None))
+    return replace(base, **kw)
+
+
+def feed(router: Router, cluster: str, e2e_s: float, now: float = 1.0, n: int = 10,
+         klass: str = "interactive") -> None:
+    sl = SliceKey("m", klass, "short", True)
+    for _ in range(n):
+        router.observe(Observation(cluster, sl, "ok", 200, ttft_s=e2e_s / 4, e2e_s=e2e_s), now)
+
+
+def fill(router: Router, conc: int) -> None:
+    for c in ("a", "b", "c"):
+        for _ in range(conc):
+            router.started(c)
+
+
+def test_timeout_is_the_remaining_budget() -> None:
+    r = make_router()
+    assert r.decide(request(), 0.0, RNG).timeout_ms == 30000  # class timeout
+    d = r.decide(request(deadline_ms=1234.4), 0.0, RNG)
+    assert (d.admission, d.timeout_ms) == ("admit", 1235)
+    assert r.decide(request(deadline_ms=99999999), 0.0, RNG).timeout_ms == 30000
+
+
+def test_optional_step_with_exhausted_budget_is_skipped() -> None:
+    r = make_router()
+    d = r.decide(request(deadline_ms=0, step="optional"), 0.0, RNG)
+    assert (d.admission, d.status, d.reason) == ("skip", 412, "admission")
+    assert d.detail.startswith("deadline_exhausted:")
+    assert r.counters[("admission", "skip")] == 1
+    assert r.counters[("admission_reason", "deadline_exhausted")] == 1
+    assert r.inflight("a") + r.inflight("b") + r.inflight("c") == 0
+
+
+def test_request_that_cannot_finish_is_rejected_before_sending() -> None:
+    r = make_router()
+    for c in ("a", "b", "c"):
+        feed(r, c, 2.0)
+    d = r.decide(request(deadline_ms=1000, step="critical"), 1.0, RNG)
+    assert (d.admission, d.status) == ("reject", 503)
+    assert d.detail.startswith("deadline_unreachable:") and "best route needs 20" in d.detail
+    assert r.decide(request(deadline_ms=3000), 1.0, RNG).admission == "admit"
+
+
+def test_optional_step_is_skipped_when_its_tail_does_not_fit() -> None:
+    r = make_router()
+    for c in ("a", "b", "c"):
+        feed(r, c, 1.0)
+    d = r.decide(request(deadline_ms=900, step="optional"), 1.0, RNG)
+    assert d.admission == "skip" and d.detail.startswith("optional_does_not_fit")
+    assert r.decide(request(deadline_ms=1500, step="optional"), 1.0, RNG).admission == "admit"
+
+
+def test_critical_step_prefers_the_route_whose_tail_fits() -> None:
+    r = make_router()
+    feed(r, "a", 0.3)
+    feed(r, "b", 3.0)
+    feed(r, "c", 3.0)
+    rng = random.Random(1)
+    # Without a deadline the weighted picker spreads traffic (b and c still get some).
+    plain = {r.decide(request(), 1.0, rng).cluster for _ in range(200)}
+    assert plain != {"a"}
+    for _ in range(50):
+        d = r.decide(request(deadline_ms=1000, step="critical"), 1.0, rng)
+        assert d.cluster == "a" and d.admission == "admit" and d.timeout_ms == 1000
+
+
+def test_low_priority_is_deferred_or_shed_when_every_route_is_full() -> None:
+    r = make_router(conc=1)
+    fill(r, 1)
+    d = r.decide(request("batch"), 1.0, RNG)
+    assert (d.admission, d.status, d.retry_after_s) == ("defer", 429, 2)
+    d = r.decide(request("batch", deadline_ms=1500), 1.0, RNG)  # cannot wait 2 s
+    assert (d.admission, d.status) == ("shed", 503)
+    d = r.decide(request("batch", step="optional"), 1.0, RNG)
+    assert d.admission == "skip" and d.detail.startswith("overload_optional")
+    assert r.counters[("admission", "defer")] == 1 and r.counters[("admission", "shed")] == 1
+
+
+def test_high_priority_queues_fifo_then_is_admitted_when_capacity_frees() -> None:
+    r = make_router(conc=1)
+    fill(r, 1)
+    d1 = r.decide(request(), 1.0, RNG, ticket="t1")
+    d2 = r.decide(request(), 1.01, RNG, ticket="t2")
+    assert d1.admission == d2.admission == "queue"
+    assert r.queue_until("t1") == pytest.approx(1.25)
+    assert r.counters[("admission", "queue")] == 2
+    # Re-asking while still full: still queued, not counted again.
+    assert r.decide(request(), 1.05, RNG, ticket="t1").admission == "queue"
+    assert r.counters[("admission", "queue")] == 2
+    # A low-priority newcomer cannot take the slot the waiters are owed.
+    r.finished("b")
+    assert r.decide(request("batch"), 1.06, RNG).admission == "defer"
+    # The second waiter is behind the first: one free slot is the first's.
+    assert r.decide(request(), 1.06, RNG, ticket="t2").admission == "queue"
+    d = r.decide(request(), 1.07, RNG, ticket="t1")
+    assert (d.admission, d.cluster) == ("admit", "b")
+    r.started("b")
+    # The wait is bounded: after it, the waiter is served best effort (panic).
+    d = r.decide(request(), 1.3, RNG, ticket="t2")
+    assert d.admission == "admit" and d.detail.startswith("best_effort") and d.reason == "panic"
+    assert len(r.admission.queue) == 0
+
+
+def test_priority_orders_the_queue() -> None:
+    r = make_router(conc=1)
+    fill(r, 1)
+    assert r.decide(request(), 1.0, RNG, ticket="low").admission == "queue"
+    assert r.decide(request(priority=50), 1.01, RNG, ticket="vip").admission == "queue"
+    r.finished("a")
+    assert r.decide(request(), 1.02, RNG, ticket="low").admission == "queue"
+    assert r.decide(request(priority=50), 1.02, RNG, ticket="vip").admission == "admit"
+
+
+def test_queue_full_or_no_ticket_serves_high_priority_best_effort() -> None:
+    r = make_router(conc=1, admission={"queue_max": 1})
+    fill(r, 1)
+    assert r.decide(request(), 1.0, RNG, ticket="t1").admission == "queue"
+    d = r.decide(request(), 1.0, RNG, ticket="t2")
+    assert d.admission == "admit" and "queue full" in d.detail
+    d = r.decide(request(), 1.0, RNG)  # no ticket, no request id: cannot be held
+    assert d.admission == "admit" and d.detail.startswith("best_effort")
+
+
+def test_withdrawn_waiter_leaves_the_queue() -> None:
+    r = make_router(conc=1)
+    fill(r, 1)
+    r.decide(request(), 1.0, RNG, ticket="t1")
+    r.withdraw("t1")
+    assert r.queue_until("t1") is None
+    assert r.counters[("admission_reason", "queue_abandoned")] == 1
+
+
+def test_routes_over_budget_shed_low_priority_but_serve_high() -> None:
+    r = make_router()
+    for c in ("a", "b", "c"):
+        feed(r, c, 4.4, klass="batch")  # batch: e2e 4.4 s, budget 60 s
+        feed(r, c, 4.4)  # interactive: TTFT 1.1 s, over its 1000 ms budget everywhere
+    d = r.decide(request(), 1.0, RNG)
+    assert d.admission == "admit" and d.detail.startswith("best_effort")
+    assert "waiting cannot help" in d.detail
+    # batch's own routes are within budget: admitted
+    assert r.decide(request("batch"), 1.0, RNG).admission == "admit"
+
+
+def test_pressure_from_higher_priority_class_sheds_low_priority() -> None:
+    r = make_router()
+    r.admission.pressure = {"a": 10, "b": 10, "c": 10}  # interactive degraded everywhere
+    assert r.decide(request("batch"), 1.0, RNG).admission == "defer"
+    assert r.decide(request("agentic"), 1.0, RNG).admission == "admit"  # high: served
+    r.admission.pressure = {"a": 10, "b": 10}  # c is free: not saturated, batch may use a/b
+    clusters = {r.decide(request("batch"), 1.0, RNG).cluster for _ in range(60)}
+    assert clusters == {"a", "b", "c"}
+
+
+def test_retries_are_recognised_and_budgeted() -> None:
+    r = make_router(admission={"retry_budget_ratio": 0.0})
+    d = r.decide(request(rid="req-1"), 1.0, RNG)
+    assert not d.is_retry
+    first = d.cluster
+    d2 = r.decide(request(rid="req-1"), 2.0, RNG)  # same x-request-id again: a retry
+    assert d2.is_retry and d2.cluster != first
+    # ratio 0: only the floor (3 per route per window) is allowed, on any route
+    outcomes = [r.decide(request(retry_attempt=1), 3.0, RNG).admission for _ in range(12)]
+    assert outcomes.count("admit") == 8  # 9 floor slots over 3 routes, one used above
+    last = r.decide(request(retry_attempt=1), 3.0, RNG)
+    assert (last.admission, last.status) == ("reject", 503)
+    assert last.detail.startswith("retry_budget")
+    assert r.counters[("admission_reason", "retry_budget")] == 5
+
+
+def test_retry_avoids_previous_route_and_first_attempts_refill_budget() -> None:
+    r = make_router(admission={"retry_budget_ratio": 1.0})
+    for i in range(30):
+        d = r.decide(request(rid=f"id{i}"), 1.0, RNG)
+        r2 = r.decide(request(rid=f"id{i}"), 1.5, RNG)
+        assert r2.is_retry and r2.cluster != d.cluster and r2.admission == "admit"
+
+
+def test_disabled_admission_admits_everything_but_keeps_the_timeout() -> None:
+    r = make_router(conc=1, admission={"enabled": False})
+    fill(r, 1)
+    d = r.decide(request("batch", deadline_ms=0, step="optional"), 1.0, RNG)
+    assert d.admission == "admit" and d.timeout_ms == 1
+
+
+def test_admission_counts_once_per_event() -> None:
+    r = make_router(conc=1)
+    fill(r, 1)
+    r.decide(request("batch"), 1.0, RNG)
+    r.decide(request(), 1.0, RNG, ticket="q")
+    r.decide(request(), 1.1, RNG, ticket="q")
+    r.decide(request(), 1.3, RNG, ticket="q")
+    adm = {k[1]: v for k, v in r.counters.items() if k[0] == "admission"}
+    assert adm == {"defer": 1, "queue": 1, "admit": 1}
+    assert sum(v for k, v in r.counters.items() if k[0] == "decision") == 3

@@ -1,0 +1,87 @@
+"""The admission building blocks: queue, retry memory, retry budget, config checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.core.admission_queue import AdmissionQueue
+from sidecar.core.config import ConfigError, parse_config
+from sidecar.core.retry_budget import RetryBudget, RetryMemory
+from tests.conftest import base_config_dict
+
+
+def test_queue_orders_by_priority_then_arrival() -> None:
+    q = AdmissionQueue(max_live=10)
+    a = q.join("a", 5, 0.0, 1.0)
+    b = q.join("b", 9, 0.1, 1.1)
+    c = q.join("c", 5, 0.2, 1.2)
+    assert [w.ticket for w in q.live(0.5)] == ["b", "a", "c"]
+    assert (q.ahead(9, b, 0.5), q.ahead(5, a, 0.5), q.ahead(5, c, 0.5)) == (0, 1, 2)
+    assert q.ahead(5, None, 0.5) == 3  # a newcomer of equal priority goes last
+    assert q.ahead(10, None, 0.5) == 0  # a more important newcomer goes first
+    assert q.next_deadline(0.5) == 1.0
+
+
+def test_queue_expiry_room_and_pruning() -> None:
+    q = AdmissionQueue(max_live=2)
+    q.join("a", 5, 0.0, 0.25)
+    q.join("b", 5, 0.0, 0.5)
+    assert not q.has_room(0.1)
+    assert q.has_room(0.3)  # a's wait is over: it no longer holds a place ...
+    w = q.get("a")
+    assert w is not None and w.expired(0.25)
+    assert q.ahead(5, q.get("b"), 0.3) == 0  # ... nor blocks anyone
+    assert q.prune(0.5) == 0  # ... but is remembered for its own final re-ask
+    assert q.prune(1.3) == 1 and q.get("a") is None
+    assert q.leave("b") is not None and len(q) == 0
+
+
+def test_retry_memory_is_bounded_and_expires() -> None:
+    m = RetryMemory(size=2, ttl_s=10.0)
+    m.remember("x", "a", 0.0)
+    m.remember("y", "b", 1.0)
+    seen = m.lookup("x", 5.0)
+    assert seen is not None and seen.cluster == "a"
+    assert m.lookup("x", 10.5) is None  # too old to be a retry
+    m.remember("z", "c", 2.0)
+    assert m.lookup("x", 3.0) is None and len(m) == 2  # least recently used dropped
+    assert m.lookup(None, 0.0) is None
+
+
+@pytest.mark.parametrize(
+    ("ratio", "firsts", "retries_allowed"),
+    [
+        (0.0, 0, 3),  # the floor alone
+        (0.2, 10, 5),  # 0.2 x 10 + 3
+        (1.0, 4, 7),
+    ],
+)
+def test_retry_budget_ratio_plus_floor(ratio: float, firsts: int, retries_allowed: int) -> None:
+    b = RetryBudget(ratio, tau_s=1e9)  # no decay within the test
+    for _ in range(firsts):
+        b.record("a", 0.0, retry=False)
+    n = 0
+    while b.allows("a", 0.0) and n < 100:
+        b.record("a", 0.0, retry=True)
+        n += 1
+    assert n == retries_allowed
+
+
+def test_retry_budget_recovers_as_counts_decay() -> None:
+    b = RetryBudget(0.0, tau_s=10.0)
+    for _ in range(3):
+        b.record("a", 0.0, retry=True)
+    assert not b.allows("a", 0.0)
+    assert b.allows("a", 10.0)  # 3 * e^-1 = 1.1 retries left in the window
+    assert b.snapshot(10.0)["a"]["retries"] == pytest.approx(1.104, abs=1e-3)
+
+
+def test_queue_wait_must_fit_in_envoys_decision_timeout() -> None:
+    ok = base_config_dict(limits={"decision_timeout_ms": 300}, admission={"queue_wait_ms": 250})
+    assert parse_config(ok, "t.yaml").admission.queue_wait_ms == 250
+    bad = base_config_dict(limits={"decision_timeout_ms": 280})
+    with pytest.raises(ConfigError, match=r"t\.yaml: admission\.queue_wait_ms: must be <= "):
+        parse_config(bad, "t.yaml")
+    # No queueing, no constraint.
+    for adm in ({"queue_max": 0}, {"enabled": False}, {"queue_wait_ms": 0}):
+        parse_config(base_config_dict(limits={"decision_timeout_ms": 100}, admission=adm), "t")

@@ -1,0 +1,193 @@
+"""deploy/ cannot run here (no container engine), so check it statically: every YAML
+parses, the sidecar configs validate, the Envoy bootstraps are the renderer's output
+and pass `envoy --mode validate`, the compose and Kubernetes wiring agree with
+them, and every metric the dashboard and alert rules query is one the sidecar exports."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sidecar.config_file import load_config
+from sidecar.envoy_config import render_bootstrap, to_yaml
+from sidecar.harness import envoy_binary
+from sidecar.metrics import METRIC_NAMES
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+COMPOSE_GRPC = "172.30.117.20:50051"
+K8S_SOCKET = "/var/run/tailroute/extproc.sock"
+YAML_FILES = sorted([*DEPLOY.rglob("*.yaml"), *DEPLOY.rglob("*.yml")])
+
+
+def _load(path: Path) -> Any:
+    return yaml.safe_load(path.read_text())
+
+
+def test_deploy_tree_is_complete() -> None:
+    for rel in ("Dockerfile", "docker-compose.yaml", "compose/tailroute.yaml",
+                "compose/envoy.yaml", "k8s/kustomization.yaml", "k8s/deployment.yaml",
+                "k8s/tailroute.yaml", "k8s/envoy.yaml", "prometheus/alerts.yaml",
+                "prometheus/prometheus.yml", "grafana/dashboards/tailroute.json"):
+        assert (DEPLOY / rel).is_file(), rel
+
+
+@pytest.mark.parametrize("path", YAML_FILES, ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_yaml_parses(path: Path) -> None:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    assert docs and all(isinstance(d, dict) for d in docs)
+
+
+@pytest.mark.parametrize(("where", "grpc", "unix"), [("compose", COMPOSE_GRPC, None),
+                                                     ("k8s", None, K8S_SOCKET)])
+def test_envoy_bootstrap_is_rendered_from_the_config_and_validates(
+    where: str, grpc: str | None, unix: str | None
+) -> None:
+    cfg = load_config(DEPLOY / where / "tailroute.yaml")
+    boot = DEPLOY / where / "envoy.yaml"
+    flag = f"--grpc {grpc}" if grpc else f"--unix {unix}"
+    assert boot.read_text() == to_yaml(render_bootstrap(cfg, grpc_target=grpc,
+                                                        unix_socket=unix)), (
+        f"{boot} is stale: tailroute envoy-config --config deploy/{where}/tailroute.yaml "
+        f"{flag} -o deploy/{where}/envoy.yaml")
+    out = subprocess.run([envoy_binary(), "--mode", "validate", "-c", str(boot)],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_compose_wiring_matches_the_configs() -> None:
+    compose = _load(DEPLOY / "docker-compose.yaml")
+    services = compose["services"]
+    assert {"envoy", "sidecar", "prometheus", "grafana"} <= set(services)
+    ip = {name: s["networks"]["tailroute"]["ipv4_address"] for name, s in services.items()
+          if isinstance(s.get("networks"), dict)}
+    cfg = load_config(DEPLOY / "compose" / "tailroute.yaml")
+    fakes = {n for n, s in services.items() if "fake-provider" in s.get("command", [])}
+    assert len(fakes) == 3 and fakes == set(cfg.cluster_names)
+    for c in cfg.clusters:  # Envoy's STATIC clusters point at the providers' fixed IPs
+        assert c.address == f"{ip[c.name]}:8000"
+    assert f"{ip['sidecar']}:{cfg.listen.grpc.rpartition(':')[2]}" == COMPOSE_GRPC
+    for svc in services.values():  # bind mounts refer to files in deploy/
+        for vol in svc.get("volumes", []):
+            src = vol.split(":", 1)[0]
+            if src.startswith("."):
+                assert (DEPLOY / src).exists(), src
+    for svc in services.values():  # published ports only on the loopback interface
+        assert all(str(p).startswith("127.0.0.1:") for p in svc.get("ports", []))
+    sidecar_cfg = services["sidecar"]["command"][services["sidecar"]["command"].index(
+        "--config") + 1]
+    assert sidecar_cfg == "/etc/tailroute/tailroute.yaml"
+    prom = _load(DEPLOY / "prometheus" / "prometheus.yml")
+    targets = prom["scrape_configs"][0]["static_configs"][0]["targets"]
+    assert targets == [f"sidecar:{cfg.listen.admin.rpartition(':')[2]}"]
+
+
+def test_kubernetes_pod_shares_the_socket_between_envoy_and_sidecar() -> None:
+    kust = _load(DEPLOY / "k8s" / "kustomization.yaml")
+    for res in kust["resources"]:
+        assert (DEPLOY / "k8s" / res).is_file()
+    generated = {g["name"]: g["files"] for g in kust["configMapGenerator"]}
+    assert generated == {"tailroute-config": ["tailroute.yaml"], "tailroute-envoy": ["envoy.yaml"]}
+    dep = _load(DEPLOY / "k8s" / "deployment.yaml")
+    pod = dep["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in [*pod.get("initContainers", []), *pod["containers"]]}
+    sidecar, envoy = containers["tailroute"], containers["envoy"]
+    socket_dir = str(Path(K8S_SOCKET).parent)
+    vols = {v["name"]: v for v in pod["volumes"]}
+
+    def mount(c: dict[str, Any], path: str) -> str:
+        return str(next(m["name"] for m in c["volumeMounts"] if m["mountPath"] == path))
+
+    shared = mount(sidecar, socket_dir)
+    assert shared == mount(envoy, socket_dir) and "emptyDir" in vols[shared]
+    assert vols[mount(sidecar, "/etc/tailroute")]["configMap"]["name"] == "tailroute-config"
+    assert vols[mount(envoy, "/etc/envoy")]["configMap"]["name"] == "tailroute-envoy"
+    assert sidecar["args"][sidecar["args"].index("--unix") + 1] == K8S_SOCKET
+    assert sidecar["args"][sidecar["args"].index("--config") + 1] == "/etc/tailroute/tailroute.yaml"
+    cfg = load_config(DEPLOY / "k8s" / "tailroute.yaml")
+    assert cfg.listen.grpc_unix == K8S_SOCKET
+    assert cfg.snapshot_path and Path(cfg.snapshot_path).parent == Path("/var/lib/tailroute")
+    assert "emptyDir" in vols[mount(sidecar, "/var/lib/tailroute")]
+    boot = _load(DEPLOY / "k8s" / "envoy.yaml")
+    sidecar_cluster = next(c for c in boot["static_resources"]["clusters"]
+                           if c["name"] == "tailroute_sidecar")
+    endpoint = sidecar_cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
+    assert endpoint["endpoint"]["address"] == {"pipe": {"path": K8S_SOCKET}}
+    port = int(cfg.listen.admin.rpartition(":")[2])
+    assert {"name": "admin", "containerPort": port} in sidecar["ports"]
+    assert dep["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == str(port)
+
+
+# ------------------------------------------------------------------ metric references
+
+# Suffixes Prometheus adds to a histogram's series; counters are in METRIC_NAMES with _total.
+_HIST_SUFFIXES = ("_bucket", "_sum", "_count")
+_PROM_BUILTINS = {"up"}  # recorded by Prometheus for every scrape job
+
+
+def _exported() -> set[str]:
+    names = set(METRIC_NAMES)
+    names |= {n + s for n in METRIC_NAMES if n.endswith("_seconds") and n.startswith(
+        "tailroute_") for s in _HIST_SUFFIXES}
+    return names
+
+
+def _selectors(expr: str) -> set[str]:
+    """Metric names in a PromQL expression: our prefixes, plus any name before ``{``."""
+    expr = re.sub(r'"[^"]*"', '""', expr)  # label values may contain anything
+    ours = set(re.findall(r"\b(?:tailroute|gen_ai)_[a-z0-9_]+", expr))
+    braced = set(re.findall(r"\b([a-zA-Z_][a-zA-Z0-9_]*)\s*\{", expr))
+    return ours | braced
+
+
+def _dashboard_exprs() -> list[str]:
+    dash = json.loads((DEPLOY / "grafana" / "dashboards" / "tailroute.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    exprs += [v["definition"] for v in dash["templating"]["list"] if "definition" in v]
+    return exprs
+
+
+def _rule_exprs() -> tuple[list[str], set[str]]:
+    rules = [r for g in _load(DEPLOY / "prometheus" / "alerts.yaml")["groups"] for r in g["rules"]]
+    return [r["expr"] for r in rules], {r["record"] for r in rules if "record" in r}
+
+
+def test_dashboard_queries_reference_exported_metrics() -> None:
+    exprs = _dashboard_exprs()
+    assert len(exprs) >= 10
+    used = set().union(*map(_selectors, exprs))
+    unknown = used - _exported()
+    assert not unknown, f"dashboard queries metrics the sidecar does not export: {unknown}"
+    # The dashboard covers the headline series of the issue.
+    for name in ("tailroute_decisions_total", "tailroute_route_state",
+                 "gen_ai_server_time_to_first_token_seconds", "tailroute_fail_open_total",
+                 "tailroute_extproc_phase_seconds_bucket", "tailroute_config_last_reload_ok"):
+        assert name in used, name
+
+
+def test_alert_rules_reference_exported_metrics() -> None:
+    exprs, recorded = _rule_exprs()
+    used = set().union(*map(_selectors, exprs))
+    unknown = used - _exported() - _PROM_BUILTINS - recorded
+    assert not unknown, f"alert rules query metrics the sidecar does not export: {unknown}"
+    rules = [r for g in _load(DEPLOY / "prometheus" / "alerts.yaml")["groups"] for r in g["rules"]]
+    alerts = {r["alert"]: r for r in rules if "alert" in r}
+    for name in ("TailrouteErrorBudgetBurnFast", "TailrouteRouteQuarantined",
+                 "TailrouteSidecarDown", "TailrouteFailOpen"):
+        assert name in alerts
+        assert alerts[name]["labels"]["severity"] and alerts[name]["annotations"]["summary"]
+    assert 'tailroute_route_state{state="quarantined"}' in alerts[
+        "TailrouteRouteQuarantined"]["expr"]
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+def test_alert_rules_pass_promtool() -> None:
+    out = subprocess.run(["promtool", "check", "rules", str(DEPLOY / "prometheus" / "alerts.yaml")],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -1,0 +1,130 @@
+"""Hot reload: a valid file takes effect, an invalid one keeps the last good config
+and says so in the log and in the metrics."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sidecar.app import App
+from sidecar.core.config import parse_config
+from sidecar.harness import Stack
+from sidecar.reload import ConfigReloader
+from tests.conftest import base_config_dict
+from tests.ops_stack import PROVIDERS, admin_get, drive, start_stack, wait_for
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def _reloader(tmp_path: Path) -> tuple[ConfigReloader, App, Path, dict[str, Any]]:
+    path = tmp_path / "tailroute.yaml"
+    data = base_config_dict()
+    _write(path, data)
+    app = App.create(parse_config(data, str(path)))
+    return ConfigReloader(app, path), app, path, data
+
+
+def test_valid_reload_swaps_config_and_keeps_router(tmp_path: Path) -> None:
+    rl, app, path, data = _reloader(tmp_path)
+    router = app.router
+    data["clusters"][1]["max_concurrency"] = 7
+    _write(path, data)
+    assert rl.reload("test")
+    assert app.config.cluster("b").max_concurrency == 7
+    assert app.router is router and router.config is app.config
+    assert rl.counters() == {"reload:ok": 1, "reload:invalid": 0, "reload:last_ok": 1}
+
+
+def test_invalid_reload_keeps_last_good_config(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rl, app, path, data = _reloader(tmp_path)
+    good = app.config
+    data["clusters"][1]["max_concurrency"] = 0
+    _write(path, data)
+    with caplog.at_level(logging.ERROR, logger="tailroute.reload"):
+        assert not rl.reload("test")
+    assert app.config is good and app.router.config is good
+    assert rl.counters() == {"reload:ok": 0, "reload:invalid": 1, "reload:last_ok": 0}
+    msg = caplog.records[0].getMessage()
+    assert f"{path}: clusters[1].max_concurrency: must be >= 1, got 0" in msg
+    assert "keeping the last good config" in msg
+
+
+def test_poll_acts_once_the_file_has_settled(tmp_path: Path) -> None:
+    rl, app, path, data = _reloader(tmp_path)
+    assert rl.poll() is None  # unchanged
+    data["clusters"][0]["max_concurrency"] = 9
+    _write(path, data)
+    assert rl.poll() is None  # changed since the last poll: maybe still being written
+    assert rl.poll() is True  # same content twice: reload
+    assert app.config.cluster("a").max_concurrency == 9
+    assert rl.poll() is None  # applied content is not reloaded again
+    path.write_text("clusters: [")
+    rl.poll()
+    assert rl.poll() is False and app.config.cluster("a").max_concurrency == 9
+    assert rl.poll() is None  # a bad file is reported once, not every second
+
+
+def test_check_config_exits_nonzero_naming_file_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    data = base_config_dict()
+    data["stats"] = {"subwindows": 0}
+    _write(path, data)
+    out = subprocess.run([sys.executable, "-m", "sidecar.cli", "check-config", str(path)],
+                         capture_output=True, text=True, timeout=30, check=False)
+    assert out.returncode == 2
+    assert f"{path}: stats.subwindows: must be >= 1" in out.stderr
+    _write(path, base_config_dict())
+    out = subprocess.run([sys.executable, "-m", "sidecar.cli", "check-config", str(path)],
+                         capture_output=True, text=True, timeout=30, check=False)
+    assert out.returncode == 0 and "OK" in out.stdout
+
+
+def _metric(stack: Stack, line_start: str) -> float | None:
+    for line in admin_get(stack, "/metrics").splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def _max_conc(stack: Stack, cluster: str) -> int:
+    return int(stack.sidecar_state()["clusters"][cluster]["max_concurrency"])
+
+
+@pytest.mark.envoy
+def test_sighup_and_file_change_reload_a_running_sidecar() -> None:
+    with Stack() as stack:
+        path = start_stack(stack)
+        data = yaml.safe_load(path.read_text())
+        invalid = 'tailroute_config_reloads_total{result="invalid"}'
+        ok = 'tailroute_config_reloads_total{result="ok"}'
+
+        data["clusters"][1]["max_concurrency"] = 0
+        _write(path, data)
+        os.kill(stack.procs["sidecar"].pid, signal.SIGHUP)
+        wait_for(lambda: _metric(stack, invalid) == 1, "the invalid reload to be counted")
+        assert _metric(stack, "tailroute_config_last_reload_ok") == 0
+        log = stack.log("sidecar")
+        assert f"{path}: clusters[1].max_concurrency: must be >= 1, got 0" in log
+        assert "keeping the last good config" in log
+        assert _max_conc(stack, "provider-b") == 32  # the old config still serves
+        assert set(drive(stack, 6)) <= set(PROVIDERS)  # and still routes
+
+        data["clusters"][1]["max_concurrency"] = 7
+        _write(path, data)  # no signal: the file watcher notices
+        wait_for(lambda: _max_conc(stack, "provider-b") == 7, "the valid change to apply")
+        assert _metric(stack, ok) == 1 and _metric(stack, invalid) == 1
+        assert _metric(stack, "tailroute_config_last_reload_ok") == 1
+        assert "config reloaded from" in stack.log("sidecar")
+        assert set(drive(stack, 6)) <= set(PROVIDERS)

@@ -1,0 +1,244 @@
+"""Warm restart: the snapshot round-trips statistics and health states; a missing,
+stale or corrupt snapshot means a logged cold start, never a crash."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sidecar import snapshot
+from sidecar.core.config import Config, parse_config
+from sidecar.core.health import HealthState
+from sidecar.core.router import Router
+from sidecar.core.types import Observation, SliceKey
+from sidecar.harness import Stack
+from sidecar.state import state_json
+from tests.conftest import base_config_dict
+from tests.ops_stack import PROVIDERS, admin_get, drive, e2e_samples, start_stack, wait_for
+
+SL = SliceKey("m", "interactive", "short", True)
+T0, WALL = 1000.0, 1_700_000_000.0
+
+
+def _config(**stats: Any) -> Config:
+    return parse_config(base_config_dict(stats={"subwindow_s": 10, "subwindows": 6,
+                                                "min_samples": 5, **stats}), "t.yaml")
+
+
+def _busy_router(cfg: Config) -> tuple[Router, float]:
+    """a: slow (over the 1 s TTFT budget), b: failing in the last window (so its
+    cooldown is still running), c: fast; four evaluated windows."""
+    r = Router(cfg)
+    now = T0
+    for w in range(4):
+        for i in range(10):
+            now = T0 + w * 10 + i * 0.5
+            r.observe(Observation("a", SL, "ok", ttft_s=1.5 + i / 100, e2e_s=2.0), now)
+            if w == 3:
+                r.observe(Observation("b", SL, "error", status=500), now)
+            else:
+                r.observe(Observation("b", SL, "ok", ttft_s=0.3, e2e_s=0.6), now)
+            r.observe(Observation("c", SL, "ok", ttft_s=0.2 + i / 100, e2e_s=0.5), now)
+        now = T0 + (w + 1) * 10 + 0.01
+        r.tick(now)
+    return r, now + 3.0
+
+
+def _view(router: Router, now: float) -> dict[tuple[str, str], Any]:
+    """/state rows with times made relative to ``now`` (loop clocks differ per process)."""
+    out = {}
+    for row in state_json(router, now)["routes"]:
+        row = dict(row)
+        row["since"] = None if row["since"] is None else round(now - row["since"], 6)
+        if row["last_transition"]:
+            row["last_transition"] = {**row["last_transition"],
+                                      "at": round(now - row["last_transition"]["at"], 6)}
+        out[(row["cluster"], row["slice"])] = row
+    return out
+
+
+def test_round_trip_restores_statistics_and_states(tmp_path: Path) -> None:
+    cfg = _config()
+    old, now = _busy_router(cfg)
+    states = {c: old.board.get(c, SL).state for c in "abc"}
+    assert states["b"] is HealthState.QUARANTINED and states["a"] is not HealthState.HEALTHY
+    path = tmp_path / "snap.json"
+    snapshot.save(old, path, now, wall=WALL)
+
+    new = Router(cfg)
+    new_now = 5.0  # another process: another monotonic base
+    assert snapshot.load(new, path, new_now, wall=WALL)
+    assert _view(new, new_now) == _view(old, now)
+    assert {c: new.board.get(c, SL).state for c in "abc"} == states
+    cooldown_left = (old.board.next_deadline() or 0) - now
+    assert new.board.next_deadline() == pytest.approx(new_now + cooldown_left)
+    a_slow = new.latency("a", SL, "ttft", 95, new_now)
+    assert a_slow.value == old.latency("a", SL, "ttft", 95, now).value
+
+
+def test_time_on_disk_counts_towards_ages(tmp_path: Path) -> None:
+    cfg = _config()
+    old, now = _busy_router(cfg)
+    path = tmp_path / "snap.json"
+    snapshot.save(old, path, now, wall=WALL)
+    new = Router(cfg)
+    assert snapshot.load(new, path, 0.0, wall=WALL + 7.0)
+    b_old, b_new = old.board.get("b", SL), new.board.get("b", SL)
+    assert b_old.cooldown_until is not None and b_new.cooldown_until is not None
+    assert b_new.cooldown_until - 0.0 == pytest.approx(b_old.cooldown_until - now - 7.0)
+    c_old, c_new = old.stats.series("c", SL), new.stats.series("c", SL)
+    assert c_old is not None and c_new is not None
+    assert c_old.last_seen is not None and c_new.last_seen is not None
+    assert c_new.last_seen == pytest.approx(c_old.last_seen - now - 7.0)
+
+
+def test_removed_clusters_are_dropped(tmp_path: Path) -> None:
+    old, now = _busy_router(_config())
+    path = tmp_path / "snap.json"
+    snapshot.save(old, path, now, wall=WALL)
+    data = base_config_dict(stats={"subwindow_s": 10, "subwindows": 6, "min_samples": 5})
+    data["clusters"] = [c for c in data["clusters"] if c["name"] != "b"]
+    data["models"][0]["candidates"] = ["a", "c"]
+    new = Router(parse_config(data, "t.yaml"))
+    assert snapshot.load(new, path, 0.0, wall=WALL)
+    assert {c for (c, _), _ in new.stats.items()} == {"a", "c"}
+    assert all(c != "b" for (c, _), _ in new.board.items())
+
+
+def _valid(tmp_path: Path) -> dict[str, Any]:
+    old, now = _busy_router(_config())
+    path = tmp_path / "valid.json"
+    snapshot.save(old, path, now, wall=WALL)
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+CORRUPT: dict[str, Callable[[dict[str, Any]], bytes]] = {
+    "empty": lambda d: b"",
+    "not json": lambda d: b"{not json",
+    "binary": lambda d: b"\x00\xff\xfe garbage",
+    "truncated": lambda d: json.dumps(d).encode()[:200],
+    "not an object": lambda d: b"[1, 2, 3]",
+    "foreign format": lambda d: json.dumps({**d, "format": "other"}).encode(),
+    "newer version": lambda d: json.dumps({**d, "version": 99}).encode(),
+    "no timestamp": lambda d: json.dumps({k: v for k, v in d.items()
+                                          if k != "written_at"}).encode(),
+    "stale": lambda d: json.dumps({**d, "written_at": WALL - 10_000}).encode(),
+    "future": lambda d: json.dumps({**d, "written_at": WALL + 3600}).encode(),
+    "bad series": lambda d: json.dumps({**d, "stats": {**d["stats"], "series": [
+        {"cluster": "a", "slice": "m|x"}]}}).encode(),
+    "bad health": lambda d: json.dumps({**d, "health": {"routes": [
+        {"cluster": "a", "slice": "m|interactive|short|stream", "health": {"state": "?"}}]}}
+    ).encode(),
+    "other sub-window": lambda d: json.dumps({**d, "stats": {**d["stats"],
+                                                             "subwindow_s": 3.0}}).encode(),
+    "bad transitions": lambda d: json.dumps({**d, "transitions": [{"age": "x"}]}).encode(),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CORRUPT))
+def test_unusable_snapshot_means_cold_start_and_one_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str
+) -> None:
+    path = tmp_path / "snap.json"
+    path.write_bytes(CORRUPT[kind](_valid(tmp_path)))
+    router = Router(_config())
+    with caplog.at_level(logging.INFO, logger="tailroute.snapshot"):
+        assert not snapshot.load(router, path, 50.0, wall=WALL)
+    assert len(router.stats) == 0 and not router.board.items() and not router.transitions
+    lines = [r for r in caplog.records if r.name == "tailroute.snapshot"]
+    assert len(lines) == 1 and lines[0].levelno == logging.WARNING
+    msg = lines[0].getMessage()
+    assert str(path) in msg and "ignored" in msg and "starting cold" in msg
+
+
+def test_missing_snapshot_is_a_quiet_cold_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    router = Router(_config())
+    with caplog.at_level(logging.INFO, logger="tailroute.snapshot"):
+        assert not snapshot.load(router, tmp_path / "none.json", 0.0)
+    assert [r.levelno for r in caplog.records] == [logging.INFO]
+    assert "no snapshot" in caplog.records[0].getMessage()
+
+
+def test_write_is_atomic_and_leaves_no_temp_files(tmp_path: Path) -> None:
+    old, now = _busy_router(_config())
+    path = tmp_path / "sub" / "snap.json"
+    snapshot.save(old, path, now)
+    snapshot.save(old, path, now + 1)
+    assert [p.name for p in path.parent.iterdir()] == ["snap.json"]
+    assert json.loads(path.read_text())["version"] == snapshot.VERSION
+
+
+# ------------------------------------------------------------------ process level
+
+
+def _terminate_sidecar(stack: Stack) -> None:
+    """SIGTERM and wait for a clean exit: the drain may take its full grace period
+    (Envoy holds observing streams open a while), longer than Stack's stop timeout."""
+    proc = stack.procs["sidecar"]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    stack.stop_sidecar()  # forget the exited process
+
+
+@pytest.mark.envoy
+def test_restarted_sidecar_starts_warm_then_cold_on_corrupt_snapshot(tmp_path: Path) -> None:
+    snap = tmp_path / "tailroute.snapshot.json"
+    with Stack() as stack:
+        path = start_stack(stack, extra_args=["--snapshot", str(snap)])
+        n = 24
+        drive(stack, n)
+        before = wait_for(lambda: (s := e2e_samples(stack.sidecar_state())) and
+                          sum(s.values()) == n and s, f"{n} observations")
+        _terminate_sidecar(stack)
+        assert "shutting down" in stack.log("sidecar")
+        assert json.loads(snap.read_text())["format"] == snapshot.FORMAT
+
+        stack.start_sidecar(path, extra=["--snapshot", str(snap)])
+        assert "warm start from snapshot" in stack.log("sidecar")
+        after = stack.sidecar_state()
+        assert e2e_samples(after) == before
+        assert {r["state"] for r in after["routes"]} == {"healthy"}
+
+        _terminate_sidecar(stack)
+        snap.write_bytes(b"\x00 this is not a snapshot")
+        stack.start_sidecar(path, extra=["--snapshot", str(snap)])
+        log = stack.log("sidecar")
+        assert f"snapshot {snap} ignored" in log and "starting cold" in log
+        assert admin_get(stack, "/readyz") == "ready\n"
+        assert stack.sidecar_state()["routes"] == []
+        metrics = admin_get(stack, "/metrics")
+        assert 'tailroute_errors_total{kind="snapshot_load"} 1.0' in metrics
+
+
+@pytest.mark.envoy
+def test_shutdown_drains_in_flight_request_into_the_final_snapshot(tmp_path: Path) -> None:
+    snap = tmp_path / "tailroute.snapshot.json"
+    with Stack() as stack:
+        start_stack(stack, extra_args=["--snapshot", str(snap)])
+        for name in PROVIDERS:  # ~1 s of tokens: still streaming when SIGTERM arrives
+            stack.control(name, {"tpot_ms": 120})
+        served: list[list[str]] = []
+        client = threading.Thread(target=lambda: served.append(drive(stack, 1)))
+        client.start()
+        try:
+            wait_for(lambda: any(c["inflight"] for c in stack.sidecar_state()["clusters"].values()),
+                     "the request to be in flight")
+            _terminate_sidecar(stack)
+        finally:
+            client.join(timeout=30)
+        assert served and served[0][0] in PROVIDERS
+        assert "1 requests in flight" in stack.log("sidecar")
+        assert stack.config is not None
+        router = Router(stack.config)
+        assert snapshot.load(router, snap, 0.0)
+        assert sum(e2e_samples(state_json(router, 0.0)).values()) == 1
