@@ -128,10 +128,7 @@ def restore(router: Router, data: Any, now: float, wall: float | None = None) ->
         ]  # fmt: skip
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"malformed transitions: {exc!r}") from exc
-    # Router has no restore hook yet; stats and board are its public state holders.
-    router.stats = stats
-    router.board = board
-    router.transitions.extend(transitions)
+    router.restore(stats, board, list(transitions), now)
     return (f"{len(stats_raw['series'])} series, {len(health_raw['routes'])} health states, "
             f"written {max(gap, 0.0):.0f}s ago")
 

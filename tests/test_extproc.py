@@ -161,7 +161,8 @@ def test_observer_that_never_ends_is_cancel_after_grace(app: App) -> None:
     app.tick(1.0)
     assert rid in app.pending
     app.tick(3.0)
-    assert not app.pending and app.router.counters[("outcome", "cancel")] == 1
+    # No token after 3 s (over the 1 s interactive budget): a client-side timeout.
+    assert not app.pending and app.router.counters[("outcome", "timeout")] == 1
 
 
 def test_client_cancel_mid_stream_counts_cancel(app: App) -> None:
@@ -191,10 +192,15 @@ def test_upstream_timeout_504_counts_timeout(app: App) -> None:
     assert app.router.counters[("outcome", "timeout")] == 1
 
 
-def test_sidecar_stream_closed_by_envoy_before_response(app: App) -> None:
+@pytest.mark.parametrize(("closed_at", "outcome"), [(0.5, "cancel"), (5.0, "timeout")])
+def test_sidecar_stream_closed_by_envoy_before_response(
+    app: App, closed_at: float, outcome: str
+) -> None:
+    """Given up before the 1 s interactive budget: a cancel, no evidence. After it:
+    the caller waited longer than the SLO allows, a client-side timeout."""
     s, _ = route(app, chat_request())
-    s.close(1.0, cancelled=True)
-    assert not app.pending and app.router.counters[("outcome", "cancel")] == 1
+    s.close(closed_at, cancelled=True)
+    assert not app.pending and app.router.counters[("outcome", outcome)] == 1
 
 
 def test_explain_header_on_request(app: App) -> None:

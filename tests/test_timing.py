@@ -78,7 +78,10 @@ def test_cancel_mid_stream() -> None:
     t.on_headers(200, "text/event-stream", 0.1)
     t.on_body(chunk("a"), 0.2)
     obs = t.observation(0.3, cancelled=True)
-    assert obs is not None and obs.outcome == "cancel" and obs.ttft_s is None
+    # Censored: the latencies are what was seen before the client left.
+    assert obs is not None and obs.outcome == "cancel" and obs.censored
+    assert obs.ttft_s == pytest.approx(0.2) and obs.e2e_s == pytest.approx(0.3)
+    assert obs.tpot_s is None
 
 
 def test_no_response_at_all_is_cancel_or_timeout() -> None:

@@ -13,8 +13,6 @@ Definitions (ms; ``pXX`` are the route's e2e percentiles for the request's slice
     usable(r)   = passed hard filters and health filters for this class (capacity aside)
     full(r)     = inflight(r) >= max_concurrency(r)
     over(r)     = tail(r, class metric, class percentile) > class budget_ms
-                  or pressure(r) > priority      (pressure: highest priority of a class
-                                                  with a degraded/restricted slice on r)
     ok(r)       = usable and not full and not over
     saturated   = no ok route
     ahead       = queued waiters served before this request (FIFO per priority)
@@ -27,9 +25,9 @@ Definitions (ms; ``pXX`` are the route's e2e percentiles for the request's slice
 Route choice on admit (critical or unmarked step with a deadline): if the
 chosen route's e2e tail does not fit ``remaining``, switch to the highest
 weight survivor whose tail fits, else to the survivor with the lowest tail.
-Pressure only counts toward saturation (shedding low priority when every
-route is needed by a higher class); it never moves a tolerant class off a
-route it may use. A retry avoids the route of its previous
+A route degraded for a higher class is *not* over budget for a tolerant one:
+the graduated policy keeps tolerant classes on such routes, so admission must
+not defer them there either. A retry avoids the route of its previous
 attempt when another survivor has retry budget, and only goes to routes whose
 budget allows it (:mod:`sidecar.core.retry_budget`).
 """
@@ -45,12 +43,9 @@ from sidecar.core.admission_rules import RULES, STATUS, Rule, Situation, evaluat
 from sidecar.core.config import ClassConfig, Config
 from sidecar.core.pipeline import PipelineResult, RouteView
 from sidecar.core.retry_budget import RetryBudget, RetryMemory
-from sidecar.core.types import Admission, Decision, RequestInfo, SliceKey
+from sidecar.core.types import Admission, Decision, RequestInfo
 
 __all__ = ["RULES", "AdmissionControl", "RouteFacts", "Situation", "Verdict", "evaluate"]
-
-PRESSURE_STATES = frozenset({"degraded", "restricted"})
-
 
 @dataclass(frozen=True, slots=True)
 class RouteFacts:
@@ -104,14 +99,12 @@ def _min(values: Iterable[float | None]) -> float | None:
 
 
 class AdmissionControl:
-    """Admission state of one router: the queue, retry memory and budgets, pressure."""
+    """Admission state of one router: the queue, retry memory and budgets."""
 
     def __init__(self, config: Config) -> None:
         self.queue = AdmissionQueue(config.admission.queue_max)
         self.memory = RetryMemory()
         self.budget = RetryBudget(config.admission.retry_budget_ratio, 1.0)
-        self.pressure: dict[str, int] = {}
-        self.pressure_dirty = False
         self.reconfigure(config)
 
     def reconfigure(self, config: Config) -> None:
@@ -120,18 +113,6 @@ class AdmissionControl:
         self.queue.max_live = self.cfg.queue_max
         self.budget.ratio = self.cfg.retry_budget_ratio
         self.budget.tau_s = config.stats.subwindow_s * config.stats.subwindows
-
-    def update_pressure(self, board: Iterable[tuple[tuple[str, SliceKey], object]]) -> None:
-        """Recompute per-cluster pressure from the health board (after transitions)."""
-        pressure: dict[str, int] = {}
-        for (cluster, slice), h in board:
-            if str(getattr(h, "state", "")) not in PRESSURE_STATES:
-                continue
-            klass = self.config.workload_class(slice.klass)
-            if klass is not None:
-                pressure[cluster] = max(pressure.get(cluster, -1), klass.priority)
-        self.pressure = pressure
-        self.pressure_dirty = False
 
     # ------------------------------------------------------------ facts
 
@@ -154,8 +135,8 @@ class AdmissionControl:
         out = []
         for name, usable, selectable, weight in rows:
             n, cap = view.inflight(name), self.config.cluster(name).max_concurrency
-            over = self.pressure.get(name, -1) > req.priority
-            if usable and not over:
+            over = False
+            if usable:
                 tail = view.latency(name, req.slice, slo.metric, slo.percentile, now).value
                 over = tail is not None and tail * 1000.0 > slo.budget_ms
             p50 = tail_e2e = None
@@ -170,12 +151,10 @@ class AdmissionControl:
         self, req: RequestInfo, klass: ClassConfig, decision: Decision,
         result: PipelineResult | None, view: RouteView, now: float,
     ) -> bool:
-        """Is the selected route itself usable, below capacity, within budget, unpressured?"""
+        """Is the selected route itself usable, below capacity and within budget?"""
         if result is None or result.panic or result.chosen.dropped is not None:
             return False
         name = decision.cluster
-        if self.pressure.get(name, -1) > req.priority:
-            return False
         if view.inflight(name) >= self.config.cluster(name).max_concurrency:
             return False
         slo = klass.slo

@@ -7,9 +7,10 @@ Shape (after the Gateway API Inference Extension's scheduler):
    first (model served, region policy), then health (quarantine, class
    restriction), then capacity.
 2. If every candidate is dropped by a *soft* filter (health, capacity), the
-   pipeline enters **panic mode**: it serves the least-bad candidate (highest
-   health weight, then most spare capacity) and says so. Hard filters (model
-   served, region) are never relaxed.
+   pipeline enters **panic mode**: it serves the least-bad tier (routes whose
+   circuit is closed, else all) and says so; scoring, health weights and the
+   load score then spread traffic across that tier instead of herding it onto
+   one route. Hard filters (model served, region) are never relaxed.
 3. **Scorers** (``sidecar.core.scorers``) give each survivor a goodness in
    (0, 1] per dimension.
 4. The candidate's **weight** combines them log-linearly with the class's
@@ -176,14 +177,14 @@ def run_pipeline(
         soft = [c for c in cands if c.soft_drop]
         if not soft:
             return None
-        # Panic: never leave a class without a route; serve the least bad one.
-        soft.sort(key=lambda c: (c.health.quarantined, -c.health.weight, ctx.view.inflight(c.name)))
-        survivors = [soft[0]]
+        # Panic: never leave a class without a route. Serve the least-bad tier
+        # (circuit closed before circuit open) and let scoring spread the load
+        # across it: sending the whole class to one route would herd.
+        closed = [c for c in soft if not c.health.quarantined]
+        survivors = closed or soft
         panic = True
-        notes.append(
-            f"panic: every candidate was excluded; serving least-bad {soft[0].name} "
-            f"({soft[0].verdicts.get(soft[0].dropped or '', '')})"
-        )
+        names = ", ".join(c.name for c in survivors)
+        notes.append(f"panic: every candidate was excluded; serving least-bad tier {names}")
     for s in scorers:
         s(ctx, survivors)
     w = ctx.klass.weights

@@ -87,6 +87,20 @@ class Router:
         self._picker = PICKERS[config.picker]
         self.admission.reconfigure(config)
 
+    def restore(
+        self, stats: StatsStore, board: HealthBoard, transitions: list[TransitionEvent],
+        now: float,
+    ) -> None:
+        """Adopt state loaded from a warm-restart snapshot (times already rebased to ``now``).
+
+        Evaluation resumes at the next window boundary, so cooldowns and pending
+        windows carry on without waiting for the first new observation.
+        """
+        self.stats = stats
+        self.board = board
+        self.transitions.extend(transitions)
+        self._next_eval = self._boundary_after(now)
+
     # ------------------------------------------------------------ RouteView
 
     def latency(
@@ -150,8 +164,6 @@ class Router:
         klass = self.config.workload_class(req.klass) or self.config.workload_class(
             self.config.default_class)
         assert klass is not None
-        if self.admission.pressure_dirty:
-            self.admission.update_pressure(self.board.items())
         v = self.admission.assess(req, klass, decision, result, self, now, ticket)
         if not v.requeued and v.reason not in ("ok", "disabled"):
             self.counters[("admission_reason", v.reason)] += 1
@@ -294,8 +306,26 @@ class Router:
         if self._inflight[cluster] > 0:
             self._inflight[cluster] -= 1
 
+    def _judge_censored(self, obs: Observation) -> Observation:
+        """A cancel is evidence only if the wait already exceeded the class budget.
+
+        Then it is a client-side timeout (the client gave up on a slow route);
+        before that, a user pressing stop says nothing about the route, so its
+        lower-bound latencies are dropped.
+        """
+        if obs.outcome != "cancel" or not obs.censored:
+            return obs
+        klass = self.config.workload_class(obs.slice.klass)
+        value = None
+        if klass is not None:
+            value = obs.ttft_s if klass.slo.metric == "ttft" else obs.e2e_s
+        if klass is not None and value is not None and value * 1000.0 >= klass.slo.budget_ms:
+            return replace(obs, outcome="timeout")
+        return replace(obs, ttft_s=None, e2e_s=None, censored=False)
+
     def observe(self, obs: Observation, now: float) -> list[TransitionEvent]:
         """Record one measured outcome; probes also drive the probing state."""
+        obs = self._judge_censored(obs)
         self.counters[("outcome", obs.outcome)] += 1
         if self._next_eval is None:
             self._next_eval = self._boundary_after(now)
@@ -374,8 +404,6 @@ class Router:
         return False
 
     def _log(self, events: list[TransitionEvent]) -> None:
-        if events:
-            self.admission.pressure_dirty = True
         for e in events:
             self.transitions.append(e)
             self.counters[("transition", e.new)] += 1

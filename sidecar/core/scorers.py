@@ -20,8 +20,11 @@ class LatencyRatio:
 
         s = 1 / r ** 2
 
-    so a route twice as slow as the best gets a quarter of the weight. Routes
-    without data score neutral (1.0): they must get traffic to earn data.
+    so a route twice as slow as the best gets a quarter of the weight. A route
+    without data scores like the worst route that has data (1.0 when none has):
+    no evidence must not look like the best evidence (a route whose requests
+    all fail or get cancelled has no samples). The pipeline's exploration floor
+    still gives it traffic to earn data.
     """
 
     name: str = "latency"
@@ -36,10 +39,12 @@ class LatencyRatio:
                 c.latency[f"{metric}_p{pct}"] = lv
                 values[c.name][metric] = lv.value
         result = latency_aware_scores([c.name for c in cands], values, [m for m, _ in metrics])
+        known = [1.0 / (r * r) for r in result.scores.values()]
+        unknown = min(known) if known else _NEUTRAL
         for c in cands:
             r = result.scores.get(c.name)
             c.scores["latency_ratio"] = r if r is not None else 0.0
-            c.scores[self.name] = _NEUTRAL if r is None else 1.0 / (r * r)
+            c.scores[self.name] = unknown if r is None else 1.0 / (r * r)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +53,8 @@ class SloHeadroom:
 
         h = clamp((budget - tail) / budget, 0, 1);   s = 0.05 + 0.95 * h
 
-    ``tail`` is the class's SLO metric at the SLO percentile. No data: neutral.
+    ``tail`` is the class's SLO metric at the SLO percentile. No data: like the
+    worst candidate with data (neutral when none has data).
     """
 
     name: str = "headroom"
@@ -56,14 +62,18 @@ class SloHeadroom:
     def __call__(self, ctx: SelectionContext, cands: list[Candidate]) -> None:
         slo = ctx.klass.slo
         budget = slo.budget_ms / 1000.0
+        missing: list[Candidate] = []
         for c in cands:
             lv = ctx.view.latency(c.name, ctx.request.slice, slo.metric, slo.percentile, ctx.now)
             c.latency[f"slo_{slo.metric}_p{slo.percentile:g}"] = lv
             if lv.value is None:
-                c.scores[self.name] = _NEUTRAL
+                missing.append(c)
                 continue
             h = min(max((budget - lv.value) / budget, 0.0), 1.0)
             c.scores[self.name] = 0.05 + 0.95 * h
+        known = [c.scores[self.name] for c in cands if c not in missing]
+        for c in missing:
+            c.scores[self.name] = min(known) if known else _NEUTRAL
 
 
 @dataclass(frozen=True, slots=True)

@@ -186,7 +186,9 @@ class RouteStats:
         self._unjudged: int | None = None
 
     def observe(self, obs: Observation, now: float) -> None:
-        """Count the outcome; add latency samples only for ``ok`` first attempts.
+        """Count the outcome; add latency samples for ``ok`` first attempts, and the
+        lower bounds of censored ones (timeouts: the route kept the caller
+        waiting at least that long, which the tail must show).
 
         Errors and timeouts are counted, not latency samples (a fast 500 would
         make a failing route look quick). Retries (``is_retry``) are counted but
@@ -198,7 +200,7 @@ class RouteStats:
             setattr(slot, obs.outcome, getattr(slot, obs.outcome) + 1)
         self.last_seen = now if self.last_seen is None else max(self.last_seen, now)
         self._version += 1
-        if obs.outcome != "ok" or obs.is_retry:
+        if obs.is_retry or not (obs.outcome == "ok" or obs.censored):
             return
         values: tuple[tuple[Metric, float | None], ...] = (
             ("ttft", obs.ttft_s), ("tpot", obs.tpot_s), ("e2e", obs.e2e_s),

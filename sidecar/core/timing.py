@@ -18,6 +18,11 @@ Outcome: 2xx -> ok; 408 and 504 -> timeout; 5xx and 429 -> error (the
 provider failed or is overloaded); other 4xx -> None (the caller's fault, not
 evidence about the route); stream closed before the end -> cancel. Error
 responses are never latency samples. Non-streaming responses give e2e only.
+
+Timeouts and cancels are *censored*: e2e (and TTFT when no token came) is the
+time waited, a lower bound. The router keeps a cancel as evidence only when
+the wait already exceeded the class budget (it then counts as a client-side
+timeout); otherwise a user who pressed stop says nothing about the route.
 """
 
 from __future__ import annotations
@@ -130,6 +135,7 @@ class ResponseTimer:
             return None
         ttft = tpot = e2e = None
         tokens = self.usage_tokens if self.usage_tokens is not None else self.token_events
+        censored = outcome in ("timeout", "cancel")
         if outcome == "ok":
             if self.first_token_at is not None:
                 ttft = self.first_token_at - self.t0
@@ -137,6 +143,13 @@ class ResponseTimer:
                     tpot = (self.last_token_at - self.first_token_at) / (tokens - 1)
             if self.ended_at is not None:
                 e2e = self.ended_at - self.t0
+        elif censored:
+            # Lower bounds: the request was given up after this long. The router
+            # decides whether that is evidence (waited beyond the class budget).
+            e2e = (self.ended_at or now) - self.t0
+            ttft = (self.first_token_at - self.t0) if self.first_token_at is not None else (
+                e2e if self.streaming else None
+            )
         return Observation(
             cluster=self.cluster,
             slice=self.slice,
@@ -148,6 +161,7 @@ class ResponseTimer:
             output_tokens=tokens if tokens else None,
             is_retry=self.is_retry,
             is_probe=self.is_probe,
+            censored=censored,
         )
 
 

@@ -102,6 +102,9 @@ class Observation:
     output_tokens: int | None = None
     is_retry: bool = False
     is_probe: bool = False
+    # True for timeouts and cancels: ttft_s / e2e_s are then lower bounds (the
+    # time waited so far), not measurements. See sidecar.core.timing.
+    censored: bool = False
 
 
 @dataclass(frozen=True, slots=True)

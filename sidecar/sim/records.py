@@ -159,17 +159,26 @@ class Attempt:
         if self.outcome is None:
             return None
         ok = self.outcome == "ok"
+        ttft, e2e = self.ttft_s, self.e2e_s
+        censored = self.outcome in ("timeout", "cancel")
+        if censored and self.end_at is not None:
+            # As the ResponseTimer does: the time waited, a lower bound.
+            e2e = self.end_at - self.sent_at
+            if self.call.stream:
+                ttft = (self.first_token_at if self.first_token_at is not None
+                        else self.end_at) - self.sent_at
         return Observation(
             cluster=self.cluster,
             slice=self.call.slice,
             outcome=self.outcome,
             status=self.status,
-            ttft_s=self.ttft_s,
+            ttft_s=ttft,
             tpot_s=self.tpot_s if ok and self.call.stream else None,
-            e2e_s=self.e2e_s,
+            e2e_s=e2e,
             output_tokens=self.tokens_done or None,
             is_retry=self.n > 0,
             is_probe=self.is_probe,
+            censored=censored,
         )
 
     def request_info(self, now: float) -> RequestInfo:
