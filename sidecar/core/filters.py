@@ -6,7 +6,7 @@ soft filters may be relaxed by panic mode when they would leave no route.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sidecar.core.pipeline import Candidate, Filter, SelectionContext
 
@@ -49,16 +49,45 @@ class Quarantine:
         return f"{cand.health.state}: circuit open" if cand.health.quarantined else None
 
 
+# Herding guard: a restricted route is only excluded while the routes left for
+# the class have at least this share of their capacity free.
+HERD_HEADROOM = 0.25
+
+
 @dataclass(frozen=True, slots=True)
 class ClassRestriction:
-    """Restricted routes are excluded for latency-sensitive classes; tolerant ones use them."""
+    """Restricted routes are excluded for latency-sensitive classes; tolerant ones use them.
+
+    Herding guard: traffic may leave a restricted route only as fast as the
+    alternatives have room. While the other usable routes (not restricted, not
+    quarantined) have less than ``HERD_HEADROOM`` of their summed
+    ``max_concurrency`` free, the restricted route stays in at the degraded
+    weight instead of being excluded, so the class is spread rather than piled
+    onto fallbacks that would slow down under the extra load.
+    """
 
     name: str = "class_restriction"
     soft: bool = True
 
     def __call__(self, ctx: SelectionContext, cand: Candidate) -> str | None:
-        if cand.health.excluded_for_sensitive and ctx.klass.latency_sensitive:
+        if not (cand.health.excluded_for_sensitive and ctx.klass.latency_sensitive):
+            return None
+        if cand.health.quarantined:
+            return None  # the quarantine filter answers for open circuits
+        cap = free = 0
+        for name in ctx.model.candidates:
+            if name == cand.name or not ctx.config.has_cluster(name):
+                continue
+            h = ctx.view.health(name, ctx.request.slice)
+            if h.excluded_for_sensitive or h.quarantined:
+                continue
+            limit = ctx.config.cluster(name).max_concurrency
+            cap += limit
+            free += max(limit - ctx.view.inflight(name), 0)
+        if cap and free >= HERD_HEADROOM * cap:
             return f"restricted for latency-sensitive class {ctx.klass.name}"
+        cand.health = replace(cand.health, weight=ctx.config.health.degraded_weight)
+        cand.verdicts["herding_guard"] = f"kept: alternatives have {free}/{cap} slots free"
         return None
 
 

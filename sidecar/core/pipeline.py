@@ -134,6 +134,10 @@ class PipelineResult:
     notes: tuple[str, ...]
 
 
+# Panic tiers by the soft filter that dropped a candidate: lower is less bad.
+_PANIC_TIER = {"capacity": 0, "class_restriction": 1, "quarantine": 2}
+
+
 def _apply_exploration_floor(cands: list[Candidate], floor: float) -> None:
     """Every surviving route keeps at least ``floor x`` the best weight.
 
@@ -178,10 +182,10 @@ def run_pipeline(
         if not soft:
             return None
         # Panic: never leave a class without a route. Serve the least-bad tier
-        # (circuit closed before circuit open) and let scoring spread the load
-        # across it: sending the whole class to one route would herd.
-        closed = [c for c in soft if not c.health.quarantined]
-        survivors = closed or soft
+        # (healthy but full, then restricted, then circuit open) and let scoring
+        # spread the load across it: sending the whole class to one route herds.
+        best = min(_PANIC_TIER.get(c.dropped or "", 9) for c in soft)
+        survivors = [c for c in soft if _PANIC_TIER.get(c.dropped or "", 9) == best]
         panic = True
         names = ", ".join(c.name for c in survivors)
         notes.append(f"panic: every candidate was excluded; serving least-bad tier {names}")
