@@ -60,6 +60,14 @@ class App:
     def shell_counters(self) -> dict[str, int]:
         """Shell-side counters for metrics: ``error:<kind>`` and ``failopen:<reason>``."""
         out = {f"error:{k}": v for k, v in self.errors.items()}
+        # Requests the sidecar itself sent to the default route without a decision.
+        for reason in ("body_too_large", "handler_exception"):
+            if self.errors[reason]:
+                out[f"failopen:{reason}"] = self.errors[reason]
+        for reason in ("unknown_model", "no_candidate"):
+            n = self.router.counters[("decision", reason)]
+            if n:
+                out[f"failopen:{reason}"] = n
         return out
 
     def new_rid(self) -> str:

@@ -33,6 +33,7 @@ _QUANTILE_METRICS = {
 # Every metric name this module can export (the dashboard test checks against it).
 METRIC_NAMES = (
     "tailroute_decisions_total",
+    "tailroute_fallbacks_total",
     "tailroute_outcomes_total",
     "tailroute_health_transitions_total",
     "tailroute_route_state",
@@ -60,18 +61,24 @@ class RouterCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         r = self._router()
         now = self._now()
-        dec = CounterMetricFamily("tailroute_decisions", "Routing decisions by reason",
-                                  labels=["reason"])
+        dec = CounterMetricFamily("tailroute_decisions",
+                                  "Routing decisions by cluster, class and reason",
+                                  labels=["cluster", "class", "reason"])
+        for (cluster, klass, reason), v in r.decisions.items():
+            dec.add_metric([cluster, klass, reason], v)
+        fb = CounterMetricFamily("tailroute_fallbacks",
+                                 "Decisions without full narrow-slice evidence, by kind",
+                                 labels=["kind"])
         out = CounterMetricFamily("tailroute_outcomes", "Observed outcomes", labels=["outcome"])
         tr = CounterMetricFamily("tailroute_health_transitions",
                                  "Health-state transitions by new state", labels=["state"])
         adm = CounterMetricFamily("tailroute_admission", "Admission outcomes",
                                   labels=["outcome"])
         for (kind, label), v in r.counters.items():
-            fam = {"decision": dec, "outcome": out, "transition": tr, "admission": adm}.get(kind)
+            fam = {"outcome": out, "transition": tr, "admission": adm, "fallback": fb}.get(kind)
             if fam is not None:
                 fam.add_metric([label], v)
-        yield from (dec, out, tr, adm)
+        yield from (dec, out, tr, adm, fb)
 
         state = GaugeMetricFamily("tailroute_route_state",
                                   "1 for the current health state of cluster x slice",

@@ -65,6 +65,7 @@ class Router:
         self.board = HealthBoard(config.health, config.stats)
         self._inflight: Counter[str] = Counter()
         self.counters: Counter[tuple[str, str]] = Counter()  # (kind, label) -> count
+        self.decisions: Counter[tuple[str, str, str]] = Counter()  # (cluster, class, reason)
         self.recent: deque[RecentDecision] = deque(maxlen=recent)
         self.transitions: deque[TransitionEvent] = deque(maxlen=256)
         self._next_eval: float | None = None
@@ -151,6 +152,13 @@ class Router:
             return decision
         self.counters[("decision", decision.reason)] += 1
         self.counters[("admission", decision.admission)] += 1
+        if not req.class_known:
+            self.counters[("unknown", "class")] += 1  # default class used (documented)
+        # Bounded labels: clusters and classes come from config, reasons from a closed set.
+        self.decisions[(decision.cluster, req.klass, decision.reason)] += 1
+        fallback = _fallback_kind(decision, result)
+        if fallback:
+            self.counters[("fallback", fallback)] += 1
         self.recent.append(RecentDecision(now, req, decision, result, self._picker.name))
         return decision
 
@@ -407,6 +415,19 @@ class Router:
         for e in events:
             self.transitions.append(e)
             self.counters[("transition", e.new)] += 1
+
+
+def _fallback_kind(decision: Decision, result: PipelineResult | None) -> str | None:
+    """Why a decision did not come from full, narrow-slice evidence (None: it did)."""
+    if decision.reason in ("unknown_model", "no_candidate"):
+        return "default_route"
+    if decision.reason == "panic":
+        return "panic"
+    if decision.reason in ("no_data", "no_percentile"):
+        return "first_candidate"
+    if result is not None and any(lv.fell_back for lv in result.chosen.latency.values()):
+        return "broader_slice"
+    return None
 
 
 def _explain(req: RequestInfo, result: PipelineResult, picker: str) -> Explain:
