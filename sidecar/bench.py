@@ -110,23 +110,26 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
-def _config(port: int, mode: ObserveMode, overlap: bool = False) -> dict[str, Any]:
+def _config(port: int, mode: ObserveMode, overlap: bool = False,
+            share: float = 1.0) -> dict[str, Any]:
     return {
         "default_cluster": "p",
         "clusters": [{"name": "p", "address": f"127.0.0.1:{port}", "models": ["bench-model"],
                       "max_concurrency": 1000}],
         "models": [{"name": "bench-model", "candidates": ["p"]}],
         "envoy": {"observe_mode": mode, "overlap_headers": overlap},
+        "stats": {"observe_share": share},
     }
 
 
-Setup = tuple[str, ObserveMode | None, bool]
+Setup = tuple[str, ObserveMode | None, bool, float]
 SETUPS: tuple[Setup, ...] = (
-    ("envoy alone", None, False),
-    ("sidecar: observability filter (default)", "observability", False),
-    ("sidecar: observability + overlap_headers", "observability", True),
-    ("sidecar: STREAMED response body", "streamed", False),
-    ("sidecar: headers only", "headers_only", False),
+    ("envoy alone", None, False, 1.0),
+    ("sidecar: observability filter (default)", "observability", False, 1.0),
+    ("sidecar: observability, observe_share 0.1", "observability", False, 0.1),
+    ("sidecar: observability + overlap_headers", "observability", True, 1.0),
+    ("sidecar: STREAMED response body", "streamed", False, 1.0),
+    ("sidecar: headers only (no TTFT)", "headers_only", False, 1.0),
 )
 
 
@@ -138,9 +141,9 @@ def run_bench(what: str, requests: int = 400, concurrency: int = 8) -> int:
     with Stack() as stack:
         port = stack.start_provider("p", ttft_ms="2", tpot_ms="5", seed=1,
                                     extra=["--max-tokens", "64"])
-        for label, mode, overlap in SETUPS:
+        for label, mode, overlap, share in SETUPS:
             print(f"-- {label}", file=sys.stderr, flush=True)
-            path = stack.write_config(_config(port, mode or "observability", overlap))
+            path = stack.write_config(_config(port, mode or "observability", overlap, share))
             if mode is not None:
                 stack.start_sidecar(path)
             eport = stack.start_envoy(observe_mode=mode, with_sidecar=mode is not None)

@@ -56,7 +56,7 @@ def _cmd_status(ns: argparse.Namespace) -> int:
 
 
 def _cmd_fake_provider(argv: list[str]) -> int:
-    from sidecar.fake_provider import main
+    from sidecar.fake_provider_cli import main
 
     return main(argv)
 

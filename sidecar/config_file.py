@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -12,15 +13,22 @@ from sidecar.core.config import Config, ConfigError, parse_config
 def load_config(path: str | Path) -> Config:
     """Load and validate ``path``; raises :class:`ConfigError` naming the file and field."""
     p = Path(path)
+    return parse_config(read_yaml(p), str(p))
+
+
+def read_yaml(
+    path: Path, what: str = "config", error: type[ConfigError] = ConfigError
+) -> Any:
+    """Parse the YAML file ``path``; unreadable files and bad YAML raise ``error`` naming
+    the file (``cannot read <what>``) or the line and column of the mistake."""
     try:
-        text = p.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"{p}: cannot read config: {exc.strerror or exc}") from None
+        raise error(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{p}: {where}invalid YAML: {problem}") from None
-    return parse_config(data, str(p))
+        raise error(f"{path}: {where}invalid YAML: {problem}") from None

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sidecar.core.health import HealthBoard
+from sidecar.core.health_board import HealthBoard
 from sidecar.core.router import Router
 from sidecar.core.stats import StatsStore
 from sidecar.core.types import TransitionEvent

@@ -1,5 +1,5 @@
-"""docs/operations.md stays complete: every config field and every exported metric
-is documented (a new field without a line in the reference fails here)."""
+"""The README's configuration reference and metrics list stay complete: every config
+field and every exported metric is documented (a new one without a line fails here)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from sidecar.core import config as c
 from sidecar.metrics import METRIC_NAMES
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
+DOC = Path(__file__).resolve().parent.parent / "README.md"
 # Reference section heading -> the dataclasses whose fields it documents.
 SECTIONS: dict[str, tuple[type, ...]] = {
     "Top level": (c.Config,),
@@ -45,18 +45,18 @@ def _blocks() -> dict[str, str]:
 @pytest.mark.parametrize("heading", sorted(SECTIONS))
 def test_every_config_field_is_in_the_reference(heading: str) -> None:
     block = _blocks().get(heading)
-    assert block is not None, f"docs/operations.md lacks the '### {heading}' section"
+    assert block is not None, f"README.md lacks the '### {heading}' section"
     documented = re.findall(r"^\| `([^`]+)` \|", block, flags=re.M)
     for cls in SECTIONS[heading]:
         for f in dataclasses.fields(cls):
             if _skip(cls, f):
                 continue
             assert any(re.search(rf"(^|\.){f.name}($|\.)", d) for d in documented), (
-                f"config field {cls.__name__}.{f.name} missing from docs/operations.md "
+                f"config field {cls.__name__}.{f.name} missing from README.md "
                 f"section '{heading}'")
 
 
 def test_every_metric_is_documented() -> None:
     text = DOC.read_text()
     missing = [m for m in METRIC_NAMES if f"`{m}`" not in text]
-    assert not missing, f"metrics missing from docs/operations.md: {missing}"
+    assert not missing, f"metrics missing from README.md: {missing}"

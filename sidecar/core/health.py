@@ -1,7 +1,7 @@
 """Graduated health state machine per (cluster, slice).
 
 Once per completed sub-window (an *evaluation window*) the caller turns the
-route's :class:`~sidecar.core.stats.WindowSummary` and the class SLO into a
+route's :class:`~sidecar.core.series.WindowSummary` and the class SLO into a
 :class:`WindowVerdict` (``ratio = tail_s * 1000 / budget_ms``), which is
 classified into one :class:`Signal`, in this priority::
 
@@ -53,19 +53,24 @@ Invariants:
    evaluation window is applied at most once (indices must increase).
 6. Votes are cleared on every state change except a move to ``meanwhile``
    (healthy -> watching: the first elevated window counts toward degraded).
+
+:class:`~sidecar.core.health_board.HealthBoard` keeps every route's
+:class:`RouteHealth` (importable from here too).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sidecar.core.config import HealthConfig, SloConfig, StatsConfig
-from sidecar.core.stats import WindowSummary
+from sidecar.core.series import WindowSummary
 from sidecar.core.types import SliceKey, TransitionEvent
+
+if TYPE_CHECKING:
+    from sidecar.core.health_board import HealthBoard as HealthBoard
 
 FORGIVE_AFTER_COOLDOWNS = 10  # healthy for this many cooldown_max_s forgives one offence
 
@@ -355,33 +360,6 @@ class RouteHealth:
         new = self.state if new is None else new
         return TransitionEvent(now, self.cluster, self.slice.label(), old.value, new.value, reason)
 
-    # ------------------------------------------------------------ snapshots
-
-    def to_dict(self, now: float) -> dict[str, Any]:
-        """JSON-safe; times as ages before ``now``, window index as sub-windows before it."""
-        k = math.floor(now / self.stats_cfg.subwindow_s)
-        out: dict[str, Any] = {f: getattr(self, f) for f in _PLAIN}
-        out |= {f: None if (t := getattr(self, f)) is None else now - t for f in _TIMES}
-        out["state"] = self.state.value
-        out["votes"] = {t.value: n for t, n in self.votes.items()}
-        out["last_index"] = None if self.last_index is None else k - self.last_index
-        return out
-
-    def load(self, d: dict[str, Any], now: float) -> None:
-        """Inverse of :meth:`to_dict`; raises KeyError/ValueError/TypeError if malformed."""
-        k = math.floor(now / self.stats_cfg.subwindow_s)
-        for f in _PLAIN:
-            setattr(self, f, type(getattr(self, f))(d[f]))
-        for f in _TIMES:
-            setattr(self, f, None if d[f] is None else now - float(d[f]))
-        self.state = S(d["state"])
-        self.votes = {S(t): int(n) for t, n in d["votes"].items()}
-        self.last_index = None if d["last_index"] is None else k - int(d["last_index"])
-
-
-_PLAIN = ("offences", "panic", "restore_base", "restore_from_circuit")  # snapshot verbatim
-_TIMES = ("since", "cooldown_until", "last_evidence", "healthy_since")  # snapshot as ages
-
 
 def _reason(signal: Signal, n: int, detail: str, cfg: HealthConfig, after: str | None) -> str:
     """Human reason for a completed transition caused by ``n`` consecutive ``signal``s."""
@@ -397,100 +375,11 @@ def _reason(signal: Signal, n: int, detail: str, cfg: HealthConfig, after: str |
     return detail
 
 
-_Step = Callable[[RouteHealth], list[TransitionEvent]]
+def __getattr__(name: str) -> Any:
+    """``HealthBoard`` is re-exported lazily: :mod:`sidecar.core.health_board` imports
+    this module, so importing it here at load time would be circular."""
+    if name == "HealthBoard":
+        from sidecar.core.health_board import HealthBoard
 
-
-class HealthBoard:
-    """Every route's :class:`RouteHealth`; stores only routes that differ from a
-    fresh healthy one, so it is bounded by the series the caller evaluates."""
-
-    def __init__(self, cfg: HealthConfig, stats_cfg: StatsConfig) -> None:
-        self.cfg, self.stats_cfg = cfg, stats_cfg
-        self._routes: dict[tuple[str, SliceKey], RouteHealth] = {}
-
-    def peek(self, cluster: str, slice: SliceKey) -> RouteHealth | None:
-        """The stored state, or None for a (default) healthy route."""
-        return self._routes.get((cluster, slice))
-
-    def get(self, cluster: str, slice: SliceKey) -> RouteHealth:
-        """The state; a fresh healthy (unstored) one if none is kept. Read-only use."""
-        h = self._routes.get((cluster, slice))
-        return h if h is not None else RouteHealth(cluster, slice, self.cfg, self.stats_cfg, 0.0)
-
-    def reconfigure(self, cfg: HealthConfig, stats_cfg: StatsConfig) -> None:
-        """Config reload: keep every route's state, judge by the new thresholds."""
-        self.cfg, self.stats_cfg = cfg, stats_cfg
-        for h in self._routes.values():
-            h.cfg, h.stats_cfg = cfg, stats_cfg
-
-    def _run(
-        self, cluster: str, slice: SliceKey, now: float, step: _Step
-    ) -> list[TransitionEvent]:
-        key = (cluster, slice)
-        h = self._routes.get(key) or RouteHealth(cluster, slice, self.cfg, self.stats_cfg, now)
-        events = step(h)
-        if h.is_default:
-            self._routes.pop(key, None)
-        else:
-            self._routes[key] = h
-        return events
-
-    def evaluate(
-        self, cluster: str, slice: SliceKey, summary: WindowSummary, slo: SloConfig,
-        now: float, may_quarantine: bool = True,
-    ) -> list[TransitionEvent]:  # fmt: skip
-        """Apply the completed window ``summary`` (of ``slo.metric`` at ``slo.percentile``)."""
-        v = WindowVerdict.of(summary, slo)
-        return self._run(cluster, slice, now, lambda h: h.evaluate(v, now, may_quarantine))
-
-    def record_probe(
-        self, cluster: str, slice: SliceKey, ok: bool, now: float
-    ) -> list[TransitionEvent]:
-        """A probe finished; ignored unless the route is kept (it is probing then)."""
-        if (cluster, slice) not in self._routes:
-            return []
-        return self._run(cluster, slice, now, lambda h: h.record_probe(ok, now))
-
-    def tick(self, now: float) -> list[TransitionEvent]:
-        """Expire cooldowns (quarantined -> probing) and forgive old offences."""
-        events: list[TransitionEvent] = []
-        for (cluster, slice), h in list(self._routes.items()):
-            if h.offences or h.state is S.QUARANTINED:
-                events += self._run(cluster, slice, now, lambda h: h.tick(now))
-        return events
-
-    def next_deadline(self) -> float | None:
-        """Earliest cooldown end, when :meth:`tick` has work; None if none pending."""
-        times = [t for h in self._routes.values() if (t := h.next_deadline()) is not None]
-        return min(times) if times else None
-
-    def items(self) -> list[tuple[tuple[str, SliceKey], RouteHealth]]:
-        """Stored (non-default) routes; any other route is healthy at weight 1."""
-        return list(self._routes.items())
-
-    def prune(self, live: Collection[tuple[str, SliceKey]]) -> int:
-        """Forget routes whose series are gone, except quarantined ones (cooldown pending)."""
-        dead = [k for k, h in self._routes.items() if k not in live and h.next_deadline() is None]
-        for k in dead:
-            del self._routes[k]
-        return len(dead)
-
-    def to_dict(self, now: float) -> dict[str, Any]:
-        return {"routes": [{"cluster": c, "slice": s.label(), "health": h.to_dict(now)}
-                           for (c, s), h in self._routes.items()]}  # fmt: skip
-
-    @classmethod
-    def from_dict(
-        cls, data: dict[str, Any], cfg: HealthConfig, stats_cfg: StatsConfig, now: float
-    ) -> HealthBoard:
-        """Rebuild a :meth:`to_dict` snapshot as if taken at ``now``; ValueError if malformed."""
-        board = cls(cfg, stats_cfg)
-        try:
-            for r in data["routes"]:
-                c, s = str(r["cluster"]), SliceKey.parse(str(r["slice"]))
-                h = RouteHealth(c, s, cfg, stats_cfg, now)
-                h.load(r["health"], now)
-                board._routes[(c, s)] = h
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ValueError(f"malformed health snapshot: {exc!r}") from exc
-        return board
+        return HealthBoard
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import random
 from collections import Counter, deque
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from sidecar.core.admission import AdmissionControl
 from sidecar.core.config import ClassConfig, Config
+from sidecar.core.explain import RecentDecision, build_explain, decision_reason, fallback_kind
 from sidecar.core.filters import DEFAULT_FILTERS
-from sidecar.core.health import HealthBoard, HealthState
+from sidecar.core.health import HealthState
+from sidecar.core.health_board import HealthBoard
 from sidecar.core.pickers import PICKERS
 from sidecar.core.pipeline import (
     HealthView,
@@ -27,9 +29,7 @@ from sidecar.core.pipeline import (
 from sidecar.core.scorers import DEFAULT_SCORERS
 from sidecar.core.stats import StatsStore
 from sidecar.core.types import (
-    CandidateExplain,
     Decision,
-    Explain,
     Observation,
     RequestInfo,
     SliceKey,
@@ -38,22 +38,6 @@ from sidecar.core.types import (
 
 _QUARANTINED = {HealthState.QUARANTINED, HealthState.PROBING}
 _HEALTHY = HealthView("healthy", 1.0, False, False)
-
-
-@dataclass(frozen=True, slots=True)
-class RecentDecision:
-    """One entry of the recent-decision ring; explain is built when someone reads it."""
-
-    at: float
-    request: RequestInfo
-    decision: Decision
-    result: PipelineResult | None = None
-    picker: str = ""
-
-    def explain(self) -> Explain | None:
-        if self.decision.explain is not None or self.result is None:
-            return self.decision.explain
-        return _explain(self.request, self.result, self.picker)
 
 
 class Router:
@@ -156,7 +140,7 @@ class Router:
             self.counters[("unknown", "class")] += 1  # default class used (documented)
         # Bounded labels: clusters and classes come from config, reasons from a closed set.
         self.decisions[(decision.cluster, req.klass, decision.reason)] += 1
-        fallback = _fallback_kind(decision, result)
+        fallback = fallback_kind(decision, result)
         if fallback:
             self.counters[("fallback", fallback)] += 1
         self.recent.append(RecentDecision(now, req, decision, result, self._picker.name))
@@ -220,7 +204,7 @@ class Router:
                 cfg.default_cluster, "no_candidate", detail="hard filters left none"
             )
             return decision, None
-        reason = self._reason(result, len(model.candidates))
+        reason = decision_reason(result, len(model.candidates))
         return self._finish(req, result.chosen.name, reason, klass, result), result
 
     def _maybe_probe(
@@ -251,20 +235,6 @@ class Router:
                 return c
         return None
 
-    @staticmethod
-    def _reason(result: PipelineResult, n_candidates: int) -> str:
-        if result.panic:
-            return "panic"
-        if n_candidates == 1:
-            return "only_candidate"
-        ratio = result.chosen.scores.get("latency_ratio", 0.0)
-        if ratio > 0:
-            return "scored"
-        if any(c.scores.get("latency_ratio", 0.0) > 0 for c in result.candidates):
-            return "exploring"  # chosen route has no data yet; others do
-        latency_keys = [k for c in result.candidates for k in c.latency if "_p" in k]
-        return "no_data" if latency_keys else "no_percentile"
-
     def _finish(
         self,
         req: RequestInfo,
@@ -278,7 +248,7 @@ class Router:
         # Building the explain costs ~10% of a decision: only on request (the
         # recent-decision ring builds it lazily for /explain).
         explain = (
-            _explain(req, result, self._picker.name) if result is not None and req.explain
+            build_explain(req, result, self._picker.name) if result is not None and req.explain
             else None
         )
         return Decision(
@@ -415,34 +385,3 @@ class Router:
         for e in events:
             self.transitions.append(e)
             self.counters[("transition", e.new)] += 1
-
-
-def _fallback_kind(decision: Decision, result: PipelineResult | None) -> str | None:
-    """Why a decision did not come from full, narrow-slice evidence (None: it did)."""
-    if decision.reason in ("unknown_model", "no_candidate"):
-        return "default_route"
-    if decision.reason == "panic":
-        return "panic"
-    if decision.reason in ("no_data", "no_percentile"):
-        return "first_candidate"
-    if result is not None and any(lv.fell_back for lv in result.chosen.latency.values()):
-        return "broader_slice"
-    return None
-
-
-def _explain(req: RequestInfo, result: PipelineResult, picker: str) -> Explain:
-    cands = []
-    for c in result.candidates:
-        used = next((lv for lv in c.latency.values() if lv.used is not None), None)
-        cands.append(
-            CandidateExplain(
-                cluster=c.name,
-                verdicts=dict(c.verdicts),
-                scores={k: round(v, 4) for k, v in c.scores.items()},
-                state=c.health.state,
-                weight=round(c.weight, 6),
-                stats_slice=used.used.label() if used and used.used else "",
-                fell_back=bool(used and used.fell_back),
-            )
-        )
-    return Explain(req.slice.label(), tuple(cands), picker, result.notes)

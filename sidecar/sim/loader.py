@@ -11,8 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from sidecar.config_file import load_config, read_yaml
 from sidecar.core.config import Config, ConfigError, parse_config
 from sidecar.sim.dists import parse_latency_ms
 from sidecar.sim.loader_workloads import resolve, workload
@@ -32,17 +31,7 @@ def load_scenario(
 ) -> Scenario:
     """Read ``path``; ``duration``/``seed``/``trace`` override the file (CLI, tests)."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ScenarioError(f"{p}: cannot read scenario: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ScenarioError(f"{p}: {where}invalid YAML: {problem}") from None
+    data = read_yaml(p, "scenario", ScenarioError)
     return parse_scenario(data, str(p), base=p.parent, duration=duration, seed=seed, trace=trace)
 
 
@@ -116,8 +105,6 @@ def _config(root: Reader, base: Path) -> Config:
     if has_inline == has_file:
         root.fail("give exactly one of 'config' (inline tailroute config) or 'config_file'")
     if has_file:
-        from sidecar.config_file import load_config
-
         return load_config(resolve(base, root.str_("config_file")))
     try:
         return parse_config(root.raw("config"), _CFG_TOKEN)

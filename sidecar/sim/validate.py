@@ -1,6 +1,7 @@
 """Strict reading of scenario YAML with errors naming the file and the field path.
 
-Same contract as :mod:`sidecar.core.config`: every problem raises
+Same contract as :mod:`sidecar.core.config` (built on its
+:class:`~sidecar.core.fields.FieldReader`): every problem raises
 :class:`ScenarioError` (a :class:`~sidecar.core.config.ConfigError`) whose
 message reads ``<file>: <field path>: <problem>``, e.g.
 ``burst.yaml: workloads[0].arrival.rate_per_s: must be > 0, got 0``.
@@ -12,54 +13,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, cast
 
-from sidecar.core.config import ConfigError
+from sidecar.core.fields import ConfigError, FieldReader
 
 
 class ScenarioError(ConfigError):
     """A mistake in a scenario file; the message names the file and the field path."""
 
 
-class Reader:
-    """Walks one mapping while remembering its field path (see module docstring)."""
+class Reader(FieldReader):
+    """Walks one mapping while remembering its field path (see module docstring).
 
-    def __init__(self, data: Any, source: str, path: str) -> None:
-        self.source = source
-        self.path = path
-        if data is None:
-            data = {}
-        if not isinstance(data, Mapping):
-            self.fail(f"expected a mapping, got {type(data).__name__}")
-        self.data: Mapping[str, Any] = data
-        self.used: set[str] = set()
+    Unlike the config file's reader, a key given as null counts as missing.
+    """
 
-    # ------------------------------------------------------------ plumbing
+    error = ScenarioError
 
-    def where(self, key: str | None = None) -> str:
-        if key is None:
-            return self.path or "<root>"
-        return f"{self.path}.{key}" if self.path else key
-
-    def fail(self, problem: str, key: str | None = None) -> Any:
-        raise ScenarioError(f"{self.source}: {self.where(key)}: {problem}")
-
-    def has(self, key: str) -> bool:
-        return key in self.data and self.data[key] is not None
-
-    def raw(self, key: str, default: Any = None) -> Any:
-        self.used.add(key)
-        return self.data.get(key, default)
-
-    def sub(self, key: str) -> Reader:
-        self.used.add(key)
-        return Reader(self.data.get(key), self.source, self.where(key))
-
-    def item(self, key: str, index: int, value: Any) -> Reader:
-        return Reader(value, self.source, f"{self.where(key)}[{index}]")
-
-    def done(self) -> None:
-        extra = sorted(str(k) for k in set(self.data) - self.used)
-        if extra:
-            self.fail(f"unknown field(s): {', '.join(extra)}")
+    def missing(self, key: str) -> bool:
+        return not self.has(key)
 
     # ------------------------------------------------------------ scalars
 
@@ -73,10 +43,10 @@ class Reader:
     ) -> float:
         """A number; ``default=None`` makes the field required."""
         self.used.add(key)
-        if key not in self.data or self.data[key] is None:
+        if self.missing(key):
             if default is None:
                 self.fail("required field is missing", key)
-            return float(cast(float, default))
+            return float(default)
         v = self.data[key]
         if isinstance(v, bool) or not isinstance(v, int | float):
             self.fail(f"must be a number, got {v!r}", key)
@@ -94,7 +64,7 @@ class Reader:
         self, key: str, lo: float | None = None, hi: float | None = None, gt: float | None = None
     ) -> float | None:
         self.used.add(key)
-        if self.data.get(key) is None:
+        if self.missing(key):
             return None
         return self.num(key, 0.0, lo=lo, hi=hi, gt=gt)
 
@@ -107,32 +77,25 @@ class Reader:
 
     def opt_int(self, key: str, lo: int | None = None, hi: int | None = None) -> int | None:
         self.used.add(key)
-        if self.data.get(key) is None:
+        if self.missing(key):
             return None
         return self.int_(key, 0, lo=lo, hi=hi)
-
-    def bool_(self, key: str, default: bool) -> bool:
-        self.used.add(key)
-        v = self.data.get(key, default)
-        if not isinstance(v, bool):
-            self.fail(f"must be true or false, got {v!r}", key)
-        return cast(bool, v)
 
     def str_(self, key: str, default: str | None = None) -> str:
         """A non-empty string; ``default=None`` makes the field required."""
         self.used.add(key)
-        if key not in self.data or self.data[key] is None:
+        if self.missing(key):
             if default is None:
                 self.fail("required field is missing", key)
-            return cast(str, default)
+            return default
         v = self.data[key]
         if not isinstance(v, str) or not v:
             self.fail(f"must be a non-empty string, got {v!r}", key)
-        return cast(str, v)
+        return v
 
     def opt_str(self, key: str) -> str | None:
         self.used.add(key)
-        if self.data.get(key) is None:
+        if self.missing(key):
             return None
         return self.str_(key)
 
@@ -144,17 +107,6 @@ class Reader:
         if v not in choices:
             self.fail(f"must be one of {', '.join(choices)}; got {v!r}", key)
         return cast(str, v)
-
-    def list_(self, key: str, required: bool = False) -> list[Any]:
-        self.used.add(key)
-        if self.data.get(key) is None:
-            if required:
-                self.fail("required field is missing", key)
-            return []
-        v = self.data[key]
-        if not isinstance(v, list):
-            self.fail(f"must be a list, got {type(v).__name__}", key)
-        return cast(list[Any], v)
 
     def str_list(self, key: str) -> tuple[str, ...]:
         out: list[str] = []

@@ -1,0 +1,76 @@
+"""How a routing decision is described: its reason, fallback kind and explain record.
+
+The :class:`~sidecar.core.router.Router` labels each decision with
+:func:`decision_reason` and :func:`fallback_kind` (bounded metric labels) and
+keeps :class:`RecentDecision` entries whose explain is built only when read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sidecar.core.pipeline import PipelineResult
+from sidecar.core.types import CandidateExplain, Decision, Explain, RequestInfo
+
+
+@dataclass(frozen=True, slots=True)
+class RecentDecision:
+    """One entry of the recent-decision ring; explain is built when someone reads it."""
+
+    at: float
+    request: RequestInfo
+    decision: Decision
+    result: PipelineResult | None = None
+    picker: str = ""
+
+    def explain(self) -> Explain | None:
+        if self.decision.explain is not None or self.result is None:
+            return self.decision.explain
+        return build_explain(self.request, self.result, self.picker)
+
+
+def decision_reason(result: PipelineResult, n_candidates: int) -> str:
+    """The decision reason of a pipeline result over ``n_candidates`` configured candidates."""
+    if result.panic:
+        return "panic"
+    if n_candidates == 1:
+        return "only_candidate"
+    ratio = result.chosen.scores.get("latency_ratio", 0.0)
+    if ratio > 0:
+        return "scored"
+    if any(c.scores.get("latency_ratio", 0.0) > 0 for c in result.candidates):
+        return "exploring"  # chosen route has no data yet; others do
+    latency_keys = [k for c in result.candidates for k in c.latency if "_p" in k]
+    return "no_data" if latency_keys else "no_percentile"
+
+
+def fallback_kind(decision: Decision, result: PipelineResult | None) -> str | None:
+    """Why a decision did not come from full, narrow-slice evidence (None: it did)."""
+    if decision.reason in ("unknown_model", "no_candidate"):
+        return "default_route"
+    if decision.reason == "panic":
+        return "panic"
+    if decision.reason in ("no_data", "no_percentile"):
+        return "first_candidate"
+    if result is not None and any(lv.fell_back for lv in result.chosen.latency.values()):
+        return "broader_slice"
+    return None
+
+
+def build_explain(req: RequestInfo, result: PipelineResult, picker: str) -> Explain:
+    """The explain record of a pipeline result (``/explain``, the explain header)."""
+    cands = []
+    for c in result.candidates:
+        used = next((lv for lv in c.latency.values() if lv.used is not None), None)
+        cands.append(
+            CandidateExplain(
+                cluster=c.name,
+                verdicts=dict(c.verdicts),
+                scores={k: round(v, 4) for k, v in c.scores.items()},
+                state=c.health.state,
+                weight=round(c.weight, 6),
+                stats_slice=used.used.label() if used and used.used else "",
+                fell_back=bool(used and used.fell_back),
+            )
+        )
+    return Explain(req.slice.label(), tuple(cands), picker, result.notes)

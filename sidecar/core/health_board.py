@@ -1,0 +1,144 @@
+"""Every route's health: the :class:`HealthBoard`.
+
+Holds a :class:`~sidecar.core.health.RouteHealth` only for routes that differ
+from a fresh healthy one, runs window verdicts, probe results and cooldown
+ticks through them, and snapshots them for warm restarts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection
+from typing import Any
+
+from sidecar.core.config import HealthConfig, SloConfig, StatsConfig
+from sidecar.core.health import HealthState, RouteHealth, WindowVerdict
+from sidecar.core.series import WindowSummary
+from sidecar.core.types import SliceKey, TransitionEvent
+
+_Step = Callable[[RouteHealth], list[TransitionEvent]]
+
+
+class HealthBoard:
+    """Every route's :class:`RouteHealth`; stores only routes that differ from a
+    fresh healthy one, so it is bounded by the series the caller evaluates."""
+
+    def __init__(self, cfg: HealthConfig, stats_cfg: StatsConfig) -> None:
+        self.cfg, self.stats_cfg = cfg, stats_cfg
+        self._routes: dict[tuple[str, SliceKey], RouteHealth] = {}
+
+    def peek(self, cluster: str, slice: SliceKey) -> RouteHealth | None:
+        """The stored state, or None for a (default) healthy route."""
+        return self._routes.get((cluster, slice))
+
+    def get(self, cluster: str, slice: SliceKey) -> RouteHealth:
+        """The state; a fresh healthy (unstored) one if none is kept. Read-only use."""
+        h = self._routes.get((cluster, slice))
+        return h if h is not None else RouteHealth(cluster, slice, self.cfg, self.stats_cfg, 0.0)
+
+    def reconfigure(self, cfg: HealthConfig, stats_cfg: StatsConfig) -> None:
+        """Config reload: keep every route's state, judge by the new thresholds."""
+        self.cfg, self.stats_cfg = cfg, stats_cfg
+        for h in self._routes.values():
+            h.cfg, h.stats_cfg = cfg, stats_cfg
+
+    def _run(
+        self, cluster: str, slice: SliceKey, now: float, step: _Step
+    ) -> list[TransitionEvent]:
+        key = (cluster, slice)
+        h = self._routes.get(key) or RouteHealth(cluster, slice, self.cfg, self.stats_cfg, now)
+        events = step(h)
+        if h.is_default:
+            self._routes.pop(key, None)
+        else:
+            self._routes[key] = h
+        return events
+
+    def evaluate(
+        self, cluster: str, slice: SliceKey, summary: WindowSummary, slo: SloConfig,
+        now: float, may_quarantine: bool = True,
+    ) -> list[TransitionEvent]:  # fmt: skip
+        """Apply the completed window ``summary`` (of ``slo.metric`` at ``slo.percentile``)."""
+        v = WindowVerdict.of(summary, slo)
+        return self._run(cluster, slice, now, lambda h: h.evaluate(v, now, may_quarantine))
+
+    def record_probe(
+        self, cluster: str, slice: SliceKey, ok: bool, now: float
+    ) -> list[TransitionEvent]:
+        """A probe finished; ignored unless the route is kept (it is probing then)."""
+        if (cluster, slice) not in self._routes:
+            return []
+        return self._run(cluster, slice, now, lambda h: h.record_probe(ok, now))
+
+    def tick(self, now: float) -> list[TransitionEvent]:
+        """Expire cooldowns (quarantined -> probing) and forgive old offences."""
+        events: list[TransitionEvent] = []
+        for (cluster, slice), h in list(self._routes.items()):
+            if h.offences or h.state is HealthState.QUARANTINED:
+                events += self._run(cluster, slice, now, lambda h: h.tick(now))
+        return events
+
+    def next_deadline(self) -> float | None:
+        """Earliest cooldown end, when :meth:`tick` has work; None if none pending."""
+        times = [t for h in self._routes.values() if (t := h.next_deadline()) is not None]
+        return min(times) if times else None
+
+    def items(self) -> list[tuple[tuple[str, SliceKey], RouteHealth]]:
+        """Stored (non-default) routes; any other route is healthy at weight 1."""
+        return list(self._routes.items())
+
+    def prune(self, live: Collection[tuple[str, SliceKey]]) -> int:
+        """Forget routes whose series are gone, except quarantined ones (cooldown pending)."""
+        dead = [k for k, h in self._routes.items() if k not in live and h.next_deadline() is None]
+        for k in dead:
+            del self._routes[k]
+        return len(dead)
+
+    def to_dict(self, now: float) -> dict[str, Any]:
+        return {"routes": [{"cluster": c, "slice": s.label(), "health": _route_to_dict(h, now)}
+                           for (c, s), h in self._routes.items()]}  # fmt: skip
+
+    @classmethod
+    def from_dict(
+        cls, data: dict[str, Any], cfg: HealthConfig, stats_cfg: StatsConfig, now: float
+    ) -> HealthBoard:
+        """Rebuild a :meth:`to_dict` snapshot as if taken at ``now``; ValueError if malformed."""
+        board = cls(cfg, stats_cfg)
+        try:
+            for r in data["routes"]:
+                c, s = str(r["cluster"]), SliceKey.parse(str(r["slice"]))
+                h = RouteHealth(c, s, cfg, stats_cfg, now)
+                _load_route(h, r["health"], now)
+                board._routes[(c, s)] = h
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"malformed health snapshot: {exc!r}") from exc
+        return board
+
+
+# ---------------------------------------------------------------- one route's snapshot
+
+_PLAIN = ("offences", "panic", "restore_base", "restore_from_circuit")  # snapshot verbatim
+_TIMES = ("since", "cooldown_until", "last_evidence", "healthy_since")  # snapshot as ages
+
+
+def _route_to_dict(h: RouteHealth, now: float) -> dict[str, Any]:
+    """JSON-safe; times as ages before ``now``, window index as sub-windows before it."""
+    k = math.floor(now / h.stats_cfg.subwindow_s)
+    out: dict[str, Any] = {f: getattr(h, f) for f in _PLAIN}
+    out |= {f: None if (t := getattr(h, f)) is None else now - t for f in _TIMES}
+    out["state"] = h.state.value
+    out["votes"] = {t.value: n for t, n in h.votes.items()}
+    out["last_index"] = None if h.last_index is None else k - h.last_index
+    return out
+
+
+def _load_route(h: RouteHealth, d: dict[str, Any], now: float) -> None:
+    """Inverse of :func:`_route_to_dict`; raises KeyError/ValueError/TypeError if malformed."""
+    k = math.floor(now / h.stats_cfg.subwindow_s)
+    for f in _PLAIN:
+        setattr(h, f, type(getattr(h, f))(d[f]))
+    for f in _TIMES:
+        setattr(h, f, None if d[f] is None else now - float(d[f]))
+    h.state = HealthState(d["state"])
+    h.votes = {HealthState(t): int(n) for t, n in d["votes"].items()}
+    h.last_index = None if d["last_index"] is None else k - int(d["last_index"])
