@@ -71,7 +71,7 @@ async def _one(client: Any, klass: str, rng: random.Random, t_start: float) -> S
             max_tokens=rng.randint(8, 24),
             extra_headers={"x-tailroute-class": klass},
         )
-        route = raw.headers.get("x-tailroute-route", "?")
+        route = raw.headers.get("x-fake-provider", "?")  # which simulated provider served it
         stream = raw.parse()
         async for ev in stream:
             if ttft is None and ev.choices and ev.choices[0].delta.content:
