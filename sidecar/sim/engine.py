@@ -59,7 +59,11 @@ class Simulation:
         scenario: Scenario,
         policy: str,
         progress: Callable[[float], None] | None = None,
+        *,
+        noise_seed: int | None = None,
     ) -> None:
+        """``noise_seed`` (default: the scenario's seed) seeds only the providers' service
+        draws and the policy's own randomness: the same traffic with independent noise."""
         sc = scenario
         self.sc = sc
         self.config = sc.config
@@ -69,11 +73,12 @@ class Simulation:
         self._seq = itertools.count()
         self._progress = progress
         seed = sc.seed
-        self.rng_policy = random.Random(f"{seed}:policy:{policy}")
+        noise = seed if noise_seed is None else noise_seed
+        self.rng_policy = random.Random(f"{noise}:policy:{policy}")
         self.rng_client = random.Random(f"{seed}:client")
         self.providers = {
             name: Provider(spec, [e for e in sc.events if e.provider == name],
-                           Stream(f"{seed}:provider:{name}"), self.push, self._attempt_end)
+                           Stream(f"{noise}:provider:{name}"), self.push, self._attempt_end)
             for name, spec in sc.providers.items()
         }
         self.policy: Policy = make_policy(policy, PolicyContext(sc.config, self.providers))
