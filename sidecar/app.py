@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from sidecar.core.config import Config
 from sidecar.core.router import Router
 from sidecar.core.timing import ResponseTimer
-from sidecar.core.types import Decision, RequestInfo, TransitionEvent
+from sidecar.core.types import Decision, TransitionEvent
 
 log = logging.getLogger("tailroute")
 
@@ -30,14 +30,12 @@ class Pending:
     """One routed request between decision and final observation."""
 
     rid: str
-    request: RequestInfo
     decision: Decision
     timer: ResponseTimer
     deadline: float
     observed: bool = True  # an observing stream was asked for (sampled)
     observer_attached: bool = False
     released: bool = False  # in-flight slot given back (the routing stream closed)
-    done: bool = False
 
 
 @dataclass(slots=True)
@@ -77,12 +75,6 @@ class App:
         self.pending[pending.rid] = pending
         self.router.started(pending.decision.cluster)
 
-    def release(self, rid: str) -> None:
-        """The request is over for capacity purposes (Envoy closed the routing stream)."""
-        p = self.pending.get(rid)
-        if p is not None:
-            self.release_pending(p)
-
     def route_closed(self, rid: str, now: float, cancelled: bool) -> None:
         """The routing stream ended, which Envoy does when the HTTP request is over.
 
@@ -93,18 +85,17 @@ class App:
         p = self.pending.get(rid)
         if p is None:
             return
-        self.release(rid)
+        self.release_pending(p)  # over for capacity purposes, measured or not
         if not p.observer_attached or p.timer.ended_at is not None:
             self.finalize(rid, now, cancelled=cancelled or p.timer.status is None)
         else:
             p.deadline = min(p.deadline, now + _OBSERVER_GRACE_S)
 
     def finalize(self, rid: str, now: float, cancelled: bool) -> None:
-        """Turn a request's timer into an observation; idempotent."""
+        """Turn a request's timer into an observation; idempotent (pops the request)."""
         p = self.pending.pop(rid, None)
-        if p is None or p.done:
+        if p is None:
             return
-        p.done = True
         self.release_pending(p)
         if not p.observed and p.timer.status is None:
             return  # not sampled for timing: nothing was measured
@@ -113,6 +104,7 @@ class App:
             self._log_events(self.router.observe(obs, now))
 
     def release_pending(self, p: Pending) -> None:
+        """Give the request's in-flight slot back once."""
         if not p.released:
             p.released = True
             self.router.finished(p.decision.cluster)

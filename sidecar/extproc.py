@@ -15,7 +15,7 @@ Routing stream (filter ``tailroute.route``), states and the messages each accept
     RESPONSE       --response_body*--------> RESPONSE      (only in "streamed" mode)
     any            --unexpected message----> answered with an empty CONTINUE, counted
 
-What the request gets (documented in docs/ext-proc.md):
+What the request gets (also the table in README.md, "Running it beside your Envoy"):
 
 * valid OpenAI-style request: CONTINUE with ``x-tailroute-cluster`` set
   (OVERWRITE_IF_EXISTS_OR_ADD, raw_value) and ``clear_route_cache``; the
@@ -37,7 +37,6 @@ import json
 import logging
 from dataclasses import replace
 from enum import Enum
-from typing import Any
 
 from sidecar.admission_shell import Hold, admission_response, timeout_header
 from sidecar.app import App, Pending
@@ -91,6 +90,21 @@ def _continue_headers() -> pb.ProcessingResponse:
     return pb.ProcessingResponse(request_headers=pb.HeadersResponse())
 
 
+def continue_unchanged(kind: str | None) -> pb.ProcessingResponse:
+    """The do-nothing answer matching a request message kind (unknown: response body)."""
+    if kind == "request_headers":
+        return _continue_headers()
+    if kind == "request_body":
+        return pb.ProcessingResponse(request_body=pb.BodyResponse())
+    if kind == "response_headers":
+        return pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+    if kind == "request_trailers":
+        return pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
+    if kind == "response_trailers":
+        return pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
+    return pb.ProcessingResponse(response_body=pb.BodyResponse())
+
+
 def immediate(status: int, message: str, kind: str, headers: dict[str, str] | None = None
               ) -> pb.ProcessingResponse:
     """An OpenAI-style JSON error answered by Envoy without calling any upstream."""
@@ -116,7 +130,6 @@ class RouteStream:
         self.rid: str | None = None
         self.info: RequestInfo | None = None
         self.decision: Decision | None = None
-        self._body: bytes | None = None
         self._parsed: ParsedBody | None = None
         self._is_body = False
         self._arrived = 0.0
@@ -142,17 +155,7 @@ class RouteStream:
         """Out-of-order or unknown message: answer harmlessly, never crash the stream."""
         self.app.errors[f"unexpected_{kind}_in_{self.phase.value}"] += 1
         log.warning("unexpected %s in phase %s", kind, self.phase.value)
-        if kind == "request_headers":
-            return _continue_headers()
-        if kind == "request_body":
-            return pb.ProcessingResponse(request_body=pb.BodyResponse())
-        if kind == "response_headers":
-            return pb.ProcessingResponse(response_headers=pb.HeadersResponse())
-        if kind == "request_trailers":
-            return pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
-        if kind == "response_trailers":
-            return pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
-        return pb.ProcessingResponse(response_body=pb.BodyResponse())
+        return continue_unchanged(kind)
 
     # -------------------------------------------------------------- request
 
@@ -197,7 +200,7 @@ class RouteStream:
                     return immediate(400, str(exc), "invalid_request_error")
         info = classify(cfg, self.headers, parsed, api)
         self.rid = app.new_rid()  # also the admission queue ticket
-        self.info, self._body, self._parsed, self._is_body = info, body, parsed, is_body
+        self.info, self._parsed, self._is_body = info, parsed, is_body
         self._classified = info
         self._arrived = now
         return self._answer(app.router.decide(info, now, app.rng, ticket=self.rid), now)
@@ -219,7 +222,7 @@ class RouteStream:
     def _answer(self, decision: Decision, now: float) -> pb.ProcessingResponse | Hold:
         """Turn a decision into Envoy's answer (sidecar.admission_shell has the table)."""
         app = self.app
-        info, body, parsed, is_body = self.info, self._body, self._parsed, self._is_body
+        info, parsed, is_body = self.info, self._parsed, self._is_body
         assert info is not None and self.rid is not None
         self.decision = decision
         if decision.admission == "queue":
@@ -241,18 +244,15 @@ class RouteStream:
         common = pb.CommonResponse(
             header_mutation=pb.HeaderMutation(set_headers=sets), clear_route_cache=True
         )
-        if parsed is not None and decision.upstream_model and body is not None:
-            new_body = _rewrite_model(body, decision.upstream_model)
-            if new_body is not None:
-                common.body_mutation.body = new_body
-                common.header_mutation.set_headers.append(
-                    _set("content-length", str(len(new_body)))
-                )
+        if parsed is not None and decision.upstream_model:
+            new_body = _rewrite_model(parsed, decision.upstream_model)
+            common.body_mutation.body = new_body
+            common.header_mutation.set_headers.append(_set("content-length", str(len(new_body))))
         timer = ResponseTimer(
             decision.cluster, info.slice, now, info.stream,
             is_retry=info.retry_attempt > 0 or decision.is_retry, is_probe=decision.is_probe,
         )
-        app.register(Pending(rid, info, decision, timer, app.deadline_for(decision, now),
+        app.register(Pending(rid, decision, timer, app.deadline_for(decision, now),
                              observed=observed))
         if is_body:
             return pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
@@ -346,15 +346,9 @@ class ObserveStream:
             self.app.finalize(p.rid, now, cancelled=True)
 
 
-def _rewrite_model(body: bytes, model: str) -> bytes | None:
-    try:
-        data: Any = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(data, dict):
-        return None
-    data["model"] = model
-    return json.dumps(data, separators=(",", ":")).encode()
+def _rewrite_model(parsed: ParsedBody, model: str) -> bytes:
+    """The request body with ``model`` replaced, from the document parsed at routing."""
+    return json.dumps({**parsed.document, "model": model}, separators=(",", ":")).encode()
 
 
 def explain_json(decision: Decision) -> str:

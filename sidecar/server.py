@@ -25,7 +25,7 @@ from prometheus_client import Histogram
 
 from sidecar.admission_shell import CapacitySignal, Hold
 from sidecar.app import App
-from sidecar.extproc import ObserveStream, RouteStream
+from sidecar.extproc import ObserveStream, RouteStream, continue_unchanged
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
@@ -100,8 +100,6 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             raise
         finally:
             self.active_streams -= 1
-            log.debug("stream closed at %.3f: %s rid=%s cancelled=%s", loop.time(),
-                      type(handler).__name__, getattr(handler, "rid", None), cancelled)
             if handler is not None:
                 try:
                     handler.close(loop.time(), cancelled=cancelled)
@@ -112,14 +110,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
 
 
 def _safe_continue(msg: pb.ProcessingRequest) -> pb.ProcessingResponse:
-    kind = msg.WhichOneof("request")
-    if kind == "request_body":
-        return pb.ProcessingResponse(request_body=pb.BodyResponse())
-    if kind == "response_headers":
-        return pb.ProcessingResponse(response_headers=pb.HeadersResponse())
-    if kind == "response_body":
-        return pb.ProcessingResponse(response_body=pb.BodyResponse())
-    return pb.ProcessingResponse(request_headers=pb.HeadersResponse())
+    return continue_unchanged(msg.WhichOneof("request"))
 
 
 async def start_grpc(

@@ -174,13 +174,17 @@ def test_unknown_model_goes_to_default_route(stack: Stack) -> None:
     assert raw.headers["x-fake-provider"] == "a"
 
 
+def _start_small(st: Stack, unix: str | None = None) -> None:
+    """A private stack of fast providers, the sidecar (TCP or Unix socket) and Envoy."""
+    ports = {n: st.start_provider(n, "10", "1", seed=i)
+             for i, n in enumerate(("a", "b", "c", "fixed"))}
+    st.start_sidecar(st.write_config(_config(ports)), unix=unix)
+    st.start_envoy(unix=unix)
+
+
 def test_sidecar_down_fails_open_to_default_route() -> None:
     with Stack() as st:
-        ports = {n: st.start_provider(n, "10", "1", seed=i)
-                 for i, n in enumerate(("a", "b", "c", "fixed"))}
-        path = st.write_config(_config(ports))
-        st.start_sidecar(path)
-        st.start_envoy()
+        _start_small(st)
         client = _client(st)
         assert client.chat.completions.create(model="m", messages=MSG, max_tokens=2).choices
         st.stop_sidecar()
@@ -195,12 +199,7 @@ def test_sidecar_down_fails_open_to_default_route() -> None:
 
 def test_sidecar_over_unix_socket() -> None:
     with Stack() as st:
-        ports = {n: st.start_provider(n, "10", "1", seed=i)
-                 for i, n in enumerate(("a", "b", "c", "fixed"))}
-        path = st.write_config(_config(ports))
-        sock = str(st.workdir / "extproc.sock")
-        st.start_sidecar(path, unix=sock)
-        st.start_envoy(unix=sock)
+        _start_small(st, unix=str(st.workdir / "extproc.sock"))
         raw = _client(st).chat.completions.with_raw_response.create(
             model="solo-b", messages=MSG, max_tokens=2, extra_headers={"x-tailroute-explain": "1"}
         )

@@ -147,3 +147,19 @@ def test_region_policy_is_a_hard_filter() -> None:
     r = _run(view, cfg=cfg)
     # Only a is allowed; even quarantined, panic may serve it, never b or c.
     assert r.chosen.name == "a" and r.panic
+
+
+@pytest.mark.parametrize(
+    ("latency_aware", "reason"),
+    [({}, "no_percentile"), ({"ttft_percentile": 95}, "no_data")],
+)
+def test_decision_reason_tells_no_percentile_from_no_data(
+    latency_aware: dict[str, int], reason: str
+) -> None:
+    """Both fall back to the first candidate; the reason says which (metrics label)."""
+    from sidecar.core.router import Router
+
+    cfg = parse_config(base_config_dict(algorithm={
+        "type": "latency_aware", "latency_aware": latency_aware}), "t.yaml")
+    d = Router(cfg).decide(_req(), 0.0, random.Random(1))
+    assert d.reason == reason

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.core.config import Config
@@ -91,6 +91,9 @@ class ParsedBody:
     stream: bool
     max_tokens: int | None
     input_tokens: int
+    # The decoded JSON object, kept so a model rewrite need not parse the body again.
+    # Treat as read-only: callers copy before changing it.
+    document: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 def parse_body(api: Api, body: bytes) -> ParsedBody:
@@ -126,7 +129,7 @@ def parse_body(api: Api, body: bytes) -> ParsedBody:
         chars = _text_chars(data.get("prompt"))
     else:
         chars = _text_chars(data.get("input")) + _text_chars(data.get("instructions"))
-    return ParsedBody(model, stream, max_tokens, approx_tokens(chars))
+    return ParsedBody(model, stream, max_tokens, approx_tokens(chars), data)
 
 
 def _int_header(headers: Mapping[str, str], name: str, lo: int, hi: int) -> int | None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sidecar.core.config import ModelConfig
+from sidecar.core.latency_aware import enabled_metrics
 from sidecar.core.pipeline import PipelineResult
 from sidecar.core.types import CandidateExplain, Decision, Explain, RequestInfo
 
@@ -29,19 +31,18 @@ class RecentDecision:
         return build_explain(self.request, self.result, self.picker)
 
 
-def decision_reason(result: PipelineResult, n_candidates: int) -> str:
-    """The decision reason of a pipeline result over ``n_candidates`` configured candidates."""
+def decision_reason(result: PipelineResult, model: ModelConfig) -> str:
+    """The decision reason of a pipeline result for ``model``."""
     if result.panic:
         return "panic"
-    if n_candidates == 1:
+    if len(model.candidates) == 1:
         return "only_candidate"
     ratio = result.chosen.scores.get("latency_ratio", 0.0)
     if ratio > 0:
         return "scored"
     if any(c.scores.get("latency_ratio", 0.0) > 0 for c in result.candidates):
         return "exploring"  # chosen route has no data yet; others do
-    latency_keys = [k for c in result.candidates for k in c.latency if "_p" in k]
-    return "no_data" if latency_keys else "no_percentile"
+    return "no_data" if enabled_metrics(model.latency_aware) else "no_percentile"
 
 
 def fallback_kind(decision: Decision, result: PipelineResult | None) -> str | None:

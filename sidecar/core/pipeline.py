@@ -51,8 +51,6 @@ class HealthView:
     weight: float  # 0..1, already resolved for the slice's class
     excluded_for_sensitive: bool  # restricted: latency-sensitive classes must not use it
     quarantined: bool  # circuit open (includes probing, except chosen probes)
-    probing: bool = False
-    probe_share: float = 0.0
 
 
 class RouteView(Protocol):

@@ -110,8 +110,6 @@ class Router:
             weight=h.weight_for(klass.latency_sensitive if klass else True),
             excluded_for_sensitive=h.excluded_for_sensitive,
             quarantined=h.state in _QUARANTINED,
-            probing=h.state is HealthState.PROBING,
-            probe_share=self.config.health.probe_share,
         )
 
     def inflight(self, cluster: str) -> int:
@@ -204,7 +202,7 @@ class Router:
                 cfg.default_cluster, "no_candidate", detail="hard filters left none"
             )
             return decision, None
-        reason = decision_reason(result, len(model.candidates))
+        reason = decision_reason(result, model)
         return self._finish(req, result.chosen.name, reason, klass, result), result
 
     def _maybe_probe(
