@@ -12,7 +12,7 @@ from sidecar.core.config import ConfigError
 
 
 def _cmd_serve(ns: argparse.Namespace) -> int:
-    from sidecar.config_file import load_config
+    from sidecar.ops.config_file import load_config
     from sidecar.serve import serve
 
     config = load_config(ns.config)
@@ -24,7 +24,7 @@ def _cmd_serve(ns: argparse.Namespace) -> int:
 
 
 def _cmd_check_config(ns: argparse.Namespace) -> int:
-    from sidecar.config_file import load_config
+    from sidecar.ops.config_file import load_config
 
     cfg = load_config(ns.file)
     print(
@@ -35,8 +35,8 @@ def _cmd_check_config(ns: argparse.Namespace) -> int:
 
 
 def _cmd_envoy_config(ns: argparse.Namespace) -> int:
-    from sidecar.config_file import load_config
-    from sidecar.envoy_config import render_bootstrap, to_yaml
+    from sidecar.ops.config_file import load_config
+    from sidecar.shell.bootstrap import render_bootstrap, to_yaml
 
     cfg = load_config(ns.config)
     text = to_yaml(render_bootstrap(cfg, grpc_target=ns.grpc, unix_socket=ns.unix,
@@ -50,25 +50,25 @@ def _cmd_envoy_config(ns: argparse.Namespace) -> int:
 
 
 def _cmd_status(ns: argparse.Namespace) -> int:
-    from sidecar.status_cli import run_status
+    from sidecar.ops.status_cli import run_status
 
     return run_status(ns.admin, watch=ns.watch, interval_s=ns.interval, show_all=ns.all)
 
 
 def _cmd_fake_provider(argv: list[str]) -> int:
-    from sidecar.fake_provider_cli import main
+    from sidecar.fake_provider.cli import main
 
     return main(argv)
 
 
 def _cmd_demo(ns: argparse.Namespace) -> int:
-    from sidecar.demo import run_demo
+    from sidecar.devtools.demo import run_demo
 
     return run_demo(duration_s=ns.duration, seed=ns.seed)
 
 
 def _cmd_bench(ns: argparse.Namespace) -> int:
-    from sidecar.bench import run_bench
+    from sidecar.devtools.bench import run_bench
 
     return run_bench(ns.what, requests=ns.requests, concurrency=ns.concurrency)
 

@@ -2,9 +2,9 @@
 
 Besides serving, the loop owns the operational chores:
 
-* hot reload on SIGHUP and on config file change (:mod:`sidecar.reload`);
+* hot reload on SIGHUP and on config file change (:mod:`sidecar.ops.reload`);
 * warm restart: load the snapshot before serving, rewrite it every
-  ``snapshot_every_s`` and once more after the final drain (:mod:`sidecar.snapshot`);
+  ``snapshot_every_s`` and once more after the final drain (:mod:`sidecar.ops.snapshot`);
 * graceful shutdown on SIGTERM/SIGINT: stop accepting, let in-flight streams
   finish for up to ``drain_s``, then snapshot and exit.
 """
@@ -22,13 +22,13 @@ from pathlib import Path
 
 import grpc
 
-from sidecar import snapshot
-from sidecar.admin import AdminServer
-from sidecar.app import App
 from sidecar.core.config import Config
-from sidecar.metrics import build_registry
-from sidecar.reload import ConfigReloader, watch_loop
-from sidecar.server import start_grpc, tick_loop
+from sidecar.ops import snapshot
+from sidecar.ops.admin import AdminServer
+from sidecar.ops.metrics import build_registry
+from sidecar.ops.reload import ConfigReloader, watch_loop
+from sidecar.shell.app import App
+from sidecar.shell.server import start_grpc, tick_loop
 
 log = logging.getLogger("tailroute")
 

@@ -1,6 +1,6 @@
 """Shared helpers for the operations tests: a real stack and bounded traffic through it.
 
-Every process is started through :class:`sidecar.harness.Stack`, which stops
+Every process is started through :class:`sidecar.devtools.harness.Stack`, which stops
 them all (TERM, then KILL) when the ``with`` block ends, and binds 127.0.0.1.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sidecar.harness import Stack
+from sidecar.devtools.harness import Stack
 
 T = TypeVar("T")
 MODEL = "ops-model"

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from sidecar.admission_shell import Hold
-from sidecar.app import App
 from sidecar.core.config import parse_config
-from sidecar.envoy_config import ROUTE_HEADER
-from sidecar.extproc import Phase, RouteStream
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from sidecar.shell.admission import Hold
+from sidecar.shell.app import App
+from sidecar.shell.bootstrap import ROUTE_HEADER
+from sidecar.shell.extproc import Phase, RouteStream
 from tests.conftest import base_config_dict
 from tests.streamharness import POST_CHAT, body_msg, chat_request, headers_msg, set_headers
 

@@ -68,7 +68,7 @@ def test_errors_name_file_and_field(path: str, value: Any, expect: str) -> None:
 
 
 def test_load_config_reports_yaml_line(tmp_path: Any) -> None:
-    from sidecar.config_file import load_config
+    from sidecar.ops.config_file import load_config
 
     p = tmp_path / "bad.yaml"
     p.write_text("clusters: [\n  {name: a\n")
@@ -79,7 +79,7 @@ def test_load_config_reports_yaml_line(tmp_path: Any) -> None:
 def test_example_config_is_valid() -> None:
     from pathlib import Path
 
-    from sidecar.config_file import load_config
+    from sidecar.ops.config_file import load_config
 
     cfg = load_config(Path(__file__).parents[1] / "envoy" / "tailroute.example.yaml")
     assert cfg.default_cluster == "provider-a"

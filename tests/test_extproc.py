@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from sidecar.app import App
 from sidecar.core.config import Config, parse_config
 from sidecar.core.types import SliceKey
-from sidecar.envoy_config import REQUEST_ID_HEADER, ROUTE_HEADER
-from sidecar.extproc import ObserveStream, RouteStream
+from sidecar.shell.app import App
+from sidecar.shell.bootstrap import REQUEST_ID_HEADER, ROUTE_HEADER
+from sidecar.shell.extproc import ObserveStream, RouteStream
 from tests.conftest import base_config_dict
 from tests.streamharness import (
     POST_CHAT,

@@ -1,4 +1,4 @@
-"""Tests for the simulated OpenAI-compatible provider (sidecar.fake_provider)."""
+"""Tests for the simulated OpenAI-compatible provider (sidecar.fake_provider.server)."""
 
 from __future__ import annotations
 
@@ -19,13 +19,13 @@ from typing import Any
 import openai
 import pytest
 
-from sidecar.fake_provider import MAX_BODY, FakeProvider, main
-from sidecar.fake_provider_latency import (
+from sidecar.fake_provider.latency import (
     ConfigError,
     LatencyDist,
     Profile,
     parse_schedule,
 )
+from sidecar.fake_provider.server import MAX_BODY, FakeProvider, main
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = Profile(ttft=LatencyDist(1.0), tpot=LatencyDist(1.0))
@@ -388,7 +388,7 @@ def test_main_rejects_bad_flags() -> None:
 def test_main_ready_file_and_sigterm(tmp_path: Path) -> None:
     ready = tmp_path / "port"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    code = "import sys; from sidecar.fake_provider import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from sidecar.fake_provider.server import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.Popen(
         [sys.executable, "-c", code, "--name", "cli", "--ttft-ms", "1", "--tpot-ms", "1:2",
          "--ready-file", str(ready), "--schedule", '[{"at_s": 0, "set": {"stall_ms": 3}}]'],

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.config_file import load_config
-from sidecar.envoy_config import render_bootstrap, to_yaml
-from sidecar.harness import envoy_binary
+from sidecar.devtools.harness import envoy_binary
+from sidecar.ops.config_file import load_config
+from sidecar.shell.bootstrap import render_bootstrap, to_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 

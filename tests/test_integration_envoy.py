@@ -21,7 +21,7 @@ from typing import Any
 import openai
 import pytest
 
-from sidecar.harness import Stack, http_json
+from sidecar.devtools.harness import Stack, http_json
 
 pytestmark = pytest.mark.envoy
 

@@ -18,7 +18,7 @@ from typing import Any
 import openai
 import pytest
 
-from sidecar.harness import Stack
+from sidecar.devtools.harness import Stack
 
 pytestmark = pytest.mark.envoy
 

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
-from sidecar.config_file import load_config
-from sidecar.envoy_config import render_bootstrap, to_yaml
-from sidecar.harness import envoy_binary
-from sidecar.metrics import METRIC_NAMES
+from sidecar.devtools.harness import envoy_binary
+from sidecar.ops.config_file import load_config
+from sidecar.ops.metrics import METRIC_NAMES
+from sidecar.shell.bootstrap import render_bootstrap, to_yaml
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 COMPOSE_GRPC = "172.30.117.20:50051"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.core import config as c
-from sidecar.metrics import METRIC_NAMES
+from sidecar.ops.metrics import METRIC_NAMES
 
 DOC = Path(__file__).resolve().parent.parent / "README.md"
 # Reference section heading -> the dataclasses whose fields it documents.

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar.harness import Stack, free_port
-from sidecar.metrics import METRIC_NAMES
+from sidecar.devtools.harness import Stack, free_port
+from sidecar.ops.metrics import METRIC_NAMES
 from tests.ops_stack import PROVIDERS, admin_get, drive, e2e_samples, start_stack, wait_for
 
 pytestmark = pytest.mark.envoy

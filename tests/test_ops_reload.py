@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-from sidecar.app import App
 from sidecar.core.config import parse_config
-from sidecar.harness import Stack
-from sidecar.reload import ConfigReloader
+from sidecar.devtools.harness import Stack
+from sidecar.ops.reload import ConfigReloader
+from sidecar.shell.app import App
 from tests.conftest import base_config_dict
 from tests.ops_stack import PROVIDERS, admin_get, drive, start_stack, wait_for
 

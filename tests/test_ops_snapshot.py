@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from sidecar import snapshot
 from sidecar.core.config import Config, parse_config
 from sidecar.core.health import HealthState
 from sidecar.core.router import Router
 from sidecar.core.types import Observation, SliceKey
-from sidecar.harness import Stack
-from sidecar.state import state_json
+from sidecar.devtools.harness import Stack
+from sidecar.ops import snapshot
+from sidecar.ops.state import state_json
 from tests.conftest import base_config_dict
 from tests.ops_stack import PROVIDERS, admin_get, drive, e2e_samples, start_stack, wait_for
 

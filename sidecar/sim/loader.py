@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sidecar.config_file import load_config, read_yaml
 from sidecar.core.config import Config, ConfigError, parse_config
+from sidecar.ops.config_file import load_config, read_yaml
 from sidecar.sim.dists import parse_latency_ms
 from sidecar.sim.loader_workloads import resolve, workload
 from sidecar.sim.scenario import EventSpec, ProviderSpec, Scenario, SliceMatch, WorkloadSpec

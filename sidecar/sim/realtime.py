@@ -140,7 +140,7 @@ def run_realtime(path: str | Path = VALIDATION_SCENARIO, *, seed: int | None = N
     ``seed`` overrides the scenario's (the traffic); ``noise_seed`` varies the fake
     providers' latency draws (the sidecar's picker is unseeded, as in production).
     """
-    from sidecar.harness import Stack
+    from sidecar.devtools.harness import Stack
 
     sc = load_scenario(path, seed=seed)
     check_realtime(sc)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar.config_file import read_yaml
+from sidecar.ops.config_file import read_yaml
 from sidecar.sim.dists import Lognormal, Stream
 from sidecar.sim.scenario import Scenario, WorkloadSpec
 from sidecar.sim.traffic import Source, arrivals

@@ -1,6 +1,6 @@
 """tailroute itself: the core :class:`~sidecar.core.router.Router`, driven like the server.
 
-The calls mirror the server shell (``sidecar.app`` / ``sidecar.extproc``):
+The calls mirror the server shell (``sidecar.shell.app`` / ``sidecar.shell.extproc``):
 
 * ``decide(request_info, now, rng)`` when the request is classified -- the
   :class:`~sidecar.core.types.RequestInfo` is what ``classify`` would build

@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.envoy_config import ObserveMode
-from sidecar.harness import Stack
+from sidecar.devtools.harness import Stack
+from sidecar.shell.bootstrap import ObserveMode
 
 _CLK = os.sysconf("SC_CLK_TCK")
 

@@ -19,10 +19,10 @@ Control JSON (every field optional; an invalid payload is rejected whole)::
 ``GET /control`` returns the settings and counters; ``GET /healthz`` is always 200.
 Every response carries ``x-fake-provider: <name>``.
 
-The connection layer lives in :mod:`sidecar.fake_provider_http`, the reply
-shapes in :mod:`sidecar.fake_provider_reply`, the latency profile in
-:mod:`sidecar.fake_provider_latency` and the command line in
-:mod:`sidecar.fake_provider_cli`.
+The connection layer lives in :mod:`sidecar.fake_provider.connection`, the reply
+shapes in :mod:`sidecar.fake_provider.reply`, the latency profile in
+:mod:`sidecar.fake_provider.latency` and the command line in
+:mod:`sidecar.fake_provider.cli`.
 """
 
 from __future__ import annotations
@@ -37,15 +37,15 @@ from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .fake_provider_cli import build_arg_parser, main
-from .fake_provider_http import MAX_BODY, ClientGone, Conn, HttpError, Request, chunk, response_head
-from .fake_provider_latency import (
+from .cli import build_arg_parser, main
+from .connection import MAX_BODY, ClientGone, Conn, HttpError, Request, chunk, response_head
+from .latency import (
     ConfigError,
     Profile,
     ScheduleEntry,
     split_control,
 )
-from .fake_provider_reply import Reply, error_body, prompt_tokens
+from .reply import Reply, error_body, prompt_tokens
 
 __all__ = ["MAX_BODY", "FakeProvider", "Profile", "build_arg_parser", "main"]
 

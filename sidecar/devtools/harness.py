@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from sidecar.core.config import Config, parse_config
-from sidecar.envoy_config import ObserveMode, render_bootstrap, to_yaml
+from sidecar.shell.bootstrap import ObserveMode, render_bootstrap, to_yaml
 
 
 def free_port() -> int:

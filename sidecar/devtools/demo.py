@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.harness import Stack
+from sidecar.devtools.harness import Stack
 
 PROVIDERS = {"provider-a": ("60:90", "4:6"), "provider-b": ("110:160", "5:7"),
              "provider-c": ("140:200", "5:8")}

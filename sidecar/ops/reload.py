@@ -24,9 +24,9 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from sidecar.app import App
-from sidecar.config_file import load_config
 from sidecar.core.config import Config, ConfigError
+from sidecar.ops.config_file import load_config
+from sidecar.shell.app import App
 
 log = logging.getLogger("tailroute.reload")
 

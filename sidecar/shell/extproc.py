@@ -23,7 +23,7 @@ What the request gets (also the table in README.md, "Running it beside your Envo
   ``x-envoy-upstream-rq-timeout-ms`` is the remaining budget (class timeout or
   the caller's deadline);
 * not admitted (defer 429, shed/reject 503, skip 412) or held (queue): see
-  :mod:`sidecar.admission_shell` and docs/admission.md;
+  :mod:`sidecar.shell.admission` and docs/admission.md;
 * body that is not JSON / not an object / has mistyped fields on an LLM API
   path: 400 ImmediateResponse with an OpenAI-style error JSON (the request
   itself is invalid, every upstream would refuse it);
@@ -38,15 +38,15 @@ import logging
 from dataclasses import replace
 from enum import Enum
 
-from sidecar.admission_shell import Hold, admission_response, timeout_header
-from sidecar.app import App, Pending
 from sidecar.core.classify import BadRequest, ParsedBody, api_for_path, classify, parse_body
 from sidecar.core.timing import ResponseTimer
 from sidecar.core.types import Decision, RequestInfo
-from sidecar.envoy_config import REQUEST_ID_HEADER, ROUTE_HEADER
 from sidecar.pb.envoy.config.core.v3 import base_pb2
 from sidecar.pb.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm_pb2
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from sidecar.shell.admission import Hold, admission_response, timeout_header
+from sidecar.shell.app import App, Pending
+from sidecar.shell.bootstrap import REQUEST_ID_HEADER, ROUTE_HEADER
 
 log = logging.getLogger("tailroute.extproc")
 
@@ -220,7 +220,7 @@ class RouteStream:
         return self._answer(self.app.router.decide(info, now, self.app.rng, ticket=self.rid), now)
 
     def _answer(self, decision: Decision, now: float) -> pb.ProcessingResponse | Hold:
-        """Turn a decision into Envoy's answer (sidecar.admission_shell has the table)."""
+        """Turn a decision into Envoy's answer (sidecar.shell.admission has the table)."""
         app = self.app
         info, parsed, is_body = self.info, self._parsed, self._is_body
         assert info is not None and self.rid is not None

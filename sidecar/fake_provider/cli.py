@@ -1,6 +1,6 @@
 """Command line of the fake provider: ``tailroute fake-provider``.
 
-Runs one :class:`~sidecar.fake_provider.FakeProvider` until SIGTERM/SIGINT and
+Runs one :class:`~sidecar.fake_provider.server.FakeProvider` until SIGTERM/SIGINT and
 can announce the bound port through a ready file.
 """
 
@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .fake_provider_latency import ConfigError, Profile, parse_schedule
+from .latency import ConfigError, Profile, parse_schedule
 
 if TYPE_CHECKING:
-    from .fake_provider import FakeProvider
+    from .server import FakeProvider
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = {"ttft_ms": args.ttft_ms, "tpot_ms": args.tpot_ms, "error_rate": args.error_rate,
                 "stall_ms": args.stall_ms}
-    from .fake_provider import FakeProvider  # late: that module re-exports this one's main
+    from .server import FakeProvider  # late: that module re-exports this one's main
 
     try:
         profile = Profile().updated({k: v for k, v in settings.items() if v is not None})

@@ -27,8 +27,8 @@ from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from sidecar.app import App
-from sidecar.state import explain_recent, state_json
+from sidecar.ops.state import explain_recent, state_json
+from sidecar.shell.app import App
 
 log = logging.getLogger("tailroute.admin")
 Handler = Callable[[dict[str, list[str]]], tuple[int, str, bytes]]
@@ -99,7 +99,7 @@ class AdminServer:
         return 200, "application/json", json.dumps(explain_recent(self.app.router, limit)).encode()
 
     def _page(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
-        html = resources.files("sidecar").joinpath("static/status.html").read_bytes()
+        html = resources.files("sidecar.ops").joinpath("static/status.html").read_bytes()
         return 200, "text/html; charset=utf-8", html
 
     async def _conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -23,11 +23,11 @@ from typing import Any
 import grpc
 from prometheus_client import Histogram
 
-from sidecar.admission_shell import CapacitySignal, Hold
-from sidecar.app import App
-from sidecar.extproc import ObserveStream, RouteStream, continue_unchanged
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from sidecar.shell.admission import CapacitySignal, Hold
+from sidecar.shell.app import App
+from sidecar.shell.extproc import ObserveStream, RouteStream, continue_unchanged
 
 log = logging.getLogger("tailroute.server")
 
