@@ -19,12 +19,10 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
-
-from sidecar.sim.validate import Reader
 
 Z99 = 2.3263478740408408
 TAIL_CAP = 10.0
@@ -50,7 +48,7 @@ class Stream:
     matters on the per-request path.
     """
 
-    __slots__ = ("_gen", "_n", "_ni", "_r", "_ri", "_u", "_ui")
+    __slots__ = ("_gen", "_n", "_ni", "_r", "_ri", "_u", "_ui", "_w", "_wi")
 
     def __init__(self, name: str) -> None:
         seed = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
@@ -61,6 +59,8 @@ class Stream:
         self._ni = 0
         self._r: list[list[float]] = []
         self._ri = 0
+        self._w: list[list[float]] = []
+        self._wi = 0
 
     def random(self) -> float:
         """Uniform in [0, 1)."""
@@ -95,6 +95,24 @@ class Stream:
             i = 0
         self._ri = i + 1
         row: list[float] = self._r[i]
+        return row
+
+    def wide_row(self) -> list[float]:
+        """Seven variates: ``[u, u, z, z, u, u, u]`` -- :meth:`row` plus two uniforms that
+        pick the part of a heavy-tailed TTFT and TPOT distribution
+        (:mod:`sidecar.sim.heavy`). Only providers that need them draw wide rows, so
+        the streams of scenarios without heavy tails are unchanged."""
+        i = self._wi
+        if i >= len(self._w):
+            g = self._gen
+            block = np.empty((_BLOCK, 7))
+            block[:, 0:2] = g.random((_BLOCK, 2))
+            block[:, 2:4] = g.standard_normal((_BLOCK, 2))
+            block[:, 4:7] = g.random((_BLOCK, 3))
+            self._w = block.tolist()
+            i = 0
+        self._wi = i + 1
+        row: list[float] = self._w[i]
         return row
 
     def normals(self, n: int) -> npt.NDArray[np.float64]:
@@ -167,46 +185,3 @@ class TokenDist:
     @property
     def median(self) -> int:
         return max(self.lo, min(self.hi, round(self.dist.median)))
-
-
-def parse_latency_ms(r: Reader, key: str, default: float | None) -> Lognormal:
-    """``key: 300`` (fixed ms) or ``key: {median: 300, p99: 900}``; returned in seconds."""
-    raw: Any = r.raw(key)
-    if raw is None:
-        if default is None:
-            r.fail("required field is missing", key)
-        return Lognormal(float(default or 0.0) / 1000.0, float(default or 0.0) / 1000.0)
-    if isinstance(raw, int | float) and not isinstance(raw, bool):
-        ms = r.num(key, lo=0)
-        return Lognormal(ms / 1000.0, ms / 1000.0)
-    s = r.sub(key)
-    median = s.num("median", gt=0)
-    p99 = s.num("p99", median, lo=0)
-    s.done()
-    if p99 < median:
-        s.fail(f"must be >= median ({median:g}), got {p99:g}", "p99")
-    return Lognormal(median / 1000.0, p99 / 1000.0)
-
-
-def parse_tokens(r: Reader, key: str, default: int | None) -> TokenDist:
-    """``key: 200`` (fixed) or ``key: {median: 200, p99: 2000, min: 1, max: 8192}``."""
-    raw: Any = r.raw(key)
-    if raw is None:
-        if default is None:
-            r.fail("required field is missing", key)
-        d = float(default or 1)
-        return TokenDist(Lognormal(d, d))
-    if isinstance(raw, int | float) and not isinstance(raw, bool):
-        n = r.int_(key, lo=1)
-        return TokenDist(Lognormal(float(n), float(n)), n, n)
-    s = r.sub(key)
-    median = s.num("median", gt=0)
-    p99 = s.num("p99", median, lo=0)
-    lo = s.int_("min", 1, lo=1)
-    hi = s.int_("max", 1_000_000, lo=1)
-    s.done()
-    if p99 < median:
-        s.fail(f"must be >= median ({median:g}), got {p99:g}", "p99")
-    if hi < lo:
-        s.fail(f"must be >= min ({lo}), got {hi}", "max")
-    return TokenDist(Lognormal(median, p99), lo, hi)

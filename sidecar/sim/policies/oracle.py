@@ -73,9 +73,10 @@ def _predict(prov: Provider, att: Attempt, draws: Draws, now: float, limit: floa
     """The class's SLO metric this attempt would realise on ``prov``; None if it fails."""
     call = att.call
     spec = prov.spec
-    u_err, u_stall, z1, z2, u_tail = draws
-    f1, f2, err, stall, outage, _ = prov.effects(att, now, u_tail)
-    if outage or u_err < err or u_stall < stall:
+    f1, f2, err, stall, outage, _, mix = prov.effects(att, now, draws[4])
+    if outage or draws[0] < err or draws[1] < stall:
+        return None
+    if mix and prov.error_for(draws[0], err, mix, draws[2], 0.5) is not None:
         return None
     cap = prov.capacity(now)
     wait, busy = 0.0, prov.busy
@@ -85,7 +86,7 @@ def _predict(prov: Provider, att: Attempt, draws: Draws, now: float, limit: floa
         wait = _queue_wait(prov, now, cap) - now
         busy = cap - 1
     slow = 1.0 + spec.contention * busy / spec.capacity
-    service_ttft, tpot = prov.service_times(att, z1, z2, slow * f1, slow * f2)
+    service_ttft, tpot = prov.service_times(att, draws, slow * f1, slow * f2)
     ttft = wait + service_ttft
     e2e = ttft + tpot * (call.output_tokens - 1)
     first_byte = ttft if call.stream else e2e
