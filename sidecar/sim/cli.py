@@ -30,7 +30,7 @@ from sidecar.core.config import ConfigError
 from sidecar.sim.gen_families import FAMILIES
 from sidecar.sim.gen_run import family_lines, generate, run_generated, write_yaml
 from sidecar.sim.policies import DEFAULT_POLICIES, POLICY_NAMES
-from sidecar.sim.runner import StderrProgress, run_suite, scenario_files
+from sidecar.sim.runner import SCHEMA_VERSION, StderrProgress, run_suite, scenario_files
 from sidecar.sim.tables import suite_lines, text_table
 
 
@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--generate", type=_positive_int, metavar="N",
                      help="N randomized scenarios drawn from the families (docs/scenarios.md)")
     _common(s)
-    s.add_argument("--json", action="store_true", help="print the JSON document (schema 1)")
+    s.add_argument("--json", action="store_true",
+                   help=f"print the JSON document (schema {SCHEMA_VERSION})")
     s.add_argument("--out", metavar="FILE", help="also write the JSON document here")
     g = s.add_argument_group("generated scenarios (with --generate)")
     g.add_argument("--family-seed", type=int, default=1, metavar="S",
@@ -155,9 +156,9 @@ def _cmd_report(ns: argparse.Namespace) -> int:
 
     if ns.from_json:
         doc = json.loads(Path(ns.from_json).read_text(encoding="utf-8"))
-        if doc.get("schema_version") != 1:
+        if doc.get("schema_version") not in (1, SCHEMA_VERSION):
             raise ConfigError(f"{ns.from_json}: unsupported schema_version "
-                              f"{doc.get('schema_version')!r} (expected 1)")
+                              f"{doc.get('schema_version')!r} (expected 1 or {SCHEMA_VERSION})")
     else:
         doc = _run(ns, scenario_files(ns.suite or None), keep_going=True)
     md = write_report(doc, Path(ns.out))

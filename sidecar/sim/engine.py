@@ -91,7 +91,8 @@ class Simulation:
             else self.policy.on_result
         self._needs_tick = self.policy.needs_tick
         self._prices = {n: p.cost_per_1k_tokens for n, p in sc.providers.items()}
-        self.metrics = Metrics(sc.config, sc.warmup, sc.duration, sc.bucket, self.horizon)
+        self.metrics = Metrics(sc.config, sc.warmup, sc.duration, sc.bucket, self.horizon,
+                               [wl.name for wl in sc.workloads])
         self._slices: dict[tuple[str, str, str, bool], SliceKey] = {}
         self._candidates = {m.name: m.candidates for m in sc.config.models}
         self._ids = itertools.count()
@@ -109,6 +110,10 @@ class Simulation:
             src = Source(wl, arrivals(wl.arrival, rng, wl.start, end, sc.source), seed)
             self._sources[wl.name] = src
             self._next_arrival(src)
+        if callable(getattr(self.policy, "route_state", None)):
+            # the policy's view of each route at the end of every bucket (state series)
+            for b in range(math.ceil(sc.duration / sc.bucket)):
+                self.push(min((b + 1) * sc.bucket, sc.duration) - 1e-9, self._sample, None)
         for prov in self.providers.values():
             for ev in prov.cap_events:
                 for lo, hi in ev.windows(self.horizon):
@@ -144,6 +149,9 @@ class Simulation:
         if callable(stats):
             out["policy_stats"] = stats()
         return out
+
+    def _sample(self, _: Any) -> None:
+        self.metrics.sample_states(self.now, self.policy)  # type: ignore[arg-type]
 
     def _pump(self, prov: Provider) -> None:
         prov.pump(self.now)

@@ -51,9 +51,9 @@ class Workflow:
 
 class Call:
     __slots__ = ("attempts", "candidates", "cls", "cost", "deadline", "end_at", "first_token_at",
-                 "hold_limit", "id", "input_tokens", "klass", "max_tokens", "model",
-                 "output_tokens", "retries_left", "scored", "slice", "start", "step", "stream",
-                 "tpot_s", "user_cancel_at", "wl", "workflow")
+                 "group", "hold_limit", "id", "input_tokens", "klass", "max_tokens", "model",
+                 "output_tokens", "retries_left", "rows", "scored", "slice", "start", "step",
+                 "stream", "tpot_s", "user_cancel_at", "wl", "workflow")
 
     def __init__(
         self,
@@ -94,6 +94,9 @@ class Call:
         self.tpot_s: float | None = None
         self.cost = 0.0
         self.hold_limit: float | None = None  # client gives up while held by "queue"
+        # the metrics' counters for this call's slice and its group (set on first use)
+        self.rows: dict[str, list[int]] | None = None
+        self.group = -1
 
 
 class Attempt:

@@ -14,7 +14,10 @@ Every policy sees the same thing a router in the request path would see:
 * ``tick(now)`` at the times ``next_deadline()`` asks for (only when
   ``needs_tick``);
 * optionally ``queue_until(call)`` / ``withdraw(call)``, for policies whose
-  ``choose`` may answer ``queue`` (see :mod:`sidecar.sim.engine`).
+  ``choose`` may answer ``queue`` (see :mod:`sidecar.sim.engine`);
+* optionally ``route_state(cluster, slice) -> (state, weight) | None``: how the
+  policy sees a route (a pure read), sampled at the end of every time bucket
+  for the ``route_state`` series.
 
 Policies must draw randomness only from the ``rng`` they are given (or one
 they were built with), so a run is reproducible for a seed.
