@@ -126,6 +126,52 @@ class Stream:
         return min(int(self.random() * n), n - 1)
 
 
+class KeyedRows:
+    """Service variates addressed by a request's key instead of drawn in sequence.
+
+    Row ``k`` of ``KeyedRows("7:service:a:chat")`` is always the same, whatever
+    was drawn before: rows come in blocks of 4096, and block ``b`` is generated
+    from its own PCG64 seeded with a SHA-256 of ``f"{name}:{b}"``. A provider
+    keys each attempt by (its workload, the call's policy-independent key, the
+    attempt number), so the same request meets the same luck on a provider
+    under every policy (common random numbers for service, not only for
+    arrivals) and the oracle sees exactly the draws any policy would get.
+    Rows are :meth:`Stream.row` (5 variates) or :meth:`Stream.wide_row` (7).
+    """
+
+    __slots__ = ("_blocks", "name", "width")
+    _KEEP = 8  # blocks kept (recent keys); older ones are regenerated when asked for
+
+    def __init__(self, name: str, width: int = 5) -> None:
+        self.name = name
+        self.width = width
+        self._blocks: dict[int, list[list[float]]] = {}
+
+    def row(self, key: int) -> list[float]:
+        b = key >> 12
+        blk = self._blocks.get(b)
+        if blk is None:
+            blk = self._block(b)
+        row: list[float] = blk[key & 4095]
+        return row
+
+    def _block(self, b: int) -> list[list[float]]:
+        blocks = self._blocks
+        if len(blocks) >= self._KEEP:
+            del blocks[min(blocks)]
+        seed = int.from_bytes(hashlib.sha256(f"{self.name}:{b}".encode()).digest()[:8],
+                              "little")
+        g = np.random.Generator(np.random.PCG64(seed))
+        w = self.width
+        arr = np.empty((_BLOCK, w))
+        arr[:, 0:2] = g.random((_BLOCK, 2))
+        arr[:, 2:4] = g.standard_normal((_BLOCK, 2))
+        arr[:, 4:w] = g.random((_BLOCK, w - 4))
+        blk: list[list[float]] = arr.tolist()
+        blocks[b] = blk
+        return blk
+
+
 @dataclass(frozen=True, slots=True)
 class Lognormal:
     """A lognormal from median and p99 (same unit); ``sigma == 0`` is a fixed value."""

@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from sidecar.sim.dists import TAIL_CAP, Lognormal, Stream, Variates
+from sidecar.sim.dists import TAIL_CAP, KeyedRows, Lognormal, Stream, Variates
 from sidecar.sim.heavy import HeavyTailed, latency_value
 from sidecar.sim.records import CLIENT, DONE, QUEUED, ROUTE, SERVING, USER, Attempt
 from sidecar.sim.scenario import ErrorSpec, EventSpec, ProviderSpec
@@ -68,7 +68,10 @@ class Provider:
         rng: Variates,
         push: Push,
         on_end: Callable[[Attempt], None],
+        keyed: str | None = None,
     ) -> None:
+        """``keyed``: name prefix of the keyed service draws (:class:`KeyedRows`); without
+        it (or for calls without a ``draw_key``) draws come from ``rng`` in sequence."""
         self.spec = spec
         self.name = spec.name
         self.events = events
@@ -104,6 +107,8 @@ class Provider:
         self._row: Callable[[], list[float]] | None = None
         if isinstance(rng, Stream):
             self._row = rng.wide_row if self.wide else rng.row
+        self._keyed = keyed
+        self._tables: dict[str, KeyedRows] = {}
 
     # ------------------------------------------------------------ state
 
@@ -179,9 +184,22 @@ class Provider:
         ttft = (self._ttft_med + self._per_token_prefill * att.call.input_tokens) * n1 * k1
         return ttft, self._tpot_med * n2 * k2
 
+    def draw_for(self, att: Attempt) -> list[float]:
+        """The service variates of ``att`` on this provider: the keyed row of (its workload,
+        its call's ``draw_key``, its attempt number) -- the same under every policy --
+        or the next sequential row for calls without a key."""
+        c = att.call
+        if self._keyed is None or c.draw_key < 0:
+            return self._row() if self._row is not None else self.draw()
+        t = self._tables.get(c.wl.name)
+        if t is None:
+            t = self._tables[c.wl.name] = KeyedRows(f"{self._keyed}:{c.wl.name}",
+                                                    7 if self.wide else 5)
+        return t.row(c.draw_key * 32 + (att.n if att.n < 31 else 31))
+
     def draw(self) -> list[float]:
-        """One request's service variates: ``[u_error, u_stall, z_ttft, z_tpot, u_tail]``
-        plus ``[u_ttft_part, u_tpot_part]`` when :attr:`wide`."""
+        """One request's service variates in sequence: ``[u_error, u_stall, z_ttft, z_tpot,
+        u_tail]`` plus ``[u_ttft_part, u_tpot_part]`` when :attr:`wide`."""
         if self._row is not None:
             return self._row()
         r = self.rng
@@ -233,7 +251,7 @@ class Provider:
         att.state = SERVING
         d = att.draws
         if d is None:
-            d = self._row() if self._row is not None else self.draw()
+            d = self.draw_for(att)
         u_err, z1 = d[0], d[2]
         mix: Mix = self._base_mix
         if self._deg_events:

@@ -31,8 +31,8 @@ ROUTE, CLIENT, USER = "route", "client", "user"
 
 
 class Workflow:
-    __slots__ = ("cost", "deadline", "done", "failed", "pending", "plan", "scored", "stage",
-                 "start", "wl")
+    __slots__ = ("cost", "deadline", "done", "failed", "key", "pending", "plan", "scored",
+                 "stage", "start", "wl")
 
     def __init__(self, wl: WorkloadSpec, start: float, deadline: float, scored: bool) -> None:
         self.wl = wl
@@ -44,16 +44,18 @@ class Workflow:
         self.failed = False
         self.done = False
         self.cost = 0.0
+        self.key = 0  # draw key of its first call; the others follow in plan order
         # per stage, per parallel call: (input tokens, output tokens), drawn at arrival so
         # every policy sees the same workflow (common random numbers)
         self.plan: list[list[tuple[int, int]]] = []
 
 
 class Call:
-    __slots__ = ("attempts", "candidates", "cls", "cost", "deadline", "end_at", "first_token_at",
-                 "group", "hold_limit", "id", "input_tokens", "klass", "max_tokens", "model",
-                 "output_tokens", "retries_left", "rows", "scored", "slice", "start", "step",
-                 "stream", "tpot_s", "user_cancel_at", "wl", "workflow")
+    __slots__ = ("attempts", "candidates", "cls", "cost", "deadline", "draw_key", "end_at",
+                 "first_token_at", "group", "hold_limit", "id", "input_tokens", "klass",
+                 "max_tokens", "model", "output_tokens", "retries_left", "rows", "scored",
+                 "slice", "start", "step", "stream", "tpot_s", "user_cancel_at", "wl",
+                 "workflow")
 
     def __init__(
         self,
@@ -69,8 +71,11 @@ class Call:
         candidates: tuple[str, ...],
         start: float,
         scored: bool,
+        draw_key: int = -1,
     ) -> None:
         self.id = cid
+        # policy-independent identity for the providers' keyed service draws (-1: none)
+        self.draw_key = draw_key
         self.wl = wl
         self.cls = cls
         self.klass = cls.name

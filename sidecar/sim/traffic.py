@@ -175,7 +175,7 @@ def _trace(spec: Trace, start: float, end: float, source: str) -> Iterator[Arriv
 class Source:
     """One workload's arrival stream and its private random streams."""
 
-    __slots__ = ("_i", "_inp", "_out", "cancel_rng", "gen", "tok_rng", "wl")
+    __slots__ = ("_i", "_inp", "_out", "arrived", "cancel_rng", "gen", "tok_rng", "wl")
 
     def __init__(self, wl: WorkloadSpec, gen: Iterator[ArrivalItem], seed: int) -> None:
         self.wl = wl
@@ -185,6 +185,7 @@ class Source:
         self._inp: list[int] = []
         self._out: list[int] = []
         self._i = 0
+        self.arrived = 0  # arrivals so far: the next one's ordinal (its draw key)
 
     def tokens(self) -> tuple[int, int]:
         """The next (input, output) token counts of the workload's distributions.
