@@ -79,7 +79,7 @@ class Simulation:
         self.providers = {
             name: Provider(spec, [e for e in sc.events if e.provider == name],
                            Stream(f"{noise}:provider:{name}"), self.push, self._attempt_end,
-                           keyed=f"{noise}:service:{name}")
+                           keyed=f"{noise}:service:{name}", horizon=self.horizon)
             for name, spec in sc.providers.items()
         }
         self.policy: Policy = make_policy(policy, PolicyContext(sc.config, self.providers))

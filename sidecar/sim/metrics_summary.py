@@ -76,9 +76,12 @@ class _Log:
         self.scored: BArr = _SCORED[self.kind]
         self.bucket: IArr = np.minimum((self.start / m.bucket).astype(np.int64),
                                        m.n_buckets - 1)
+        self.n_groups = max(len(m.groups), 1)
 
     def where(self, groups: Iterable[int]) -> BArr:
-        return np.isin(self.group, np.fromiter(groups, dtype=np.int64))
+        member = np.zeros(self.n_groups, dtype=np.bool_)
+        member[np.fromiter(groups, dtype=np.int64)] = True
+        return member[self.group]
 
 
 def summarize(m: Metrics, peaks: dict[str, float]) -> dict[str, Any]:
@@ -264,9 +267,12 @@ def _series(m: Metrics, lg: _Log, share: dict[str, list[int]],
         has_metric = sel & (lg.kind == 0) & ~np.isnan(lg.metric)
         bs, vs = lg.bucket[has_metric], lg.metric[has_metric]
         if bs.size:
+            order = np.argsort(bs, kind="stable")
+            bs, vs = bs[order], vs[order]
+            edges = np.searchsorted(bs, [first_b, *[b + 1 for b in rng]])
             row: list[float | None] = []
-            for b in rng:
-                picked = vs[bs == b]
+            for i in range(len(rng)):
+                picked = vs[edges[i]:edges[i + 1]]
                 row.append(_r(float(np.percentile(picked, 99))) if picked.size else None)
             p99[name] = row
         sb = lg.bucket[sel & lg.scored]

@@ -30,9 +30,10 @@ Model (per provider, all times in seconds):
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from sidecar.sim.dists import TAIL_CAP, KeyedRows, Lognormal, Stream, Variates
 from sidecar.sim.heavy import HeavyTailed, latency_value
@@ -46,16 +47,11 @@ Draws = list[float]
 Mix = tuple[tuple[float, ErrorSpec], ...]
 
 
-class Effects(NamedTuple):
-    """What the active degradation events do to one request now."""
-
-    ttft_factor: float
-    tpot_factor: float
-    error_rate: float  # the provider's own share (the highest active error_rate)
-    stall_rate: float
-    outage: bool
-    degraded: bool  # some event matched (for the degraded-share metric)
-    mix: Mix  # status mix parts after error_rate, in order
+#: What the active degradation events do to one request now: ``(ttft factor, tpot factor,
+#: error rate (the provider's own share: the highest active one), stall rate, outage,
+#: degraded (some event matched: the degraded-share metric), status mix parts after the
+#: error rate, in order)``. A plain tuple: it is built per request.
+Effects = tuple[float, float, float, float, bool, bool, Mix]
 
 
 class Provider:
@@ -69,6 +65,7 @@ class Provider:
         push: Push,
         on_end: Callable[[Attempt], None],
         keyed: str | None = None,
+        horizon: float = math.inf,
     ) -> None:
         """``keyed``: name prefix of the keyed service draws (:class:`KeyedRows`); without
         it (or for calls without a ``draw_key``) draws come from ``rng`` in sequence."""
@@ -86,6 +83,8 @@ class Provider:
         self.cap_events = [e for e in events if e.capacity is not None]
         # Events that change how a request is served (a pure capacity change does not).
         self._deg_events = [e for e in events if _degrades(e)]
+        # Their windows merged, to tell "no event active now" cheaply (most requests).
+        self._quiet_lo, self._quiet_hi = _merged_windows(self._deg_events, horizon)
         ttft, tpot = spec.ttft, spec.tpot
         self._ttft_med = ttft.median
         self._tpot_med = tpot.median
@@ -108,7 +107,8 @@ class Provider:
         if isinstance(rng, Stream):
             self._row = rng.wide_row if self.wide else rng.row
         self._keyed = keyed
-        self._tables: dict[str, KeyedRows] = {}
+        # keyed draws per workload, one table per attempt number (retries have their own luck)
+        self._tables: dict[str, list[KeyedRows]] = {}
 
     # ------------------------------------------------------------ state
 
@@ -131,6 +131,11 @@ class Provider:
         factor ``F`` as ``1 + x (F - 1)`` and a rate ``r`` as ``x r``.
         """
         s = self.spec
+        lo = self._quiet_lo
+        if lo is not None:
+            i = bisect_right(lo, now) - 1
+            if i < 0 or now >= self._quiet_hi[i]:  # between windows: nothing active
+                return 1.0, 1.0, s.error_rate, s.stall_rate, False, False, self._base_mix
         f1 = f2 = 1.0
         err, stall, outage, degraded = s.error_rate, s.stall_rate, False, False
         mix = self._base_mix
@@ -144,11 +149,18 @@ class Provider:
             ):
                 continue
             degraded = True
-            f1 *= _lerp(e.ttft_factor, lvl)
-            f2 *= _lerp(e.tpot_factor, lvl)
-            if u_tail < e.tail_rate * lvl:
-                f1 *= _lerp(e.tail_ttft_factor, lvl)
-                f2 *= _lerp(e.tail_tpot_factor, lvl)
+            if lvl == 1.0:  # full strength (exactly the factors: no rounding)
+                f1 *= e.ttft_factor
+                f2 *= e.tpot_factor
+                if u_tail < e.tail_rate:
+                    f1 *= e.tail_ttft_factor
+                    f2 *= e.tail_tpot_factor
+            else:
+                f1 *= 1.0 + lvl * (e.ttft_factor - 1.0)
+                f2 *= 1.0 + lvl * (e.tpot_factor - 1.0)
+                if u_tail < e.tail_rate * lvl:
+                    f1 *= 1.0 + lvl * (e.tail_ttft_factor - 1.0)
+                    f2 *= 1.0 + lvl * (e.tail_tpot_factor - 1.0)
             if e.error_rate is not None:
                 err = max(err, e.error_rate * lvl)
             if e.stall_rate is not None:
@@ -156,7 +168,7 @@ class Provider:
             outage = outage or e.outage
             if e.errors:
                 mix = mix + tuple((x.rate * lvl, x) for x in e.errors)
-        return Effects(f1, f2, err, stall, outage, degraded, mix)
+        return f1, f2, err, stall, outage, degraded, mix
 
     def error_for(self, u_err: float, err: float, mix: Mix, z: float, u: float
                   ) -> tuple[int, float] | None:
@@ -191,11 +203,14 @@ class Provider:
         c = att.call
         if self._keyed is None or c.draw_key < 0:
             return self._row() if self._row is not None else self.draw()
-        t = self._tables.get(c.wl.name)
-        if t is None:
-            t = self._tables[c.wl.name] = KeyedRows(f"{self._keyed}:{c.wl.name}",
-                                                    7 if self.wide else 5)
-        return t.row(c.draw_key * 32 + (att.n if att.n < 31 else 31))
+        tabs = self._tables.get(c.wl.name)
+        if tabs is None:
+            tabs = self._tables[c.wl.name] = []
+        n = att.n
+        while len(tabs) <= n:
+            tabs.append(KeyedRows(f"{self._keyed}:{c.wl.name}:{len(tabs)}",
+                                  7 if self.wide else 5))
+        return tabs[n].row(c.draw_key)
 
     def draw(self) -> list[float]:
         """One request's service variates in sequence: ``[u_error, u_stall, z_ttft, z_tpot,
@@ -213,7 +228,7 @@ class Provider:
     def submit(self, att: Attempt, now: float) -> None:
         """An attempt arrives: serve, queue, or refuse it."""
         if self._deg_events:
-            outage = self.effects(att, now).outage
+            outage = self.effects(att, now)[4]
             if outage:
                 self._refuse(att, now, self.spec.error_status, degraded=True)
                 return
@@ -400,6 +415,22 @@ def _degrades(e: EventSpec) -> bool:
             or e.stall_rate is not None or e.outage or e.tail_rate > 0 or bool(e.errors))
 
 
-def _lerp(factor: float, level: float) -> float:
-    """A factor at ramp level ``level`` (exactly ``factor`` at full strength)."""
-    return factor if level == 1.0 else 1.0 + level * (factor - 1.0)
+def _merged_windows(events: list[EventSpec], horizon: float
+                    ) -> tuple[list[float] | None, list[float]]:
+    """Start and end times of the union of the events' windows (sorted, disjoint), or
+    ``(None, [])`` when they cannot be listed (a window repeating forever)."""
+    spans: list[tuple[float, float]] = []
+    for e in events:
+        if e.every is not None and not math.isfinite(horizon) and e.count > 10_000:
+            return None, []
+        spans += e.windows(horizon if math.isfinite(horizon) else math.inf)
+    spans.sort()
+    lo: list[float] = []
+    hi: list[float] = []
+    for a, b in spans:
+        if lo and a <= hi[-1]:
+            hi[-1] = max(hi[-1], b)
+        else:
+            lo.append(a)
+            hi.append(b)
+    return lo, hi

@@ -166,14 +166,13 @@ def predict(prov: Provider, att: Attempt, draws: Draws, now: float, limit: float
         wait = start_after_queue(prov, now, cap) - now
         busy = cap - 1
     start = now + wait
-    eff = prov.effects(att, start, draws[4])
-    if eff.outage or draws[0] < eff.error_rate or draws[1] < eff.stall_rate:
+    f1, f2, err, stall, outage, _, mix = prov.effects(att, start, draws[4])
+    if outage or draws[0] < err or draws[1] < stall:
         return None
-    if eff.mix and prov.error_for(draws[0], eff.error_rate, eff.mix, draws[2], 0.5) is not None:
+    if mix and prov.error_for(draws[0], err, mix, draws[2], 0.5) is not None:
         return None
     slow = 1.0 + spec.contention * busy / spec.capacity
-    service_ttft, tpot = prov.service_times(att, draws, slow * eff.ttft_factor,
-                                            slow * eff.tpot_factor)
+    service_ttft, tpot = prov.service_times(att, draws, slow * f1, slow * f2)
     ttft = wait + service_ttft
     e2e = ttft + tpot * (call.output_tokens - 1)
     first_byte = ttft if call.stream else e2e
@@ -214,13 +213,13 @@ def _service_e2e(prov: Provider, q: Attempt, t: float, slow: float) -> float:
     if d is None:
         return (spec.ttft.median + spec.prefill_per_1k * c.input_tokens / 1000.0
                 + spec.tpot.median * (c.output_tokens - 1)) * slow
-    eff = prov.effects(q, t, d[4])
-    if eff.outage or d[0] < eff.error_rate:
+    f1, f2, err, stall, outage, _, _ = prov.effects(q, t, d[4])
+    if outage or d[0] < err:
         return spec.error_after * slow
-    if d[1] < eff.stall_rate:
+    if d[1] < stall:
         natural = float("inf")
     else:
-        ttft, tpot = prov.service_times(q, d, slow * eff.ttft_factor, slow * eff.tpot_factor)
+        ttft, tpot = prov.service_times(q, d, slow * f1, slow * f2)
         natural = ttft + tpot * (c.output_tokens - 1)
     if spec.keeps_working_on_cancel and natural != float("inf"):
         return natural
