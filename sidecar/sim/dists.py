@@ -86,12 +86,7 @@ class Stream:
         """
         i = self._ri
         if i >= len(self._r):
-            g = self._gen
-            block = np.empty((_BLOCK, 5))
-            block[:, 0:2] = g.random((_BLOCK, 2))
-            block[:, 2:4] = g.standard_normal((_BLOCK, 2))
-            block[:, 4] = g.random(_BLOCK)
-            self._r = block.tolist()
+            self._r = service_block(self._gen, 5)
             i = 0
         self._ri = i + 1
         row: list[float] = self._r[i]
@@ -104,12 +99,7 @@ class Stream:
         the streams of scenarios without heavy tails are unchanged."""
         i = self._wi
         if i >= len(self._w):
-            g = self._gen
-            block = np.empty((_BLOCK, 7))
-            block[:, 0:2] = g.random((_BLOCK, 2))
-            block[:, 2:4] = g.standard_normal((_BLOCK, 2))
-            block[:, 4:7] = g.random((_BLOCK, 3))
-            self._w = block.tolist()
+            self._w = service_block(self._gen, 7)
             i = 0
         self._wi = i + 1
         row: list[float] = self._w[i]
@@ -124,6 +114,16 @@ class Stream:
 
     def randrange(self, n: int) -> int:
         return min(int(self.random() * n), n - 1)
+
+
+def service_block(g: np.random.Generator, width: int) -> list[list[float]]:
+    """``_BLOCK`` rows of service variates ``[u, u, z, z, u, ...]`` (``width`` >= 5)."""
+    arr = np.empty((_BLOCK, width))
+    arr[:, 0:2] = g.random((_BLOCK, 2))
+    arr[:, 2:4] = g.standard_normal((_BLOCK, 2))
+    arr[:, 4:width] = g.random((_BLOCK, width - 4))
+    rows: list[list[float]] = arr.tolist()
+    return rows
 
 
 class KeyedRows:
@@ -161,14 +161,7 @@ class KeyedRows:
             del blocks[min(blocks)]
         seed = int.from_bytes(hashlib.sha256(f"{self.name}:{b}".encode()).digest()[:8],
                               "little")
-        g = np.random.Generator(np.random.PCG64(seed))
-        w = self.width
-        arr = np.empty((_BLOCK, w))
-        arr[:, 0:2] = g.random((_BLOCK, 2))
-        arr[:, 2:4] = g.standard_normal((_BLOCK, 2))
-        arr[:, 4:w] = g.random((_BLOCK, w - 4))
-        blk: list[list[float]] = arr.tolist()
-        blocks[b] = blk
+        blk = blocks[b] = service_block(np.random.Generator(np.random.PCG64(seed)), self.width)
         return blk
 
 

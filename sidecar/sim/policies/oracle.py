@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections.abc import Callable
 
 from sidecar.core.types import Decision
 from sidecar.sim.policies import BasePolicy, PolicyContext
@@ -56,6 +57,8 @@ from sidecar.sim.provider import Draws, Provider
 from sidecar.sim.records import QUEUED, Attempt, Call
 
 _MIN_HOLD_S = 0.05  # holding for less than this is not worth a re-ask
+#: When a request joining ``prov``'s full FIFO at ``now`` starts: ``(prov, now, cap) -> t``.
+QueueStart = Callable[[Provider, float, int], float]
 
 
 class Oracle(BasePolicy):
@@ -153,9 +156,11 @@ def _limits(call: Call, now: float) -> tuple[float, float]:
 
 
 def predict(prov: Provider, att: Attempt, draws: Draws, now: float, limit: float,
-            first_limit: float) -> tuple[float, float] | None:
+            first_limit: float, queue: QueueStart | None = None) -> tuple[float, float] | None:
     """``(SLO metric from now, queue wait)`` this attempt would realise on ``prov``;
-    None when it would not succeed (error, stall, 429, or past its deadlines)."""
+    None when it would not succeed (error, stall, 429, or past its deadlines).
+    ``queue`` says when a request joining a full provider's FIFO starts (default:
+    :func:`start_after_queue`)."""
     call = att.call
     spec = prov.spec
     cap = prov.capacity(now) if prov.cap_events else spec.capacity
@@ -163,7 +168,7 @@ def predict(prov: Provider, att: Attempt, draws: Draws, now: float, limit: float
     if prov.busy >= cap:
         if prov.queued >= spec.queue_limit or cap <= 0:
             return None
-        wait = start_after_queue(prov, now, cap) - now
+        wait = (queue or start_after_queue)(prov, now, cap) - now
         busy = cap - 1
     start = now + wait
     f1, f2, err, stall, outage, _, mix = prov.effects(att, start, draws[4])

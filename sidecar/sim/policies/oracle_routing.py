@@ -14,7 +14,9 @@ what the oracle saw.
 
 What it does *not* know: the future. Queue wait on a full provider is
 estimated by replaying the FIFO queue on the current slot release times with
-median service times, and its choices may still take capacity a later request
+median service times (otherwise the prediction is the hindsight oracle's
+:func:`~sidecar.sim.policies.oracle.predict`), the SLO is judged from the
+attempt's start (not the call's), and its choices may still take capacity a later request
 would have needed. So it is the limit of per-request routing with perfect
 knowledge of the present, which no real policy can beat on average -- not a
 global optimum over the whole run.
@@ -27,6 +29,7 @@ import random
 
 from sidecar.core.types import Decision
 from sidecar.sim.policies import BasePolicy, PolicyContext
+from sidecar.sim.policies.oracle import predict
 from sidecar.sim.provider import Draws, Provider
 from sidecar.sim.records import QUEUED, Attempt
 
@@ -56,7 +59,8 @@ class RoutingOracle(BasePolicy):
             prov = self.providers[c]
             draws = prov.draw_for(att)
             load = prov.inflight / prov.spec.capacity
-            value = _predict(prov, att, draws, now, limit, first_limit)
+            pred = predict(prov, att, draws, now, limit, first_limit, _queue_wait)
+            value = None if pred is None else pred[0]
             if value is not None:
                 if value <= budget:
                     meets.append((load, c, draws))
@@ -70,38 +74,6 @@ class RoutingOracle(BasePolicy):
         assert pick is not None
         att.draws = pick[2]
         return pick[1]
-
-
-def _predict(prov: Provider, att: Attempt, draws: Draws, now: float, limit: float,
-             first_limit: float) -> float | None:
-    """The class's SLO metric this attempt would realise on ``prov``; None if it fails."""
-    call = att.call
-    spec = prov.spec
-    f1, f2, err, stall, outage, _, mix = prov.effects(att, now, draws[4])
-    if outage or draws[0] < err or draws[1] < stall:
-        return None
-    if mix and prov.error_for(draws[0], err, mix, draws[2], 0.5) is not None:
-        return None
-    cap = prov.capacity(now)
-    wait, busy = 0.0, prov.busy
-    if prov.busy >= cap:
-        if prov.queued >= spec.queue_limit:
-            return None
-        wait = _queue_wait(prov, now, cap) - now
-        busy = cap - 1
-    slow = 1.0 + spec.contention * busy / spec.capacity
-    service_ttft, tpot = prov.service_times(att, draws, slow * f1, slow * f2)
-    ttft = wait + service_ttft
-    e2e = ttft + tpot * (call.output_tokens - 1)
-    first_byte = ttft if call.stream else e2e
-    if now + e2e > limit or now + first_byte > first_limit:
-        return None
-    metric = call.cls.slo.metric
-    if metric == "ttft":
-        return first_byte
-    if metric == "e2e":
-        return e2e
-    return e2e / max(call.output_tokens, 1)
 
 
 def _queue_wait(prov: Provider, now: float, cap: int) -> float:
