@@ -163,25 +163,39 @@ class Attempt:
         return self.end_at - self.sent_at
 
     def observation(self) -> Observation | None:
-        """The core :class:`Observation` the server's ResponseTimer would produce."""
-        if self.outcome is None:
+        """The core :class:`Observation` the server's ResponseTimer would produce
+        (the ``ttft_s`` / ``e2e_s`` properties inlined: this runs per request)."""
+        outcome = self.outcome
+        if outcome is None:
             return None
-        ok = self.outcome == "ok"
-        ttft, e2e = self.ttft_s, self.e2e_s
-        censored = self.outcome in ("timeout", "cancel")
-        if censored and self.end_at is not None:
-            # As the ResponseTimer does: the time waited, a lower bound.
-            e2e = self.end_at - self.sent_at
-            if self.call.stream:
-                ttft = (self.first_token_at if self.first_token_at is not None
-                        else self.end_at) - self.sent_at
+        call = self.call
+        stream = call.stream
+        end, sent = self.end_at, self.sent_at
+        ttft = e2e = tpot = None
+        censored = False
+        if outcome == "ok":
+            if end is not None:
+                e2e = end - sent
+            if stream:
+                ft = self.first_token_at
+                if ft is not None:
+                    ttft = ft - sent
+                tpot = self.tpot_s
+        elif outcome != "error":  # timeout or cancel
+            censored = True
+            if end is not None:
+                # As the ResponseTimer does: the time waited, a lower bound.
+                e2e = end - sent
+                if stream:
+                    ft = self.first_token_at
+                    ttft = (ft if ft is not None else end) - sent
         return Observation(
             cluster=self.cluster,
-            slice=self.call.slice,
-            outcome=self.outcome,
+            slice=call.slice,
+            outcome=outcome,
             status=self.status,
             ttft_s=ttft,
-            tpot_s=self.tpot_s if ok and self.call.stream else None,
+            tpot_s=tpot,
             e2e_s=e2e,
             output_tokens=self.tokens_done or None,
             is_retry=self.n > 0,
