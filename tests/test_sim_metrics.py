@@ -37,6 +37,8 @@ def test_calls_are_grouped_by_workload_slice_and_profile() -> None:
     assert "m|interactive|long|stream" in slices  # essays declare 2048 tokens
     assert sum(s["calls"] for s in slices.values()) == cls["calls"]
     assert sum(p["scored"] for p in out["profiles"].values()) == cls["scored"]
+    shares = out["slice_traffic_share"]["m|interactive|long|stream"]
+    assert set(shares) == {"a", "b", "c"} and sum(shares.values()) == pytest.approx(1, abs=1e-3)
 
 
 def test_series_hold_violation_rates_slice_shares_and_route_states() -> None:

@@ -124,6 +124,7 @@ def summarize(m: Metrics, peaks: dict[str, float]) -> dict[str, Any]:
         "off_primary_share": _r(m.off_primary / max(m.attempts, 1)),
         "degraded_share": _r(m.degraded / max(m.attempts, 1)),
         "traffic_share": {c: _r(n / all_sent) for c, n in totals.items()},
+        "slice_traffic_share": _slice_shares(m, first_b, last_b),
         "series": _series(m, lg, share, by_class, first_b, last_b),
     }
     return out
@@ -191,6 +192,18 @@ def _workload_block(m: Metrics, lg: _Log, w: str) -> dict[str, Any]:
 def _workflows(started: int, done: list[float]) -> dict[str, Any]:
     return {"started": started, "completed": len(done),
             "completion_rate": _r(len(done) / started), "e2e_ms": _pcts(np.asarray(done))}
+
+
+def _slice_shares(m: Metrics, first_b: int, last_b: int) -> dict[str, dict[str, float]]:
+    """Per slice, each cluster's share of the attempts sent in the scored window."""
+    out: dict[str, dict[str, float]] = {}
+    for sk in sorted(m.rows, key=lambda s: s.label()):
+        rows = m.rows[sk]
+        sent = {c: sum(rows[c][first_b:last_b]) for c in sorted(rows)}
+        total = sum(sent.values())
+        if total:
+            out[sk.label()] = {c: _r(n / total) for c, n in sent.items()}
+    return out
 
 
 # ---------------------------------------------------------------- flips
