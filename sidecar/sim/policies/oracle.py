@@ -196,7 +196,10 @@ def start_after_queue(prov: Provider, now: float, cap: int) -> float:
     """When a request joining ``prov``'s FIFO now would start: the queue replayed on the
     busy slots' release times with each queued request's own service (its pre-drawn
     variates; median service for one without) and its give-up time."""
-    free = prov.release_times(now)[:cap] or [now]
+    # with busy >= cap (capacity may have dropped below busy), the k-th start waits for
+    # release number busy - cap + k: the last cap release times are the slots it gets
+    releases = prov.release_times(now)
+    free = releases[max(len(releases) - cap, 0):] or [now]
     heapq.heapify(free)
     spec = prov.spec
     full = 1.0 + spec.contention * (cap - 1) / spec.capacity
