@@ -17,8 +17,9 @@ from sidecar.sim.gen_run import generate_one
 from sidecar.sim.loader import load_scenario, parse_scenario
 from sidecar.sim.policies import BASELINES, PolicyContext
 from sidecar.sim.policies.oracle import Oracle, start_after_queue
+from sidecar.sim.provider import Provider
 from sidecar.sim.runner import violation_rate
-from sidecar.sim.scenario import Scenario
+from sidecar.sim.scenario import EventSpec, Scenario
 
 # ---------------------------------------------------------------- queue replay
 
@@ -35,6 +36,19 @@ def test_the_queue_is_replayed_with_each_requests_own_service() -> None:
         fn(arg)
     assert (d.prov.busy, d.prov.queued) == (1, 1)
     assert start_after_queue(d.prov, 0.0, 1) == pytest.approx(0.8)
+
+
+def test_after_a_capacity_drop_a_new_request_waits_for_the_extra_releases() -> None:
+    d = Driver(capacity=2, contention=0.0)
+    ev = EventSpec("a", at=0.5, duration=None, capacity=1)
+    d.prov = Provider(d.sc.providers["a"], [ev], Stream("c"), d.push, d.end)
+    short, long_ = d.send(tokens=11), d.send(tokens=51)  # end at 0.2 s and 0.6 s
+    for a in (short, long_):
+        a.draws = [0.9, 0.9, 0.0, 0.0, 0.9]
+        d.prov.submit(a, 0.0)
+    d.heap.clear()
+    # at 0.1 s both still run but only one slot remains: a newcomer needs both to end
+    assert start_after_queue(d.prov, 0.1, d.prov.capacity(0.6)) == pytest.approx(0.6)
 
 
 # ---------------------------------------------------------------- decisions
