@@ -95,9 +95,13 @@ def test_cli_generate_summarises_per_family(tmp_path: Path,
     assert sorted(p.name for p in tmp_path.glob("*.yaml")) == [
         "outage-s4-000.yaml", "spike-s4-000.yaml", "spike-s4-001.yaml"]
     rc = main(["simulate", "--generate", "2", "--policy", "round_robin", "oracle",
-               "--duration", "100", "-q"])
+               "--duration", "100", "-q", "--out", str(tmp_path / "gen.json")])
     out = capsys.readouterr().out
     assert rc == 0 and "family" in out and "drift" in out
+    rc = main(["report", "--from-json", str(tmp_path / "gen.json"), "--out",
+               str(tmp_path / "report")])
+    md = (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
+    assert rc == 0 and "## Generated scenarios by family" in md and ".png" not in md
 
 
 def test_cli_generate_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
