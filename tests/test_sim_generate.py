@@ -74,6 +74,7 @@ def test_family_figures_count_scenarios_within_reach_of_the_best() -> None:
     figs = family_figures([sc("x", 0.011, 0.01, 0.0), sc("y", 0.05, 0.02, 0.0),
                            sc("z", 0.0005, 0.0, 0.001)])
     assert figs["within_1.1x_of_best"] == pytest.approx(2 / 3, abs=1e-4)
+    assert figs["within_1.1x_of_best_strict"] == pytest.approx(1 / 3, abs=1e-4)
     assert figs["violations"]["tailroute"] == 11 + 50 + 0
     beaten = {(b["scenario"], b["policy"]) for b in figs["oracle_beaten"]}
     assert beaten == {("z", "tailroute"), ("z", "least_inflight"), ("z", "random")}
