@@ -140,7 +140,7 @@ class KeyedRows:
     """
 
     __slots__ = ("_blocks", "name", "width")
-    _KEEP = 8  # blocks kept (recent keys); older ones are regenerated when asked for
+    _KEEP = 3  # blocks kept (keys arrive in order); an older one is regenerated if asked for
 
     def __init__(self, name: str, width: int = 5) -> None:
         self.name = name
