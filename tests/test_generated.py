@@ -75,3 +75,30 @@ def test_hostname_upstream_with_tls_renders_a_valid_dns_cluster(tmp_path: Path) 
     r = subprocess.run([envoy_binary(), "--mode", "validate", "-c", str(path)],
                        capture_output=True, text=True, check=False, timeout=60)
     assert r.returncode == 0, r.stdout[-2000:]
+
+
+def test_access_log_service_matches_envoy() -> None:
+    from sidecar.pb.envoy.data.accesslog.v3 import accesslog_pb2 as al
+    from sidecar.pb.envoy.service.accesslog.v3 import als_pb2
+
+    svc = als_pb2.DESCRIPTOR.services_by_name["AccessLogService"]
+    assert svc.full_name == "envoy.service.accesslog.v3.AccessLogService"
+    assert svc.methods_by_name["StreamAccessLogs"].client_streaming
+    msg = als_pb2.StreamAccessLogsMessage.DESCRIPTOR.fields_by_name
+    assert (msg["identifier"].number, msg["http_logs"].number, msg["tcp_logs"].number) == (1, 2, 3)
+    common = al.AccessLogCommon.DESCRIPTOR.fields_by_name
+    numbers = {name: common[name].number for name in (
+        "start_time", "time_to_first_upstream_tx_byte", "time_to_first_upstream_rx_byte",
+        "time_to_last_upstream_rx_byte", "upstream_cluster", "response_flags", "metadata",
+        "route_name", "custom_tags", "duration", "stream_id", "access_log_type")}
+    assert numbers == {"start_time": 5, "time_to_first_upstream_tx_byte": 7,
+                       "time_to_first_upstream_rx_byte": 9, "time_to_last_upstream_rx_byte": 10,
+                       "upstream_cluster": 15, "response_flags": 16, "metadata": 17,
+                       "route_name": 19, "custom_tags": 22, "duration": 23, "stream_id": 26,
+                       "access_log_type": 33}
+    flags = al.ResponseFlags.DESCRIPTOR.fields_by_name
+    assert (flags["upstream_request_timeout"].number,
+            flags["downstream_connection_termination"].number,
+            flags["downstream_remote_reset"].number) == (3, 15, 28)
+    resp = al.HTTPResponseProperties.DESCRIPTOR.fields_by_name
+    assert (resp["response_code"].number, resp["response_code_details"].number) == (1, 6)
