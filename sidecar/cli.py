@@ -39,8 +39,7 @@ def _cmd_envoy_config(ns: argparse.Namespace) -> int:
     from sidecar.shell.bootstrap import render_bootstrap, to_yaml
 
     cfg = load_config(ns.config)
-    text = to_yaml(render_bootstrap(cfg, grpc_target=ns.grpc, unix_socket=ns.unix,
-                                    observe_mode=ns.observe_mode))
+    text = to_yaml(render_bootstrap(cfg, grpc_target=ns.grpc, unix_socket=ns.unix))
     if ns.output:
         with open(ns.output, "w", encoding="utf-8") as f:
             f.write(text)
@@ -109,7 +108,6 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--config", required=True)
     e.add_argument("--grpc", default=None, help="sidecar host:port (default: listen.grpc)")
     e.add_argument("--unix", default=None, help="reach the sidecar over this Unix socket")
-    e.add_argument("--observe-mode", choices=["observability", "streamed", "headers_only"])
     e.add_argument("-o", "--output", default=None)
     e.set_defaults(func=_cmd_envoy_config)
 

@@ -44,14 +44,14 @@ def test_committed_envoy_yaml_matches_renderer() -> None:
     )
 
 
-@pytest.mark.parametrize("mode", ["observability", "streamed", "headers_only"])
+@pytest.mark.parametrize("with_sidecar", [True, False])
 @pytest.mark.parametrize("transport", ["tcp", "unix"])
-def test_rendered_bootstrap_passes_envoy_validate(tmp_path: Path, mode: str,
+def test_rendered_bootstrap_passes_envoy_validate(tmp_path: Path, with_sidecar: bool,
                                                   transport: str) -> None:
     cfg = load_config(ROOT / "envoy" / "tailroute.example.yaml")
     boot = render_bootstrap(
         cfg, unix_socket=str(tmp_path / "s.sock") if transport == "unix" else None,
-        observe_mode=mode,  # type: ignore[arg-type]
+        with_sidecar=with_sidecar,
     )
     path = tmp_path / "envoy.yaml"
     path.write_text(to_yaml(boot))
