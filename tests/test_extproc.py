@@ -236,19 +236,37 @@ def test_entry_waits_for_a_sampled_observer_then_uses_its_offset() -> None:
     assert not app.pending and app.router.counters[("outcome", "ok")] == 1
 
 
-def test_offset_corrects_unsampled_requests_of_the_route() -> None:
+def _known_offsets(offset_s: float) -> App:
     app = _sampled_app()
-    app.offsets.add("a", SLICE, 0.05)
-    app.offsets.add("b", SLICE, 0.05)
-    app.offsets.add("c", SLICE, 0.05)
-    app.offsets.reconfigure(share=0.0, min_samples=1)
+    for c in ("a", "b", "c"):
+        app.offsets.add(c, SLICE, offset_s)
+    app.offsets.reconfigure(share=0.0, min_samples=1, blind_share=0.0)
+    return app
+
+
+def test_small_offset_corrects_unsampled_requests_of_the_route() -> None:
+    app = _known_offsets(0.001)  # e.g. a preamble event just before the first token
     s, r = fast(app, chat_request())
     assert metadata(r)["route"].endswith("|n")  # type: ignore[arg-type]
     s.close(0.3, cancelled=False)
     OutcomeFeed(app)(entry(s.rid, first_body_s=0.02), 0.4)
     series = app.router.stats.series(routed_cluster(r), SLICE)  # type: ignore[arg-type]
     assert series is not None
-    assert series.quantile("ttft", 0.5, 0.4) == pytest.approx(0.07, rel=0.03)
+    assert series.quantile("ttft", 0.5, 0.4) == pytest.approx(0.021, rel=0.03)
+
+
+def test_blind_route_takes_ttft_from_sampled_requests_only() -> None:
+    """A role-only event first: the first body byte says nothing about the token, and a
+    median offset would flatten the tail; unsampled requests give e2e and TPOT only."""
+    app = _known_offsets(0.05)
+    assert app.offsets.blind("a", SLICE)
+    s, r = fast(app, chat_request())
+    s.close(0.3, cancelled=False)
+    OutcomeFeed(app)(entry(s.rid, first_body_s=0.02, end_s=0.3, tokens=6), 0.4)
+    series = app.router.stats.series(routed_cluster(r), SLICE)  # type: ignore[arg-type]
+    assert series is not None
+    assert series.count("ttft", 0.4) == 0 and series.count("e2e", 0.4) == 1
+    assert series.quantile("tpot", 0.5, 0.4) == pytest.approx((0.3 - 0.07) / 5, rel=0.03)
 
 
 def test_missing_entry_is_swept_and_counted(app: App) -> None:

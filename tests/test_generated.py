@@ -102,3 +102,35 @@ def test_access_log_service_matches_envoy() -> None:
             flags["downstream_remote_reset"].number) == (3, 15, 28)
     resp = al.HTTPResponseProperties.DESCRIPTOR.fields_by_name
     assert (resp["response_code"].number, resp["response_code_details"].number) == (1, 6)
+
+
+def _subset(doc: object, rendered: object) -> bool:
+    """Is every key/value the README shows present in the rendered config? ("..." = elided)"""
+    if doc == "..." or doc == {"...": "..."}:
+        return True
+    if isinstance(doc, dict):
+        return isinstance(rendered, dict) and all(
+            k in rendered and _subset(v, rendered[k]) for k, v in doc.items())
+    if isinstance(doc, list):
+        return isinstance(rendered, list) and all(
+            d == "..." or any(_subset(d, r) for r in rendered) for d in doc)
+    return doc == rendered
+
+
+def test_readme_filter_snippet_matches_the_renderer() -> None:
+    import re
+
+    import yaml
+
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Running it beside your Envoy", 1)[1]
+    snippet = re.search(r"```yaml\n(.*?)```", section, flags=re.S)
+    assert snippet is not None
+    shown = yaml.safe_load(snippet.group(1))
+    boot = render_bootstrap(load_config(ROOT / "envoy" / "tailroute.example.yaml"))
+    hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    filters = hcm["typed_config"]["http_filters"]
+    names = [f["name"] for f in filters]
+    assert [f["name"] for f in shown] == names[:-1]  # all but the router, in order
+    for doc, rendered in zip(shown, filters, strict=False):
+        assert _subset(doc, rendered), doc["name"]

@@ -176,6 +176,9 @@ class TimingConfig:
 
     token_sample_share: float = 0.05
     token_sample_min: int = 8  # sample every streamed response until a route has this many
+    # Routes whose first body byte comes well before the first token (a role-only
+    # event first): their TTFT comes from sampled responses only, sampled at this share.
+    role_first_share: float = 0.25
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,9 @@ Time base (all seconds, from Envoy's own timestamps):
   event first it is the measured gap between that event and the first token
   (the shell measures it on a sampled share of requests, see
   :mod:`sidecar.core.ttft_offset`). A caller that timed this very request at
-  its first token passes ``first_token_s`` instead, which wins.
+  its first token passes ``first_token_s`` instead, which wins. On a *blind*
+  route (``ttft_from_log=False``) the entry gives no TTFT at all unless
+  ``first_token_s`` is known: a median offset would flatten the tail.
 * TPOT     — (end - first token) / (tokens - 1), tokens from the response's
   ``usage`` (lifted into dynamic metadata by Envoy's ``sse_to_metadata``) or
   from the caller's own count. Undefined with fewer than two tokens.
@@ -114,6 +116,7 @@ def observation_from_log(
     *,
     ttft_offset_s: float = 0.0,
     first_token_s: float | None = None,
+    ttft_from_log: bool = True,
     tokens: int | None = None,
     is_retry: bool = False,
     is_probe: bool = False,
@@ -136,9 +139,12 @@ def observation_from_log(
     if outcome == "ok":
         e2e = rec.end_s
         if streaming and first is not None:
-            ttft = first if e2e is None else min(first, e2e)
+            if e2e is not None:
+                first = min(first, e2e)
+            if first_token_s is not None or ttft_from_log:
+                ttft = first
             if n is not None and n >= 2 and e2e is not None:
-                tpot = max(e2e - ttft, 0.0) / (n - 1)
+                tpot = max(e2e - first, 0.0) / (n - 1)
     elif censored:
         e2e = waited_s(rec)
         if streaming:

@@ -13,11 +13,21 @@ falling back to the cluster's own last ``window`` offsets while the slice has
 fewer than ``min_samples`` (a provider's framing habit is a property of the
 provider, the slice only refines it), and to 0 with no sample at all.
 
-Sampling: while a (cluster, slice) has fewer than ``min_samples`` offsets every
-streamed response is sampled (evidence first), then a ``share`` of them.
+Blind routes: when the median offset is at least :data:`BLIND_OFFSET_S`, the
+first body byte says nothing about when the token came (a role-only event sent
+at once): adding a median to it would give every unsampled request the same
+TTFT and erase the tail a tail-latency router exists to see. Such a route's
+TTFT comes from its sampled requests only (each timed exactly), and it is
+sampled at ``blind_share`` instead of ``share``.
+
+Sampling: the first ``min_samples`` streamed responses of a (cluster, slice)
+are sampled (evidence first), then a ``share`` of them. The first ones count
+as tried whether or not they yield an offset (a route whose streams never carry
+a token must not be sampled forever).
 
 Invariants: at most ``window`` offsets per key; at most ``max_keys`` slice keys
-per cluster (the oldest-created key is dropped first); offsets are >= 0.
+per cluster (the oldest-created key is dropped first), and as many tried
+counters; offsets are >= 0.
 """
 
 from __future__ import annotations
@@ -28,13 +38,16 @@ from statistics import median
 
 from sidecar.core.types import SliceKey
 
+BLIND_OFFSET_S = 0.002  # median first-body-byte -> first-token gap that makes a route blind
+
 
 class OffsetBook:
     """Median first-token offsets, per (cluster, slice) with a per-cluster fallback."""
 
     def __init__(self, share: float, min_samples: int, window: int = 64,
-                 max_keys: int = 512) -> None:
+                 max_keys: int = 512, blind_share: float = 0.25) -> None:
         self.share = share
+        self.blind_share = blind_share
         self.min_samples = min_samples
         self.window = window
         self.max_keys = max_keys
@@ -42,17 +55,26 @@ class OffsetBook:
         self._by_cluster: dict[str, deque[float]] = {}
         self._cache: dict[tuple[str, SliceKey], float] = {}  # medians, invalidated on add
         self._keys_per_cluster: dict[str, deque[SliceKey]] = {}
+        self._tried: dict[tuple[str, SliceKey], int] = {}  # evidence-first samples handed out
 
-    def reconfigure(self, share: float, min_samples: int) -> None:
+    def reconfigure(self, share: float, min_samples: int, blind_share: float | None = None
+                    ) -> None:
         self.share, self.min_samples = share, min_samples
+        if blind_share is not None:
+            self.blind_share = blind_share
         self._cache.clear()
 
     def wants_sample(self, cluster: str, slice: SliceKey, rng: random.Random) -> bool:
         """Should this streamed response also be timed at its first token?"""
-        ring = self._by_slice.get((cluster, slice))
-        if len(ring or ()) < self.min_samples:
+        key = (cluster, slice)
+        tried = self._tried.get(key, 0)
+        if tried < self.min_samples:
+            if len(self._tried) >= self.max_keys * 4:
+                self._tried.clear()  # bounded: a key seen again starts over, harmlessly
+            self._tried[key] = tried + 1
             return True
-        return self.share > 0.0 and rng.random() < self.share
+        share = self.blind_share if self.blind(cluster, slice) else self.share
+        return share > 0.0 and rng.random() < share
 
     def add(self, cluster: str, slice: SliceKey, offset_s: float) -> None:
         """Record one measured offset (clamped at 0: a token cannot precede its bytes)."""
@@ -68,6 +90,7 @@ class OffsetBook:
                 self._by_slice.pop((cluster, old), None)
                 self._cache.pop((cluster, old), None)
         ring.append(value)
+        self._tried[key] = max(self._tried.get(key, 0), len(ring))
         self._by_cluster.setdefault(cluster, deque(maxlen=self.window)).append(value)
         # Another slice's fallback may have changed too: medians are cheap to redo.
         self._cache.clear()
@@ -85,6 +108,10 @@ class OffsetBook:
         self._cache[key] = value
         return value
 
+    def blind(self, cluster: str, slice: SliceKey) -> bool:
+        """Is the first body byte of this route's responses no guide to the first token?"""
+        return self.offset(cluster, slice) >= BLIND_OFFSET_S
+
     def samples(self, cluster: str, slice: SliceKey) -> int:
         ring = self._by_slice.get((cluster, slice))
         return len(ring) if ring is not None else 0
@@ -92,6 +119,7 @@ class OffsetBook:
     def summary(self) -> dict[str, dict[str, float | int]]:
         """Per-cluster view for /state: samples and median offset in ms."""
         return {
-            c: {"samples": len(r), "median_offset_ms": round(median(r) * 1000.0, 3)}
+            c: {"samples": len(r), "median_offset_ms": round(median(r) * 1000.0, 3),
+                "blind": median(r) >= BLIND_OFFSET_S}
             for c, r in self._by_cluster.items() if r
         }

@@ -106,6 +106,7 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
         node = ""
         self.open_streams += 1
         self.counters["log_streams"] += 1
+        self.counters["log_streams_open"] += 1
         try:
             async for msg in request_iterator:
                 if msg.HasField("identifier") and not node:
@@ -124,6 +125,7 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
                                           "skipped", n)
         finally:
             self.open_streams -= 1
+            self.counters["log_streams_open"] -= 1
             if node:
                 self.nodes[node] -= 1
                 if self.nodes[node] <= 0:

@@ -80,12 +80,14 @@ class App:
         t = config.timing
         return cls(config, Router(config), random.Random(seed),
                    OffsetBook(t.token_sample_share, t.token_sample_min,
-                              max_keys=config.stats.max_slices))
+                              max_keys=config.stats.max_slices,
+                              blind_share=t.role_first_share))
 
     def reload(self, config: Config) -> None:
         self.config = config
         self.router.reload(config)
-        self.offsets.reconfigure(config.timing.token_sample_share, config.timing.token_sample_min)
+        t = config.timing
+        self.offsets.reconfigure(t.token_sample_share, t.token_sample_min, t.role_first_share)
 
     def shell_counters(self) -> dict[str, int]:
         """Shell-side counters for metrics: ``error:<kind>``, ``failopen:<reason>``
@@ -104,6 +106,24 @@ class App:
             out["failopen:envoy"] = self.envoy["fail_open"]
         out.update({f"envoy:{k}": v for k, v in self.envoy.items()})
         return out
+
+    def envoy_view(self) -> dict[str, object]:
+        """The access-log view of Envoy for /state: what it logged, how much of it
+        tailroute decided, and the measured first-token offsets."""
+        env = self.envoy
+        llm = env["decided"] + env["fail_open"]
+        return {
+            "log_streams_open": env["log_streams_open"],
+            "entries": env["entries"],
+            "decided": env["decided"],
+            "fail_open": env["fail_open"],
+            "not_routed": env["not_routed"],
+            "orphan": env["orphan"],
+            "decided_share": round(env["decided"] / llm, 6) if llm else None,
+            "access_log_missing": self.errors["access_log_missing"],
+            "pending": len(self.pending),
+            "first_token_offsets": self.offsets.summary(),
+        }
 
     def new_rid(self) -> str:
         return f"{self._prefix}-{next(self._ids)}"
@@ -160,6 +180,7 @@ class App:
             rec, cluster, p.slice, p.streaming,
             ttft_offset_s=self.offsets.offset(cluster, p.slice),
             first_token_s=first_token_s,
+            ttft_from_log=not self.offsets.blind(cluster, p.slice),
             is_retry=p.is_retry or p.decision.is_retry, is_probe=p.decision.is_probe,
         )
         if obs is not None:

@@ -237,7 +237,14 @@ def render_bootstrap(
     }
 
 
+class _PlainDumper(yaml.SafeDumper):
+    """Spell shared sub-mappings out in full: a bootstrap is read by people too."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 def to_yaml(bootstrap: dict[str, Any]) -> str:
     """Serialise a bootstrap mapping with a header comment."""
     head = "# Rendered by `tailroute envoy-config`; edit the sidecar config, not this file.\n"
-    return head + yaml.safe_dump(bootstrap, sort_keys=False, width=100)
+    return head + yaml.dump(bootstrap, Dumper=_PlainDumper, sort_keys=False, width=100)

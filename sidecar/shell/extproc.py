@@ -79,10 +79,10 @@ _EXPLAIN_MODE = _PM(
     request_trailer_mode=_PM.SKIP,
     response_trailer_mode=_PM.SKIP,
 )
-# Envoy clears the route cache after a body answer only if that answer carries a header
-# mutation, and drops header changes there (the headers have already gone on): a removal
-# of a header that never reaches the upstream anyway satisfies the first, harms nothing.
-_BODY_PATH_MUTATION = pb.HeaderMutation(remove_headers=[ec.ROUTE_HEADER])
+# On the one-message path Envoy clears the route cache after the body answer only if
+# that answer carries a header mutation, and drops header changes there (the headers
+# have gone on already): removing a header that never reaches the upstream anyway
+# satisfies the first and harms nothing.
 
 
 class Phase(Enum):
@@ -150,16 +150,15 @@ def immediate(status: int, message: str, kind: str, headers: dict[str, str] | No
     )
 
 
-def _metadata(rid: str, route: str | None, slice_label: str | None) -> struct_pb2.Struct:
+def _write_metadata(out: struct_pb2.Struct, rid: str, route: str | None,
+                    slice_label: str | None) -> None:
     """``{tailroute: {rid, route, slice}}``: route selection and access-log correlation."""
-    out = struct_pb2.Struct()
     fields = out.fields[ec.METADATA_NS].struct_value.fields
     fields[ec.RID_KEY].string_value = rid
     if route is not None:
         fields[ec.ROUTE_KEY].string_value = route
     if slice_label is not None:
         fields[ec.SLICE_KEY].string_value = slice_label
-    return out
 
 
 class RouteStream:
@@ -239,7 +238,7 @@ class RouteStream:
                     app.errors["bad_request"] += 1
                     self.phase = Phase.ROUTED
                     resp = immediate(400, str(exc), "invalid_request_error")
-                    resp.dynamic_metadata.CopyFrom(_metadata(self.rid, None, None))
+                    _write_metadata(resp.dynamic_metadata, self.rid, None, None)
                     return resp
         info = classify(cfg, self.headers, parsed, api)
         self.info, self._parsed, self._is_body = info, parsed, is_body
@@ -275,38 +274,35 @@ class RouteStream:
         label = info.slice.label()
         if decision.admission != "admit":
             resp = admission_response(decision, info)
-            resp.dynamic_metadata.CopyFrom(_metadata(rid, None, label))
+            _write_metadata(resp.dynamic_metadata, rid, None, label)
             return resp
         cluster = decision.cluster
         sampled = info.stream and app.offsets.wants_sample(cluster, info.slice, app.rng)
-        route = ec.route_key(cluster, info.klass, sampled)
+        resp = pb.ProcessingResponse()
+        # Built in place (no sub-message copies): this is the per-request hot path.
+        common = (resp.request_body if is_body else resp.request_headers).response
+        common.clear_route_cache = True
         if self.rich:
-            sets = []
             timeout = timeout_header(decision)
             if timeout is not None:
-                sets.append(timeout)
-            mutation = pb.HeaderMutation(set_headers=sets)
+                common.header_mutation.set_headers.append(timeout)
         else:
-            mutation = _BODY_PATH_MUTATION
-        common = pb.CommonResponse(header_mutation=mutation, clear_route_cache=True)
+            common.header_mutation.remove_headers.append(ec.ROUTE_HEADER)
         if parsed is not None and decision.upstream_model:
             new_body = _rewrite_model(parsed, decision.upstream_model)
             common.body_mutation.body = new_body
             if self.rich:
                 common.header_mutation.set_headers.append(
                     _set("content-length", str(len(new_body))))
+        _write_metadata(resp.dynamic_metadata, rid, ec.route_key(cluster, info.klass, sampled),
+                        label)
         app.register(Pending(
             rid, decision, info.slice, info.stream, app.deadline_for(decision, now),
             is_retry=info.retry_attempt > 0,
             observed=app.router.wants_observation(cluster, info.slice, now, app.rng),
             sampled=sampled,
         ))
-        meta = _metadata(rid, route, label)
-        if is_body:
-            return pb.ProcessingResponse(request_body=pb.BodyResponse(response=common),
-                                         dynamic_metadata=meta)
-        return pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=common),
-                                     dynamic_metadata=meta)
+        return resp
 
     # -------------------------------------------------------------- response
 

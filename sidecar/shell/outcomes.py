@@ -95,6 +95,7 @@ class OutcomeFeed:
         if not app.config.has_cluster(cluster):
             return
         obs = observation_from_log(rec, cluster, slice, bool(slice.streaming),
-                                   ttft_offset_s=app.offsets.offset(cluster, slice))
+                                   ttft_offset_s=app.offsets.offset(cluster, slice),
+                                   ttft_from_log=not app.offsets.blind(cluster, slice))
         if obs is not None:
             app.log_events(app.router.observe(obs, now))
