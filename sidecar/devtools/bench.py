@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.devtools.harness import Stack
+from sidecar.devtools.load_client import pct
 
 _CLK = os.sysconf("SC_CLK_TCK")
 
@@ -105,11 +106,6 @@ def run_load(port: int, requests: int, concurrency: int, stream: bool = False,
     return out
 
 
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
-
-
 def _config(port: int, extra: dict[str, Any]) -> dict[str, Any]:
     return {
         "default_cluster": "p",
@@ -166,15 +162,15 @@ def run_bench(what: str, requests: int = 400, concurrency: int = 8) -> int:
             n_routed = len(serial.latencies) + len(conc.latencies)
             rows.append({
                 "setup": setup.label,
-                "serial_p50_ms": _pct(serial.latencies, 0.5) * 1e3,
-                "serial_p99_ms": _pct(serial.latencies, 0.99) * 1e3,
-                "conc_p50_ms": _pct(conc.latencies, 0.5) * 1e3,
-                "conc_p99_ms": _pct(conc.latencies, 0.99) * 1e3,
+                "serial_p50_ms": pct(serial.latencies, 0.5) * 1e3,
+                "serial_p99_ms": pct(serial.latencies, 0.99) * 1e3,
+                "conc_p50_ms": pct(conc.latencies, 0.5) * 1e3,
+                "conc_p99_ms": pct(conc.latencies, 0.99) * 1e3,
                 "rps": conc.rps,
                 "cpu_per_req_ms": (c2 - c0) / n_routed * 1e3 if pid else 0.0,
                 "tpot_ms": statistics.median(streamed.tpots) * 1e3 if streamed.tpots else 0.0,
-                "ttft_ms": _pct(streamed.ttfts, 0.5) * 1e3,
-                "gap_p99_ms": _pct(streamed.gaps, 0.99) * 1e3,
+                "ttft_ms": pct(streamed.ttfts, 0.5) * 1e3,
+                "gap_p99_ms": pct(streamed.gaps, 0.99) * 1e3,
                 "cpu_per_chunk_ms": ((c3 - c2) - (c2 - c1) / max(len(conc.latencies), 1)
                                      * len(streamed.latencies)) / max(streamed.chunks, 1) * 1e3
                 if pid else 0.0,

@@ -71,7 +71,7 @@ class Level:
 def _sidecar_outcomes(st: Stack) -> Counter[str]:
     state = st.sidecar_state()
     out = Counter({k: int(v) for k, v in state["counters"].items()})
-    out.update({f"envoy:{k}": int(v) for k, v in state["envoy"].items()
+    out.update({f"envoy:{k}": int(v) for k, v in state.get("envoy", {}).items()
                 if isinstance(v, int)})
     return out
 
@@ -80,7 +80,7 @@ def _settle(st: Stack, timeout_s: float = 10.0) -> None:
     """Wait (bounded) until the sidecar holds no request waiting for its log entry."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if st.sidecar_state()["envoy"]["pending"] == 0:
+        if st.sidecar_state().get("envoy", {}).get("pending", 0) == 0:
             return
         time.sleep(0.1)
     print(f"  (sidecar still had pending requests after {timeout_s:g}s)", file=sys.stderr)
@@ -95,7 +95,8 @@ def run_load_bench(concurrency: tuple[int, ...] = (1, 16, 64, 256), duration_s: 
                                   extra=["--max-tokens", str(max(tokens, 1))])
         sport = free_port()
         path = st.write_config(_config(pport, sport))
-        st.start_sidecar(path, extra=["--loop", loop, "--grpc", f"127.0.0.1:{sport}"])
+        loop_args = [] if loop == "auto" else ["--loop", loop]
+        st.start_sidecar(path, extra=[*loop_args, "--grpc", f"127.0.0.1:{sport}"])
         routed_port = st.start_envoy()
         routed_admin = st.ports["envoy_admin"]
         routed_envoy = st.procs.pop("envoy")

@@ -18,6 +18,8 @@ Per request, the routing answer writes the dynamic metadata namespace
 
 from __future__ import annotations
 
+import functools
+
 METADATA_NS = "tailroute"
 USAGE_NS = "tailroute.usage"  # written by Envoy's sse_to_metadata filter
 RID_KEY = "rid"
@@ -64,6 +66,8 @@ CUSTOM_TAGS = {
 SAMPLED, UNSAMPLED = "s", "n"
 
 
+@functools.lru_cache(maxsize=4096)
 def route_key(cluster: str, klass: str, sampled: bool) -> str:
-    """The ``route`` metadata value that selects one rendered Envoy route."""
+    """The ``route`` metadata value that selects one rendered Envoy route (cached: the
+    set of routes is small and fixed by the config, and this runs per request)."""
     return f"{cluster}|{klass}|{SAMPLED if sampled else UNSAMPLED}"
