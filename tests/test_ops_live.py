@@ -19,6 +19,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as parse_openmetrics,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.devtools.harness import Stack, free_port
@@ -61,19 +64,42 @@ def test_metrics_exposed_after_traffic(stack: Stack) -> None:
     phase = fams["tailroute_extproc_phase_seconds"]
     assert _value(phase, "tailroute_extproc_phase_seconds_count",
                   phase="request_headers") >= N_REQUESTS
-    ttft = fams["gen_ai_server_time_to_first_token_seconds"]
+    ttft = fams["tailroute_route_ttft_seconds"]
     served = {s.labels["cluster"] for s in ttft.samples}
     assert served and served <= set(PROVIDERS)
     assert {s.labels["quantile"] for s in ttft.samples} == {"0.5", "0.95", "0.99"}
     assert all(s.value > 0 for s in ttft.samples)
-    e2e = fams["gen_ai_server_request_duration_seconds"]
+    e2e = fams["tailroute_route_e2e_seconds"]
     assert {s.labels["cluster"] for s in e2e.samples} == served
+    # The GenAI client histograms saw every streamed response, per serving cluster.
+    first = fams["gen_ai_client_operation_time_to_first_chunk_seconds"]
+    assert first.type == "histogram"
+    counts = {s.labels["cluster"]: s.value for s in first.samples if s.name.endswith("_count")}
+    assert set(counts) == served and sum(counts.values()) == N_REQUESTS
+    dur = fams["gen_ai_client_operation_duration_seconds"]
+    assert _value(dur, "gen_ai_client_operation_duration_seconds_count") == N_REQUESTS
     states = fams["tailroute_route_state"]  # every routed cluster x slice, healthy ones too
     routes = e2e_samples(stack.sidecar_state())
     assert {(s.labels["cluster"], s.labels["slice"]) for s in states.samples} == set(routes)
     assert all(s.labels["state"] == "healthy" and s.value == 1 for s in states.samples)
     assert _value(fams["tailroute_config_last_reload_ok"],
                   "tailroute_config_last_reload_ok") == 1
+
+
+def test_metrics_negotiate_openmetrics_with_units(stack: Stack) -> None:
+    url = f"http://127.0.0.1:{stack.ports['sidecar_admin']}/metrics"
+    req = urllib.request.Request(url, headers={  # what Prometheus 2.x sends
+        "Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        assert r.headers["content-type"].startswith("application/openmetrics-text")
+        text = r.read().decode()
+    fams = {f.name: f for f in parse_openmetrics(text)}
+    first = fams["gen_ai_client_operation_time_to_first_chunk_seconds"]
+    assert (first.type, first.unit) == ("histogram", "seconds")
+    labels = next(s.labels for s in first.samples if s.name.endswith("_count"))
+    assert labels["gen_ai_operation_name"] == "chat" and labels["gen_ai_provider_name"]
+    assert labels["gen_ai_request_model"] and labels["server_address"] == "127.0.0.1"
+    assert fams["tailroute_decisions"].type == "counter"
 
 
 def test_admin_endpoints(stack: Stack) -> None:

@@ -34,6 +34,8 @@ class ClusterConfig:
     quality: float = 1.0
     region: str = ""
     tls: bool = False
+    # gen_ai.provider.name of the OpenTelemetry GenAI conventions (a metrics label).
+    provider: str = "openai"
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ keys are errors (see :mod:`sidecar.core.fields`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -87,9 +88,23 @@ def _cluster(r: ConfigReader) -> ClusterConfig:
         quality=r.num("quality", 1.0, lo=0),
         region=r.str_("region", ""),
         tls=r.bool_("tls", False),
+        provider=_provider(r),
     )
     r.done()
     return cfg
+
+
+_PROVIDER = re.compile(r"^[a-z0-9][a-z0-9._]{0,63}$")
+
+
+def _provider(r: ConfigReader) -> str:
+    """``gen_ai.provider.name``: a well-known value such as ``openai``, ``anthropic``,
+    ``aws.bedrock``, ``azure.ai.openai``, ``gcp.vertex_ai``, or a custom one."""
+    v = r.str_("provider", "openai")
+    if not _PROVIDER.match(v):
+        r.fail(f"must be lower-case letters, digits, '.' or '_' (e.g. openai), got {v!r}",
+               "provider")
+    return v
 
 
 def _model(r: ConfigReader, clusters: Mapping[str, ClusterConfig]) -> ModelConfig:

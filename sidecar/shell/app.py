@@ -10,12 +10,13 @@ import itertools
 import logging
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sidecar.core.config import Config
 from sidecar.core.router import Router
 from sidecar.core.timing import ResponseTimer
-from sidecar.core.types import Decision, TransitionEvent
+from sidecar.core.types import Api, Decision, Observation, TransitionEvent
 
 log = logging.getLogger("tailroute")
 
@@ -36,6 +37,7 @@ class Pending:
     observed: bool = True  # an observing stream was asked for (sampled)
     observer_attached: bool = False
     released: bool = False  # in-flight slot given back (the routing stream closed)
+    api: Api = "chat"  # which API the request called (gen_ai.operation.name)
 
 
 @dataclass(slots=True)
@@ -48,6 +50,9 @@ class App:
     observe_mode: str = "observability"
     pending: dict[str, Pending] = field(default_factory=dict)
     errors: Counter[str] = field(default_factory=Counter)
+    # Called with every observation the router receives (the GenAI histograms,
+    # sidecar.ops.genai_metrics); whatever produces observations calls observe().
+    on_observation: Callable[[Observation, Api], None] | None = None
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     _prefix: str = field(default_factory=lambda: f"{random.getrandbits(32):08x}")
 
@@ -101,7 +106,13 @@ class App:
             return  # not sampled for timing: nothing was measured
         obs = p.timer.observation(now, cancelled=cancelled)
         if obs is not None:
-            self._log_events(self.router.observe(obs, now))
+            self.observe(obs, now, p.api)
+
+    def observe(self, obs: Observation, now: float, api: Api) -> None:
+        """Hand one finished measurement to the router and the observation hook."""
+        self._log_events(self.router.observe(obs, now))
+        if self.on_observation is not None:
+            self.on_observation(obs, api)
 
     def release_pending(self, p: Pending) -> None:
         """Give the request's in-flight slot back once."""

@@ -253,7 +253,7 @@ class RouteStream:
             is_retry=info.retry_attempt > 0 or decision.is_retry, is_probe=decision.is_probe,
         )
         app.register(Pending(rid, decision, timer, app.deadline_for(decision, now),
-                             observed=observed))
+                             observed=observed, api=info.api))
         if is_body:
             return pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
         return pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=common))
