@@ -14,10 +14,12 @@ from typing import Any
 
 from sidecar.core.config import (
     DEFAULT_CLASSES,
+    SEMANTIC_ROUTER,
     AdmissionConfig,
     Algorithm,
     ClassConfig,
     ClusterConfig,
+    Compat,
     Config,
     EnvoyConfig,
     HealthConfig,
@@ -30,6 +32,8 @@ from sidecar.core.config import (
     Weights,
 )
 from sidecar.core.fields import ConfigReader
+
+COMPATS: tuple[Compat, ...] = ("tailroute", SEMANTIC_ROUTER)
 
 
 def _percentile_or_none(r: ConfigReader, key: str) -> int | None:
@@ -49,14 +53,53 @@ def _latency_aware(r: ConfigReader) -> LatencyAwareConfig:
     return cfg
 
 
-def _algorithm(r: ConfigReader) -> tuple[Algorithm, LatencyAwareConfig]:
-    """Accept semantic-router's fragment: ``{type: latency_aware, latency_aware: {...}}``."""
+def _algorithm(r: ConfigReader, compat: Compat = "tailroute",
+               given: bool = True) -> tuple[Algorithm, LatencyAwareConfig]:
+    """Accept semantic-router's fragment: ``{type: latency_aware, latency_aware: {...}}``.
+
+    ``given``: the model (or the top level) has an ``algorithm`` at all.
+    """
     kind = r.choice("type", "latency_aware", ("latency_aware", "static"))
-    la = _latency_aware(r.sub("latency_aware")) if "latency_aware" in r.data else None
+    la: LatencyAwareConfig | None
+    if compat == SEMANTIC_ROUTER:
+        la = _sr_latency_aware(r, kind, given)
+    else:
+        la = _latency_aware(r.sub("latency_aware")) if "latency_aware" in r.data else None
     r.done()
     if la is None:
         la = LatencyAwareConfig(ttft_percentile=95, tpot_percentile=90)
     return kind, la
+
+
+def _sr_percentile(r: ConfigReader, key: str) -> int | None:
+    """semantic-router's percentile field: absent, null or 0 = unset, else 1..100."""
+    v = r.raw(key)
+    number = isinstance(v, int | float) and not isinstance(v, bool)
+    if v is None or (number and v == 0):
+        return None
+    if not number or not float(v).is_integer() or not 1 <= v <= 100:
+        r.fail(f"must be an integer between 1 and 100 (0 or absent = unset), got {v!r}", key)
+    return int(v)
+
+
+def _sr_latency_aware(r: ConfigReader, kind: Algorithm, given: bool) -> LatencyAwareConfig:
+    """The fragment as semantic-router validates it (``compat: semantic-router``)."""
+    if "latency_aware" not in r.data:
+        if kind == "latency_aware" and given:
+            r.fail("type latency_aware requires a latency_aware block (semantic-router "
+                   "rejects it too)", "latency_aware")
+        return LatencyAwareConfig()  # no percentile: semantic-router takes the first candidate
+    s = r.sub("latency_aware")
+    cfg = LatencyAwareConfig(
+        ttft_percentile=_sr_percentile(s, "ttft_percentile"),
+        tpot_percentile=_sr_percentile(s, "tpot_percentile"),
+        description=s.str_("description", ""),
+    )
+    s.done()
+    if cfg.ttft_percentile is None and cfg.tpot_percentile is None:
+        s.fail("must specify at least one of tpot_percentile (1-100) or ttft_percentile "
+               "(1-100), as semantic-router requires")
+    return cfg
 
 
 def _cluster(r: ConfigReader) -> ClusterConfig:
@@ -107,8 +150,10 @@ def _provider(r: ConfigReader) -> str:
     return v
 
 
-def _model(r: ConfigReader, clusters: Mapping[str, ClusterConfig]) -> ModelConfig:
+def _model(r: ConfigReader, clusters: Mapping[str, ClusterConfig],
+           compat: Compat = "tailroute") -> ModelConfig:
     name = r.str_("name", required=True)
+    compat = r.choice("compat", compat, COMPATS)
     cands = r.list_("candidates", required=True)
     if not cands:
         r.fail("must list at least one cluster", "candidates")
@@ -119,9 +164,9 @@ def _model(r: ConfigReader, clusters: Mapping[str, ClusterConfig]) -> ModelConfi
             r.fail(f"cluster {c!r} does not list model {name!r} in its models", "candidates")
     if len(set(cands)) != len(cands):
         r.fail("lists a cluster twice", "candidates")
-    kind, la = _algorithm(r.sub("algorithm"))
+    kind, la = _algorithm(r.sub("algorithm"), compat, given="algorithm" in r.data)
     regions = tuple(str(x) for x in r.list_("regions"))
-    cfg = ModelConfig(name, tuple(cands), kind, la, regions)
+    cfg = ModelConfig(name, tuple(cands), kind, la, regions, compat)
     r.done()
     return cfg
 
@@ -266,20 +311,22 @@ def parse_config(data: Any, source: str = "<memory>") -> Config:
     if not clusters:
         root.fail("must define at least one cluster", "clusters")
 
-    # semantic-router style: a global algorithm applies to every model without its own.
+    # semantic-router style: a global algorithm (and routing profile) applies to
+    # every model without its own.
     global_alg = root.sub("algorithm") if "algorithm" in root.data else None
+    global_compat: Compat = root.choice("compat", "tailroute", COMPATS)
     models: list[ModelConfig] = []
     for i, raw in enumerate(root.list_("models", required=True)):
         r = root.item("models", i, raw)
         if global_alg is not None and isinstance(raw, Mapping) and "algorithm" not in raw:
             raw = {**raw, "algorithm": dict(global_alg.data)}
             r = root.item("models", i, raw)
-        m = _model(r, clusters)
+        m = _model(r, clusters, global_compat)
         if any(x.name == m.name for x in models):
             root.fail(f"duplicate model {m.name!r}", f"models[{i}].name")
         models.append(m)
     if global_alg is not None:
-        _algorithm(global_alg)  # validate it even if every model overrides it
+        _algorithm(global_alg, global_compat)  # validate it even if every model overrides it
 
     classes_raw = root.raw("classes")
     if classes_raw is None:
