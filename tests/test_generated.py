@@ -13,6 +13,7 @@ from sidecar.ops.config_file import load_config
 from sidecar.shell.bootstrap import render_bootstrap, to_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE_CONFIG = ROOT / "deploy" / "local" / "tailroute.yaml"  # envoy/envoy.yaml renders it
 
 
 def test_generated_protobuf_modules_are_fresh() -> None:
@@ -37,10 +38,10 @@ def test_method_path_matches_envoy() -> None:
 
 
 def test_committed_envoy_yaml_matches_renderer() -> None:
-    cfg = load_config(ROOT / "envoy" / "tailroute.example.yaml")
+    cfg = load_config(EXAMPLE_CONFIG)
     assert (ROOT / "envoy" / "envoy.yaml").read_text() == to_yaml(render_bootstrap(cfg)), (
         "envoy/envoy.yaml is stale: tailroute envoy-config --config "
-        "envoy/tailroute.example.yaml -o envoy/envoy.yaml"
+        "deploy/local/tailroute.yaml -o envoy/envoy.yaml"
     )
 
 
@@ -48,7 +49,7 @@ def test_committed_envoy_yaml_matches_renderer() -> None:
 @pytest.mark.parametrize("transport", ["tcp", "unix"])
 def test_rendered_bootstrap_passes_envoy_validate(tmp_path: Path, mode: str,
                                                   transport: str) -> None:
-    cfg = load_config(ROOT / "envoy" / "tailroute.example.yaml")
+    cfg = load_config(EXAMPLE_CONFIG)
     boot = render_bootstrap(
         cfg, unix_socket=str(tmp_path / "s.sock") if transport == "unix" else None,
         observe_mode=mode,  # type: ignore[arg-type]

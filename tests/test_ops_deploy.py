@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from sidecar.devtools.harness import envoy_binary
 from sidecar.ops.config_file import load_config
 from sidecar.ops.metrics import HISTOGRAM_NAMES, METRIC_NAMES
 from sidecar.shell.bootstrap import render_bootstrap, to_yaml
+from tests.conftest import need_tool
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 COMPOSE_GRPC = "172.30.117.20:50051"
@@ -190,8 +190,8 @@ def test_alert_rules_reference_exported_metrics() -> None:
         "TailrouteRouteQuarantined"]["expr"]
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
 def test_alert_rules_pass_promtool() -> None:
-    out = subprocess.run(["promtool", "check", "rules", str(DEPLOY / "prometheus" / "alerts.yaml")],
+    promtool = need_tool("promtool")
+    out = subprocess.run([promtool, "check", "rules", str(DEPLOY / "prometheus" / "alerts.yaml")],
                          capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
