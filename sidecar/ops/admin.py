@@ -122,10 +122,8 @@ class AdminServer:
                     keep = False
                 elif line[0] not in ("GET", "HEAD"):
                     status, ctype, body = 405, "text/plain", b"method not allowed\n"
-                elif urlsplit(line[1]).path == "/metrics":
-                    status, ctype, body = self._metrics(_header(head, b"accept"))
                 else:
-                    status, ctype, body = self._dispatch(line[1])
+                    status, ctype, body = self._dispatch(line[1], _header(head, b"accept"))
                 hdr = (f"HTTP/1.1 {status} {'OK' if status == 200 else 'Error'}\r\n"
                        f"content-type: {ctype}\r\ncontent-length: {len(body)}\r\n"
                        f"cache-control: no-store\r\n"
@@ -141,12 +139,14 @@ class AdminServer:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    def _dispatch(self, target: str) -> tuple[int, str, bytes]:
+    def _dispatch(self, target: str, accept: str = "") -> tuple[int, str, bytes]:
         parts = urlsplit(target)
         handler = self.routes.get(parts.path)
         if handler is None:
             return 404, "text/plain", b"not found\n"
         try:
+            if parts.path == "/metrics":  # the only content-negotiated endpoint
+                return self._metrics(accept)
             return handler(parse_qs(parts.query))
         except Exception:
             log.exception("admin handler %s failed", parts.path)
