@@ -31,7 +31,7 @@ from sidecar.sim.gen_families import FAMILIES
 from sidecar.sim.gen_run import family_lines, generate, run_generated, write_yaml
 from sidecar.sim.policies import DEFAULT_POLICIES, POLICY_NAMES
 from sidecar.sim.runner import SCHEMA_VERSION, StderrProgress, run_suite, scenario_files
-from sidecar.sim.tables import suite_lines, text_table
+from sidecar.sim.tables import LEGEND, suite_lines, text_table
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -147,6 +147,7 @@ def _cmd_simulate(ns: argparse.Namespace) -> int:
     else:
         for sc in doc["scenarios"]:
             sys.stdout.write(text_table(sc) + "\n\n")
+        sys.stdout.write(LEGEND + "\n\n")
         sys.stdout.write("\n".join(suite_lines(doc["summary"])) + "\n")
     return 2 if doc.get("errors") else 0
 
