@@ -148,6 +148,7 @@ class ListenConfig:
 class LimitsConfig:
     max_body_bytes: int = 8 * 1024 * 1024
     max_header_value_bytes: int = 256
+    max_json_depth: int = 128  # deeper request bodies get a 400 before parsing
     decision_timeout_ms: int = 500  # Envoy's message_timeout for the ext_proc filter
 
 

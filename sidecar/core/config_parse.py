@@ -216,6 +216,8 @@ def _limits(r: ConfigReader) -> LimitsConfig:
     cfg = LimitsConfig(
         max_body_bytes=r.num("max_body_bytes", 8 * 1024 * 1024, lo=1024, integer=True),
         max_header_value_bytes=r.num("max_header_value_bytes", 256, lo=8, integer=True),
+        # Well below Python's recursion limit (1000): walks over the document recurse too.
+        max_json_depth=r.num("max_json_depth", 128, lo=8, hi=256, integer=True),
         decision_timeout_ms=r.num("decision_timeout_ms", 500, lo=10, hi=60000, integer=True),
     )
     r.done()

@@ -39,6 +39,7 @@ from dataclasses import replace
 from enum import Enum
 
 from sidecar.core.classify import BadRequest, ParsedBody, api_for_path, classify, parse_body
+from sidecar.core.input_limits import check_body, parse_status, screen_headers
 from sidecar.core.timing import ResponseTimer
 from sidecar.core.types import Decision, RequestInfo
 from sidecar.pb.envoy.config.core.v3 import base_pb2
@@ -162,7 +163,10 @@ class RouteStream:
     def _on_request_headers(
         self, msg: pb.HttpHeaders, now: float
     ) -> pb.ProcessingResponse | Hold:
-        self.headers = header_map(msg.headers)
+        self.headers, ignored = screen_headers(header_map(msg.headers),
+                                               self.app.config.limits.max_header_value_bytes)
+        if ignored:
+            self.app.errors["header_ignored"] += 1
         if msg.end_of_stream:
             return self._route(None, now, is_body=False)
         self.phase = Phase.EXPECT_BODY
@@ -188,8 +192,12 @@ class RouteStream:
         api = api_for_path(self.headers.get(":path", "/"))
         parsed = None
         if body is not None and api != "other":
-            if len(body) > cfg.limits.max_body_bytes:
-                app.errors["body_too_large"] += 1
+            refusal = check_body(body, cfg.limits)
+            if refusal is not None:
+                app.errors[refusal.reason] += 1
+                if refusal.status is not None:
+                    self.phase = Phase.ROUTED
+                    return immediate(refusal.status, refusal.message, "invalid_request_error")
                 body = None
             else:
                 try:
@@ -265,8 +273,8 @@ class RouteStream:
         headers = header_map(msg.headers)
         pending = self.app.pending.get(self.rid or "")
         if pending is not None and not pending.observer_attached:
-            status = int(headers.get(":status", "0") or 0)
-            pending.timer.on_headers(status, headers.get("content-type", ""), now)
+            pending.timer.on_headers(response_status(self.app, headers),
+                                     headers.get("content-type", ""), now)
             if msg.end_of_stream:
                 pending.timer.on_end(now)
         sets = []
@@ -291,6 +299,10 @@ class RouteStream:
         if self.phase is Phase.QUEUED and self.rid is not None:
             self.app.router.withdraw(self.rid)  # client gone or Envoy gave up while held
             return
+        if self.phase is Phase.EXPECT_BODY and not cancelled:
+            # Closed cleanly with the body still due: gRPC refused the message (over
+            # its limit, RESOURCE_EXHAUSTED) and Envoy fails open to the default route.
+            self.app.errors["stream_ended_before_body"] += 1
         pending = self.app.pending.get(self.rid or "")
         if pending is None:
             return
@@ -327,7 +339,7 @@ class ObserveStream:
             return
         if kind == "response_headers":
             headers = header_map(msg.response_headers.headers)
-            p.timer.on_headers(int(headers.get(":status", "0") or 0),
+            p.timer.on_headers(response_status(self.app, headers),
                                headers.get("content-type", ""), now)
             if msg.response_headers.end_of_stream:
                 p.timer.on_end(now)
@@ -344,6 +356,15 @@ class ObserveStream:
         p = self.app.pending.get(self.rid) if self.rid else None
         if p is not None and p.released:
             self.app.finalize(p.rid, now, cancelled=True)
+
+
+def response_status(app: App, headers: dict[str, str]) -> int:
+    """The response ``:status``; 0 (not evidence) and counted when it is not a valid status."""
+    status = parse_status(headers.get(":status"))
+    if status is None:
+        app.errors["bad_status"] += 1
+        return 0
+    return status
 
 
 def _rewrite_model(parsed: ParsedBody, model: str) -> bytes:

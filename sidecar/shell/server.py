@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 from prometheus_client import Histogram
 
+from sidecar.core.input_limits import grpc_receive_limit
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from sidecar.shell.admission import CapacitySignal, Hold
@@ -122,7 +123,7 @@ async def start_grpc(
     """
     server = grpc.aio.server(
         options=[
-            ("grpc.max_receive_message_length", app.config.limits.max_body_bytes + (1 << 20)),
+            ("grpc.max_receive_message_length", grpc_receive_limit(app.config)),
             ("grpc.so_reuseport", 0),
         ]
     )
