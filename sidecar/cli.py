@@ -12,15 +12,24 @@ from sidecar.core.config import ConfigError
 
 
 def _cmd_serve(ns: argparse.Namespace) -> int:
+    from sidecar.ops import log_throttle
     from sidecar.ops.config_file import load_config
     from sidecar.serve import serve
+    from sidecar.shell.startup import StartupError
 
     config = load_config(ns.config)
-    return asyncio.run(
-        serve(config, grpc_addr=ns.grpc, unix=ns.unix, admin_addr=ns.admin,
-              ready_file=ns.ready_file, seed=ns.seed, config_path=ns.config,
-              snapshot_path=ns.snapshot, snapshot_every_s=ns.snapshot_every)
-    )
+    throttle = log_throttle.install()  # warnings rate-limited, suppressed lines counted
+    try:
+        return asyncio.run(
+            serve(config, grpc_addr=ns.grpc, unix=ns.unix, admin_addr=ns.admin,
+                  ready_file=ns.ready_file, seed=ns.seed, config_path=ns.config,
+                  snapshot_path=ns.snapshot, snapshot_every_s=ns.snapshot_every)
+        )
+    except StartupError as exc:
+        print(f"tailroute serve: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        throttle.flush()
 
 
 def _cmd_check_config(ns: argparse.Namespace) -> int:

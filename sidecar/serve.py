@@ -21,6 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 import grpc
+from prometheus_client import Histogram
 
 from sidecar.core.config import Config
 from sidecar.ops import snapshot
@@ -28,7 +29,8 @@ from sidecar.ops.admin import AdminServer
 from sidecar.ops.metrics import build_registry
 from sidecar.ops.reload import ConfigReloader, watch_loop
 from sidecar.shell.app import App
-from sidecar.shell.server import start_grpc, tick_loop
+from sidecar.shell.server import ExtProcService, start_grpc, tick_loop
+from sidecar.shell.startup import bind_error, check_bindable, check_unix_path
 
 log = logging.getLogger("tailroute")
 
@@ -58,6 +60,30 @@ async def _drain(server: grpc.aio.Server, app: App, drain_s: float) -> None:
             break
         await asyncio.wait({stopping}, timeout=0.05)
     await stopping
+
+
+async def _start_admin(admin: AdminServer, addr: str, setting: str) -> int:
+    check_bindable("the admin server", addr, setting)
+    try:
+        return await admin.start(addr)
+    except OSError as exc:
+        raise bind_error("the admin server", addr, setting, exc) from None
+
+
+async def _start_grpc(
+    app: App, tcp: str | None, unix: str | None, phase_hist: Histogram, tcp_setting: str,
+    unix_setting: str,
+) -> tuple[grpc.aio.Server, ExtProcService, int | None]:
+    """Start the ext_proc server; a busy or invalid address is a one-line StartupError."""
+    if tcp:
+        check_bindable("ext_proc gRPC", tcp, tcp_setting)
+    if unix:
+        check_unix_path("ext_proc gRPC", unix, unix_setting)
+    try:
+        return await start_grpc(app, tcp, unix, phase_hist)
+    except (OSError, RuntimeError) as exc:
+        addr, setting = (tcp, tcp_setting) if tcp else (f"unix:{unix}", unix_setting)
+        raise bind_error("ext_proc gRPC", addr or "", setting, exc) from None
 
 
 class Snapshotter:
@@ -136,14 +162,18 @@ async def serve(
 
     registry, phase_hist = build_registry(lambda: app.router, loop.time, shell_counters)
     tcp = grpc_addr if grpc_addr is not None else config.listen.grpc
+    unix_arg = unix
     unix = unix if unix is not None else config.listen.grpc_unix
     if unix and os.path.exists(unix):
         os.unlink(unix)  # a stale socket from a crashed run would block the bind
     serving = False
     admin = AdminServer(app, registry, ready=lambda: serving)
     admin_at = admin_addr if admin_addr is not None else config.listen.admin
-    admin_port = await admin.start(admin_at)
-    server, service, port = await start_grpc(app, tcp or None, unix, phase_hist)
+    admin_port = await _start_admin(admin, admin_at, "--admin" if admin_addr else "listen.admin")
+    server, service, port = await _start_grpc(
+        app, tcp or None, unix, phase_hist,
+        tcp_setting="--grpc" if grpc_addr is not None else "listen.grpc",
+        unix_setting="--unix" if unix_arg is not None else "listen.grpc_unix")
     serving = True
     stop, hup = asyncio.Event(), asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
