@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sidecar.core.fields import ConfigError as ConfigError  # re-exported
+from sidecar.core.tls_config import ListenTlsConfig, SidecarTlsConfig
 
 Metric = Literal["ttft", "tpot", "e2e"]
 PickerMode = Literal["weighted_random", "lowest_score"]
@@ -142,6 +143,7 @@ class ListenConfig:
     grpc: str = "127.0.0.1:50051"
     grpc_unix: str | None = None
     admin: str = "127.0.0.1:9911"
+    tls: ListenTlsConfig | None = None  # TLS (or mutual TLS) on the gRPC TCP listener
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +166,9 @@ class EnvoyConfig:
     # round trip less before routing, but no per-request mode override (so no
     # opt-in explain response header in observability mode).
     overlap_headers: bool = False
+    # Envoy's active gRPC health check of the sidecar cluster (grpc.health.v1); 0 = none.
+    sidecar_health_interval_s: float = 5.0
+    sidecar_tls: SidecarTlsConfig | None = None  # how Envoy reaches a TLS sidecar
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from sidecar.core.config import (
     Weights,
 )
 from sidecar.core.fields import ConfigReader
+from sidecar.core.tls_config import check_tls_pair, parse_listen_tls, parse_sidecar_tls
 
 
 def _percentile_or_none(r: ConfigReader, key: str) -> int | None:
@@ -207,6 +208,7 @@ def _listen(r: ConfigReader) -> ListenConfig:
         grpc=r.str_("grpc", "127.0.0.1:50051"),
         grpc_unix=r.opt_str("grpc_unix"),
         admin=r.str_("admin", "127.0.0.1:9911"),
+        tls=parse_listen_tls(r.sub("tls")),
     )
     r.done()
     return cfg
@@ -233,7 +235,12 @@ def _envoy(r: ConfigReader) -> EnvoyConfig:
             "observe_mode", "observability", ("observability", "streamed", "headers_only")
         ),
         overlap_headers=r.bool_("overlap_headers", False),
+        sidecar_health_interval_s=r.num("sidecar_health_interval_s", 5.0, lo=0, hi=3600),
+        sidecar_tls=parse_sidecar_tls(r.sub("sidecar_tls")),
     )
+    if 0 < cfg.sidecar_health_interval_s < 0.1:
+        r.fail(f"must be 0 (off) or >= 0.1, got {cfg.sidecar_health_interval_s:g}",
+               "sidecar_health_interval_s")
     r.done()
     return cfg
 
@@ -304,6 +311,7 @@ def parse_config(data: Any, source: str = "<memory>") -> Config:
     )
     root.done()
     _check_queue_wait(root, cfg)
+    check_tls_pair(root, cfg.listen.tls, cfg.envoy.sidecar_tls)
     return cfg
 
 

@@ -23,7 +23,8 @@ The rendered bootstrap (see ``envoy/envoy.yaml`` for a readable copy) has:
   no_cluster); a per-route buffer limit above Envoy's 1 MiB default so long
   prompts can be buffered for classification;
 * the upstream clusters from the sidecar config and an HTTP/2 gRPC cluster for
-  the sidecar over TCP or a Unix socket.
+  the sidecar over TCP or a Unix socket, health-checked with grpc.health.v1 and,
+  with ``envoy.sidecar_tls``, over TLS (:mod:`sidecar.shell.sidecar_cluster`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any, Literal
 import yaml
 
 from sidecar.core.config import Config
+from sidecar.shell.sidecar_cluster import sidecar_cluster_extras
 
 ROUTE_HEADER = "x-tailroute-cluster"
 REQUEST_ID_HEADER = "x-tailroute-rid"
@@ -289,7 +291,10 @@ def render_bootstrap(
         _cluster(c.name, _addr(c.address), http2=False, timeout_s=2.0, tls=c.tls)
         for c in config.clusters
     ]
-    clusters.append(_cluster(SIDECAR_CLUSTER, sidecar_addr, http2=True, timeout_s=0.25))
+    sidecar = _cluster(SIDECAR_CLUSTER, sidecar_addr, http2=True, timeout_s=0.25)
+    if with_sidecar:  # health checks and TLS (sidecar.shell.sidecar_cluster)
+        sidecar.update(sidecar_cluster_extras(config, over_unix=bool(unix_socket)))
+    clusters.append(sidecar)
     return {
         "admin": {"address": _addr(admin or config.envoy.admin)},
         "static_resources": {

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -115,11 +115,15 @@ def _safe_continue(msg: pb.ProcessingRequest) -> pb.ProcessingResponse:
 
 
 async def start_grpc(
-    app: App, tcp: str | None, unix: str | None, phase_hist: Histogram | None = None
+    app: App, tcp: str | None, unix: str | None, phase_hist: Histogram | None = None,
+    register: Callable[[grpc.aio.Server], None] | None = None,
+    tcp_credentials: grpc.ServerCredentials | None = None,
 ) -> tuple[grpc.aio.Server, ExtProcService, int | None]:
     """Start the gRPC server on a TCP address (``host:port``, port 0 = any) and/or a Unix socket.
 
-    Returns the server, the service and the bound TCP port (None when TCP is off).
+    ``register`` adds further services (the health service); ``tcp_credentials``
+    makes the TCP listener TLS (:mod:`sidecar.shell.tls`). Returns the server,
+    the service and the bound TCP port (None when TCP is off).
     """
     server = grpc.aio.server(
         options=[
@@ -129,9 +133,12 @@ async def start_grpc(
     )
     service = ExtProcService(app, phase_hist)
     pb_grpc.add_ExternalProcessorServicer_to_server(service, server)
+    if register is not None:
+        register(server)
     port: int | None = None
     if tcp:
-        port = server.add_insecure_port(tcp)
+        port = (server.add_secure_port(tcp, tcp_credentials) if tcp_credentials is not None
+                else server.add_insecure_port(tcp))
         if port == 0:
             raise OSError(f"cannot bind gRPC on {tcp}")
     if unix:
