@@ -39,6 +39,7 @@ from typing import Any
 
 from .cli import build_arg_parser, main
 from .connection import MAX_BODY, ClientGone, Conn, HttpError, Request, chunk, response_head
+from .framing import SSE_EOLS, SSE_SPLITS, plan_writes, reframe
 from .latency import (
     ConfigError,
     Profile,
@@ -76,7 +77,13 @@ class FakeProvider:
         max_tokens: int = 64,
         default_tokens: int = 16,
         schedule: Sequence[ScheduleEntry] = (),
+        sse_eol: str = "lf",
+        sse_split: str = "none",
     ) -> None:
+        if sse_eol not in SSE_EOLS or sse_split not in SSE_SPLITS:
+            raise ConfigError(f"sse_eol must be one of {', '.join(SSE_EOLS)} and sse_split one "
+                              f"of {', '.join(SSE_SPLITS)}; got {sse_eol!r}, {sse_split!r}")
+        self.sse_eol, self.sse_split = sse_eol, sse_split
         if max_tokens < 1 or default_tokens < 1:
             raise ConfigError("max_tokens and default_tokens must be >= 1")
         if not name.isprintable() or not name.isascii():
@@ -339,16 +346,26 @@ class FakeProvider:
                     ("transfer-encoding", "chunked")]
             await conn.write(response_head(200, self.name, hdrs, req.keep_alive))
             sent = hashlib.sha256()
-            for i in range(n):
-                await conn.sleep_until(due[i])
-                for event in reply.token_events(i):
-                    await conn.write(chunk(event))  # one chunk per event, flushed
+            if self.sse_eol == "lf" and self.sse_split == "none":
+                for i in range(n):
+                    await conn.sleep_until(due[i])
+                    for event in reply.token_events(i):
+                        await conn.write(chunk(event))  # one chunk per event, flushed
+                        sent.update(event)
+                        record["sent_len"] += len(event)
+                for event in reply.tail_events():
+                    await conn.write(chunk(event))
                     sent.update(event)
                     record["sent_len"] += len(event)
-            for event in reply.tail_events():
-                await conn.write(chunk(event))
-                sent.update(event)
-                record["sent_len"] += len(event)
+            else:  # another legal framing (sidecar.fake_provider.framing)
+                blobs = [(due[i], b"".join(reply.token_events(i))) for i in range(n)]
+                blobs.append((due[-1], b"".join(reply.tail_events())))
+                framed = [(t, reframe(b, self.sse_eol)) for t, b in blobs]
+                for t, data in plan_writes(framed, self.sse_split):
+                    await conn.sleep_until(t)
+                    await conn.write(chunk(data))
+                    sent.update(data)
+                    record["sent_len"] += len(data)
             await conn.write(b"0\r\n\r\n")
             record["sent_sha256"] = sent.hexdigest()
             return req.keep_alive
