@@ -77,9 +77,18 @@ def _cmd_demo(ns: argparse.Namespace) -> int:
 
 
 def _cmd_bench(ns: argparse.Namespace) -> int:
+    if ns.what == "soak":
+        return _cmd_bench_soak(ns)
     from sidecar.devtools.bench import run_bench
 
     return run_bench(ns.what, requests=ns.requests, concurrency=ns.concurrency)
+
+
+def _cmd_bench_soak(ns: argparse.Namespace) -> int:
+    from sidecar.devtools.bench_soak import run_soak
+
+    return run_soak(minutes=ns.minutes, rate=ns.rate, concurrency=ns.concurrency,
+                    warmup_min=ns.warmup_min, distinct=ns.distinct, traced=ns.tracemalloc)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -134,9 +143,18 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_cmd_demo)
 
     b = sub.add_parser("bench", help="benchmarks (print figures; not tests)")
-    b.add_argument("what", choices=["overhead"])
+    b.add_argument("what", choices=["overhead", "soak"])
     b.add_argument("--requests", type=int, default=400)
     b.add_argument("--concurrency", type=int, default=8)
+    soak = b.add_argument_group("soak (memory under steady load)")
+    soak.add_argument("--minutes", type=float, default=30.0, help="soak length (bounded)")
+    soak.add_argument("--rate", type=float, default=70.0, help="requests per second")
+    soak.add_argument("--warmup-min", type=float, default=None,
+                      help="minutes before the RSS slope is fitted (default: min(5, M/5))")
+    soak.add_argument("--distinct", action="store_true",
+                      help="a distinct tenant and request id per request")
+    soak.add_argument("--tracemalloc", action="store_true",
+                      help="run the sidecar under tracemalloc and print what grew")
     b.set_defaults(func=_cmd_bench)
     return p
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import threading
 import time
 from collections import Counter
@@ -76,6 +77,8 @@ class ClientLoad:
     async def _run(self) -> None:
         import openai
 
+        for name in ("httpx", "httpx2", "openai"):  # one INFO line per request otherwise
+            logging.getLogger(name).setLevel(logging.WARNING)
         client = openai.AsyncOpenAI(base_url=self.base_url, api_key="load", max_retries=0,
                                     timeout=self.timeout_s)
         sem = asyncio.Semaphore(self.concurrency)
