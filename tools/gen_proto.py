@@ -3,8 +3,9 @@
 protoc names generated imports after the .proto paths (``from envoy.config...``,
 ``from grpc.health.v1...``); we rewrite them to ``sidecar.pb.envoy...`` and
 ``sidecar.pb.grpc.health...`` so the modules live inside our package without a
-top-level ``envoy`` package on sys.path (or one shadowing the ``grpc`` library). Run with ``--check`` to verify
-that the committed modules are up to date (used by the test suite).
+top-level ``envoy`` package on sys.path (or one shadowing the ``grpc`` library).
+Run with ``--check`` to verify that the committed modules are up to date (used by
+the test suite).
 """
 
 from __future__ import annotations

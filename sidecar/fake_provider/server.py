@@ -303,7 +303,7 @@ class FakeProvider:
         self._requests += 1
         try:
             body = json.loads(req.body)
-        except ValueError:
+        except (ValueError, RecursionError):  # deeply nested JSON: refused like any bad body
             body = None
         if not isinstance(body, dict):
             return await self._answer(conn, 400, error_body("body is not a JSON object"), keep)
