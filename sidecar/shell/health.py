@@ -85,6 +85,7 @@ class HealthService(hpb_grpc.HealthServicer):  # type: ignore[misc]
             if self.status != sent:
                 sent = self.status
                 yield hpb.HealthCheckResponse(status=sent)
+                continue  # the status may have moved on while this waited at the yield
             if self.final:
                 return
             await changed.wait()
