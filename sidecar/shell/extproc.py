@@ -301,7 +301,8 @@ class RouteStream:
             return
         if self.phase is Phase.EXPECT_BODY and not cancelled:
             # Closed cleanly with the body still due: gRPC refused the message (over
-            # its limit, RESOURCE_EXHAUSTED) and Envoy fails open to the default route.
+            # its limit, RESOURCE_EXHAUSTED) and Envoy fails open to the default route
+            # (or Envoy gave up first: grpc.aio reports most cancels as a clean end).
             self.app.errors["stream_ended_before_body"] += 1
         pending = self.app.pending.get(self.rid or "")
         if pending is None:
