@@ -72,3 +72,31 @@ def test_keys_are_bounded() -> None:
         rec = logging.LogRecord("x", logging.WARNING, "f", 1, f"msg {i}", None, None)
         throttle.filter(rec)
     assert len(throttle._buckets) == 8
+
+
+def test_a_serving_sidecar_logs_a_flood_of_bad_messages_a_few_times() -> None:
+    """Through a real sidecar process: 300 out-of-order ext_proc messages."""
+    import asyncio
+
+    import grpc
+
+    from sidecar.devtools.harness import Stack
+    from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+    from tests.conftest import base_config_dict
+    from tests.streamharness import body_msg
+
+    async def flood(port: int) -> None:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            call = pb_grpc.ExternalProcessorStub(ch).Process()
+            for _ in range(300):
+                await call.write(body_msg(b"x"))  # a request body before any request headers
+                await call.read()
+            await call.done_writing()
+
+    with Stack() as stack:
+        stack.start_sidecar(stack.write_config(base_config_dict()))
+        asyncio.run(flood(stack.ports["sidecar"]))
+        stack.stop_sidecar()  # SIGTERM: the throttle reports what it still holds
+        lines = [ln for ln in stack.log("sidecar").splitlines() if "unexpected" in ln]
+    assert 1 <= len(lines) <= 6, lines
+    assert "similar lines suppressed" in lines[-1]
