@@ -19,10 +19,18 @@ from sidecar.core.input_limits import (
     screen_headers,
 )
 from sidecar.shell.app import App
-from sidecar.shell.bootstrap import REQUEST_ID_HEADER, ROUTE_HEADER
 from sidecar.shell.extproc import ObserveStream, RouteStream
 from tests.conftest import base_config_dict
-from tests.streamharness import POST_CHAT, body_msg, chat_request, headers_msg, set_headers
+from tests.streamharness import (
+    POST_CHAT,
+    body_msg,
+    body_only_msg,
+    chat_request,
+    headers_msg,
+    metadata,
+    observe_msg,
+    routed_cluster,
+)
 
 
 def _depth(doc: Any) -> int:
@@ -123,7 +131,7 @@ def test_json_at_the_depth_limit_is_routed(app: App) -> None:
     s = RouteStream(app)
     s.on_message(headers_msg(POST_CHAT), 0.0)
     r = s.on_message(body_msg(body), 0.0)
-    assert r is not None and ROUTE_HEADER in set_headers(r)  # type: ignore[arg-type]
+    assert r is not None and routed_cluster(r) in {"a", "b", "c"}  # type: ignore[arg-type]
 
 
 def test_oversize_tailroute_header_is_ignored_and_counted(app: App) -> None:
@@ -138,21 +146,14 @@ def test_oversize_tailroute_header_is_ignored_and_counted(app: App) -> None:
 def test_bad_response_status_is_counted_and_not_a_sample(app: App, status: str) -> None:
     s = RouteStream(app)
     s.on_message(headers_msg(POST_CHAT), 0.0)
-    rid = set_headers(s.on_message(body_msg(chat_request()), 0.0))[REQUEST_ID_HEADER]  # type: ignore[arg-type]
+    meta = metadata(s.on_message(body_msg(chat_request()), 0.0))  # type: ignore[arg-type]
     o = ObserveStream(app)
-    o.on_message(headers_msg({**POST_CHAT, REQUEST_ID_HEADER: rid}, observe=True), 0.1)
-    o.on_message(headers_msg({":status": status, "content-type": "text/event-stream"},
-                             response=True, observe=True), 0.2)
-    o.on_message(body_msg(b"data: [DONE]\n\n", eos=True, response=True, observe=True), 0.3)
+    o.on_message(observe_msg("response_headers", meta, {":status": status,
+                                                        "content-type": "text/event-stream"}), 0.2)
+    o.on_message(observe_msg("response_body", meta, body=b"data: [DONE]\n\n", eos=True), 0.3)
     s.close(0.4, cancelled=False)
     assert app.errors["bad_status"] == 1
     assert sum(v for (k, _), v in app.router.counters.items() if k == "outcome") == 0
-    # The routing stream's own response-headers path (streamed/headers_only modes) too.
-    s2 = RouteStream(app)
-    s2.on_message(headers_msg(POST_CHAT), 0.0)
-    s2.on_message(body_msg(chat_request()), 0.0)
-    assert s2.on_message(headers_msg({":status": status}, response=True), 0.1) is not None
-    assert app.errors["bad_status"] == 2
 
 
 def test_stream_closed_while_the_body_is_due_is_counted_as_fail_open(app: App) -> None:
@@ -170,4 +171,14 @@ def test_other_paths_are_not_depth_checked(app: App) -> None:
     s = RouteStream(app)
     s.on_message(headers_msg({**POST_CHAT, ":path": "/v1/embeddings"}), 0.0)
     r = s.on_message(body_msg(b"[" * 3000), 0.0)
-    assert r is not None and set_headers(r)[ROUTE_HEADER] == "a"  # type: ignore[arg-type]
+    assert r is not None and routed_cluster(r) == "a"  # type: ignore[arg-type]
+
+
+def test_one_message_path_is_checked_the_same(app: App) -> None:
+    deep = b'{"model": "m", "messages": ' + b"[" * 3000 + b"]" * 3000 + b"}"
+    r = RouteStream(app).on_message(body_only_msg(deep), 0.0)
+    assert r is not None and r.WhichOneof("response") == "immediate_response"  # type: ignore[union-attr]
+    r = RouteStream(app).on_message(
+        body_only_msg(chat_request(), {"x-tailroute-class": "x" * 300}), 0.0)
+    assert r is not None and routed_cluster(r) in {"a", "b", "c"}  # type: ignore[arg-type]
+    assert app.errors["body_too_deep"] == 1 and app.errors["header_ignored"] == 1

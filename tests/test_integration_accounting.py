@@ -1,14 +1,11 @@
-"""Counters reconcile with what was sent (issue 13, item 4) — prepared for stage 2.
+"""Counters reconcile exactly with what was sent (issue 13, item 4).
 
-Sends a known mix through the real Envoy and compares the sidecar's counters with it:
-streamed and unary requests served ok, upstream errors (500), unknown models
-(default route), invalid bodies (400), optional steps skipped (412).
-
-Marked xfail until the one-exchange data path lands: today the observing stream's
-deferred close and the unordered route/observe streams turn some complete 200s into
-``cancel`` (and a restart adds more), so ``outcomes{ok}`` can fall short of the 200s
-sent. What changes with the new path: outcomes come from Envoy's access log (one
-record per request), so every line below must hold exactly; drop the xfail then.
+Sends a known mix through the real Envoy and compares the sidecar's counters with
+it: streamed and unary requests served ok, upstream errors (500), unknown models
+(default route, counted as fail-open), invalid bodies (400). Outcomes come from
+Envoy's access log (one entry per request), so every count must match exactly.
+(Before the access-log data path, the observing stream's deferred close turned some
+complete responses into ``cancel``.) Restarts: see tests/test_reliability.py.
 """
 
 from __future__ import annotations
@@ -67,8 +64,6 @@ async def _send(base_url: str, model: str, n: int, stream: bool) -> list[int]:
         await client.close()
 
 
-@pytest.mark.xfail(reason="stage 2: exact outcome accounting arrives with the one-exchange "
-                          "data path (access-log outcomes)", strict=False)
 def test_counters_reconcile_with_requests_sent() -> None:
     with Stack() as stack:
         ports = start_providers(stack)
@@ -89,14 +84,13 @@ def test_counters_reconcile_with_requests_sent() -> None:
             conn.close()
         assert sent["stream"] == [200] * N_STREAM and sent["unary"] == [200] * N_UNARY
         assert sent["error"] == [500] * N_ERROR
-        time.sleep(7)  # past Envoy's deferred close of observing streams
+        time.sleep(2)  # the access log flushes every envoy.access_log_flush_ms (100 ms)
         m = _metrics(stack)
     outcome = {o: m.get(f'tailroute_outcomes_total{{outcome="{o}"}}', 0.0)
                for o in ("ok", "error", "timeout", "cancel")}
     print("\naccounting:", outcome, {k: v for k, v in m.items() if "fail_open" in k
                                       or "errors_total" in k or "decisions_total" in k})
-    # The unknown-model requests are served by the default cluster unobserved... or observed:
-    # either way they are not errors, and each reached the sidecar once.
+    # Unknown models are served by the default cluster: ok outcomes, counted as fail-open.
     assert m.get('tailroute_fail_open_total{reason="unknown_model"}') == N_UNKNOWN
     assert m.get('tailroute_errors_total{kind="bad_request"}') == N_BAD
     assert outcome["error"] == N_ERROR

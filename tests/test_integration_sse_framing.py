@@ -24,7 +24,10 @@ pytestmark = pytest.mark.envoy
 TTFT_MS, TPOT_MS, TOKENS, STREAMS = 500.0, 50.0, 8, 8
 CONCURRENCY = 5  # a bounded load: the figure is accuracy, not behaviour under overload
 FRAMINGS = {"crlf": ("crlf", "none"), "cr": ("cr", "none"), "midline": ("lf", "mid-line"),
-            "crlf-midline": ("crlf", "mid-line"), "mideol": ("crlf", "mid-eol")}
+            "crlf-midline": ("crlf", "mid-line"), "mideol": ("crlf", "mid-eol"),
+            # A role-only event first: the first body byte is not the first token, so
+            # TTFT comes from the sidecar's own SSE reading of sampled streams.
+            "role-cr-midline": ("cr", "mid-line"), "role-mideol": ("crlf", "mid-eol")}
 
 
 def _config(ports: dict[str, int]) -> dict[str, Any]:
@@ -57,8 +60,10 @@ async def _streams(base_url: str, models: list[str]) -> int:
 
 def test_every_framing_is_timed_within_five_percent() -> None:
     with Stack() as stack:
-        ports = {n: stack.start_provider(n, str(TTFT_MS), str(TPOT_MS), seed=i,
-                                         extra=["--sse-eol", eol, "--sse-split", split])
+        ports = {n: stack.start_provider(
+                     n, str(TTFT_MS), str(TPOT_MS), seed=i,
+                     extra=["--sse-eol", eol, "--sse-split", split,
+                            *(["--role-first"] if n.startswith("role") else [])])
                  for i, (n, (eol, split)) in enumerate(FRAMINGS.items())}
         stack.start_sidecar(stack.write_config(_config(ports)))
         stack.start_envoy()

@@ -89,7 +89,7 @@ def test_a_serving_sidecar_logs_a_flood_of_bad_messages_a_few_times() -> None:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
             call = pb_grpc.ExternalProcessorStub(ch).Process()
             for _ in range(300):
-                await call.write(body_msg(b"x"))  # a request body before any request headers
+                await call.write(body_msg(b"x", response=True))  # a response before any request
                 await call.read()
             await call.done_writing()
 

@@ -26,6 +26,7 @@ SECTIONS: dict[str, tuple[type, ...]] = {
     "`listen`": (c.ListenConfig, ListenTlsConfig),
     "`limits`": (c.LimitsConfig,),
     "`envoy` (used by `tailroute envoy-config`)": (c.EnvoyConfig, SidecarTlsConfig),
+    "`timing`": (c.TimingConfig,),
 }
 _INTERNAL = {"source"}  # set by the loader, not a YAML field
 

@@ -146,3 +146,26 @@ def test_envoy_restarted_under_load_leaves_nothing_behind_in_the_sidecar() -> No
     print(f"\nEnvoy restart: before {first.snapshot()}, cut by the restart "
           f"{cut.snapshot() if cut else None}, after {after.snapshot()}")
     assert first.failed == 0 and after.failed == 0
+
+
+@pytest.mark.xfail(reason="Envoy does not re-open its access-log stream to a restarted "
+                          "sidecar: outcomes stop until Envoy restarts (data path, issue 9)",
+                   strict=False)
+def test_outcomes_resume_after_the_sidecar_restarts() -> None:
+    with Stack() as stack:
+        path = start_stack(stack)
+        load = _load(stack)
+        try:
+            load.wait_sent(20)
+            proc = stack.procs["sidecar"]
+            proc.kill()
+            proc.wait(timeout=30)
+            stack.stop_sidecar()
+            stack.start_sidecar(path)
+            after = load.sent()
+            load.wait_sent(after + 40)
+        finally:
+            load.stop()
+        time.sleep(1.0)
+        ok = _metric(stack, "tailroute_outcomes_total", 'outcome="ok"')
+    assert ok >= 30, f"the restarted sidecar counted {ok} ok outcomes for >= 40 requests"

@@ -7,12 +7,17 @@ and ticks. It speaks only message kinds and the handler interface of
 :mod:`tests.streamharness` (``open_stream`` / ``on_message`` / ``resume`` /
 ``close``), so it outlives any rearrangement of the handlers.
 
+Both routing paths (headers then body; the one-message body with headers as
+request attributes) and observing streams carrying the forwarded metadata of
+routed requests (intact, damaged or foreign) take part.
+
 Checked on every step: no handler raises (the server would count a
-``handler_exception`` and fail open), every answer is a well-formed response of
-the kind Envoy expects (same kind or an immediate response), in-flight counts
-never go negative. At the end, once every stream is closed and the clock has
-passed every deadline: nothing is pending, nothing is in flight, nobody waits
-in the admission queue — no stream leaks state.
+``handler_exception`` and fail open), every routing answer is a well-formed
+response of the kind Envoy expects (same kind or an immediate response), an
+observing stream never answers, in-flight counts never go negative. At the end,
+once every stream is closed and the clock has passed every deadline: nothing is
+pending, nothing is in flight, nobody waits in the admission queue — no stream
+leaks state.
 
 Bounded for CI: ``FUZZ_EXAMPLES`` state machines of up to ``FUZZ_STEPS`` steps.
 """
@@ -31,9 +36,16 @@ from sidecar.core.config import parse_config
 from sidecar.pb.envoy.config.core.v3 import base_pb2
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from sidecar.shell.app import App
-from sidecar.shell.bootstrap import REQUEST_ID_HEADER
 from tests.conftest import base_config_dict
-from tests.streamharness import answers_kind, is_hold, open_stream, request_kind
+from tests.streamharness import (
+    answers_kind,
+    body_only_msg,
+    is_hold,
+    metadata,
+    observe_msg,
+    open_stream,
+    request_kind,
+)
 
 FUZZ_EXAMPLES = int(os.environ.get("TAILROUTE_FUZZ_EXAMPLES", "120"))
 FUZZ_STEPS = int(os.environ.get("TAILROUTE_FUZZ_STEPS", "40"))
@@ -59,7 +71,7 @@ _PATHS = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/model
 _HEADER_KEYS = [":method", ":path", "content-type", ":status", "x-tailroute-class",
                 "x-tailroute-priority", "x-tailroute-tenant", "x-tailroute-deadline-ms",
                 "x-tailroute-step", "x-tailroute-explain", "x-request-id",
-                "x-envoy-attempt-count", "x-stainless-retry-count", REQUEST_ID_HEADER,
+                "x-envoy-attempt-count", "x-stainless-retry-count", "x-tailroute-rid",
                 "X-TailRoute-Class", "x-other"]
 _VALUES = st.one_of(
     st.sampled_from(["POST", "GET", "1", "0", "batch", "interactive", "optional", "critical",
@@ -106,7 +118,7 @@ _sse_pieces = st.lists(st.one_of(
 
 
 @st.composite
-def messages(draw: st.DrawFn, rid: str | None = None) -> pb.ProcessingRequest:
+def messages(draw: st.DrawFn) -> pb.ProcessingRequest:
     kind = draw(st.sampled_from(["request_headers", "request_body", "response_headers",
                                  "response_body", "request_trailers", "response_trailers",
                                  "none"]))
@@ -114,8 +126,6 @@ def messages(draw: st.DrawFn, rid: str | None = None) -> pb.ProcessingRequest:
     eos = draw(st.booleans())
     if kind in ("request_headers", "response_headers"):
         hdrs = draw(_headers)
-        if rid is not None:
-            hdrs[REQUEST_ID_HEADER] = rid.encode()
         hm = base_pb2.HeaderMap(headers=[
             base_pb2.HeaderValue(key=k, raw_value=v) if draw(st.booleans())
             else base_pb2.HeaderValue(key=k, value=v.decode("latin-1")) for k, v in hdrs.items()])
@@ -149,6 +159,7 @@ class Stream:
         self.handler = handler
         self.observe = observe
         self.held_for: str | None = None  # request kind awaiting the hold's answer
+        self.done = False  # an observing stream asked to be closed
 
 
 class ExtProcFuzz(RuleBasedStateMachine):
@@ -157,7 +168,7 @@ class ExtProcFuzz(RuleBasedStateMachine):
         self.app = App.create(fuzz_config(), seed=0)
         self.now = 1000.0
         self.streams: list[Stream] = []
-        self.rids: list[str] = []
+        self.metas: list[dict[str, str]] = []  # tailroute metadata of routing answers
         STATS["machines"] += 1
 
     @initialize()
@@ -172,18 +183,20 @@ class ExtProcFuzz(RuleBasedStateMachine):
             s.held_for = kind
             return
         if s.observe:
-            assert resp is None, "observability mode: Envoy expects no answer"
+            # Observability mode: Envoy expects no answer; the handler only says
+            # whether the server should close the stream now.
+            assert isinstance(resp, bool), resp
+            s.done = s.done or resp
             return
         assert isinstance(resp, pb.ProcessingResponse), resp
         resp.SerializeToString()  # well-formed on the wire
         assert answers_kind(kind, resp), (kind, resp.WhichOneof("response"))
         if resp.WhichOneof("response") == "immediate_response":
             STATS["immediate"] += 1
-        for opt in getattr(getattr(resp, resp.WhichOneof("response") or "", None), "response",
-                           pb.CommonResponse()).header_mutation.set_headers:
-            if opt.header.key == REQUEST_ID_HEADER:
-                self.rids.append(opt.header.raw_value.decode())
-            STATS["routed"] += opt.header.key == "x-tailroute-cluster"
+        meta = metadata(resp)
+        if "rid" in meta:
+            self.metas.append(meta)
+        STATS["routed"] += "route" in meta
 
     def _send(self, s: Stream, msg: pb.ProcessingRequest) -> None:
         STATS["messages"] += 1
@@ -196,24 +209,44 @@ class ExtProcFuzz(RuleBasedStateMachine):
         self.streams.append(s)
         self._send(s, first)
 
-    @precondition(lambda self: bool(self.rids))
-    @rule(data=st.data())
-    def open_observing_stream(self, data: st.DataObject) -> None:
-        rid = data.draw(st.sampled_from(self.rids))
-        hm = base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=REQUEST_ID_HEADER,
-                                                              raw_value=rid.encode())])
-        first = pb.ProcessingRequest(observability_mode=True,
-                                     request_headers=pb.HttpHeaders(headers=hm))
+    @precondition(lambda self: bool(self.metas))
+    @rule(data=st.data(), kind=st.sampled_from(["response_headers", "response_body"]),
+          status=st.sampled_from(["200", "200", "503", "abc", ""]), body=_sse_pieces,
+          eos=st.booleans())
+    def open_observing_stream(self, data: st.DataObject, kind: str, status: str, body: bytes,
+                              eos: bool) -> None:
+        """The observing filter's stream of a routed request (forwarded metadata)."""
+        meta = dict(data.draw(st.sampled_from(self.metas)))
+        if data.draw(st.booleans()):  # damaged or foreign metadata
+            meta[data.draw(st.sampled_from(["rid", "route", "slice"]))] = data.draw(
+                st.text(max_size=12))
+        first = observe_msg(kind, meta, {":status": status, "content-type": "text/event-stream"},
+                            body=body, eos=eos)
         s = Stream(open_stream(self.app, first), True)
         self.streams.append(s)
         self._send(s, first)
 
     @precondition(lambda self: any(s.held_for is None for s in self.streams))
+    @rule(data=st.data(), plausible=st.booleans())
+    def send_one_message_request(self, data: st.DataObject, plausible: bool) -> None:
+        """The one-message path: the body with headers as request attributes."""
+        body = _chat("m", data.draw(st.booleans())) if plausible else data.draw(_request_bodies)
+        headers = {k: v.decode("utf-8", "replace") for k, v in data.draw(_headers).items()}
+        s = Stream(open_stream(self.app, body_only_msg(body, headers)), False)
+        self.streams.append(s)
+        self._send(s, body_only_msg(body, headers))
+
+    @precondition(lambda self: any(s.held_for is None for s in self.streams))
     @rule(data=st.data())
     def send(self, data: st.DataObject) -> None:
         s = data.draw(st.sampled_from([s for s in self.streams if s.held_for is None]))
-        rid = data.draw(st.sampled_from(self.rids)) if self.rids and s.observe else None
-        self._send(s, data.draw(messages(rid)))
+        if s.observe and self.metas:
+            meta = data.draw(st.sampled_from(self.metas))
+            kind = data.draw(st.sampled_from(["response_headers", "response_body"]))
+            self._send(s, observe_msg(kind, meta, {":status": "200"},
+                                      body=data.draw(_sse_pieces), eos=data.draw(st.booleans())))
+        else:
+            self._send(s, data.draw(messages()))
 
     @precondition(lambda self: any(s.held_for is None and not s.observe for s in self.streams))
     @rule(data=st.data(), stream=st.booleans(), model=st.sampled_from(["m", "m", "other"]))
