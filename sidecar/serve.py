@@ -24,7 +24,7 @@ import grpc
 from prometheus_client import Histogram
 
 from sidecar.core.config import Config
-from sidecar.ops import snapshot
+from sidecar.ops import genai_metrics, snapshot
 from sidecar.ops.admin import AdminServer
 from sidecar.ops.metrics import build_registry
 from sidecar.ops.reload import ConfigReloader, watch_loop
@@ -166,6 +166,7 @@ async def serve(
         return out
 
     registry, phase_hist = build_registry(lambda: app.router, loop.time, shell_counters)
+    app.on_observation = genai_metrics.attach(registry, lambda: app.router.config)
     tcp = grpc_addr if grpc_addr is not None else config.listen.grpc
     unix_arg = unix
     unix = unix if unix is not None else config.listen.grpc_unix

@@ -21,6 +21,10 @@ from sidecar.core.tls_config import ListenTlsConfig, SidecarTlsConfig
 Metric = Literal["ttft", "tpot", "e2e"]
 PickerMode = Literal["weighted_random", "lowest_score"]
 Algorithm = Literal["latency_aware", "static"]
+# Routing profile of a model: tailroute's own, or semantic-router's latency_aware
+# reproduced exactly (sidecar.core.compat_sr).
+Compat = Literal["tailroute", "semantic-router"]
+SEMANTIC_ROUTER: Compat = "semantic-router"
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +39,8 @@ class ClusterConfig:
     quality: float = 1.0
     region: str = ""
     tls: bool = False
+    # gen_ai.provider.name of the OpenTelemetry GenAI conventions (a metrics label).
+    provider: str = "openai"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +61,7 @@ class ModelConfig:
     algorithm: Algorithm = "latency_aware"
     latency_aware: LatencyAwareConfig = LatencyAwareConfig(ttft_percentile=95, tpot_percentile=90)
     regions: tuple[str, ...] = ()  # data-policy constraint: allowed regions (empty = any)
+    compat: Compat = "tailroute"
 
 
 @dataclass(frozen=True, slots=True)

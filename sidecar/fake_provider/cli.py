@@ -26,7 +26,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tailroute fake-provider",
                                 description="Simulated OpenAI-compatible LLM upstream.")
     p.add_argument("--name", default="fake", help="reported in the x-fake-provider header")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (see --ready-file)")
     p.add_argument("--ttft-ms", metavar="MEDIAN[:P99]", help="time to first token (fixed w/o P99)")
     p.add_argument("--tpot-ms", metavar="MEDIAN[:P99]", help="time per output token")

@@ -314,7 +314,7 @@ class RouteStream:
             rid, decision, info.slice, info.stream, app.deadline_for(decision, now),
             is_retry=info.retry_attempt > 0,
             observed=app.router.wants_observation(cluster, info.slice, now, app.rng),
-            sampled=sampled,
+            sampled=sampled, api=info.api,
         ))
         return resp
 
