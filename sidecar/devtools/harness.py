@@ -123,16 +123,24 @@ class Stack:
 
     def start_sidecar(self, config_path: Path, unix: str | None = None,
                       extra: list[str] | None = None, launcher: list[str] | None = None) -> int:
-        """``launcher`` replaces ``python -m sidecar.cli`` (e.g. a tracemalloc wrapper)."""
+        """Start (or restart) the sidecar; returns its gRPC port.
+
+        The first start binds a free port; a restart binds the *same* port again,
+        because the running Envoy's bootstrap points there (a restart on a new
+        port would leave Envoy failing open for good, which is not a restart).
+        ``extra`` comes last, so an explicit ``--grpc`` in it wins. ``launcher``
+        replaces ``python -m sidecar.cli`` (e.g. a tracemalloc wrapper).
+        """
         ready = self.workdir / "sidecar.port"
         ready.unlink(missing_ok=True)
         argv = [*(launcher or [sys.executable, "-m", "sidecar.cli"]), "serve",
                 "--config", str(config_path),
-                "--ready-file", str(ready), "--admin", "127.0.0.1:0", *(extra or [])]
+                "--ready-file", str(ready), "--admin", "127.0.0.1:0"]
         if unix:
             argv += ["--unix", unix, "--grpc", ""]
         else:
-            argv += ["--grpc", "127.0.0.1:0"]
+            argv += ["--grpc", f"127.0.0.1:{self.ports.get('sidecar', 0)}"]
+        argv += extra or []
         proc = self._spawn("sidecar", argv)
         grpc_port, admin_port = (int(x) for x in _wait_file(ready, proc, 30, "sidecar").split())
         self.ports["sidecar"] = grpc_port
