@@ -9,6 +9,13 @@ sink (normally :class:`sidecar.shell.outcomes.OutcomeFeed`).
 This module knows the wire format and nothing of routing, so any reader of
 Envoy's access log (the outcome feed, a native-mode learner) can reuse it.
 Bad entries are counted and skipped; they never end the stream.
+
+Envoy (1.40, ``GrpcAccessLogger``) keeps one logger per worker for its whole
+life; when its stream is closed by the server (any status) or reset, the next
+flush that has entries opens a new one — so a restarted sidecar on the same
+address gets its streams back within one ``buffer_flush_interval`` of its first
+entries. At shutdown :meth:`AccessLogService.close` ends every stream with an OK
+status instead of leaving it to the server's cancellation.
 """
 
 from __future__ import annotations
@@ -98,6 +105,36 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
         self.counters: Counter[str] = counters if counters is not None else Counter()
         self.open_streams = 0
         self.nodes: Counter[str] = Counter()  # open streams per Envoy node id
+        self._closing = asyncio.Event()
+
+    def close(self) -> None:
+        """End every open stream (and refuse new ones) with an OK status: Envoy sees a
+        normal close (and opens a new stream at its next flush, to whichever sidecar
+        then listens), and the server's own stop has nothing left to cancel."""
+        self._closing.set()
+
+    async def _messages(
+        self, request_iterator: AsyncIterator[als_pb2.StreamAccessLogsMessage]
+    ) -> AsyncIterator[als_pb2.StreamAccessLogsMessage]:
+        """The stream's messages until Envoy ends it or :meth:`close` is called."""
+        if self._closing.is_set():
+            return
+        closing = asyncio.ensure_future(self._closing.wait())
+        it = aiter(request_iterator)
+        try:
+            while True:
+                nxt = asyncio.ensure_future(anext(it))
+                await asyncio.wait((nxt, closing), return_when=asyncio.FIRST_COMPLETED)
+                if not nxt.done():
+                    nxt.cancel()
+                    return
+                try:
+                    msg = nxt.result()
+                except StopAsyncIteration:
+                    return
+                yield msg
+        finally:
+            closing.cancel()
 
     async def StreamAccessLogs(
         self, request_iterator: AsyncIterator[als_pb2.StreamAccessLogsMessage], context: Any
@@ -108,7 +145,7 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
         self.counters["log_streams"] += 1
         self.counters["log_streams_open"] += 1
         try:
-            async for msg in request_iterator:
+            async for msg in self._messages(request_iterator):
                 if msg.HasField("identifier") and not node:
                     node = msg.identifier.node.id or msg.identifier.log_name or "?"
                     self.nodes[node] += 1
