@@ -24,7 +24,17 @@ import pytest
 
 from sidecar.devtools.client_load import ClientLoad
 from sidecar.devtools.harness import Stack
-from tests.ops_stack import MODEL, admin_get, e2e_samples, start_stack, wait_for
+from tests.blackhole_proxy import BlackholeProxy
+from tests.ops_stack import (
+    MODEL,
+    admin_get,
+    drive,
+    e2e_samples,
+    ops_config,
+    start_providers,
+    start_stack,
+    wait_for,
+)
 
 pytestmark = pytest.mark.envoy
 
@@ -187,3 +197,31 @@ def test_outcomes_resume_after_the_sidecar_restarts() -> None:
     assert envoy["log_streams_open"] >= 1 and decisions >= 30
     assert outcomes["ok"] == decisions + envoy["orphan"]
     assert sum(outcomes.values()) == outcomes["ok"]
+
+
+def test_a_sidecar_connection_gone_silent_is_closed_by_keepalive_and_outcomes_resume() -> None:
+    """The sidecar's host vanishes from under Envoy's connection (no FIN, no RST; a
+    proxy stops forwarding): Envoy's HTTP/2 keepalive closes it, the next requests
+    and the next access-log flush open new streams, and decisions and outcomes resume.
+    Without keepalive the access-log stream would stay on the dead connection for good."""
+    with Stack() as stack:
+        ports = start_providers(stack)
+        path = stack.write_config(ops_config(
+            ports, envoy={"sidecar_keepalive_s": 1, "sidecar_health_interval_s": 0}))
+        stack.start_sidecar(path)
+        with BlackholeProxy(stack.ports["sidecar"]) as proxy:
+            stack.start_envoy(sidecar_port=proxy.port)
+            drive(stack, 8, 2)
+            wait_for(lambda: _metric(stack, "tailroute_outcomes_total", 'outcome="ok"') == 8,
+                     "the first outcomes")
+            proxy.blackhole()
+            sent = 0
+            while sent < 200 and _metric(stack, "tailroute_outcomes_total",
+                                         'outcome="ok"') < 8 + 4:
+                assert len(drive(stack, 4, 2)) == 4  # fail-open or routed: always served
+                sent += 4
+            timeouts = _envoy_stat(stack, "cluster.tailroute_sidecar.http2.keepalive_timeout")
+            outcomes = _metric(stack, "tailroute_outcomes_total", 'outcome="ok"')
+    print(f"\nsilent connection: {sent} requests until outcomes resumed; "
+          f"keepalive timeouts {timeouts}, ok outcomes {outcomes}")
+    assert timeouts >= 1 and outcomes >= 12

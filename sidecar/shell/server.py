@@ -38,11 +38,18 @@ from sidecar.shell.outcomes import OutcomeFeed
 log = logging.getLogger("tailroute.server")
 CANCEL_SETTLE_S = 0.01  # see the end of ExtProcService.Process
 # HTTP/2 keepalive: a peer that vanished without closing (crash, partition) is found
-# within ~time + timeout and its streams are released instead of held for ever.
+# within ~time + timeout and its streams are released instead of held for ever. Envoy
+# pings too (envoy.sidecar_keepalive_s, sidecar.shell.sidecar_cluster); gRPC's default
+# policy would count its pings on an idle connection (more often than every 5 min, and
+# Envoy's access-log stream sends no data back until it ends) as strikes and close the
+# connection with a GOAWAY after two: Envoy's pings are permitted instead.
 KEEPALIVE_OPTIONS = [
     ("grpc.keepalive_time_ms", 60_000),
     ("grpc.keepalive_timeout_ms", 20_000),
     ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
+    ("grpc.http2.max_ping_strikes", 0),
 ]
 
 
