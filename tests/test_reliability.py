@@ -155,6 +155,13 @@ def test_envoy_restarted_under_load_leaves_nothing_behind_in_the_sidecar() -> No
             after = load3.stop()
         assert _envoy_stat(stack, "cluster.tailroute_sidecar.upstream_rq_active_overflow") == 0
         assert _metric(stack, "tailroute_errors_total", 'kind="handler_exception"') == 0
+        # The new Envoy's entries flow: its requests all become outcomes, and the
+        # access log is not "silent" although the cut requests' entries never come
+        # (they are counted lost after the grace).
+        wait_for(lambda: _metric(stack, "tailroute_outcomes_total", 'outcome="ok"')
+                 >= first.ok + after.ok, "the new Envoy's outcomes")
+        view = stack.sidecar_state()["envoy"]
+        assert view["access_log"] == "ok" and view["log_streams_open"] >= 1
     print(f"\nEnvoy restart: before {first.snapshot()}, cut by the restart "
           f"{cut.snapshot() if cut else None}, after {after.snapshot()}")
     assert first.failed == 0 and after.failed == 0
@@ -225,3 +232,27 @@ def test_a_sidecar_connection_gone_silent_is_closed_by_keepalive_and_outcomes_re
     print(f"\nsilent connection: {sent} requests until outcomes resumed; "
           f"keepalive timeouts {timeouts}, ok outcomes {outcomes}")
     assert timeouts >= 1 and outcomes >= 12
+
+
+def _without_access_log(boot: dict[str, Any]) -> None:
+    hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    del hcm["typed_config"]["access_log"]
+
+
+def test_decisions_without_access_log_are_reported_silent() -> None:
+    """A hand-written bootstrap without tailroute's access log: the sidecar decides but
+    learns nothing, and says so (/state, the wait gauge and the stream gauge that
+    TailrouteAccessLogSilent reads)."""
+    with Stack() as stack:
+        ports = start_providers(stack)
+        stack.start_sidecar(stack.write_config(ops_config(ports)))
+        stack.start_envoy(edit=_without_access_log)
+        drive(stack, 10, 2)
+        view = wait_for(lambda: (v := stack.sidecar_state()["envoy"])["access_log"] == "silent"
+                        and v, "the access log to be reported silent")
+        wait = _sum_metric(stack, "tailroute_access_log_wait_seconds")
+        streams = _sum_metric(stack, "tailroute_access_log_streams")
+        decisions = _sum_metric(stack, "tailroute_decisions_total")
+        ok = _metric(stack, "tailroute_outcomes_total", 'outcome="ok"')
+    assert view["awaiting_entry"] == 10 and view["log_streams_open"] == 0
+    assert decisions == 10 and ok == 0 and streams == 0 and wait > 0

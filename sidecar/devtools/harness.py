@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,7 +160,10 @@ class Stack:
     # ------------------------------------------------------------ envoy
 
     def start_envoy(self, unix: str | None = None, sidecar_port: int | None = None,
-                    with_sidecar: bool = True) -> int:
+                    with_sidecar: bool = True,
+                    edit: Callable[[dict[str, Any]], None] | None = None) -> int:
+        """Render the bootstrap from the config and start Envoy; ``edit`` may change
+        the rendered bootstrap first (tests of setups the renderer never makes)."""
         assert self.config is not None, "write_config first"
         listen, admin = free_port(), free_port()
         port = sidecar_port or self.ports.get("sidecar") or free_port()
@@ -171,6 +175,8 @@ class Stack:
             admin=f"127.0.0.1:{admin}",
             with_sidecar=with_sidecar,
         )
+        if edit is not None:
+            edit(boot)
         path = self.workdir / "envoy.yaml"
         path.write_text(to_yaml(boot))
         argv = [envoy_binary(), "-c", str(path), "--use-dynamic-base-id", "--concurrency", "1",

@@ -32,6 +32,7 @@ from sidecar.core.envoy_log import LogRecord
 from sidecar.pb.envoy.data.accesslog.v3 import accesslog_pb2 as al
 from sidecar.pb.envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 from sidecar.shell import envoy_contract as ec
+from sidecar.shell.grpc_settle import settle
 
 log = logging.getLogger("tailroute.access_log")
 
@@ -97,6 +98,11 @@ def record_from_entry(e: al.HTTPAccessLogEntry) -> LogRecord:
     )
 
 
+def _collect(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[misc]
     """envoy.service.accesslog.v3.AccessLogService/StreamAccessLogs."""
 
@@ -121,12 +127,15 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
             return
         closing = asyncio.ensure_future(self._closing.wait())
         it = aiter(request_iterator)
+        nxt: asyncio.Future[als_pb2.StreamAccessLogsMessage] | None = None
         try:
             while True:
                 nxt = asyncio.ensure_future(anext(it))
+                # Whoever ends first (gRPC cancelling this handler, close()), the read
+                # task's own end is collected, so asyncio never reports it as lost.
+                nxt.add_done_callback(_collect)
                 await asyncio.wait((nxt, closing), return_when=asyncio.FIRST_COMPLETED)
                 if not nxt.done():
-                    nxt.cancel()
                     return
                 try:
                     msg = nxt.result()
@@ -135,6 +144,8 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
                 yield msg
         finally:
             closing.cancel()
+            if nxt is not None:
+                nxt.cancel()
 
     async def StreamAccessLogs(
         self, request_iterator: AsyncIterator[als_pb2.StreamAccessLogsMessage], context: Any
@@ -167,4 +178,8 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
                 self.nodes[node] -= 1
                 if self.nodes[node] <= 0:
                     del self.nodes[node]
+        if not self._closing.is_set():
+            # Envoy ends these streams only by cancelling them (it never half-closes):
+            # returning at once would leak native memory in grpc.aio.
+            await settle()
         return als_pb2.StreamAccessLogsResponse()
