@@ -51,7 +51,8 @@ async def _drain(server: grpc.aio.Server, service: ExtProcService, app: App,
     New routing streams are refused at once (Envoy fails open to the default
     route); access-log streams are still accepted, because a request's outcome
     arrives after the request, on a stream Envoy may only open then. Once no
-    request has been pending for two checks in a row, the server stops.
+    request has been pending for two checks in a row, the access-log streams
+    are ended with an OK status and the server stops.
     """
     loop = asyncio.get_running_loop()
     service.draining = True
@@ -61,6 +62,8 @@ async def _drain(server: grpc.aio.Server, service: ExtProcService, app: App,
         if idle >= 2:
             break
         await asyncio.sleep(0.05)
+    if service.access_log is not None:
+        service.access_log.close()
     await server.stop(grace=0.05)
 
 

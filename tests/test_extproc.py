@@ -269,14 +269,58 @@ def test_blind_route_takes_ttft_from_sampled_requests_only() -> None:
     assert series.quantile("tpot", 0.5, 0.4) == pytest.approx((0.3 - 0.07) / 5, rel=0.03)
 
 
-def test_missing_entry_is_swept_and_counted(app: App) -> None:
+def _outcomes(app: App) -> int:
+    return sum(v for (k, _), v in app.router.counters.items() if k == "outcome")
+
+
+def test_missing_entry_is_swept_and_counted_lost_once(app: App) -> None:
+    """No entry within the grace: ``lost`` (no outcome); the entry arriving after all is
+    ``late`` and not observed, so the request is still counted exactly once."""
     s, _ = fast(app, chat_request())
     s.close(1.0, cancelled=False)
     app.tick(1.0 + LOG_GRACE_S - 1)
     assert s.rid in app.pending
+    assert app.envoy_view(LOG_GRACE_S)["access_log"] == "silent"
     app.tick(1.0 + LOG_GRACE_S + 1)
-    assert not app.pending and app.errors["access_log_missing"] == 1
-    assert sum(v for (k, _), v in app.router.counters.items() if k == "outcome") == 0
+    assert not app.pending and app.envoy["lost"] == 1 and _outcomes(app) == 0
+    assert app.shell_counters()["outcome:lost"] == 1
+    OutcomeFeed(app)(entry(s.rid, route="a|interactive|n", slice_label=SLICE.label()),
+                     2.0 + LOG_GRACE_S)
+    assert app.envoy["late"] == 1 and app.envoy["orphan"] == 0 and _outcomes(app) == 0
+
+
+def test_finished_requests_waiting_for_entries_are_bounded(app: App) -> None:
+    """The access log is down: finished requests pile up at the request rate; past the
+    cap the oldest are given up at once (lost), the in-flight slots all released."""
+    app.waiting.cap = 8
+    streams = []
+    for i in range(20):
+        s, _ = fast(app, chat_request())
+        s.close(0.1 * i, cancelled=False)
+        streams.append(s)
+    assert len(app.pending) == 8 and len(app.waiting) == 8 and app.envoy["lost"] == 12
+    assert all(app.router.inflight(c) == 0 for c in app.config.cluster_names)
+    assert app.envoy_view(2.0)["oldest_wait_s"] == pytest.approx(2.0 - 1.2)
+    feed = OutcomeFeed(app)
+    for s in streams:  # the log comes back and delivers everything
+        feed(entry(s.rid, route="a|interactive|n", slice_label=SLICE.label()), 3.0)
+    assert app.envoy["late"] == 12 and _outcomes(app) == 8 and not app.pending
+    assert app.envoy_view(3.0)["oldest_wait_s"] == 0.0
+
+
+def test_access_log_status_says_whether_entries_flow(app: App) -> None:
+    assert app.envoy_view(0.0)["access_log"] == "no_stream"  # nothing sent yet
+    app.envoy["log_streams_open"] = 1
+    s, _ = fast(app, chat_request())
+    s.close(1.0, cancelled=False)
+    assert app.envoy_view(1.5)["access_log"] == "ok"
+    assert app.envoy_view(1.0 + app.silent_after_s() + 0.1)["access_log"] == "silent"
+    feed = OutcomeFeed(app)
+    feed(entry(None), 7.0)  # entries flow again (this one's is still missing)
+    assert app.envoy_view(7.5)["access_log"] == "ok"
+    assert app.envoy_view(7.0 + app.silent_after_s() + 0.1)["access_log"] == "silent"
+    feed(entry(s.rid), 13.0)
+    assert app.envoy_view(20.0)["access_log"] == "ok"
 
 
 def test_entries_tailroute_never_decided_are_counted_as_envoy_fail_open(app: App) -> None:

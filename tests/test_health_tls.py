@@ -217,3 +217,25 @@ def test_changed_certificates_serve_from_the_next_handshake(pki: Pki, tmp_path: 
     got = asyncio.run(run())
     assert got[:4] == [SERVING, SERVING, SERVING, grpc.StatusCode.UNAVAILABLE]
     assert got[4] == {"invalid": 1, "ok": 1}
+
+
+@pytest.mark.parametrize(("every", "keepalive"), [
+    (None, {"interval": "10s", "timeout": "5s"}),
+    (1, {"interval": "1s", "timeout": "0.5s"}),
+    (30, {"interval": "30s", "timeout": "5s"}),
+    (0, None),
+])
+def test_rendered_sidecar_cluster_pings_its_connection(every: float | None,
+                                                       keepalive: dict[str, str] | None) -> None:
+    envoy = {} if every is None else {"sidecar_keepalive_s": every}
+    boot = render_bootstrap(parse_config(base_config_dict(envoy=envoy), "t.yaml"))
+    sidecar = next(c for c in boot["static_resources"]["clusters"] if c["name"] == SIDECAR_CLUSTER)
+    opts = sidecar["typed_extension_protocol_options"][
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+    assert opts["explicit_http_config"]["http2_protocol_options"].get(
+        "connection_keepalive") == keepalive
+
+
+def test_keepalive_interval_below_a_second_is_refused() -> None:
+    with pytest.raises(ConfigError, match=re.escape("envoy.sidecar_keepalive_s: must be 0")):
+        parse_config(base_config_dict(envoy={"sidecar_keepalive_s": 0.2}), "t.yaml")

@@ -175,6 +175,10 @@ class EnvoyConfig:
     access_log_flush_ms: int = 100
     # Envoy's active gRPC health check of the sidecar cluster (grpc.health.v1); 0 = none.
     sidecar_health_interval_s: float = 5.0
+    # Envoy's HTTP/2 keepalive on its connection to the sidecar: a PING every this many
+    # seconds; an unanswered one closes the connection (a sidecar gone without a FIN or
+    # RST: host crash, partition), so its streams fail over instead of hanging; 0 = none.
+    sidecar_keepalive_s: float = 10.0
     sidecar_tls: SidecarTlsConfig | None = None  # how Envoy reaches a TLS sidecar
 
 

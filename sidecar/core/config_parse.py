@@ -307,6 +307,7 @@ def _envoy(r: ConfigReader) -> EnvoyConfig:
             "sidecar_max_requests", 1024, lo=16, hi=1_000_000, integer=True),
         access_log_flush_ms=r.num("access_log_flush_ms", 100, lo=10, hi=10_000, integer=True),
         sidecar_health_interval_s=r.num("sidecar_health_interval_s", 5.0, lo=0, hi=3600),
+        sidecar_keepalive_s=r.num("sidecar_keepalive_s", 10.0, lo=0, hi=3600),
         sidecar_tls=parse_sidecar_tls(r.sub("sidecar_tls")),
     )
     for gone in ("observe_mode", "overlap_headers"):
@@ -316,6 +317,9 @@ def _envoy(r: ConfigReader) -> EnvoyConfig:
     if 0 < cfg.sidecar_health_interval_s < 0.1:
         r.fail(f"must be 0 (off) or >= 0.1, got {cfg.sidecar_health_interval_s:g}",
                "sidecar_health_interval_s")
+    if 0 < cfg.sidecar_keepalive_s < 1.0:
+        r.fail(f"must be 0 (off) or >= 1, got {cfg.sidecar_keepalive_s:g}",
+               "sidecar_keepalive_s")
     r.done()
     return cfg
 

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,16 +124,24 @@ class Stack:
 
     def start_sidecar(self, config_path: Path, unix: str | None = None,
                       extra: list[str] | None = None, launcher: list[str] | None = None) -> int:
-        """``launcher`` replaces ``python -m sidecar.cli`` (e.g. a tracemalloc wrapper)."""
+        """Start (or restart) the sidecar; returns its gRPC port.
+
+        The first start binds a free port; a restart binds the *same* port again,
+        because the running Envoy's bootstrap points there (a restart on a new
+        port would leave Envoy failing open for good, which is not a restart).
+        ``extra`` comes last, so an explicit ``--grpc`` in it wins. ``launcher``
+        replaces ``python -m sidecar.cli`` (e.g. a tracemalloc wrapper).
+        """
         ready = self.workdir / "sidecar.port"
         ready.unlink(missing_ok=True)
         argv = [*(launcher or [sys.executable, "-m", "sidecar.cli"]), "serve",
                 "--config", str(config_path),
-                "--ready-file", str(ready), "--admin", "127.0.0.1:0", *(extra or [])]
+                "--ready-file", str(ready), "--admin", "127.0.0.1:0"]
         if unix:
             argv += ["--unix", unix, "--grpc", ""]
         else:
-            argv += ["--grpc", "127.0.0.1:0"]
+            argv += ["--grpc", f"127.0.0.1:{self.ports.get('sidecar', 0)}"]
+        argv += extra or []
         proc = self._spawn("sidecar", argv)
         grpc_port, admin_port = (int(x) for x in _wait_file(ready, proc, 30, "sidecar").split())
         self.ports["sidecar"] = grpc_port
@@ -151,7 +160,10 @@ class Stack:
     # ------------------------------------------------------------ envoy
 
     def start_envoy(self, unix: str | None = None, sidecar_port: int | None = None,
-                    with_sidecar: bool = True) -> int:
+                    with_sidecar: bool = True,
+                    edit: Callable[[dict[str, Any]], None] | None = None) -> int:
+        """Render the bootstrap from the config and start Envoy; ``edit`` may change
+        the rendered bootstrap first (tests of setups the renderer never makes)."""
         assert self.config is not None, "write_config first"
         listen, admin = free_port(), free_port()
         port = sidecar_port or self.ports.get("sidecar") or free_port()
@@ -163,6 +175,8 @@ class Stack:
             admin=f"127.0.0.1:{admin}",
             with_sidecar=with_sidecar,
         )
+        if edit is not None:
+            edit(boot)
         path = self.workdir / "envoy.yaml"
         path.write_text(to_yaml(boot))
         argv = [envoy_binary(), "-c", str(path), "--use-dynamic-base-id", "--concurrency", "1",

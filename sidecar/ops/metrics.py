@@ -52,6 +52,7 @@ METRIC_NAMES = (
     "tailroute_extproc_phase_seconds",
     "tailroute_access_log_entries_total",
     "tailroute_access_log_streams",
+    "tailroute_access_log_wait_seconds",
     *_QUANTILE_METRICS.values(),
     *(exported_name(f) for f in FAMILIES),
 )
@@ -79,7 +80,12 @@ class RouterCollector(Collector):
         fb = CounterMetricFamily("tailroute_fallbacks",
                                  "Decisions without full narrow-slice evidence, by kind",
                                  labels=["kind"])
-        out = CounterMetricFamily("tailroute_outcomes", "Observed outcomes", labels=["outcome"])
+        shell = self._shell()
+        out = CounterMetricFamily("tailroute_outcomes", "Outcomes of decided requests: ok, "
+                                  "error, timeout, cancel (observed, evidence) and lost (its "
+                                  "access-log entry never came: not evidence)",
+                                  labels=["outcome"])
+        out.add_metric(["lost"], shell.get("outcome:lost", 0))
         tr = CounterMetricFamily("tailroute_health_transitions",
                                  "Health-state transitions by new state", labels=["state"])
         adm = CounterMetricFamily("tailroute_admission", "Admission outcomes",
@@ -127,7 +133,6 @@ class RouterCollector(Collector):
                         g.add_metric([cluster, slice.label(), str(q)], value)
             yield g
 
-        shell = self._shell()
         errs = CounterMetricFamily("tailroute_errors", "Shell-side errors by kind",
                                    labels=["kind"])
         for k, v in shell.items():
@@ -154,14 +159,21 @@ class RouterCollector(Collector):
         entries = CounterMetricFamily(
             "tailroute_access_log_entries",
             "Envoy access-log entries by kind: decided, fail_open (an LLM request Envoy "
-            "served without a decision), not_routed, orphan", labels=["kind"])
-        for kind in ("decided", "fail_open", "not_routed", "orphan"):
+            "served without a decision), not_routed, orphan, late (the entry of a request "
+            "already counted lost)", labels=["kind"])
+        for kind in ("decided", "fail_open", "not_routed", "orphan", "late"):
             entries.add_metric([kind], shell.get(f"envoy:{kind}", 0))
         yield entries
         streams = GaugeMetricFamily("tailroute_access_log_streams",
                                     "Envoy access-log streams currently connected")
         streams.add_metric([], shell.get("envoy:log_streams_open", 0))
         yield streams
+        wait = GaugeMetricFamily(
+            "tailroute_access_log_wait_seconds",
+            "How long the oldest finished request has waited for its access-log entry "
+            "(about the flush interval when entries flow; climbs while they do not)")
+        wait.add_metric([], shell.get("envoy:oldest_wait_ms", 0) / 1000.0)
+        yield wait
 
 
 def build_registry(router: Callable[[], Router], now: Callable[[], float],

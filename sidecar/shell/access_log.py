@@ -9,6 +9,13 @@ sink (normally :class:`sidecar.shell.outcomes.OutcomeFeed`).
 This module knows the wire format and nothing of routing, so any reader of
 Envoy's access log (the outcome feed, a native-mode learner) can reuse it.
 Bad entries are counted and skipped; they never end the stream.
+
+Envoy (1.40, ``GrpcAccessLogger``) keeps one logger per worker for its whole
+life; when its stream is closed by the server (any status) or reset, the next
+flush that has entries opens a new one — so a restarted sidecar on the same
+address gets its streams back within one ``buffer_flush_interval`` of its first
+entries. At shutdown :meth:`AccessLogService.close` ends every stream with an OK
+status instead of leaving it to the server's cancellation.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from sidecar.core.envoy_log import LogRecord
 from sidecar.pb.envoy.data.accesslog.v3 import accesslog_pb2 as al
 from sidecar.pb.envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 from sidecar.shell import envoy_contract as ec
+from sidecar.shell.grpc_settle import settle
 
 log = logging.getLogger("tailroute.access_log")
 
@@ -90,6 +98,11 @@ def record_from_entry(e: al.HTTPAccessLogEntry) -> LogRecord:
     )
 
 
+def _collect(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[misc]
     """envoy.service.accesslog.v3.AccessLogService/StreamAccessLogs."""
 
@@ -98,6 +111,41 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
         self.counters: Counter[str] = counters if counters is not None else Counter()
         self.open_streams = 0
         self.nodes: Counter[str] = Counter()  # open streams per Envoy node id
+        self._closing = asyncio.Event()
+
+    def close(self) -> None:
+        """End every open stream (and refuse new ones) with an OK status: Envoy sees a
+        normal close (and opens a new stream at its next flush, to whichever sidecar
+        then listens), and the server's own stop has nothing left to cancel."""
+        self._closing.set()
+
+    async def _messages(
+        self, request_iterator: AsyncIterator[als_pb2.StreamAccessLogsMessage]
+    ) -> AsyncIterator[als_pb2.StreamAccessLogsMessage]:
+        """The stream's messages until Envoy ends it or :meth:`close` is called."""
+        if self._closing.is_set():
+            return
+        closing = asyncio.ensure_future(self._closing.wait())
+        it = aiter(request_iterator)
+        nxt: asyncio.Future[als_pb2.StreamAccessLogsMessage] | None = None
+        try:
+            while True:
+                nxt = asyncio.ensure_future(anext(it))
+                # Whoever ends first (gRPC cancelling this handler, close()), the read
+                # task's own end is collected, so asyncio never reports it as lost.
+                nxt.add_done_callback(_collect)
+                await asyncio.wait((nxt, closing), return_when=asyncio.FIRST_COMPLETED)
+                if not nxt.done():
+                    return
+                try:
+                    msg = nxt.result()
+                except StopAsyncIteration:
+                    return
+                yield msg
+        finally:
+            closing.cancel()
+            if nxt is not None:
+                nxt.cancel()
 
     async def StreamAccessLogs(
         self, request_iterator: AsyncIterator[als_pb2.StreamAccessLogsMessage], context: Any
@@ -108,7 +156,7 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
         self.counters["log_streams"] += 1
         self.counters["log_streams_open"] += 1
         try:
-            async for msg in request_iterator:
+            async for msg in self._messages(request_iterator):
                 if msg.HasField("identifier") and not node:
                     node = msg.identifier.node.id or msg.identifier.log_name or "?"
                     self.nodes[node] += 1
@@ -130,4 +178,8 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
                 self.nodes[node] -= 1
                 if self.nodes[node] <= 0:
                     del self.nodes[node]
+        if not self._closing.is_set():
+            # Envoy ends these streams only by cancelling them (it never half-closes):
+            # returning at once would leak native memory in grpc.aio.
+            await settle()
         return als_pb2.StreamAccessLogsResponse()

@@ -15,7 +15,10 @@ any order between the last two)::
 
 Invariants: a Pending releases its slot exactly once (``released``); it is
 removed exactly once (:meth:`App.finalize` pops it); a Pending without its
-entry after its deadline is swept and counted (``access_log_missing``).
+entry after its deadline, or pushed out of the bounded book of finished requests
+(:mod:`sidecar.shell.log_wait`), is counted ``lost`` exactly once — no outcome,
+not evidence — and an entry that still comes for it is counted ``late``, not
+observed. So every decided request ends as exactly one outcome or one ``lost``.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from sidecar.core.envoy_log import LogRecord, observation_from_log
 from sidecar.core.router import Router
 from sidecar.core.ttft_offset import OffsetBook
 from sidecar.core.types import Api, Decision, Observation, SliceKey, TransitionEvent
+from sidecar.shell.log_wait import LogWait
 
 log = logging.getLogger("tailroute")
 
@@ -42,6 +46,9 @@ _PENDING_GRACE_S = 60.0
 LOG_GRACE_S = 30.0
 # After the entry arrived, how long a sampled request's first-token timing may still come.
 OBSERVER_GRACE_S = 1.0
+# The access log is "silent" when a finished request has waited this long for its entry
+# (at least three flush intervals: entries are sent once per envoy.access_log_flush_ms).
+SILENT_AFTER_S = 5.0
 
 
 @dataclass(slots=True)
@@ -74,9 +81,12 @@ class App:
     pending: dict[str, Pending] = field(default_factory=dict)
     errors: Counter[str] = field(default_factory=Counter)
     envoy: Counter[str] = field(default_factory=Counter)  # access-log view of Envoy
+    waiting: LogWait = field(default_factory=LogWait)  # finished, entry not yet in
     # Called with every observation the router receives (the GenAI histograms,
     # sidecar.ops.genai_metrics); whatever produces observations calls observe().
     on_observation: Callable[[Observation, Api], None] | None = None
+    last_tick: float = 0.0  # the loop time of the last tick (for scrape-time gauges)
+    last_entry: float | None = None  # when the last access-log entry arrived
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     _prefix: str = field(default_factory=lambda: f"{random.getrandbits(32):08x}")
 
@@ -110,23 +120,44 @@ class App:
         if self.envoy["fail_open"]:
             out["failopen:envoy"] = self.envoy["fail_open"]
         out.update({f"envoy:{k}": v for k, v in self.envoy.items()})
+        out["outcome:lost"] = self.envoy["lost"]
+        out["envoy:oldest_wait_ms"] = int(self.waiting.oldest_wait(self.last_tick) * 1000)
         return out
 
-    def envoy_view(self) -> dict[str, object]:
-        """The access-log view of Envoy for /state: what it logged, how much of it
-        tailroute decided, and the measured first-token offsets."""
+    def silent_after_s(self) -> float:
+        return max(SILENT_AFTER_S, 3 * self.config.envoy.access_log_flush_ms / 1000.0)
+
+    def access_log_status(self, now: float) -> str:
+        """``silent``: finished requests wait longer than :meth:`silent_after_s` for their
+        entries and no entry at all came for as long (outcomes are blind; a few requests
+        whose entries never come — those of an Envoy that restarted — are ``lost``, not
+        silence); ``no_stream``: no access-log stream is connected (Envoy opens it at its
+        first flush with entries: normal before any traffic); ``ok``: entries flow."""
+        quiet = self.silent_after_s()
+        if self.waiting.oldest_wait(now) > quiet and (
+                self.last_entry is None or now - self.last_entry > quiet):
+            return "silent"
+        return "ok" if self.envoy["log_streams_open"] > 0 else "no_stream"
+
+    def envoy_view(self, now: float) -> dict[str, object]:
+        """The access-log view of Envoy for /state: whether entries flow, what it
+        logged, how much of it tailroute decided, and the measured first-token offsets."""
         env = self.envoy
         llm = env["decided"] + env["fail_open"]
         return {
+            "access_log": self.access_log_status(now),
             "log_streams_open": env["log_streams_open"],
+            "oldest_wait_s": round(self.waiting.oldest_wait(now), 3),
             "entries": env["entries"],
             "decided": env["decided"],
             "fail_open": env["fail_open"],
             "not_routed": env["not_routed"],
             "orphan": env["orphan"],
             "decided_share": round(env["decided"] / llm, 6) if llm else None,
-            "access_log_missing": self.errors["access_log_missing"],
+            "lost": env["lost"],
+            "late": env["late"],
             "pending": len(self.pending),
+            "awaiting_entry": len(self.waiting),
             "first_token_offsets": self.offsets.summary(),
         }
 
@@ -145,10 +176,13 @@ class App:
             return
         self.release_pending(p)
         p.deadline = min(p.deadline, now + LOG_GRACE_S)
+        for pushed_out in self.waiting.closed(rid, now):
+            self.give_up(pushed_out)
 
     def on_record(self, p: Pending, rec: LogRecord, now: float) -> None:
         """The request's access-log entry arrived."""
         self.release_pending(p)  # normally done already at stream close
+        self.waiting.done(p.rid)
         if p.sampled and not p.observer_done:
             p.record = rec  # the first-token timing may still be on its way
             p.deadline = min(p.deadline, now + OBSERVER_GRACE_S)
@@ -174,6 +208,7 @@ class App:
         """Turn the entry (and a sampled first-token time) into an observation; once."""
         if self.pending.pop(p.rid, None) is None:
             return
+        self.waiting.done(p.rid)
         self.release_pending(p)
         if not p.observed:
             return
@@ -203,8 +238,19 @@ class App:
             p.released = True
             self.router.finished(p.decision.cluster)
 
+    def give_up(self, rid: str) -> None:
+        """The request's entry is not coming (grace over, or pushed out of the bounded
+        book): counted ``lost`` once, no observation; a late entry is not observed."""
+        p = self.pending.pop(rid, None)
+        if p is None:
+            return
+        self.release_pending(p)
+        self.waiting.lost(rid)
+        self.envoy["lost"] += 1
+
     def tick(self, now: float) -> None:
         """Periodic work: health evaluation and sweeping requests whose entry never came."""
+        self.last_tick = now
         self.log_events(self.router.tick(now))
         stale = [p for p in self.pending.values() if now > p.deadline]
         for p in stale:
@@ -212,9 +258,7 @@ class App:
                 p.observer_done = True
                 self.finalize(p, p.record, now)
                 continue
-            self.errors["access_log_missing"] += 1
-            self.pending.pop(p.rid, None)
-            self.release_pending(p)
+            self.give_up(p.rid)
 
     def deadline_for(self, decision: Decision, now: float) -> float:
         timeout_s = (decision.timeout_ms or 300_000) / 1000.0

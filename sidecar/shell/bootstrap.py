@@ -19,8 +19,8 @@ The rendered bootstrap (see ``envoy/envoy.yaml`` for a readable copy) has:
 * the upstream clusters from the sidecar config and an HTTP/2 gRPC cluster for
   the sidecar over TCP or a Unix socket, with explicit circuit breakers
   (:func:`sidecar_max_requests`): Envoy's default of 1024 streams would make it
-  fail open under load; health-checked with grpc.health.v1 and, with
-  ``envoy.sidecar_tls``, over TLS (:mod:`sidecar.shell.sidecar_cluster`).
+  fail open under load; health-checked with grpc.health.v1, HTTP/2 keepalive
+  pings and, with ``envoy.sidecar_tls``, over TLS (:mod:`sidecar.shell.sidecar_cluster`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from sidecar.shell import envoy_contract as ec
 from sidecar.shell.bootstrap_filters import SIDECAR_CLUSTER
 from sidecar.shell.envoy_contract import REQUEST_ID_HEADER as REQUEST_ID_HEADER
 from sidecar.shell.envoy_contract import ROUTE_HEADER as ROUTE_HEADER
-from sidecar.shell.sidecar_cluster import sidecar_cluster_extras
+from sidecar.shell.sidecar_cluster import http2_options, sidecar_cluster_extras
 
 _TYPE = bf.TYPE
 _HCM = (
@@ -60,8 +60,11 @@ def _is_ip(host: str) -> bool:
 
 
 def _cluster(
-    name: str, address: dict[str, Any], http2: bool, timeout_s: float, tls: bool = False
+    name: str, address: dict[str, Any], http2: dict[str, Any] | None, timeout_s: float,
+    tls: bool = False,
 ) -> dict[str, Any]:
+    """A STATIC/STRICT_DNS cluster; ``http2`` (its ``http2_protocol_options``) makes it
+    HTTP/2, None leaves it HTTP/1.1."""
     host = address.get("socket_address", {}).get("address", "")
     c: dict[str, Any] = {
         "name": name,
@@ -82,11 +85,11 @@ def _cluster(
                 "sni": host,
             },
         }
-    if http2:
+    if http2 is not None:
         c["typed_extension_protocol_options"] = {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                 "@type": _HTTP_OPTS,
-                "explicit_http_config": {"http2_protocol_options": {}},
+                "explicit_http_config": {"http2_protocol_options": http2},
             }
         }
     return c
@@ -207,11 +210,12 @@ def render_bootstrap(
     if with_sidecar:
         hcm["access_log"] = bf.access_log(config.envoy.access_log_flush_ms)
     clusters = [
-        _cluster(c.name, _addr(c.address), http2=False, timeout_s=2.0, tls=c.tls)
+        _cluster(c.name, _addr(c.address), http2=None, timeout_s=2.0, tls=c.tls)
         for c in config.clusters
     ]
     if with_sidecar:
-        sidecar = _cluster(SIDECAR_CLUSTER, sidecar_addr, http2=True, timeout_s=0.25)
+        sidecar = _cluster(SIDECAR_CLUSTER, sidecar_addr, http2=http2_options(config),
+                           timeout_s=0.25)
         sidecar["circuit_breakers"] = _circuit_breakers(sidecar_max_requests(config))
         # health checks and TLS (sidecar.shell.sidecar_cluster)
         sidecar.update(sidecar_cluster_extras(config, over_unix=bool(unix_socket)))

@@ -8,9 +8,11 @@ entry                                           action
 carries ``tailroute.rid`` of a pending request  the request's observation (App.on_record)
 carries ``tailroute.rid``, answered by          nothing (admission answer or 400: not
 tailroute itself (details ``tailroute_*``)      evidence about a route)
+carries ``tailroute.rid`` of a request this     nothing: it was counted ``lost`` already
+process gave up on (App.give_up)                (once); counted ``late``
 carries ``tailroute.rid``, request not pending  observation from the entry's own metadata
-(sidecar restarted, another worker decided it,  (route -> cluster, slice label), counted
-entry later than LOG_GRACE_S)                   ``orphan``
+(sidecar restarted, another worker decided it)  (route -> cluster, slice label), counted
+                                                ``orphan``
 no tailroute metadata, POST to an LLM API path  Envoy served it without a decision: counted
                                                 ``fail_open`` (metric, /state, alert), and
                                                 handed to ``resolve`` if one is set
@@ -68,6 +70,7 @@ class OutcomeFeed:
         app = self.app
         env = app.envoy
         env["entries"] += 1
+        app.last_entry = now
         if rec.rid is None:
             if is_llm_request(rec):
                 env["fail_open"] += 1
@@ -84,6 +87,9 @@ class OutcomeFeed:
             app.on_record(p, rec, now)
             return
         if rec.details.startswith(TAILROUTE_DETAILS_PREFIX):
+            return
+        if app.waiting.take_lost(rec.rid):
+            env["late"] += 1
             return
         env["orphan"] += 1
         cluster, slice = _cluster_of(rec), _slice_of(rec.slice_label)

@@ -33,16 +33,23 @@ from sidecar.shell.access_log import AccessLogService
 from sidecar.shell.admission import CapacitySignal, Hold
 from sidecar.shell.app import App
 from sidecar.shell.extproc import ObserveStream, RouteStream, continue_unchanged
+from sidecar.shell.grpc_settle import settle
 from sidecar.shell.outcomes import OutcomeFeed
 
 log = logging.getLogger("tailroute.server")
-CANCEL_SETTLE_S = 0.01  # see the end of ExtProcService.Process
 # HTTP/2 keepalive: a peer that vanished without closing (crash, partition) is found
-# within ~time + timeout and its streams are released instead of held for ever.
+# within ~time + timeout and its streams are released instead of held for ever. Envoy
+# pings too (envoy.sidecar_keepalive_s, sidecar.shell.sidecar_cluster); gRPC's default
+# policy would count its pings on an idle connection (more often than every 5 min, and
+# Envoy's access-log stream sends no data back until it ends) as strikes and close the
+# connection with a GOAWAY after two: Envoy's pings are permitted instead.
 KEEPALIVE_OPTIONS = [
     ("grpc.keepalive_time_ms", 60_000),
     ("grpc.keepalive_timeout_ms", 20_000),
     ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
+    ("grpc.http2.max_ping_strikes", 0),
 ]
 
 
@@ -146,12 +153,9 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 # (over its limit, RESOURCE_EXHAUSTED; on the one-message path it is the
                 # body) and Envoy fails open to the default route.
                 self.app.errors["stream_ended_before_body"] += 1
-        # grpc.aio ends the request iterator both at a half-close and when the peer
-        # cancels; returning now after a cancel makes it send a status on a dead call,
-        # which leaks native memory per stream (grpc/grpc#43360: ~140 B per cancelled
-        # stream here). A short wait lets the cancellation reach this task first, and
-        # grpc then sends nothing. The handler is already closed: nothing waits on this.
-        await asyncio.sleep(CANCEL_SETTLE_S)
+        # Returning at once after a peer cancel leaks native memory in grpc.aio
+        # (sidecar.shell.grpc_settle); the handler is already closed.
+        await settle()
 
 
 def _safe_continue(msg: pb.ProcessingRequest) -> pb.ProcessingResponse:
