@@ -43,9 +43,12 @@ from sidecar.core.admission_rules import RULES, STATUS, Rule, Situation, evaluat
 from sidecar.core.config import ClassConfig, Config
 from sidecar.core.pipeline import PipelineResult, RouteView
 from sidecar.core.retry_budget import RetryBudget, RetryMemory
+from sidecar.core.scorers import SLO_TAIL
 from sidecar.core.types import Admission, Decision, RequestInfo
 
 __all__ = ["RULES", "AdmissionControl", "RouteFacts", "Situation", "Verdict", "evaluate"]
+
+RETRY_TAU_SUBWINDOWS = 6  # retry budgets decay over this many sub-windows (60 s by default)
 
 @dataclass(frozen=True, slots=True)
 class RouteFacts:
@@ -112,7 +115,7 @@ class AdmissionControl:
         self.cfg = config.admission
         self.queue.max_live = self.cfg.queue_max
         self.budget.ratio = self.cfg.retry_budget_ratio
-        self.budget.tau_s = config.stats.subwindow_s * config.stats.subwindows
+        self.budget.tau_s = config.stats.subwindow_s * RETRY_TAU_SUBWINDOWS
 
     # ------------------------------------------------------------ facts
 
@@ -158,7 +161,10 @@ class AdmissionControl:
         if view.inflight(name) >= self.config.cluster(name).max_concurrency:
             return False
         slo = klass.slo
-        tail = view.latency(name, req.slice, slo.metric, slo.percentile, now).value
+        known = result.chosen.latency.get(SLO_TAIL)  # looked up when the plan was built
+        if known is None:
+            known = view.latency(name, req.slice, slo.metric, slo.percentile, now)
+        tail = known.value
         return tail is None or tail * 1000.0 <= slo.budget_ms
 
     # ------------------------------------------------------------ route choice

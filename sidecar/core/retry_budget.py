@@ -12,7 +12,7 @@ latency is counted but never used as evidence twice (``StatsStore.observe``).
 
 **Retry budget** (:class:`RetryBudget`), per route, after Finagle's and Envoy's
 retry budgets: first attempts and retries sent to the route are counted with
-exponential decay (time constant ``tau`` = the statistics window), and a retry
+exponential decay (time constant ``tau`` = six sub-windows, 60 s by default), and a retry
 may go to the route only while
 
     retries + 1 <= ratio * first_attempts + RETRY_FLOOR

@@ -83,6 +83,7 @@ class RequestInfo:
     retry_attempt: int = 0  # 0 = first attempt
     deadline_ms: float | None = None  # remaining end-to-end budget, if the caller gave one
     step: Step | None = None
+    fanout: int = 1  # parallel calls in this workflow step (x-tailroute-fanout)
     explain: bool = False  # caller asked for the explain header
     class_known: bool = True  # False: header named an unknown class, default used
     model_known: bool = True  # False: model not in config, default route used
