@@ -253,6 +253,8 @@ class WindowVerdict:
 
     def describe(self) -> str:
         n, x = self.counts()
+        if self.metric == "outcome":
+            return f"{self.failures} of {self.requests} requests failed"
         if self.ratio is None and not self.failures:
             return f"{self.samples} {self.metric} samples (too few)"
         miss = f"{x[2] / n:.0%} of {n} over budget (allowed {self.allowed_share:.0%})"
@@ -327,6 +329,7 @@ class RouteHealth:
         self.restore_from_circuit = False
         self.history = History()
         self.streak = 0  # consecutive hard failures (fast path)
+        self.streak_since = now  # when the current run's first failure was seen
         self.fail_rate = 0.0  # EWMA of hard failures per request (fast path)
 
     # ------------------------------------------------------------ views
@@ -423,15 +426,23 @@ class RouteHealth:
         signal = G.PROBE_OK if ok else G.PROBE_FAIL
         return events + self._apply(signal, now, "probe ok" if ok else "probe failed")
 
-    def note_outcome(self, hard_failure: bool) -> bool:
+    def note_outcome(self, hard_failure: bool, now: float, sent_at: float | None = None) -> bool:
         """Fast path: count one non-probe outcome; True when the run of hard failures
-        reaches :meth:`eject_threshold` (the caller then decides on :meth:`eject`)."""
+        reaches :meth:`eject_threshold` (the caller then decides on :meth:`eject`).
+
+        A success ends a run only if its request was sent after the run began
+        (``sent_at``, when known): a slow answer to a request sent before a
+        provider went down says nothing about it now."""
         if self.circuit_open:
             return False
         self.fail_rate += ((1.0 if hard_failure else 0.0) - self.fail_rate) / FAIL_RATE_HORIZON
         if not hard_failure:
+            if self.streak and sent_at is not None and sent_at < self.streak_since:
+                return False
             self.streak = 0
             return False
+        if not self.streak:
+            self.streak_since = now
         self.streak += 1
         return self.streak >= self.eject_threshold()
 

@@ -100,7 +100,8 @@ class HealthBoard:
         return self._run(cluster, slice, now, lambda h: h.record_probe(ok, now))
 
     def note_outcome(
-        self, cluster: str, slice: SliceKey, hard_failure: bool, now: float
+        self, cluster: str, slice: SliceKey, hard_failure: bool, now: float,
+        sent_at: float | None = None,
     ) -> bool:
         """Fast path: extend or end the route's run of hard failures; True when it
         reached its ejection threshold (see :meth:`RouteHealth.note_outcome`)."""
@@ -110,7 +111,7 @@ class HealthBoard:
             if not hard_failure:
                 return False  # a success on a fresh route changes nothing
             h = self._routes[key] = RouteHealth(cluster, slice, self.cfg, self.stats_cfg, now)
-        tripped = h.note_outcome(hard_failure)
+        tripped = h.note_outcome(hard_failure, now, sent_at)
         if h.is_default:
             del self._routes[key]
         return tripped
@@ -188,7 +189,7 @@ class HealthBoard:
 _PLAIN = ("offences", "panic", "restore_base", "restore_from_circuit")
 _PLAIN_OPTIONAL = ("relapses", "streak", "fail_rate")
 _TIMES = ("since", "cooldown_until", "last_evidence", "healthy_since")  # snapshot as ages
-_TIMES_OPTIONAL = ("restored_at",)
+_TIMES_OPTIONAL = ("restored_at", "streak_since")
 
 
 def _route_to_dict(h: RouteHealth, now: float) -> dict[str, Any]:

@@ -452,8 +452,9 @@ class Router:
         hard = obs.outcome == "timeout" or (
             obs.outcome == "error" and (obs.status is None or obs.status >= 500))
         board = self.board
-        cluster_trip = board.note_outcome(obs.cluster, CLUSTER_SLICE, hard, now)
-        slice_trip = board.note_outcome(obs.cluster, key, hard, now)
+        sent_at = None if obs.e2e_s is None else now - obs.e2e_s
+        cluster_trip = board.note_outcome(obs.cluster, CLUSTER_SLICE, hard, now, sent_at)
+        slice_trip = board.note_outcome(obs.cluster, key, hard, now, sent_at)
         if not (cluster_trip or slice_trip):
             return []
         if cluster_trip and self._cluster_ejectable(obs.cluster):
@@ -497,9 +498,13 @@ class Router:
 
     def _evaluate(self, now: float) -> list[TransitionEvent]:
         events: list[TransitionEvent] = []
+        open_clusters = {c for (c, s), h in self.board.items()
+                         if s == CLUSTER_SLICE and h.circuit_open}  # fmt: skip
         for cluster, slice in self.stats.narrow_keys():
             klass = self.config.workload_class(slice.klass)
-            if klass is None:
+            if klass is None or cluster in open_clusters:
+                # A cluster whose circuit is open is judged as a whole (its slices'
+                # windows hold the outage and the probes); they start afresh on restore.
                 continue
             summary = self.stats.window_summary(
                 cluster, slice, klass.slo.metric, klass.slo.percentile / 100.0, now
@@ -517,17 +522,17 @@ class Router:
         k = math.floor(now / self.config.stats.subwindow_s) - 1
         for (cluster, slice), h in self.board.items():
             if slice == CLUSTER_SLICE and h.state is not HealthState.HEALTHY:
-                req, fail = self._cluster_outcomes(cluster, k)
+                req, fail = self._cluster_outcomes(cluster, k, now)
                 events.extend(self.board.evaluate_outcomes(cluster, slice, k, req, fail, now))
         return events
 
-    def _cluster_outcomes(self, cluster: str, index: int) -> tuple[int, int]:
+    def _cluster_outcomes(self, cluster: str, index: int, now: float) -> tuple[int, int]:
         """Requests and failures of every model on ``cluster`` in sub-window ``index``."""
         req = fail = 0
         for m in self._models_of.get(cluster, ()):
             rs = self.stats.series(cluster, SliceKey(m.name, ANY, ANY, None))
             if rs is not None:
-                r, f = rs.outcomes_in(index, index)
+                r, f = rs.outcomes_in(index, index, now)
                 req, fail = req + r, fail + f
         return req, fail
 
@@ -557,6 +562,10 @@ class Router:
         for e in events:
             self.transitions.append(e)
             self.counters[("transition", e.new)] += 1
+            if e.old == "probing" and e.new == "restoring":
+                # The circuit closes again: judge the route on what it does from now on.
+                s = SliceKey.parse(e.slice)
+                self.stats.fence(e.cluster, None if s == CLUSTER_SLICE else s, e.at)
 
 
 def route_health(router: Router, cluster: str, slice: SliceKey) -> RouteHealth | None:

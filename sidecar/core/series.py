@@ -266,7 +266,7 @@ class RouteStats:
     """Rolling statistics of one (cluster, slice)."""
 
     __slots__ = (
-        "_evidence", "_past", "_unjudged", "accuracy", "cfg", "last_seen",
+        "_evidence", "_fence", "_past", "_unjudged", "accuracy", "cfg", "last_seen",
         "version", "window",
     )  # fmt: skip
 
@@ -282,6 +282,20 @@ class RouteStats:
         self._evidence: dict[Metric, tuple[int, int, float, Evidence | None]] = {}
         # First completed sub-window not yet covered by a verdict (see window_summary).
         self._unjudged: int | None = None
+        self._fence = _NEVER  # sub-windows before this are not evidence any more (fence())
+
+    def fence(self, now: float) -> None:
+        """Forget the evidence of earlier sub-windows (kept in the ring for snapshots
+        and replicas): a route whose circuit closes again starts afresh rather
+        than being judged on the failures that opened it."""
+        k = self._sync(now)
+        self._fence = k
+        self._past = _Decayed(self.accuracy)
+        self._past.k = k
+        self._evidence.clear()
+        self.version += 1
+        if self._unjudged is None or self._unjudged < k:
+            self._unjudged = k
 
     def observe(self, obs: Observation, now: float) -> None:
         """Count the outcome; add latency samples for ``ok`` first attempts.
@@ -336,7 +350,7 @@ class RouteStats:
         ring = self.cfg.subwindows
         if past.k is None or k - past.k >= ring or past.rotations >= _REBUILD_ROTATIONS:
             past = self._past = _Decayed(self.accuracy)
-            start = k - ring + 1
+            start = max(k - ring + 1, self._fence)
         else:
             start = past.k
         decay, per = self.cfg.decay, float(max(self.cfg.min_samples, 1))
@@ -426,8 +440,9 @@ class RouteStats:
         """``timeouts / requests`` over the ring; None without requests or when stale."""
         return self._rate(now, "timeout")
 
-    def outcomes_in(self, first: int, last: int) -> tuple[int, int]:
+    def outcomes_in(self, first: int, last: int, now: float) -> tuple[int, int]:
         """``(requests, errors + timeouts)`` over sub-windows ``first..last`` (inclusive)."""
+        self._sync(now)
         req = fail = 0
         for idx in range(first, last + 1):
             slot = self.window.get(idx)
@@ -495,7 +510,10 @@ class RouteStats:
             if s.requests or s.cancel
         ]  # fmt: skip
         age = None if self.last_seen is None else now - self.last_seen
-        return {"last_seen_age": age, "subwindows": subs}
+        out: dict[str, Any] = {"last_seen_age": age, "subwindows": subs}
+        if self._fence != _NEVER and self.window.current_index is not None:
+            out["fence_age"] = self.window.current_index - self._fence
+        return out
 
     @classmethod
     def from_dict(
@@ -517,4 +535,6 @@ class RouteStats:
                 slot.hists[as_metric(m)] = h = LogHistogram.from_dict(raw)
                 if h.relative_accuracy != relative_accuracy:
                     raise ValueError("snapshot histogram accuracy differs from the store's")
+        if data.get("fence_age") is not None:
+            rs._fence = rs._unjudged = k - int(data["fence_age"])
         return rs

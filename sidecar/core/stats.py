@@ -150,6 +150,13 @@ class StatsStore:
         rs = self._series.get((cluster, slice)) or RouteStats(self.cfg, self.accuracy)
         return rs.window_summary(now, as_metric(metric), q)
 
+    def fence(self, cluster: str, slice: SliceKey | None, now: float) -> None:
+        """Start ``slice``'s evidence on ``cluster`` afresh (every series of the
+        cluster when None); see :meth:`RouteStats.fence`."""
+        for (c, s), rs in self._series.items():
+            if c == cluster and (slice is None or s == slice):
+                rs.fence(now)
+
     def series(self, cluster: str, slice: SliceKey) -> RouteStats | None:
         return self._series.get((cluster, slice))
 
