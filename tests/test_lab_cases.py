@@ -4,6 +4,8 @@ The scenarios are in ``sidecar/sim/cases``; figures in docs/policy-lab.md."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from sidecar.sim.cases import load_case, share, time_to_react, trace_of, traced_run
@@ -13,7 +15,7 @@ ESCALATED = {"degraded", "restricted", "quarantined", "probing", "restoring"}
 
 @pytest.mark.parametrize("rate", [20, 50])
 def test_hard_outage_is_left_within_a_few_requests_and_restored_by_probing(rate: float) -> None:
-    out, sim = traced_run(load_case("outage", rate=rate))
+    _, sim = traced_run(load_case("outage", rate=rate))
     trace = trace_of(sim)
     reached, n = share(trace, "provider-b", 120, 130)
     assert reached < 0.02 and n > 8 * rate, (reached, n)
@@ -84,8 +86,9 @@ def test_relapsing_provider_regains_less_weight_each_time() -> None:
     _, sim = traced_run(load_case("relapse"))
     trace = trace_of(sim)
     router = sim.policy.router  # type: ignore[attr-defined]
-    relapses = [e for e in router.transitions if e.cluster == "provider-b" and "relapse" in e.reason]
+    relapses = [e for e in router.transitions
+                if e.cluster == "provider-b" and "relapse" in e.reason]
     assert len(relapses) >= 4
     before = [next(r.weights["provider-b"] for r in reversed(trace) if r.t < e.at)
               for e in relapses]
-    assert all(b < a for a, b in zip(before, before[1:])), before
+    assert all(b < a for a, b in itertools.pairwise(before)), before
