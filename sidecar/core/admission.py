@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from sidecar.core.admission_queue import AdmissionQueue, Waiter
 from sidecar.core.admission_rules import RULES, STATUS, Rule, Situation, evaluate
 from sidecar.core.config import ClassConfig, Config
-from sidecar.core.pipeline import PipelineResult, RouteView
+from sidecar.core.frozen import fast_init
+from sidecar.core.pipeline import LatencyValue, PipelineResult, RouteView
 from sidecar.core.retry_budget import RetryBudget, RetryMemory
 from sidecar.core.scorers import SLO_TAIL
 from sidecar.core.types import Admission, Decision, RequestInfo
@@ -50,6 +51,7 @@ __all__ = ["RULES", "AdmissionControl", "RouteFacts", "Situation", "Verdict", "e
 
 RETRY_TAU_SUBWINDOWS = 6  # retry budgets decay over this many sub-windows (60 s by default)
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class RouteFacts:
     """What admission knows about one eligible candidate."""
@@ -69,6 +71,7 @@ class RouteFacts:
         return self.usable and not self.full and not self.over
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """The admission answer for one request."""
@@ -108,6 +111,7 @@ class AdmissionControl:
         self.queue = AdmissionQueue(config.admission.queue_max)
         self.memory = RetryMemory()
         self.budget = RetryBudget(config.admission.retry_budget_ratio, 1.0)
+        self._plain: dict[tuple[str, float], Verdict] = {}  # the fast path's answers, reused
         self.reconfigure(config)
 
     def reconfigure(self, config: Config) -> None:
@@ -135,13 +139,14 @@ class AdmissionControl:
                              c.dropped is None or chosen, c.weight))
         slo = klass.slo
         deadline = req.deadline_ms is not None
+        lat = {} if result is None else {c.name: c.latency for c in result.candidates}
         out = []
         for name, usable, selectable, weight in rows:
             n, cap = view.inflight(name), self.config.cluster(name).max_concurrency
             over = False
             if usable:
-                tail = view.latency(name, req.slice, slo.metric, slo.percentile, now).value
-                over = tail is not None and tail * 1000.0 > slo.budget_ms
+                tail = self._tail_ms(lat.get(name), name, req, klass, view, now)
+                over = tail is not None and tail > slo.budget_ms
             p50 = tail_e2e = None
             if deadline and usable:
                 p50 = _ms(view.latency(name, req.slice, "e2e", 50.0, now).value)
@@ -150,22 +155,35 @@ class AdmissionControl:
                                   max(cap - n, 0), over, p50, tail_e2e))
         return out
 
-    def _chosen_ok(
+    def _tail_ms(
+        self, cand_latency: dict[str, LatencyValue] | None, name: str, req: RequestInfo,
+        klass: ClassConfig, view: RouteView, now: float,
+    ) -> float | None:
+        """The route's SLO-metric tail (looked up when the plan was built, if it was)."""
+        slo = klass.slo
+        known = None if cand_latency is None else cand_latency.get(SLO_TAIL)
+        if known is None:
+            known = view.latency(name, req.slice, slo.metric, slo.percentile, now)
+        return _ms(known.value)
+
+    def _some_route_ok(
         self, req: RequestInfo, klass: ClassConfig, decision: Decision,
         result: PipelineResult | None, view: RouteView, now: float,
     ) -> bool:
-        """Is the selected route itself usable, below capacity and within budget?"""
+        """Is some usable candidate below capacity and within budget (``not saturated``)?
+        Then, without a deadline, a retry or waiters, no row above 12 can match."""
         if result is None or result.panic or result.chosen.dropped is not None:
             return False
-        name = decision.cluster
-        if view.inflight(name) >= self.config.cluster(name).max_concurrency:
-            return False
-        slo = klass.slo
-        known = result.chosen.latency.get(SLO_TAIL)  # looked up when the plan was built
-        if known is None:
-            known = view.latency(name, req.slice, slo.metric, slo.percentile, now)
-        tail = known.value
-        return tail is None or tail * 1000.0 <= slo.budget_ms
+        budget = klass.slo.budget_ms
+        for c in (result.chosen, *result.candidates):
+            if c.dropped not in (None, "capacity"):
+                continue
+            if view.inflight(c.name) >= self.config.cluster(c.name).max_concurrency:
+                continue
+            tail = self._tail_ms(c.latency, c.name, req, klass, view, now)
+            if tail is None or tail <= budget:
+                return True
+        return False
 
     # ------------------------------------------------------------ route choice
 
@@ -219,11 +237,17 @@ class AdmissionControl:
         if not cfg.enabled:
             return Verdict("admit", "disabled", decision.cluster, timeout, is_retry)
         if (req.deadline_ms is None and not is_retry and not len(self.queue)
-                and self._chosen_ok(req, klass, decision, result, view, now)):
+                and self._some_route_ok(req, klass, decision, result, view, now)):
             # Fast path (the common case): no row above 12 can match.
             self.memory.remember(req.request_id, decision.cluster, now)
             self.budget.record(decision.cluster, now, retry=False)
-            return Verdict("admit", "ok", decision.cluster, timeout, False)
+            key = (decision.cluster, timeout)
+            v = self._plain.get(key)
+            if v is None:
+                if len(self._plain) > 1024:
+                    self._plain.clear()
+                v = self._plain[key] = Verdict("admit", "ok", decision.cluster, timeout, False)
+            return v
         facts = self._facts(req, klass, decision, result, view, now)
         usable = [f for f in facts if f.usable]
         need = _min(f.p50_ms for f in usable)

@@ -84,7 +84,7 @@ class ClassRestriction:
         for name in ctx.model.candidates:
             if name == cand.name or not ctx.config.has_cluster(name):
                 continue
-            h = ctx.view.health(name, ctx.request.slice)
+            h = ctx.health_of(name)
             if h.excluded_for_sensitive or h.quarantined:
                 continue
             limit = ctx.config.cluster(name).max_concurrency
@@ -93,7 +93,7 @@ class ClassRestriction:
         if cap and free >= HERD_HEADROOM * cap:
             return f"restricted for latency-sensitive class {ctx.klass.name}"
         cand.health = replace(cand.health, weight=ctx.config.health.degraded_weight)
-        cand.verdicts["herding_guard"] = f"kept: alternatives have {free}/{cap} slots free"
+        cand.note("herding_guard", f"kept: alternatives have {free}/{cap} slots free")
         return None
 
 

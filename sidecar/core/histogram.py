@@ -130,6 +130,31 @@ class LogHistogram:
             p = i - self._lo
         counts[p] += w
 
+    def index_of(self, x: float) -> int | None:
+        """The bucket ``x`` (seconds) falls in; None for the zero bucket. NaN raises.
+        With :meth:`add_index` one computation serves every histogram a value goes to."""
+        if x <= MIN_VALUE:
+            return None
+        if x < MAX_VALUE:
+            i = math.ceil(math.log(x) * self._inv)
+            return self._lo_idx if i < self._lo_idx else i
+        if x == x:
+            return self._hi_idx
+        raise ValueError("cannot add NaN")
+
+    def add_index(self, i: int | None) -> None:
+        """Add one sample (weight 1) in bucket ``i`` from :meth:`index_of`."""
+        self._total += 1.0
+        if i is None:
+            self._zero += 1.0
+            return
+        counts = self._counts
+        p = i - self._lo
+        if counts is None or not 0 <= p < len(counts):
+            counts = self._cover(i, i)
+            p = i - self._lo
+        counts[p] += 1.0
+
     def merge(self, other: LogHistogram, scale: float = 1.0) -> None:
         """Add ``scale`` x every weight of ``other`` (same accuracy required) into this one."""
         if other._a != self._a:

@@ -38,16 +38,19 @@ as of ``now``.
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from sidecar.core.config import ClassConfig, ClusterConfig, Config, ModelConfig, Weights
+from sidecar.core.frozen import fast_init
 from sidecar.core.types import RequestInfo, SliceKey
 
 if TYPE_CHECKING:
     from sidecar.core.evidence import RouteEvidence
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class LatencyValue:
     """A percentile looked up through the slice hierarchy."""
@@ -58,6 +61,7 @@ class LatencyValue:
     samples: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class HealthView:
     """What selection needs from one route's health state."""
@@ -91,13 +95,14 @@ class Candidate:
     a request works on :meth:`for_request`, a copy that shares the read-only
     ``latency`` lookups."""
 
-    __slots__ = ("base", "cluster", "dropped", "health", "latency", "scores", "soft_drop",
-                 "verdicts", "weight")
+    __slots__ = ("_own", "base", "cluster", "dropped", "health", "latency", "scores",
+                 "soft_drop", "verdicts", "weight")
 
     def __init__(self, cluster: ClusterConfig, health: HealthView) -> None:
         self.cluster = cluster
         self.health = health
-        self.verdicts: dict[str, str] = {}  # filter -> "pass" or reason
+        self.verdicts: dict[str, str] = {}  # filter -> "pass" or reason (see note())
+        self._own = True  # verdicts is this candidate's own dict (not the plan's)
         self.scores: dict[str, float] = {}
         self.latency: dict[str, LatencyValue] = {}
         self.weight = 1.0
@@ -109,10 +114,19 @@ class Candidate:
     def name(self) -> str:
         return self.cluster.name
 
+    def note(self, name: str, verdict: str) -> None:
+        """Record a filter's verdict (a request copy copies the plan's dict on first write)."""
+        if not self._own:
+            self.verdicts = dict(self.verdicts)
+            self._own = True
+        self.verdicts[name] = verdict
+
     def for_request(self) -> Candidate:
         c = Candidate.__new__(Candidate)
-        c.cluster, c.health, c.latency = self.cluster, self.health, self.latency
-        c.verdicts, c.scores = dict(self.verdicts), dict(self.scores)
+        c.cluster, c.health, c.latency, c.verdicts = \
+            self.cluster, self.health, self.latency, self.verdicts
+        c._own = False
+        c.scores = dict(self.scores)
         c.weight, c.base, c.dropped, c.soft_drop = self.weight, self.base, self.dropped, \
             self.soft_drop
         return c
@@ -136,6 +150,13 @@ class SelectionContext:
     now: float
     budget_s: float | None = None  # None: the class budget
     allowed: float | None = None  # None: 1 - percentile / 100
+    # Health views as the plan saw them (per-request filters read these, not the view).
+    healths: Mapping[str, HealthView] | None = None
+
+    def health_of(self, cluster: str) -> HealthView:
+        if self.healths is not None and (h := self.healths.get(cluster)) is not None:
+            return h
+        return self.view.health(cluster, self.request.slice)
 
     @property
     def step_budget_s(self) -> float:
@@ -180,12 +201,28 @@ class Picker(Protocol):
     ) -> Candidate: ...
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PipelineResult:
+    """``request_filters``: the per-request filters that ran; a candidate they kept
+    has no verdict entry from them (read it as "pass", as :func:`verdicts_of` does)."""
+
     chosen: Candidate
     candidates: tuple[Candidate, ...]
     panic: bool
     notes: tuple[str, ...]
+    request_filters: tuple[str, ...] = ()
+
+
+def verdicts_of(result: PipelineResult, cand: Candidate) -> dict[str, str]:
+    """Every filter's verdict on ``cand`` in ``result``, in filter order."""
+    out = dict(cand.verdicts)
+    if cand.dropped is None or cand.dropped in result.request_filters:
+        for name in result.request_filters:
+            if name == cand.dropped:
+                break
+            out.setdefault(name, "pass")
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +233,7 @@ class Plan:
     eligible: tuple[Candidate, ...]  # not dropped by a hard filter
     request_filters: tuple[Filter, ...] = ()
     request_scorers: tuple[tuple[Scorer, float], ...] = ()  # with their class exponents
+    request_filter_names: tuple[str, ...] = ()
 
 
 def exponent_of(weights: Weights) -> dict[str, float]:
@@ -209,13 +247,16 @@ def exponent_of(weights: Weights) -> dict[str, float]:
 _PANIC_TIER = {"capacity": 0, "class_restriction": 1, "quarantine": 2}
 
 
-def _filter(ctx: SelectionContext, cand: Candidate, filters: tuple[Filter, ...]) -> None:
+def _filter(
+    ctx: SelectionContext, cand: Candidate, filters: tuple[Filter, ...], record_pass: bool
+) -> None:
     for f in filters:
         verdict = f(ctx, cand)
         if verdict is None:
-            cand.verdicts[f.name] = "pass"
+            if record_pass:
+                cand.note(f.name, "pass")
             continue
-        cand.verdicts[f.name] = verdict
+        cand.note(f.name, verdict)
         cand.dropped = f.name
         cand.soft_drop = f.soft
         return
@@ -233,7 +274,7 @@ def build_plan(
         if ctx.config.has_cluster(n)
     ]
     for cand in cands:
-        _filter(ctx, cand, static_filters)
+        _filter(ctx, cand, static_filters, True)
     eligible = [c for c in cands if c.dropped is None or c.soft_drop]
     exps = exponent_of(ctx.klass.weights)
     if eligible:
@@ -248,8 +289,9 @@ def build_plan(
                     base *= max(score, 1e-6) ** k
             cand.base = base
     request_scorers = tuple((s, exps.get(s.name, 0.0)) for s in scorers if s.per_request)
-    return Plan(tuple(cands), tuple(eligible), tuple(f for f in filters if f.per_request),
-                request_scorers)
+    request_filters = tuple(f for f in filters if f.per_request)
+    return Plan(tuple(cands), tuple(eligible), request_filters, request_scorers,
+                tuple(f.name for f in request_filters))
 
 
 def run_request(
@@ -267,7 +309,7 @@ def run_request(
     survivors: list[Candidate] = []
     for cand in cands:
         if cand.dropped is None:
-            _filter(ctx, cand, request_filters)
+            _filter(ctx, cand, request_filters, False)
             if cand.dropped is None:
                 survivors.append(cand)
     notes: tuple[str, ...] = ()
@@ -305,7 +347,7 @@ def run_request(
         if cand.weight < floor:
             cand.weight = floor
     chosen = picker(ctx, survivors, rng)
-    return PipelineResult(chosen, tuple(cands), panic, notes)
+    return PipelineResult(chosen, tuple(cands), panic, notes, plan.request_filter_names)
 
 
 def run_pipeline(

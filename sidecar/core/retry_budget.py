@@ -29,15 +29,15 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 RETRY_MEMORY_S = 120.0  # a repeated request id within this long is a retry
 RETRY_MEMORY_SIZE = 4096  # request ids remembered (LRU)
 RETRY_FLOOR = 3.0  # retries always allowed per tau, even on an idle route
 
 
-@dataclass(frozen=True, slots=True)
-class Seen:
-    """The last final decision for one request id."""
+class Seen(NamedTuple):
+    """The last final decision for one request id (a tuple: one is made per request)."""
 
     at: float
     cluster: str

@@ -9,11 +9,11 @@ state: statistics, health, in-flight counts and the recent-decision ring.
 stage of the selection pipeline (:func:`~sidecar.core.pipeline.build_plan`:
 health views, blended evidence, latency, attainment, cost and quality scores)
 is cached per (model, slice, step budget, fan-out) as a plan. A plan is
-rebuilt when the health board changes, a series is created or dropped, the
-sub-window rotates, or -- once one of its series saw new observations -- after
-:data:`PLAN_REUSE` decisions or ``stats.subwindow_s / 2`` seconds, whichever
-comes first (so evidence is at most 5 s old at low rates, and rebuilt every
-few dozen decisions at high ones). A decision then runs only the per-request
+rebuilt when the health board changes, a series is created or dropped, or --
+once one of its series saw new observations -- after :data:`PLAN_REUSE`
+decisions or :data:`PLAN_SUBWINDOWS` sub-windows (20 s by default), whichever
+comes first: its evidence is at most two sub-windows old at low rates (where
+that is a handful of requests) and a few dozen decisions old at high ones. A decision then runs only the per-request
 stage (capacity, herding guard, load, the picker) plus probes and admission.
 Hard failures do not wait for a refresh: the fast path changes health, which
 invalidates plans at once.
@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter, deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from sidecar.core.admission import AdmissionControl
 from sidecar.core.config import ClassConfig, Config, ModelConfig
@@ -44,7 +44,7 @@ from sidecar.core.pipeline import (
     run_request,
 )
 from sidecar.core.scorers import DEFAULT_SCORERS
-from sidecar.core.series import REFRESH_SHARE_OF_SUBWINDOW, RouteStats, as_metric
+from sidecar.core.series import RouteStats, as_metric
 from sidecar.core.stats import StatsStore
 from sidecar.core.types import (
     ANY,
@@ -59,7 +59,8 @@ _QUARANTINED = {HealthState.QUARANTINED, HealthState.PROBING}
 _HEALTHY = HealthView("healthy", 1.0, False, False)
 _BUDGET_STEPS_PER_E = 20  # step budgets are cached in ~5 % steps (log scale)
 _PLAN_CACHE_MAX = 4096
-PLAN_REUSE = 32  # decisions a plan serves before new evidence is folded in
+PLAN_REUSE = 48  # decisions a plan serves before new evidence is folded in
+PLAN_SUBWINDOWS = 2  # sub-windows a plan may serve before new evidence is folded in
 
 
 @dataclass(slots=True)
@@ -75,13 +76,14 @@ class _CachedPlan:
     plan: Plan
     ctx: SelectionContext
     probes: tuple[_Probe, ...]
-    k: int
     built: float
     uses: int
     board: int
     layout: int
     deps: tuple[RouteStats, ...]
     versions: tuple[int, ...]
+    # Decisions without explain are a function of (cluster, reason) for a plan: reused.
+    decisions: dict[tuple[str, str], Decision] = field(default_factory=dict)
 
 
 class Router:
@@ -107,7 +109,8 @@ class Router:
 
     def _configure(self, config: Config) -> None:
         self._plans.clear()
-        self._refresh_s = config.stats.subwindow_s * REFRESH_SHARE_OF_SUBWINDOW
+        self._refresh_s = config.stats.subwindow_s * PLAN_SUBWINDOWS
+        self._max_age_s = config.stats.subwindow_s * config.stats.subwindows
         self._fresh = False  # building a plan: read evidence fresh
         self._models_of = {
             c.name: tuple(m for m in config.models if c.name in m.candidates)
@@ -269,17 +272,30 @@ class Router:
             for p in cached.probes:
                 if (self._inflight[p.cluster] < cfg.cluster(p.cluster).max_concurrency
                         and rng.random() < p.share):
-                    return self._finish(req, p.cluster, "probe", klass, None, is_probe=True), None
-        c = cached.ctx
-        ctx = SelectionContext(cfg, model, klass, req, self, now, c.budget_s, c.allowed)
-        result = run_request(cached.plan, ctx, self._picker, rng)
+                    return self._decision(cached, req, p.cluster, "probe", klass, None), None
+        # The per-request stage reads the plan's context (same model, slice and step;
+        # what changes per request -- in-flight counts -- comes from the view).
+        result = run_request(cached.plan, cached.ctx, self._picker, rng)
         if result is None:
             decision = Decision(
                 cfg.default_cluster, "no_candidate", detail="hard filters left none"
             )
             return decision, None
         reason = decision_reason(result, model)
-        return self._finish(req, result.chosen.name, reason, klass, result), result
+        return self._decision(cached, req, result.chosen.name, reason, klass, result), result
+
+    def _decision(
+        self, cached: _CachedPlan, req: RequestInfo, cluster: str, reason: str,
+        klass: ClassConfig, result: PipelineResult | None,
+    ) -> Decision:
+        probe = reason == "probe"
+        if req.explain:
+            return self._finish(req, cluster, reason, klass, result, is_probe=probe)
+        hit = cached.decisions.get((cluster, reason))
+        if hit is None:
+            hit = cached.decisions[(cluster, reason)] = self._finish(
+                req, cluster, reason, klass, None, is_probe=probe)
+        return hit
 
     def _step(self, req: RequestInfo, klass: ClassConfig) -> tuple[int | None, int]:
         """Plan key parts of a request's step: budget (None: the class's) and fan-out."""
@@ -294,15 +310,16 @@ class Router:
     ) -> _CachedPlan:
         budget_key, fanout = self._step(req, klass)
         key = (model.name, req.slice, budget_key, fanout)
-        k = math.floor(now / self.config.stats.subwindow_s)
         hit = self._plans.get(key)
-        if hit is not None and hit.k == k and hit.board == self.board.version and \
+        if hit is not None and hit.board == self.board.version and \
                 hit.layout == self.stats.layout:
             hit.uses += 1
-            if hit.uses < PLAN_REUSE and now - hit.built < self._refresh_s:
+            age = now - hit.built
+            if hit.uses < PLAN_REUSE and age < self._refresh_s:
                 return hit
-            if all(rs.version == v for rs, v in zip(hit.deps, hit.versions, strict=True)):
-                hit.uses, hit.built = 0, now  # nothing observed since: still current
+            if age < self._max_age_s and all(
+                    rs.version == v for rs, v in zip(hit.deps, hit.versions, strict=True)):
+                hit.uses = 0  # nothing observed since: still current
                 return hit
         budget_s = None if budget_key is None else math.exp(budget_key / _BUDGET_STEPS_PER_E)
         allowed = max(1.0 - klass.slo.percentile / 100.0, 1e-4) / fanout
@@ -314,7 +331,8 @@ class Router:
             self._fresh = False
         deps = tuple(rs for c in model.candidates for s in (req.slice, *req.slice.broader())
                      if (rs := self.stats.series(c, s)) is not None)  # fmt: skip
-        cached = _CachedPlan(plan, ctx, self._probes(req.slice, klass, model), k, now, 0,
+        ctx = replace(ctx, healths={c.name: c.health for c in plan.candidates})
+        cached = _CachedPlan(plan, ctx, self._probes(req.slice, klass, model), now, 0,
                              self.board.version, self.stats.layout, deps,
                              tuple(rs.version for rs in deps))
         if len(self._plans) >= _PLAN_CACHE_MAX:
@@ -482,8 +500,10 @@ class Router:
 
     def next_deadline(self) -> float | None:
         """The next time :meth:`tick` has work to do (window end or cooldown end)."""
-        times = [t for t in (self._next_eval, self.board.next_deadline()) if t is not None]
-        return min(times) if times else None
+        a, b = self._next_eval, self.board.next_deadline()
+        if a is None or b is None:
+            return a if b is None else b
+        return a if a < b else b
 
     def tick(self, now: float) -> list[TransitionEvent]:
         """Evaluate finished windows and expire cooldowns. Cheap when nothing is due."""

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.core.config import Metric, StatsConfig
+from sidecar.core.frozen import fast_init
 from sidecar.core.histogram import Cumulative, LogHistogram
 from sidecar.core.types import Observation
 
@@ -60,6 +61,21 @@ _COUNTERS = ("ok", "error", "timeout", "cancel")  # SubWindow attributes, named 
 _NEVER = -(1 << 62)  # index of an unused ring slot: matches no real sub-window
 
 
+_NO_VALUE = -(1 << 61)  # a latency_indices entry: the metric was not measured
+Indices = tuple[int | None, int | None, int | None]
+
+
+def latency_indices(obs: Observation, geometry: LogHistogram) -> Indices | None:
+    """Bucket indices of an observation's (ttft, tpot, e2e), None unless it is latency
+    evidence (an ``ok`` first attempt); unmeasured or NaN metrics are skipped."""
+    if obs.is_retry or obs.outcome != "ok":
+        return None
+    out = []
+    for v in (obs.ttft_s, obs.tpot_s, obs.e2e_s):
+        out.append(_NO_VALUE if v is None or v != v else geometry.index_of(v))
+    return (out[0], out[1], out[2])
+
+
 def as_metric(name: str) -> Metric:
     """Narrow a metric name (the selection pipeline passes ``str``); ValueError if unknown."""
     if name not in METRICS:
@@ -67,6 +83,7 @@ def as_metric(name: str) -> Metric:
     return name
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class WindowSummary:
     """One evaluation window of one series: what the health machine judges.
@@ -107,6 +124,7 @@ class WindowSummary:
         return max(0, round(self.samples - self.cum.weight_at_most(threshold_s)))
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Evidence:
     """The rate-following window of one series and metric at one moment.
@@ -266,7 +284,7 @@ class RouteStats:
     """Rolling statistics of one (cluster, slice)."""
 
     __slots__ = (
-        "_evidence", "_fence", "_past", "_unjudged", "accuracy", "cfg", "last_seen",
+        "_evidence", "_fence", "_past", "_slot", "_unjudged", "accuracy", "cfg", "last_seen",
         "version", "window",
     )  # fmt: skip
 
@@ -283,6 +301,7 @@ class RouteStats:
         # First completed sub-window not yet covered by a verdict (see window_summary).
         self._unjudged: int | None = None
         self._fence = _NEVER  # sub-windows before this are not evidence any more (fence())
+        self._slot: SubWindow | None = None  # the sub-window observations write into
 
     def fence(self, now: float) -> None:
         """Forget the evidence of earlier sub-windows (kept in the ring for snapshots
@@ -307,9 +326,18 @@ class RouteStats:
         logical request already contributed via its first attempt, and a retry
         storm would let a few struggling requests dominate the percentile.
         Missing or NaN metric values are skipped."""
-        self._sync(now)
-        slot = self.window.current(now)
-        outcome = obs.outcome
+        self.record(obs.outcome, latency_indices(obs, self.window._ring[0].hists["ttft"]), now)
+
+    def record(
+        self, outcome: str, indices: Indices | None, now: float,
+    ) -> None:
+        """:meth:`observe` with the bucket indices of (ttft, tpot, e2e) computed once
+        (:func:`latency_indices`; None: no latency evidence), for every series the
+        observation goes to."""
+        slot = self._slot
+        if slot is None or slot.index != math.floor(now / self.cfg.subwindow_s):
+            self._sync(now)
+            slot = self._slot = self.window.current(now)
         if outcome == "ok":
             slot.ok += 1
         elif outcome == "error":
@@ -321,15 +349,16 @@ class RouteStats:
         if self.last_seen is None or now > self.last_seen:
             self.last_seen = now
         self.version += 1
-        if obs.is_retry or outcome != "ok":
+        if indices is None:
             return
         hists = slot.hists
-        if (v := obs.ttft_s) is not None and v == v:
-            hists["ttft"].add(v)
-        if (v := obs.tpot_s) is not None and v == v:
-            hists["tpot"].add(v)
-        if (v := obs.e2e_s) is not None and v == v:
-            hists["e2e"].add(v)
+        i_ttft, i_tpot, i_e2e = indices
+        if i_ttft is not _NO_VALUE:
+            hists["ttft"].add_index(i_ttft)
+        if i_tpot is not _NO_VALUE:
+            hists["tpot"].add_index(i_tpot)
+        if i_e2e is not _NO_VALUE:
+            hists["e2e"].add_index(i_e2e)
 
     def is_stale(self, now: float) -> bool:
         """No observation for more than ``stale_after_s``: everything reports no data."""

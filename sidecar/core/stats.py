@@ -18,6 +18,7 @@ from typing import Any
 
 from sidecar.core.config import Metric, StatsConfig
 from sidecar.core.evidence import RouteEvidence, blend
+from sidecar.core.histogram import LogHistogram
 from sidecar.core.series import (
     METRICS,
     REFRESH_SHARE_OF_SUBWINDOW,
@@ -25,6 +26,7 @@ from sidecar.core.series import (
     SeriesWindow,
     WindowSummary,
     as_metric,
+    latency_indices,
 )
 from sidecar.core.types import ANY, Observation, SliceKey
 
@@ -68,6 +70,7 @@ class StatsStore:
         self.layout = 0
         self._blends: dict[tuple[str, SliceKey, Metric], _Blend] = {}
         self._max_age_s = cfg.subwindow_s * REFRESH_SHARE_OF_SUBWINDOW
+        self._geometry = LogHistogram(relative_accuracy)  # bucket indices for observe()
 
     def admit(self, cluster: str, slice: SliceKey) -> SliceKey:
         """The narrow key an observation of ``slice`` is recorded under: the first
@@ -91,12 +94,13 @@ class StatsStore:
         """Record into the admitted narrow slice and each of its ``broader()``
         slices (so broader slices are true aggregates); returns the narrow key."""
         key = self.admit(obs.cluster, obs.slice)
+        indices = latency_indices(obs, self._geometry)
         for s in (key, *key.broader()):
             rs = self._series.get((obs.cluster, s))
             if rs is None:
                 rs = self._series[(obs.cluster, s)] = RouteStats(self.cfg, self.accuracy)
                 self.layout += 1
-            rs.observe(obs, now)
+            rs.record(obs.outcome, indices, now)
         return key
 
     def evidence(
