@@ -13,8 +13,9 @@ rebuilt when the health board changes, a series is created or dropped, or --
 once one of its series saw new observations -- after :data:`PLAN_REUSE`
 decisions or :data:`PLAN_SUBWINDOWS` sub-windows (20 s by default), whichever
 comes first: its evidence is at most two sub-windows old at low rates (where
-that is a handful of requests) and a few dozen decisions old at high ones. A decision then runs only the per-request
-stage (capacity, herding guard, load, the picker) plus probes and admission.
+that is a handful of requests) and a few dozen decisions old at high ones. A
+decision then runs only the per-request stage (capacity, herding guard, load,
+the picker) plus probes and admission.
 Hard failures do not wait for a refresh: the fast path changes health, which
 invalidates plans at once.
 """
