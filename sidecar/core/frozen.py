@@ -49,5 +49,5 @@ def fast_init(cls: type[T]) -> type[T]:
     init = env["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__doc__ = cls.__init__.__doc__
-    cls.__init__ = init  # type: ignore[misc]
+    setattr(cls, "__init__", init)  # noqa: B010 -- replacing the generated method
     return cls
