@@ -489,3 +489,96 @@ def test_recovery_passes_probing_and_restoring_in_steps(
     jump_from = weights[weights.index(1.0) - 1]
     if restore_step < 0.5:
         assert jump_from > restore_step
+
+
+# ---------------------------------------------------------------- fast path and memory
+
+
+@pytest.mark.parametrize(
+    ("fail_rate", "threshold"),
+    [(0.0, 3), (0.01, 3), (0.05, 4), (0.1, 4), (0.3, 8), (0.9, 88)],
+)
+def test_ejection_run_grows_with_the_usual_failure_rate(fail_rate: float, threshold: int) -> None:
+    """K = max(eject_consecutive, ceil(ln 1e-4 / ln f)): a false ejection stays below 1e-4."""
+    h = RouteHealth("a", K, HC, SC, 0.0)
+    h.fail_rate = fail_rate
+    assert h.eject_threshold() == threshold
+    assert fail_rate ** threshold <= 1e-4 * (1 + 1e-9) or threshold == HC.eject_consecutive
+
+
+def test_a_run_of_hard_failures_ejects_and_a_fresh_success_ends_it() -> None:
+    h = RouteHealth("a", K, HC, SC, 0.0)
+    assert not h.note_outcome(True, 1.0) and not h.note_outcome(True, 1.1)
+    assert not h.note_outcome(False, 1.2, sent_at=0.5)  # sent before the run: old news
+    assert h.streak == 2
+    assert h.note_outcome(True, 1.3)  # the third failure in a row
+    events = h.eject(1.3)
+    assert h.state is S.QUARANTINED and "3 consecutive hard failures" in events[0].reason
+    h2 = RouteHealth("a", K, HC, SC, 0.0)
+    h2.note_outcome(True, 1.0)
+    h2.note_outcome(False, 1.2, sent_at=1.05)  # sent after the run began: it works now
+    assert h2.streak == 0
+
+
+@pytest.mark.parametrize("start", [S.HEALTHY, S.WATCHING, S.DEGRADED, S.RESTORING, S.RESTRICTED])
+def test_fast_ejection_of_the_last_viable_route_restricts_it(start: HealthState) -> None:
+    d = Driver(start)
+    events = d.send(G.FAST_FAIL, may_quarantine=False)
+    assert d.h.state is S.RESTRICTED and d.h.panic
+    assert (start is S.RESTRICTED) or events[0].reason.startswith("panic: last viable route")
+
+
+def _restore_episode(d: Driver) -> tuple[float, float]:
+    """Quarantine -> probing -> restoring; (first restoring weight, probe share)."""
+    d.send(G.COOLDOWN_OVER)
+    share = d.h.probe_share
+    for _ in range(HC.probe_successes):
+        d.send(G.PROBE_OK)
+    assert d.h.state is S.RESTORING
+    return d.h.weight, share
+
+
+def test_relapses_shrink_restore_steps_and_probe_shares_until_forgiven() -> None:
+    d = Driver()
+    d.send(G.FAST_FAIL)
+    w, share = _restore_episode(d)
+    firsts, shares = [w], [share]
+    for _ in range(3):
+        d.send(G.OK)  # one clean window, then the next relapse while restoring
+        events = d.send(G.FAST_FAIL)
+        assert "relapse" in events[-1].reason
+        w, share = _restore_episode(d)
+        firsts.append(w)
+        shares.append(share)
+    assert firsts == pytest.approx([0.25, 0.125, 0.0625, 0.03125])
+    assert shares == pytest.approx([HC.probe_share * HC.relapse_factor ** i for i in range(4)])
+    assert d.h.relapses == 3
+    while d.h.state is not S.HEALTHY:
+        d.send(G.OK)
+    d.h.tick(d.now + HC.forgive_after_s)
+    assert d.h.relapses == 2  # sustained health forgives, one relapse at a time
+
+
+def test_an_escalation_long_after_a_restore_is_not_a_relapse() -> None:
+    d = Driver()
+    d.send(G.FAST_FAIL)
+    _restore_episode(d)
+    while d.h.state is not S.HEALTHY:
+        d.send(G.OK)
+    d.now += HC.forgive_after_s + 1
+    events = d.send(G.FAST_FAIL)
+    assert "relapse" not in events[-1].reason and d.h.relapses == 0
+
+
+@FAST
+@given(
+    start=st.sampled_from([S.HEALTHY, S.WATCHING, S.DEGRADED, S.RESTRICTED, S.RESTORING]),
+    signals=st.lists(st.sampled_from([*WINDOW_SIGNALS, G.FAST_FAIL]), max_size=40),
+)
+def test_the_last_viable_route_is_never_quarantined(
+    start: HealthState, signals: list[Signal]
+) -> None:
+    d = Driver(start)
+    for sig in signals:
+        d.send(sig, may_quarantine=False)
+        assert not d.h.circuit_open, (sig, d.h.state)

@@ -330,6 +330,8 @@ class RouteHealth:
         self.history = History()
         self.streak = 0  # consecutive hard failures (fast path)
         self.streak_since = now  # when the current run's first failure was seen
+        self.run_parts: set[str] = set()  # slices that failed in the run (cluster-wide entry)
+        self.run_confined = False  # another slice answered during the run
         self.fail_rate = 0.0  # EWMA of hard failures per request (fast path)
 
     # ------------------------------------------------------------ views
@@ -426,25 +428,39 @@ class RouteHealth:
         signal = G.PROBE_OK if ok else G.PROBE_FAIL
         return events + self._apply(signal, now, "probe ok" if ok else "probe failed")
 
-    def note_outcome(self, hard_failure: bool, now: float, sent_at: float | None = None) -> bool:
+    def note_outcome(
+        self, hard_failure: bool, now: float, sent_at: float | None = None,
+        part: str | None = None,
+    ) -> bool:
         """Fast path: count one non-probe outcome; True when the run of hard failures
         reaches :meth:`eject_threshold` (the caller then decides on :meth:`eject`).
 
         A success ends a run only if its request was sent after the run began
         (``sent_at``, when known): a slow answer to a request sent before a
-        provider went down says nothing about it now."""
+        provider went down says nothing about it now. For a cluster-wide entry
+        ``part`` names the slice of each outcome: while all failures of the run
+        come from one slice and another slice keeps answering (even with such
+        older requests), the run may be slice-confined and does not trip here
+        (the slice's own run does)."""
         if self.circuit_open:
             return False
         self.fail_rate += ((1.0 if hard_failure else 0.0) - self.fail_rate) / FAIL_RATE_HORIZON
         if not hard_failure:
             if self.streak and sent_at is not None and sent_at < self.streak_since:
+                if part is not None and part not in self.run_parts:
+                    self.run_confined = True
                 return False
             self.streak = 0
+            self.run_parts.clear()
+            self.run_confined = False
             return False
         if not self.streak:
             self.streak_since = now
         self.streak += 1
-        return self.streak >= self.eject_threshold()
+        if part is not None:
+            self.run_parts.add(part)
+        return self.streak >= self.eject_threshold() and (
+            not self.run_confined or len(self.run_parts) >= 2)
 
     def eject_threshold(self) -> int:
         """``K = max(eject_consecutive, ceil(ln(1e-4) / ln f))`` (module docstring)."""
@@ -457,6 +473,8 @@ class RouteHealth:
     def eject(self, now: float, may_quarantine: bool = True) -> list[TransitionEvent]:
         """The run of hard failures reached its threshold: open the circuit now."""
         run, self.streak = self.streak, 0
+        self.run_parts.clear()
+        self.run_confined = False
         return self._apply(G.FAST_FAIL, now, f"{run} consecutive hard failures", may_quarantine)
 
     # ------------------------------------------------------------ machinery

@@ -101,7 +101,7 @@ class HealthBoard:
 
     def note_outcome(
         self, cluster: str, slice: SliceKey, hard_failure: bool, now: float,
-        sent_at: float | None = None,
+        sent_at: float | None = None, part: str | None = None,
     ) -> bool:
         """Fast path: extend or end the route's run of hard failures; True when it
         reached its ejection threshold (see :meth:`RouteHealth.note_outcome`)."""
@@ -111,7 +111,7 @@ class HealthBoard:
             if not hard_failure:
                 return False  # a success on a fresh route changes nothing
             h = self._routes[key] = RouteHealth(cluster, slice, self.cfg, self.stats_cfg, now)
-        tripped = h.note_outcome(hard_failure, now, sent_at)
+        tripped = h.note_outcome(hard_failure, now, sent_at, part)
         if h.is_default:
             del self._routes[key]
         return tripped
@@ -203,6 +203,7 @@ def _route_to_dict(h: RouteHealth, now: float) -> dict[str, Any]:
     out["last_index"] = None if h.last_index is None else k - h.last_index
     out["history"] = {"windows": h.history.windows, "watch": h.history.watch,
                       "recover": h.history.recover}  # fmt: skip
+    out["run"] = {"parts": sorted(h.run_parts), "confined": h.run_confined}
     return out
 
 
@@ -225,3 +226,6 @@ def _load_route(h: RouteHealth, d: dict[str, Any], now: float) -> None:
     hist = d.get("history")
     if hist is not None:
         h.history = History(int(hist["windows"]), float(hist["watch"]), float(hist["recover"]))
+    run = d.get("run")
+    if run is not None:
+        h.run_parts, h.run_confined = {str(p) for p in run["parts"]}, bool(run["confined"])

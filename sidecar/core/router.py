@@ -472,7 +472,11 @@ class Router:
             obs.outcome == "error" and (obs.status is None or obs.status >= 500))
         board = self.board
         sent_at = None if obs.e2e_s is None else now - obs.e2e_s
-        cluster_trip = board.note_outcome(obs.cluster, CLUSTER_SLICE, hard, now, sent_at)
+        hc = board.peek(obs.cluster, CLUSTER_SLICE)
+        if hc is not None and hc.circuit_open:
+            return []  # stragglers of an ejected cluster: its incident, not its slices'
+        cluster_trip = board.note_outcome(obs.cluster, CLUSTER_SLICE, hard, now, sent_at,
+                                          key.label())
         slice_trip = board.note_outcome(obs.cluster, key, hard, now, sent_at)
         if not (cluster_trip or slice_trip):
             return []
