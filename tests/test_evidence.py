@@ -3,6 +3,7 @@ the binomial test -- properties (monotone in evidence, bounded) and the trap cas
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -87,15 +88,15 @@ def test_thin_slice_is_shrunk_toward_its_broad_slice_not_replaced_by_it() -> Non
         assert ev is not None
         got.append(ev.p_within(BUDGET))
     assert got[0] > 0.95  # no narrow data: the broad value
-    assert all(b < a for a, b in zip(got, got[1:], strict=False))  # every sample counts
+    assert all(b < a for a, b in itertools.pairwise(got))  # every sample counts
     assert got[2] < 0.8 and got[-1] < 0.25  # 3 samples already matter; 40 dominate
 
 
 def test_blend_reports_trust_from_the_narrowest_level_with_enough_samples() -> None:
     store = StatsStore(CFG)
-    for i in range(30):
+    for _ in range(30):
         store.observe(Observation("a", SHORT, "ok", ttft_s=0.2), 1.0)
-    for i in range(3):
+    for _ in range(3):
         store.observe(Observation("a", LONG, "ok", ttft_s=2.0), 1.0)
     ev = store.evidence("a", LONG, "ttft", 2.0, 0.0)
     assert ev is not None and ev.trusted and ev.fell_back and ev.samples == 3
