@@ -12,7 +12,9 @@ Definitions (ms; ``pXX`` are the route's e2e percentiles for the request's slice
     timeout     = max(1, ceil(remaining))       -> x-envoy-upstream-rq-timeout-ms
     usable(r)   = passed hard filters and health filters for this class (capacity aside)
     full(r)     = inflight(r) >= max_concurrency(r)
-    over(r)     = tail(r, class metric, class percentile) > class budget_ms
+    over(r)     = violation(r) > 1 - percentile / 100   (the attainment scorer's share of
+                  failed or over-budget requests; without it: tail(r, class metric,
+                  class percentile) > class budget_ms)
     ok(r)       = usable and not full and not over
     saturated   = no ok route
     ahead       = queued waiters served before this request (FIFO per priority)
@@ -42,7 +44,7 @@ from sidecar.core.admission_queue import AdmissionQueue, Waiter
 from sidecar.core.admission_rules import RULES, STATUS, Rule, Situation, evaluate
 from sidecar.core.config import ClassConfig, Config
 from sidecar.core.frozen import fast_init
-from sidecar.core.pipeline import LatencyValue, PipelineResult, RouteView
+from sidecar.core.pipeline import Candidate, LatencyValue, PipelineResult, RouteView
 from sidecar.core.retry_budget import RetryBudget, RetryMemory
 from sidecar.core.scorers import SLO_TAIL
 from sidecar.core.types import Admission, Decision, RequestInfo
@@ -139,14 +141,11 @@ class AdmissionControl:
                              c.dropped is None or chosen, c.weight))
         slo = klass.slo
         deadline = req.deadline_ms is not None
-        lat = {} if result is None else {c.name: c.latency for c in result.candidates}
+        cands = {} if result is None else {c.name: c for c in result.candidates}
         out = []
         for name, usable, selectable, weight in rows:
             n, cap = view.inflight(name), self.config.cluster(name).max_concurrency
-            over = False
-            if usable:
-                tail = self._tail_ms(lat.get(name), name, req, klass, view, now)
-                over = tail is not None and tail > slo.budget_ms
+            over = usable and self._over(cands.get(name), name, req, klass, view, now)
             p50 = tail_e2e = None
             if deadline and usable:
                 p50 = _ms(view.latency(name, req.slice, "e2e", 50.0, now).value)
@@ -166,6 +165,18 @@ class AdmissionControl:
             known = view.latency(name, req.slice, slo.metric, slo.percentile, now)
         return _ms(known.value)
 
+    def _over(
+        self, cand: Candidate | None, name: str, req: RequestInfo, klass: ClassConfig,
+        view: RouteView, now: float,
+    ) -> bool:
+        """Over budget: the route's violation share (failures and slow answers, from
+        the attainment score) exceeds what the class allows; without that score,
+        its SLO-metric tail exceeds the budget."""
+        if cand is not None and (v := cand.scores.get("violation")) is not None:
+            return v > max(1.0 - klass.slo.percentile / 100.0, 1e-4)
+        tail = self._tail_ms(None if cand is None else cand.latency, name, req, klass, view, now)
+        return tail is not None and tail > klass.slo.budget_ms
+
     def _some_route_ok(
         self, req: RequestInfo, klass: ClassConfig, decision: Decision,
         result: PipelineResult | None, view: RouteView, now: float,
@@ -174,14 +185,12 @@ class AdmissionControl:
         Then, without a deadline, a retry or waiters, no row above 12 can match."""
         if result is None or result.panic or result.chosen.dropped is not None:
             return False
-        budget = klass.slo.budget_ms
         for c in (result.chosen, *result.candidates):
             if c.dropped not in (None, "capacity"):
                 continue
             if view.inflight(c.name) >= self.config.cluster(c.name).max_concurrency:
                 continue
-            tail = self._tail_ms(c.latency, c.name, req, klass, view, now)
-            if tail is None or tail <= budget:
+            if not self._over(c, c.name, req, klass, view, now):
                 return True
         return False
 

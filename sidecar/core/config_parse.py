@@ -147,7 +147,7 @@ def _stats(r: ConfigReader) -> StatsConfig:
         subwindow_s=r.num("subwindow_s", 10.0, lo=0.05, hi=3600),
         subwindows=r.num("subwindows", 30, lo=1, hi=720, integer=True),
         min_samples=r.num("min_samples", 20, lo=1, integer=True),
-        decay=r.num("decay", 0.7, lo=0.01, hi=1.0),
+        decay=r.num("decay", 0.85, lo=0.01, hi=1.0),
         stale_after_s=r.num("stale_after_s", 300.0, lo=1),
         max_slices=r.num("max_slices", 512, lo=1, hi=100000, integer=True),
         observe_share=r.num("observe_share", 1.0, lo=0.0, hi=1.0),

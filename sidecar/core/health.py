@@ -329,7 +329,7 @@ class RouteHealth:
         self.restore_from_circuit = False
         self.history = History()
         self.streak = 0  # consecutive hard failures (fast path)
-        self.streak_since = now  # when the current run's first failure was seen
+        self.streak_since = now  # when the current run's first failed request was sent
         self.run_parts: set[str] = set()  # slices that failed in the run (cluster-wide entry)
         self.run_confined = False  # another slice answered during the run
         self.fail_rate = 0.0  # EWMA of hard failures per request (fast path)
@@ -437,7 +437,9 @@ class RouteHealth:
 
         A success ends a run only if its request was sent after the run began
         (``sent_at``, when known): a slow answer to a request sent before a
-        provider went down says nothing about it now. For a cluster-wide entry
+        provider went down says nothing about it now. A run begins when its first
+        failed request was sent (a timeout's waited time tells), so successes of
+        requests sent after a hung one do end it. For a cluster-wide entry
         ``part`` names the slice of each outcome: while all failures of the run
         come from one slice and another slice keeps answering (even with such
         older requests), the run may be slice-confined and does not trip here
@@ -455,7 +457,7 @@ class RouteHealth:
             self.run_confined = False
             return False
         if not self.streak:
-            self.streak_since = now
+            self.streak_since = now if sent_at is None else sent_at
         self.streak += 1
         if part is not None:
             self.run_parts.add(part)

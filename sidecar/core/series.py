@@ -9,15 +9,17 @@ attempts** and ok/error/timeout/cancel counters. The ring is the store of
 evidence: replicas exchange and merge exactly these sub-windows.
 
 **Rate-following window** (what a decision reads). The current sub-window
-counts in full; completed sub-windows, newest first, are weighted by how much
-newer evidence exists::
+counts in full; every newer sub-window ages the older evidence by one decay
+step -- or by part of one, when it held fewer than ``min_samples`` requests::
 
-    w_i = decay ** (C_i / min_samples)    C_i = requests in completed sub-windows newer than i
+    w_i = prod_{j newer than i} decay ** min(1, r_j / min_samples)    (current j included)
     H   = H_current + sum_i w_i * H_i      (w_i < 0.05 and sub-windows beyond the ring dropped)
 
-so evidence is forgotten per ``min_samples`` newer requests, not per second:
-at 500 req/s the window is the current and the previous sub-window (10-20 s),
-at 0.5 req/s it reaches back over the last few dozen requests, up to the
+with ``r_j`` the requests of sub-window ``j``. At busy rates that is a time
+window (``decay`` per sub-window: 10 s sub-windows halve in ~20 s, and at
+500 req/s the last few sub-windows hold thousands of samples); at sparse
+rates evidence is forgotten per ``min_samples`` newer requests instead, so at
+0.5 req/s the window reaches back over the last few dozen requests, up to the
 maximum age. Counters are weighted the same way. A quantile is ``None`` unless
 the *unweighted* window holds ``>= min_samples`` samples (a percentile of a
 handful of samples is noise); the effective sample weight ``sum w_i n_i`` is
@@ -74,6 +76,14 @@ def latency_indices(obs: Observation, geometry: LogHistogram) -> Indices | None:
     for v in (obs.ttft_s, obs.tpot_s, obs.e2e_s):
         out.append(_NO_VALUE if v is None or v != v else geometry.index_of(v))
     return (out[0], out[1], out[2])
+
+
+def aging(requests: int, decay: float, per: float) -> float:
+    """How much one sub-window with ``requests`` ages older evidence:
+    ``decay ** min(1, requests / min_samples)`` (module docstring)."""
+    if decay >= 1.0 or requests <= 0:
+        return 1.0
+    return decay ** min(1.0, requests / per)
 
 
 def as_metric(name: str) -> Metric:
@@ -223,9 +233,8 @@ class SeriesWindow:
 class _Decayed:
     """The completed part of the rate-following window, kept current incrementally.
 
-    When sub-window ``j`` completes with ``r_j`` requests, every older one has
-    ``r_j`` more newer requests, so all their weights are multiplied by the same
-    ``decay ** (r_j / min_samples)``: one vector scale and one merge per
+    When sub-window ``j`` completes with ``r_j`` requests, every older one ages by
+    the same factor, ``decay ** min(1, r_j / min_samples)``: one vector scale and one merge per
     rotation (and metric), not a merge of the whole ring per read. Sub-windows
     whose weight fell below the cutoff, or that leave the ring, are taken out
     again (:meth:`LogHistogram.remove`) before the ring reuses their slot.
@@ -246,7 +255,7 @@ class _Decayed:
     def add(self, slot: SubWindow, decay: float, per: float) -> None:
         if not slot.requests:
             return
-        f = 1.0 if decay >= 1.0 else decay ** (slot.requests / per)
+        f = aging(slot.requests, decay, per)
         if f != 1.0:
             for m in METRICS:
                 self.hists[m].scale(f)
@@ -409,10 +418,13 @@ class RouteStats:
                 hit[1] == self.version or now - hit[2] < max_age_s):
             return hit[3]
         past = self._past
-        n, eff = past.samples[metric], past.weights[metric]
-        ok, req = past.ok, past.requests
-        parts: tuple[tuple[LogHistogram, float], ...] = ((past.hists[metric], 1.0),) if n else ()
         cur = self.window.get(k)
+        # The current sub-window ages the completed ones too, by its requests so far.
+        f = 1.0 if cur is None else aging(cur.requests, self.cfg.decay,
+                                          float(max(self.cfg.min_samples, 1)))
+        n, eff = past.samples[metric], past.weights[metric] * f
+        ok, req = past.ok * f, past.requests * f
+        parts: tuple[tuple[LogHistogram, float], ...] = ((past.hists[metric], f),) if n else ()
         if cur is not None:
             ok += cur.ok
             req += cur.requests
