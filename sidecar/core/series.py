@@ -83,7 +83,7 @@ def aging(requests: int, decay: float, per: float) -> float:
     ``decay ** min(1, requests / min_samples)`` (module docstring)."""
     if decay >= 1.0 or requests <= 0:
         return 1.0
-    return decay ** min(1.0, requests / per)
+    return float(decay ** min(1.0, requests / per))
 
 
 def as_metric(name: str) -> Metric:
