@@ -27,8 +27,9 @@ import random
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 
+from sidecar.core import compat_sr
 from sidecar.core.admission import AdmissionControl
-from sidecar.core.config import ClassConfig, Config, ModelConfig
+from sidecar.core.config import SEMANTIC_ROUTER, ClassConfig, Config, ModelConfig
 from sidecar.core.evidence import RouteEvidence
 from sidecar.core.explain import RecentDecision, build_explain, decision_reason, fallback_kind
 from sidecar.core.filters import DEFAULT_FILTERS
@@ -104,6 +105,7 @@ class Router:
         self.admission = AdmissionControl(config)
         self._plans: dict[tuple[str, SliceKey, int | None, int], _CachedPlan] = {}
         self._models_of: dict[str, tuple[ModelConfig, ...]] = {}
+        self.compat_sr = compat_sr.SrLatencyBook()  # models under compat: semantic-router
         self._configure(config)
 
     # ------------------------------------------------------------ config
@@ -131,6 +133,7 @@ class Router:
         self._picker = PICKERS[config.picker]
         self.admission.reconfigure(config)
         self._configure(config)
+        self.compat_sr.retain(config)
 
     def restore(
         self, stats: StatsStore, board: HealthBoard, transitions: list[TransitionEvent],
@@ -267,6 +270,8 @@ class Router:
             return Decision(cfg.default_cluster, "unknown_model", detail=str(req.model)), None
         klass = cfg.workload_class(req.klass) or cfg.workload_class(cfg.default_class)
         assert klass is not None
+        if model.compat == SEMANTIC_ROUTER:
+            return self._decide_semantic_router(req, model, klass), None
         cached = self._plan(req, model, klass, now)
         if cached.probes and not req.retry_attempt:
             # Never probe with a retry: it already had bad luck once.
@@ -297,6 +302,20 @@ class Router:
             hit = cached.decisions[(cluster, reason)] = self._finish(
                 req, cluster, reason, klass, None, is_probe=probe)
         return hit
+
+    def _decide_semantic_router(
+        self, req: RequestInfo, model: ModelConfig, klass: ClassConfig
+    ) -> Decision:
+        """semantic-router's latency_aware pick, exactly (sidecar.core.compat_sr)."""
+        candidates = compat_sr.eligible(model, self.config)
+        if not candidates:
+            return Decision(self.config.default_cluster, "no_candidate",
+                            detail="no candidate in the model's regions")
+        choice = compat_sr.select(model, candidates, self.compat_sr)
+        decision = self._finish(req, choice.cluster, choice.reason, klass, None)
+        if req.explain:
+            decision = replace(decision, explain=compat_sr.explain(req, choice, candidates))
+        return decision
 
     def _step(self, req: RequestInfo, klass: ClassConfig) -> tuple[int | None, int]:
         """Plan key parts of a request's step: budget (None: the class's) and fan-out."""
@@ -435,6 +454,7 @@ class Router:
     def observe(self, obs: Observation, now: float) -> list[TransitionEvent]:
         """Record one measured outcome; probes drive the probing state, other
         outcomes the fast path for hard failures."""
+        self.compat_sr.observe(obs, self.config)
         obs = self._judge_censored(obs)
         self.counters[("outcome", obs.outcome)] += 1
         if self._next_eval is None:

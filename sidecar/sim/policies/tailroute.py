@@ -96,6 +96,11 @@ class Tailroute(BasePolicy):
     def next_deadline(self) -> float | None:
         return self.router.next_deadline()
 
+    def route_state(self, cluster: str, slice: SliceKey) -> tuple[str, float]:
+        """How the router sees the route now: health state and weight (the lab's series)."""
+        h = self.router.health(cluster, slice)
+        return h.state, h.weight
+
     def stats(self) -> dict[str, dict[str, int]]:
         decisions = {label: n for (kind, label), n in sorted(self.router.counters.items())
                      if kind == "decision"}
