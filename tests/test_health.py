@@ -16,11 +16,13 @@ from sidecar.core.health import (
     TRANSITIONS,
     HealthBoard,
     HealthState,
+    History,
     RouteHealth,
     Signal,
     WindowVerdict,
     classify,
 )
+from sidecar.core.histogram import LogHistogram
 from sidecar.core.stats import StatsStore, WindowSummary
 from sidecar.core.types import Observation, SliceKey, TransitionEvent
 
@@ -30,16 +32,28 @@ SC = StatsConfig(subwindow_s=10.0, stale_after_s=300.0)
 SLO = SloConfig("ttft", 95, 1000, 30000)
 K = SliceKey("m", "interactive", "short", True)
 FAST = settings(max_examples=50, deadline=None)
+# Samples over (recover, watch, restrict) x budget out of 40, per latency signal.
+OVER = {G.OK: (0, 0, 0), G.BAND: (10, 0, 0), G.ELEVATED: (30, 20, 0),
+        G.THREATENING: (40, 40, 30)}
 RATIO = {G.OK: 0.3, G.BAND: 0.7, G.ELEVATED: 0.9, G.THREATENING: 1.5}
 WINDOW_SIGNALS = [*RATIO, G.INSUFFICIENT, G.INSUFFICIENT_ERRORS, G.STALE, G.BURST]
 
 
+def verdict(index: int, over: tuple[int, int, int], samples: int = 40,
+            failures: int = 0, requests: int | None = None) -> WindowVerdict:
+    ratio = 0.3 if over[2] == 0 else 1.5
+    req = samples + failures if requests is None else requests
+    return WindowVerdict(index, "ttft", 95, ratio, ratio, samples, req, failures, over)
+
+
 class Driver:
-    """Feeds one RouteHealth a signal at a time, one evaluation window apart."""
+    """Feeds one RouteHealth a signal at a time, one evaluation window apart.
+    The route starts with a mature, quiet history (so ELEVATED can fire)."""
 
     def __init__(self, state: HealthState = S.HEALTHY, cfg: HealthConfig = HC) -> None:
         self.now, self.idx = 1000.0, 100
         self.h = RouteHealth("a", K, cfg, SC, self.now)
+        self.h.history = History(cfg.history_windows, 0.01, 0.01)
         self.h.state = state
         if state is S.QUARANTINED:
             self.h.offences, self.h.cooldown_until = 1, self.now + 10_000
@@ -50,9 +64,8 @@ class Driver:
 
     def verdict(self, signal: Signal) -> WindowVerdict:
         self.idx += 1
-        if signal in RATIO:
-            r = RATIO[signal]
-            return WindowVerdict(self.idx, "ttft", 95, r, r, 40, 40, 0)
+        if signal in OVER:
+            return verdict(self.idx, OVER[signal])
         if signal is G.BURST:
             return WindowVerdict(self.idx, "ttft", 95, 0.2, 0.2, 8, 20, 12)
         failures = 1 if signal is G.INSUFFICIENT_ERRORS else 0
@@ -64,6 +77,9 @@ class Driver:
             return self.h.tick(self.now)
         if signal in (G.PROBE_OK, G.PROBE_FAIL):
             return self.h.record_probe(signal is G.PROBE_OK, self.now)
+        if signal is G.FAST_FAIL:
+            self.now += 0.5
+            return self.h.eject(self.now, may_quarantine)
         self.now += SC.stale_after_s if signal is G.STALE else SC.subwindow_s
         return self.h.evaluate(self.verdict(signal), self.now, may_quarantine)
 
@@ -72,26 +88,45 @@ class Driver:
 
 
 @pytest.mark.parametrize(
-    ("ratio", "failures", "requests", "stale", "signal"),
+    ("over", "samples", "failures", "requests", "stale", "mature", "signal"),
     [
-        (0.5999, 0, 40, False, G.OK),
-        (0.6, 0, 40, False, G.BAND),  # entering the band needs >= recover_ratio
-        (0.7999, 0, 40, False, G.BAND),
-        (0.8, 0, 40, False, G.ELEVATED),  # watch_ratio inclusive
-        (1.0, 0, 40, False, G.THREATENING),  # restrict_ratio inclusive
-        (0.3, 20, 40, False, G.BURST),  # 50% failures: burst wins over latency
-        (0.3, 19, 40, False, G.OK),  # 47.5% failures: latency decides
-        (None, 4, 4, False, G.INSUFFICIENT_ERRORS),  # 100% but < error_min_samples
-        (None, 0, 3, False, G.INSUFFICIENT),
-        (None, 0, 0, True, G.STALE),
-        (None, 1, 3, True, G.INSUFFICIENT_ERRORS),  # failures are evidence: never stale
+        ((0, 0, 0), 40, 0, 40, False, True, G.OK),
+        ((2, 0, 0), 40, 0, 40, False, True, G.OK),  # 5 % over recover: allowed share
+        ((3, 0, 0), 40, 0, 40, False, True, G.BAND),  # above it: the hysteresis band
+        # watch level vs 1.5 x history (7.5 %): 6 of 40 is not significant, 7 is
+        ((20, 6, 0), 40, 0, 40, False, True, G.BAND),
+        ((20, 7, 0), 40, 0, 40, False, True, G.ELEVATED),
+        ((20, 7, 0), 40, 0, 40, False, False, G.BAND),  # ... but no history to compare
+        ((40, 40, 4), 40, 0, 40, False, False, G.BAND),  # 10 % over budget: not yet
+        ((40, 40, 5), 40, 0, 40, False, False, G.THREATENING),  # 12.5 %: significant
+        ((0, 0, 0), 35, 5, 40, False, False, G.THREATENING),  # failures count as misses
+        ((0, 0, 0), 20, 20, 40, False, True, G.BURST),  # 50 % failures: burst wins
+        ((0, 0, 0), 21, 19, 40, False, True, G.THREATENING),  # 47.5 %: a breach, no burst
+        ((0, 0, 0), 0, 4, 4, False, True, G.INSUFFICIENT_ERRORS),  # < error_min_samples
+        ((0, 0, 0), 0, 2, 6, False, True, G.THREATENING),  # judged on failures alone
+        ((0, 0, 0), 3, 0, 3, False, True, G.INSUFFICIENT),
+        ((0, 0, 0), 0, 0, 0, True, True, G.STALE),
+        ((0, 0, 0), 3, 1, 4, True, True, G.INSUFFICIENT_ERRORS),  # failures: never stale
     ],
 )
 def test_classify_boundaries(
-    ratio: float | None, failures: int, requests: int, stale: bool, signal: Signal
+    over: tuple[int, int, int], samples: int, failures: int, requests: int, stale: bool,
+    mature: bool, signal: Signal,
 ) -> None:
-    v = WindowVerdict(1, "ttft", 95, ratio, ratio, 40, requests, failures)
-    assert classify(v, HC, stale) is signal
+    ratio = None if samples < 20 else 0.5
+    v = WindowVerdict(1, "ttft", 95, ratio, ratio, samples, requests, failures, over)
+    history = History(HC.history_windows if mature else 0, 0.05, 0.05)
+    assert classify(v, HC, stale, history) is signal
+
+
+def test_a_stationary_heavy_tail_reads_as_its_own_normal() -> None:
+    """12 % of samples beyond the watch level every window: a breach of nothing
+    once that is the route's history; twice as many is a change."""
+    history = History(HC.history_windows, 0.12, 0.3)
+    usual = WindowVerdict(1, "ttft", 95, 0.9, 0.9, 200, 200, 0, (60, 24, 8))
+    assert classify(usual, HC, False, history) is G.OK
+    worse = WindowVerdict(2, "ttft", 95, 0.95, 0.95, 200, 200, 0, (90, 48, 9))
+    assert classify(worse, HC, False, history) is G.ELEVATED
 
 
 def _label(key: tuple[HealthState, Signal]) -> str:
@@ -218,10 +253,11 @@ def test_cooldown_grows_per_offence_caps_and_is_forgiven() -> None:
         d.send(G.COOLDOWN_OVER)
         d.send(G.PROBE_FAIL)
     assert cooldowns == [15, 30, 60, 120, 240, 300, 300] and d.h.offences == 8
+    assert d.h.relapses == 0  # failed probes are the same episode, not relapses
     d.h.state, d.h.healthy_since = S.HEALTHY, d.now
-    d.h.tick(d.now + 10 * HC.cooldown_max_s - 1)
+    d.h.tick(d.now + HC.forgive_after_s - 1)
     assert d.h.offences == 8
-    d.h.tick(d.now + 10 * HC.cooldown_max_s)
+    d.h.tick(d.now + HC.forgive_after_s)
     assert d.h.offences == 7
 
 
@@ -246,7 +282,7 @@ def test_restricted_exhaustion_respects_last_viable_route() -> None:
 
 def test_each_window_is_applied_once() -> None:
     h = RouteHealth("a", K, HC, SC, 0.0)
-    v = WindowVerdict(7, "ttft", 95, 0.9, 0.9, 40, 40, 0)
+    v = verdict(7, OVER[G.THREATENING])
     assert h.evaluate(v, 10.0)[0].new == "watching"
     for _ in range(5):
         assert h.evaluate(v, 10.0) == []
@@ -257,22 +293,29 @@ def test_each_window_is_applied_once() -> None:
 
 
 def summary(index: int, tail: float | None, requests: int = 40, errors: int = 0) -> WindowSummary:
-    return WindowSummary(index, index * 10.0, index * 10.0 + 10, "ttft", 0.95,
-                         40 if tail else 2, tail, requests, errors, 0, 0)  # fmt: skip
+    """A window of 40 samples all at ``tail`` (2 samples, too few, when None)."""
+    h = LogHistogram()
+    n = 40 if tail else 2
+    for _ in range(n):
+        h.add(tail or 0.2)
+    return WindowSummary(index, index * 10.0, index * 10.0 + 10, "ttft", 0.95, n, tail,
+                         requests, errors, 0, 0, h.cumulative())  # fmt: skip
 
 
 def test_board_keeps_only_routes_that_differ_from_healthy() -> None:
     b = HealthBoard(HC, SC)
     assert b.peek("a", K) is None and b.get("a", K).weight == 1.0
-    assert b.evaluate("a", K, summary(1, 0.2), SLO, 20.0) == [] and b.items() == []
-    assert b.evaluate("a", K, summary(2, 0.9), SLO, 30.0)[0].new == "watching"
-    assert b.peek("a", K) is not None and len(b.items()) == 1
-    b.evaluate("a", K, summary(3, 0.2), SLO, 40.0)
+    assert b.evaluate("a", K, summary(1, None, requests=2), SLO, 20.0) == []
+    assert b.items() == []  # nothing learned: nothing kept
+    assert b.evaluate("a", K, summary(2, 0.2), SLO, 30.0) == []
+    assert b.peek("a", K) is not None  # healthy, but it has history now
+    assert b.evaluate("a", K, summary(3, 1.5), SLO, 40.0)[0].new == "watching"
     b.evaluate("a", K, summary(4, 0.2), SLO, 50.0)
-    assert b.peek("a", K) is None  # back to default: forgotten
-    assert b.record_probe("a", K, True, 60.0) == []
+    b.evaluate("a", K, summary(5, 0.2), SLO, 60.0)
+    assert b.get("a", K).state is S.HEALTHY and b.get("a", K).history.windows == 3
+    assert b.record_probe("b", K, True, 60.0) == []  # never seen: ignored
     with pytest.raises(ValueError):
-        b.evaluate("a", K, summary(5, 0.2), replace(SLO, metric="e2e"), 60.0)
+        b.evaluate("a", K, summary(6, 0.2), replace(SLO, metric="e2e"), 60.0)
 
 
 def test_board_tick_deadline_snapshot_and_prune() -> None:
@@ -385,9 +428,10 @@ def test_isolated_spike_never_quarantines(
 
 
 @FAST
-@given(seed=st.integers(0, 2**32 - 1), start=st.integers(2, 10), ratio=st.floats(1.2, 5.0))
+@given(seed=st.integers(0, 2**32 - 1), start=st.integers(2, 10), ratio=st.floats(1.5, 5.0))
 def test_sustained_degradation_is_local_to_its_slice(seed: int, start: int, ratio: float) -> None:
-    """(c) degraded within degrade_windows windows; other slices and clusters untouched."""
+    """(c) a clear breach (p95 at >= 1.5 x budget) is degraded within degrade_windows
+    windows; other slices and clusters untouched."""
     rng = np.random.default_rng(seed)
     store, board = StatsStore(StatsConfig()), HealthBoard(HC, StatsConfig())
     long = SliceKey("m", "interactive", "long", True)
@@ -445,3 +489,96 @@ def test_recovery_passes_probing_and_restoring_in_steps(
     jump_from = weights[weights.index(1.0) - 1]
     if restore_step < 0.5:
         assert jump_from > restore_step
+
+
+# ---------------------------------------------------------------- fast path and memory
+
+
+@pytest.mark.parametrize(
+    ("fail_rate", "threshold"),
+    [(0.0, 3), (0.01, 3), (0.05, 4), (0.1, 4), (0.3, 8), (0.9, 88)],
+)
+def test_ejection_run_grows_with_the_usual_failure_rate(fail_rate: float, threshold: int) -> None:
+    """K = max(eject_consecutive, ceil(ln 1e-4 / ln f)): a false ejection stays below 1e-4."""
+    h = RouteHealth("a", K, HC, SC, 0.0)
+    h.fail_rate = fail_rate
+    assert h.eject_threshold() == threshold
+    assert fail_rate ** threshold <= 1e-4 * (1 + 1e-9) or threshold == HC.eject_consecutive
+
+
+def test_a_run_of_hard_failures_ejects_and_a_fresh_success_ends_it() -> None:
+    h = RouteHealth("a", K, HC, SC, 0.0)
+    assert not h.note_outcome(True, 1.0) and not h.note_outcome(True, 1.1)
+    assert not h.note_outcome(False, 1.2, sent_at=0.5)  # sent before the run: old news
+    assert h.streak == 2
+    assert h.note_outcome(True, 1.3)  # the third failure in a row
+    events = h.eject(1.3)
+    assert h.state is S.QUARANTINED and "3 consecutive hard failures" in events[0].reason
+    h2 = RouteHealth("a", K, HC, SC, 0.0)
+    h2.note_outcome(True, 1.0)
+    h2.note_outcome(False, 1.2, sent_at=1.05)  # sent after the run began: it works now
+    assert h2.streak == 0
+
+
+@pytest.mark.parametrize("start", [S.HEALTHY, S.WATCHING, S.DEGRADED, S.RESTORING, S.RESTRICTED])
+def test_fast_ejection_of_the_last_viable_route_restricts_it(start: HealthState) -> None:
+    d = Driver(start)
+    events = d.send(G.FAST_FAIL, may_quarantine=False)
+    assert d.h.state is S.RESTRICTED and d.h.panic
+    assert (start is S.RESTRICTED) or events[0].reason.startswith("panic: last viable route")
+
+
+def _restore_episode(d: Driver) -> tuple[float, float]:
+    """Quarantine -> probing -> restoring; (first restoring weight, probe share)."""
+    d.send(G.COOLDOWN_OVER)
+    share = d.h.probe_share
+    for _ in range(HC.probe_successes):
+        d.send(G.PROBE_OK)
+    assert d.h.state is S.RESTORING
+    return d.h.weight, share
+
+
+def test_relapses_shrink_restore_steps_and_probe_shares_until_forgiven() -> None:
+    d = Driver()
+    d.send(G.FAST_FAIL)
+    w, share = _restore_episode(d)
+    firsts, shares = [w], [share]
+    for _ in range(3):
+        d.send(G.OK)  # one clean window, then the next relapse while restoring
+        events = d.send(G.FAST_FAIL)
+        assert "relapse" in events[-1].reason
+        w, share = _restore_episode(d)
+        firsts.append(w)
+        shares.append(share)
+    assert firsts == pytest.approx([0.25, 0.125, 0.0625, 0.03125])
+    assert shares == pytest.approx([HC.probe_share * HC.relapse_factor ** i for i in range(4)])
+    assert d.h.relapses == 3
+    while d.h.state is not S.HEALTHY:
+        d.send(G.OK)
+    d.h.tick(d.now + HC.forgive_after_s)
+    assert d.h.relapses == 2  # sustained health forgives, one relapse at a time
+
+
+def test_an_escalation_long_after_a_restore_is_not_a_relapse() -> None:
+    d = Driver()
+    d.send(G.FAST_FAIL)
+    _restore_episode(d)
+    while d.h.state is not S.HEALTHY:
+        d.send(G.OK)
+    d.now += HC.forgive_after_s + 1
+    events = d.send(G.FAST_FAIL)
+    assert "relapse" not in events[-1].reason and d.h.relapses == 0
+
+
+@FAST
+@given(
+    start=st.sampled_from([S.HEALTHY, S.WATCHING, S.DEGRADED, S.RESTRICTED, S.RESTORING]),
+    signals=st.lists(st.sampled_from([*WINDOW_SIGNALS, G.FAST_FAIL]), max_size=40),
+)
+def test_the_last_viable_route_is_never_quarantined(
+    start: HealthState, signals: list[Signal]
+) -> None:
+    d = Driver(start)
+    for sig in signals:
+        d.send(sig, may_quarantine=False)
+        assert not d.h.circuit_open, (sig, d.h.state)

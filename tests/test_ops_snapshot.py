@@ -15,6 +15,7 @@ import pytest
 
 from sidecar.core.config import Config, parse_config
 from sidecar.core.health import HealthState
+from sidecar.core.health_board import CLUSTER_SLICE
 from sidecar.core.router import Router
 from sidecar.core.types import Observation, SliceKey
 from sidecar.devtools.harness import Stack
@@ -67,8 +68,8 @@ def _view(router: Router, now: float) -> dict[tuple[str, str], Any]:
 def test_round_trip_restores_statistics_and_states(tmp_path: Path) -> None:
     cfg = _config()
     old, now = _busy_router(cfg)
-    states = {c: old.board.get(c, SL).state for c in "abc"}
-    assert states["b"] is HealthState.QUARANTINED and states["a"] is not HealthState.HEALTHY
+    states = {c: old.health(c, SL).state for c in "abc"}  # b's cluster-wide circuit opened
+    assert states["b"] == HealthState.QUARANTINED and states["a"] != HealthState.HEALTHY
     path = tmp_path / "snap.json"
     snapshot.save(old, path, now, wall=WALL)
 
@@ -76,7 +77,7 @@ def test_round_trip_restores_statistics_and_states(tmp_path: Path) -> None:
     new_now = 5.0  # another process: another monotonic base
     assert snapshot.load(new, path, new_now, wall=WALL)
     assert _view(new, new_now) == _view(old, now)
-    assert {c: new.board.get(c, SL).state for c in "abc"} == states
+    assert {c: new.health(c, SL).state for c in "abc"} == states
     cooldown_left = (old.board.next_deadline() or 0) - now
     assert new.board.next_deadline() == pytest.approx(new_now + cooldown_left)
     a_slow = new.latency("a", SL, "ttft", 95, new_now)
@@ -90,7 +91,7 @@ def test_time_on_disk_counts_towards_ages(tmp_path: Path) -> None:
     snapshot.save(old, path, now, wall=WALL)
     new = Router(cfg)
     assert snapshot.load(new, path, 0.0, wall=WALL + 7.0)
-    b_old, b_new = old.board.get("b", SL), new.board.get("b", SL)
+    b_old, b_new = old.board.get("b", CLUSTER_SLICE), new.board.get("b", CLUSTER_SLICE)
     assert b_old.cooldown_until is not None and b_new.cooldown_until is not None
     assert b_new.cooldown_until - 0.0 == pytest.approx(b_old.cooldown_until - now - 7.0)
     c_old, c_new = old.stats.series("c", SL), new.stats.series("c", SL)

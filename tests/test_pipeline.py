@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from sidecar.core.config import Config, parse_config
+from sidecar.core.evidence import RouteEvidence
 from sidecar.core.filters import DEFAULT_FILTERS
+from sidecar.core.histogram import LogHistogram
 from sidecar.core.pickers import PICKERS
 from sidecar.core.pipeline import (
     HealthView,
@@ -34,11 +36,27 @@ class FakeView:
     ttft: dict[str, float] = field(default_factory=dict)
     health_of: dict[str, HealthView] = field(default_factory=dict)
     busy: dict[str, int] = field(default_factory=dict)
+    attain: dict[str, float] = field(default_factory=dict)  # success share, all within budget
+    no_tpot: set[str] = field(default_factory=set)
 
     def latency(self, cluster: str, slice: SliceKey, metric: str, percentile: float,
                 now: float) -> LatencyValue:
-        v = self.ttft.get(cluster) if metric == "ttft" else None
+        v = self.ttft.get(cluster)
+        if v is not None and metric == "tpot" and cluster not in self.no_tpot:
+            v = v / 10.0  # a route's decode speed follows its TTFT here
+        elif metric != "ttft":
+            v = None
         return LatencyValue(v, slice if v is not None else None, False, 50 if v else 0)
+
+    def evidence(self, cluster: str, slice: SliceKey, metric: str,
+                 now: float) -> RouteEvidence | None:
+        p = self.attain.get(cluster)
+        if p is None:
+            return None
+        h = LogHistogram()
+        h.add(0.01)  # every sample well within any budget: P = p_ok
+        return RouteEvidence(h.cumulative(), 100, 100.0, 0.0, 100.0 * p, 100.0, True, slice,
+                             False)
 
     def health(self, cluster: str, slice: SliceKey) -> HealthView:
         return self.health_of.get(cluster, HEALTHY)
@@ -81,8 +99,12 @@ def test_lowest_score_picker_is_semantic_router_deterministic() -> None:
     picks = {_run(view, cfg=ttft_only, picker="lowest_score", seed=i).chosen.name
              for i in range(20)}
     assert picks == {"b"}
-    # With TPOT also enabled nobody has complete data: first candidate (documented).
-    assert _run(view, picker="lowest_score").chosen.name == "a"
+    # With TPOT also enabled and missing for b, only a and c have complete data.
+    partial = FakeView(ttft={"a": 0.3, "b": 0.1, "c": 0.2}, no_tpot={"b"})
+    assert _run(partial, picker="lowest_score").chosen.name == "c"
+    # Nobody has complete data: the first candidate (documented).
+    assert _run(FakeView(ttft={"b": 0.1}, no_tpot={"b"}), picker="lowest_score").chosen.name \
+        == "a"
 
 
 def test_route_without_data_does_not_outrank_routes_with_data() -> None:
@@ -91,6 +113,34 @@ def test_route_without_data_does_not_outrank_routes_with_data() -> None:
     weights = {c.name: c.weight for c in r.candidates}
     assert weights["c"] <= weights["b"] < weights["a"]
     assert weights["c"] > 0
+
+
+def test_fast_errors_are_evidence() -> None:
+    """Same latency everywhere; c fails fast on 30 % of its requests: it keeps
+    only the exploration floor, the others split the rest."""
+    view = FakeView(ttft={"a": 0.2, "b": 0.2, "c": 0.2}, attain={"a": 0.99, "b": 0.99,
+                                                                  "c": 0.7})
+    shares = _shares(view, n=600)
+    assert shares["c"] / 600 < 0.05 and shares["c"] > 0
+    assert abs(shares["a"] - shares["b"]) < 90
+
+
+@pytest.mark.parametrize("fanout", [1, 8])
+def test_fan_out_step_judges_a_deeper_tail(fanout: int) -> None:
+    """A 2 % extra miss is little for one call, a lot for the slowest of 8."""
+    view = FakeView(ttft={"a": 0.2, "b": 0.2, "c": 0.2}, attain={"a": 0.995, "b": 0.995,
+                                                                  "c": 0.975})
+    cfg = parse_config(base_config_dict(), "t.yaml")
+    model, k = cfg.model("m"), cfg.workload_class("interactive")
+    assert model is not None and k is not None
+    ctx = SelectionContext(cfg, model, k, _req(), view, 0.0, None, 0.05 / fanout)
+    picks = Counter(
+        r.chosen.name for i in range(400)
+        if (r := run_pipeline(ctx, DEFAULT_FILTERS, DEFAULT_SCORERS,
+                              PICKERS["weighted_random"], random.Random(i))) is not None
+    )
+    share_c = picks["c"] / 400
+    assert (share_c > 0.2) if fanout == 1 else (share_c < 0.06)
 
 
 @pytest.mark.parametrize(

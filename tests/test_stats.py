@@ -81,17 +81,39 @@ def test_outcomes_counted_but_only_ok_first_attempts_are_latency_samples() -> No
     assert within(rs.quantile("ttft", 1.0, 1.0), 0.1)  # the 9 s values never entered
 
 
-def test_recency_weighting_matches_weighted_nearest_rank() -> None:
-    rs = RouteStats(CFG)
+def test_recency_weighting_ages_per_newer_subwindow_and_requests() -> None:
+    rs = RouteStats(CFG)  # min_samples 5, decay 0.5
     feed(rs, [2.0] * 10, 5.0)  # sub-window 0
     feed(rs, [0.2] * 10, 15.0)  # sub-window 1 (current at t=15)
-    # weights: current 1.0 x 10, one back 0.5 x 10: 2.0 holds 1/3 of the weight
+    # the current one (10 >= min_samples requests) ages the older by a full step:
+    # 2.0 holds 5 of 15
     assert within(rs.quantile("ttft", 0.6, 15.0), 0.2)
     assert within(rs.quantile("ttft", 0.7, 15.0), 2.0)
-    # one window later both age by one: the same split, cached past merge refreshed
+    # one window later: the same split (the current sub-window is empty, ages nothing)
     assert within(rs.quantile("ttft", 0.6, 25.0), 0.2)
-    feed(rs, [0.2] * 30, 25.0)  # cache must notice new samples
+    assert within(rs.quantile("ttft", 0.7, 25.0), 2.0)
+    feed(rs, [0.2] * 30, 25.0)  # the current sub-window counts at once: 2.0 holds 2.5 of 37.5
     assert within(rs.quantile("ttft", 0.9, 25.0), 0.2)
+    feed(rs, [0.2] * 2, 35.0)  # two requests: 2 / 5 of a step, 0.5 ** 0.4
+    ev = rs.evidence("ttft", 35.0, 0.0)
+    assert ev is not None and ev.weight == pytest.approx((30 + 5 + 2.5) * 0.5**0.4 + 2)
+
+
+def test_sparse_traffic_keeps_a_long_window_busy_traffic_a_short_one() -> None:
+    """Forgetting is per sub-window when busy and per min_samples requests when sparse:
+    1 request per sub-window reaches back minutes, 200 per sub-window ~a minute."""
+    cfg = StatsConfig(subwindow_s=10.0, subwindows=30, min_samples=20, decay=0.7)
+    sparse, busy = RouteStats(cfg), RouteStats(cfg)
+    for k in range(29):
+        feed(sparse, [1.0], k * 10 + 1.0)
+        feed(busy, [1.0] * 200, k * 10 + 1.0)
+    ev_sparse = sparse.evidence("ttft", 290.0, 0.0)
+    ev_busy = busy.evidence("ttft", 290.0, 0.0)
+    assert ev_sparse is not None and ev_busy is not None
+    assert ev_sparse.samples == 29 and ev_sparse.weight > 20  # ~ all of them, barely faded
+    # busy: weights 1, 0.7, 0.49, ... down to 0.7 ** 8 (0.7 ** 9 < 0.05 is dropped)
+    assert ev_busy.samples == 9 * 200
+    assert ev_busy.weight == pytest.approx(200 * sum(0.7**i for i in range(9)))
 
 
 def test_window_summary_is_the_last_completed_subwindow() -> None:
@@ -225,15 +247,21 @@ def test_snapshot_roundtrip_rebases_time() -> None:
 def test_window_quantile_is_decay_weighted_nearest_rank(
     windows: list[list[float]], q: float, decay: float
 ) -> None:
-    cfg = StatsConfig(subwindow_s=1.0, subwindows=6, min_samples=1, decay=decay)
+    """Against the definition: sub-window i weighs the product over newer ones j (the
+    current, last, included) of decay ** min(1, r_j / min_samples); the current weighs 1."""
+    cfg = StatsConfig(subwindow_s=1.0, subwindows=6, min_samples=2, decay=decay)
     rs = RouteStats(cfg)
     n = len(windows)
     for k, xs in enumerate(windows):
         feed(rs, xs, k + 0.5)
     now = n - 0.5
-    data = [(x, decay ** (n - 1 - k)) for k, xs in enumerate(windows) for x in xs]
+    weights, w = [1.0] * n, 1.0
+    for k in range(n - 2, -1, -1):
+        w *= decay ** min(1.0, len(windows[k + 1]) / cfg.min_samples)
+        weights[k] = w if w >= 0.05 else 0.0
+    data = [(x, weights[k]) for k, xs in enumerate(windows) for x in xs if weights[k] > 0]
     got = rs.quantile("ttft", q, now)
-    if not data:
+    if sum(len(xs) for k, xs in enumerate(windows) if weights[k] > 0) < cfg.min_samples:
         assert got is None
         return
     values = np.array([x for x, _ in data])

@@ -12,7 +12,9 @@ Definitions (ms; ``pXX`` are the route's e2e percentiles for the request's slice
     timeout     = max(1, ceil(remaining))       -> x-envoy-upstream-rq-timeout-ms
     usable(r)   = passed hard filters and health filters for this class (capacity aside)
     full(r)     = inflight(r) >= max_concurrency(r)
-    over(r)     = tail(r, class metric, class percentile) > class budget_ms
+    over(r)     = violation(r) > 1 - percentile / 100   (the attainment scorer's share of
+                  failed or over-budget requests; without it: tail(r, class metric,
+                  class percentile) > class budget_ms)
     ok(r)       = usable and not full and not over
     saturated   = no ok route
     ahead       = queued waiters served before this request (FIFO per priority)
@@ -41,12 +43,17 @@ from dataclasses import dataclass
 from sidecar.core.admission_queue import AdmissionQueue, Waiter
 from sidecar.core.admission_rules import RULES, STATUS, Rule, Situation, evaluate
 from sidecar.core.config import ClassConfig, Config
-from sidecar.core.pipeline import PipelineResult, RouteView
+from sidecar.core.frozen import fast_init
+from sidecar.core.pipeline import Candidate, LatencyValue, PipelineResult, RouteView
 from sidecar.core.retry_budget import RetryBudget, RetryMemory
+from sidecar.core.scorers import SLO_TAIL
 from sidecar.core.types import Admission, Decision, RequestInfo
 
 __all__ = ["RULES", "AdmissionControl", "RouteFacts", "Situation", "Verdict", "evaluate"]
 
+RETRY_TAU_SUBWINDOWS = 6  # retry budgets decay over this many sub-windows (60 s by default)
+
+@fast_init
 @dataclass(frozen=True, slots=True)
 class RouteFacts:
     """What admission knows about one eligible candidate."""
@@ -66,6 +73,7 @@ class RouteFacts:
         return self.usable and not self.full and not self.over
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """The admission answer for one request."""
@@ -105,6 +113,7 @@ class AdmissionControl:
         self.queue = AdmissionQueue(config.admission.queue_max)
         self.memory = RetryMemory()
         self.budget = RetryBudget(config.admission.retry_budget_ratio, 1.0)
+        self._plain: dict[tuple[str, float], Verdict] = {}  # the fast path's answers, reused
         self.reconfigure(config)
 
     def reconfigure(self, config: Config) -> None:
@@ -112,7 +121,7 @@ class AdmissionControl:
         self.cfg = config.admission
         self.queue.max_live = self.cfg.queue_max
         self.budget.ratio = self.cfg.retry_budget_ratio
-        self.budget.tau_s = config.stats.subwindow_s * config.stats.subwindows
+        self.budget.tau_s = config.stats.subwindow_s * RETRY_TAU_SUBWINDOWS
 
     # ------------------------------------------------------------ facts
 
@@ -132,13 +141,11 @@ class AdmissionControl:
                              c.dropped is None or chosen, c.weight))
         slo = klass.slo
         deadline = req.deadline_ms is not None
+        cands = {} if result is None else {c.name: c for c in result.candidates}
         out = []
         for name, usable, selectable, weight in rows:
             n, cap = view.inflight(name), self.config.cluster(name).max_concurrency
-            over = False
-            if usable:
-                tail = view.latency(name, req.slice, slo.metric, slo.percentile, now).value
-                over = tail is not None and tail * 1000.0 > slo.budget_ms
+            over = usable and self._over(cands.get(name), name, req, klass, view, now)
             p50 = tail_e2e = None
             if deadline and usable:
                 p50 = _ms(view.latency(name, req.slice, "e2e", 50.0, now).value)
@@ -147,19 +154,45 @@ class AdmissionControl:
                                   max(cap - n, 0), over, p50, tail_e2e))
         return out
 
-    def _chosen_ok(
+    def _tail_ms(
+        self, cand_latency: dict[str, LatencyValue] | None, name: str, req: RequestInfo,
+        klass: ClassConfig, view: RouteView, now: float,
+    ) -> float | None:
+        """The route's SLO-metric tail (looked up when the plan was built, if it was)."""
+        slo = klass.slo
+        known = None if cand_latency is None else cand_latency.get(SLO_TAIL)
+        if known is None:
+            known = view.latency(name, req.slice, slo.metric, slo.percentile, now)
+        return _ms(known.value)
+
+    def _over(
+        self, cand: Candidate | None, name: str, req: RequestInfo, klass: ClassConfig,
+        view: RouteView, now: float,
+    ) -> bool:
+        """Over budget: the route's violation share (failures and slow answers, from
+        the attainment score) exceeds what the class allows; without that score,
+        its SLO-metric tail exceeds the budget."""
+        if cand is not None and (v := cand.scores.get("violation")) is not None:
+            return v > max(1.0 - klass.slo.percentile / 100.0, 1e-4)
+        tail = self._tail_ms(None if cand is None else cand.latency, name, req, klass, view, now)
+        return tail is not None and tail > klass.slo.budget_ms
+
+    def _some_route_ok(
         self, req: RequestInfo, klass: ClassConfig, decision: Decision,
         result: PipelineResult | None, view: RouteView, now: float,
     ) -> bool:
-        """Is the selected route itself usable, below capacity and within budget?"""
+        """Is some usable candidate below capacity and within budget (``not saturated``)?
+        Then, without a deadline, a retry or waiters, no row above 12 can match."""
         if result is None or result.panic or result.chosen.dropped is not None:
             return False
-        name = decision.cluster
-        if view.inflight(name) >= self.config.cluster(name).max_concurrency:
-            return False
-        slo = klass.slo
-        tail = view.latency(name, req.slice, slo.metric, slo.percentile, now).value
-        return tail is None or tail * 1000.0 <= slo.budget_ms
+        for c in (result.chosen, *result.candidates):
+            if c.dropped not in (None, "capacity"):
+                continue
+            if view.inflight(c.name) >= self.config.cluster(c.name).max_concurrency:
+                continue
+            if not self._over(c, c.name, req, klass, view, now):
+                return True
+        return False
 
     # ------------------------------------------------------------ route choice
 
@@ -213,11 +246,17 @@ class AdmissionControl:
         if not cfg.enabled:
             return Verdict("admit", "disabled", decision.cluster, timeout, is_retry)
         if (req.deadline_ms is None and not is_retry and not len(self.queue)
-                and self._chosen_ok(req, klass, decision, result, view, now)):
+                and self._some_route_ok(req, klass, decision, result, view, now)):
             # Fast path (the common case): no row above 12 can match.
             self.memory.remember(req.request_id, decision.cluster, now)
             self.budget.record(decision.cluster, now, retry=False)
-            return Verdict("admit", "ok", decision.cluster, timeout, False)
+            key = (decision.cluster, timeout)
+            v = self._plain.get(key)
+            if v is None:
+                if len(self._plain) > 1024:
+                    self._plain.clear()
+                v = self._plain[key] = Verdict("admit", "ok", decision.cluster, timeout, False)
+            return v
         facts = self._facts(req, klass, decision, result, view, now)
         usable = [f for f in facts if f.usable]
         need = _min(f.p50_ms for f in usable)

@@ -11,6 +11,7 @@ Headers read (all optional, all treated as untrusted):
 ``x-tailroute-tenant``      tenant id (never used as a metrics label)
 ``x-tailroute-deadline-ms`` remaining end-to-end budget in ms for the workflow
 ``x-tailroute-step``        ``critical`` or ``optional``
+``x-tailroute-fanout``      parallel calls of this workflow step, 1..256 (default 1)
 ``x-tailroute-explain``     ``1`` asks for the explain response header
 ``x-request-id``            request id (retry recognition)
 ``x-envoy-attempt-count``   Envoy's attempt counter; > 1 means a retry
@@ -179,6 +180,7 @@ def classify(
     client_retry = _int_header(headers, "x-stainless-retry-count", 0, 1000) or 0
     deadline = _int_header(headers, "x-tailroute-deadline-ms", 0, 86_400_000)
     step_raw = (headers.get("x-tailroute-step") or "").strip().lower()
+    fanout = _int_header(headers, "x-tailroute-fanout", 1, 256) or 1
     step: Step | None = "critical" if step_raw == "critical" else None
     if step_raw == "optional":
         step = "optional"
@@ -198,6 +200,7 @@ def classify(
         retry_attempt=max(attempt - 1, client_retry),
         deadline_ms=float(deadline) if deadline is not None else None,
         step=step,
+        fanout=fanout,
         explain=headers.get("x-tailroute-explain", "").strip() == "1",
         class_known=class_known,
         model_known=model_known,

@@ -97,17 +97,21 @@ class ClassConfig:
 
 @dataclass(frozen=True, slots=True)
 class StatsConfig:
-    """Rolling statistics: a window of ``subwindows`` sub-windows of ``subwindow_s`` seconds."""
+    """Rolling statistics: a ring of ``subwindows`` sub-windows of ``subwindow_s`` seconds
+    (the maximum age of evidence); the window a decision reads follows the traffic
+    rate inside it (see :mod:`sidecar.core.series`)."""
 
     subwindow_s: float = 10.0
-    subwindows: int = 6
-    min_samples: int = 20  # fewer samples: percentile not trusted
-    decay: float = 0.7  # weight of sub-window i back is decay**i (recency weighting)
+    subwindows: int = 30  # maximum age of evidence: subwindows x subwindow_s
+    min_samples: int = 20  # fewer samples: percentile not trusted; also the forgetting unit
+    decay: float = 0.85  # a newer sub-window ages evidence by decay ** min(1, requests / min)
     stale_after_s: float = 300.0  # no samples for this long: verdict expires
     max_slices: int = 512  # per cluster; beyond this, fold into an overflow slice
     # Share of responses timed by the observing filter once a route's current
     # sub-window holds min_samples samples (below that, every response is timed).
     observe_share: float = 1.0
+    # Pseudo-samples a narrow slice borrows from its broader slices (shrinkage).
+    prior_samples: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +133,16 @@ class HealthConfig:
     probe_share: float = 0.05
     probe_successes: int = 5
     restore_step: float = 0.25  # weight returned per healthy window while restoring
+    # Escalation needs evidence at this confidence (one-sided binomial test).
+    confidence: float = 0.95
+    # Windows of a route's own history (EWMA) before watch-level escalation can fire.
+    history_windows: int = 10
+    # Consecutive hard failures (5xx, connect failures, resets, timeouts) that eject a
+    # route at once; raised for routes whose stable failure rate makes such runs likely.
+    eject_consecutive: int = 3
+    # Restore steps and probe shares are multiplied by this per recent offence.
+    relapse_factor: float = 0.5
+    forgive_after_s: float = 600.0  # healthy this long: one offence forgotten
 
 
 @dataclass(frozen=True, slots=True)

@@ -214,12 +214,13 @@ def _class(name: str, r: ConfigReader) -> ClassConfig:
 def _stats(r: ConfigReader) -> StatsConfig:
     cfg = StatsConfig(
         subwindow_s=r.num("subwindow_s", 10.0, lo=0.05, hi=3600),
-        subwindows=r.num("subwindows", 6, lo=1, hi=120, integer=True),
+        subwindows=r.num("subwindows", 30, lo=1, hi=720, integer=True),
         min_samples=r.num("min_samples", 20, lo=1, integer=True),
-        decay=r.num("decay", 0.7, lo=0.01, hi=1.0),
+        decay=r.num("decay", 0.85, lo=0.01, hi=1.0),
         stale_after_s=r.num("stale_after_s", 300.0, lo=1),
         max_slices=r.num("max_slices", 512, lo=1, hi=100000, integer=True),
         observe_share=r.num("observe_share", 1.0, lo=0.0, hi=1.0),
+        prior_samples=r.num("prior_samples", 10.0, lo=0.0, hi=100000),
     )
     r.done()
     return cfg
@@ -251,6 +252,13 @@ def _health(r: ConfigReader) -> HealthConfig:
         probe_share=r.num("probe_share", d.probe_share, lo=0.001, hi=1.0),
         probe_successes=r.num("probe_successes", d.probe_successes, lo=1, integer=True),
         restore_step=r.num("restore_step", d.restore_step, lo=0.01, hi=1.0),
+        confidence=r.num("confidence", d.confidence, lo=0.5, hi=0.999999),
+        history_windows=r.num("history_windows", d.history_windows, lo=1, hi=10000,
+                              integer=True),
+        eject_consecutive=r.num("eject_consecutive", d.eject_consecutive, lo=1, hi=1000,
+                                integer=True),
+        relapse_factor=r.num("relapse_factor", d.relapse_factor, lo=0.01, hi=1.0),
+        forgive_after_s=r.num("forgive_after_s", d.forgive_after_s, lo=1),
     )
     r.done()
     if not r.clean_since(mark):

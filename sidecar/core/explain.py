@@ -7,17 +7,17 @@ keeps :class:`RecentDecision` entries whose explain is built only when read.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from sidecar.core.config import ModelConfig
 from sidecar.core.latency_aware import enabled_metrics
-from sidecar.core.pipeline import PipelineResult
+from sidecar.core.pipeline import PipelineResult, verdicts_of
 from sidecar.core.types import CandidateExplain, Decision, Explain, RequestInfo
 
 
-@dataclass(frozen=True, slots=True)
-class RecentDecision:
-    """One entry of the recent-decision ring; explain is built when someone reads it."""
+class RecentDecision(NamedTuple):
+    """One entry of the recent-decision ring; explain is built when someone reads it
+    (a tuple: one is made per request)."""
 
     at: float
     request: RequestInfo
@@ -66,7 +66,7 @@ def build_explain(req: RequestInfo, result: PipelineResult, picker: str) -> Expl
         cands.append(
             CandidateExplain(
                 cluster=c.name,
-                verdicts=dict(c.verdicts),
+                verdicts=verdicts_of(result, c),
                 scores={k: round(v, 4) for k, v in c.scores.items()},
                 state=c.health.state,
                 weight=round(c.weight, 6),

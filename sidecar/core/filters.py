@@ -2,6 +2,8 @@
 
 Hard filters (``soft = False``) are mandatory policy and never relaxed;
 soft filters may be relaxed by panic mode when they would leave no route.
+``per_request`` filters read in-flight counts and run for every request; the
+others run once per plan (see :mod:`sidecar.core.pipeline`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ class ModelServed:
 
     name: str = "model_served"
     soft: bool = False
+    per_request: bool = False
 
     def __call__(self, ctx: SelectionContext, cand: Candidate) -> str | None:
         if ctx.model.name in cand.cluster.models:
@@ -30,6 +33,7 @@ class RegionPolicy:
 
     name: str = "region"
     soft: bool = False
+    per_request: bool = False
 
     def __call__(self, ctx: SelectionContext, cand: Candidate) -> str | None:
         allowed = ctx.model.regions
@@ -44,6 +48,7 @@ class Quarantine:
 
     name: str = "quarantine"
     soft: bool = True
+    per_request: bool = False
 
     def __call__(self, ctx: SelectionContext, cand: Candidate) -> str | None:
         return f"{cand.health.state}: circuit open" if cand.health.quarantined else None
@@ -68,6 +73,7 @@ class ClassRestriction:
 
     name: str = "class_restriction"
     soft: bool = True
+    per_request: bool = True  # the herding guard reads in-flight counts
 
     def __call__(self, ctx: SelectionContext, cand: Candidate) -> str | None:
         if not (cand.health.excluded_for_sensitive and ctx.klass.latency_sensitive):
@@ -78,7 +84,7 @@ class ClassRestriction:
         for name in ctx.model.candidates:
             if name == cand.name or not ctx.config.has_cluster(name):
                 continue
-            h = ctx.view.health(name, ctx.request.slice)
+            h = ctx.health_of(name)
             if h.excluded_for_sensitive or h.quarantined:
                 continue
             limit = ctx.config.cluster(name).max_concurrency
@@ -87,7 +93,7 @@ class ClassRestriction:
         if cap and free >= HERD_HEADROOM * cap:
             return f"restricted for latency-sensitive class {ctx.klass.name}"
         cand.health = replace(cand.health, weight=ctx.config.health.degraded_weight)
-        cand.verdicts["herding_guard"] = f"kept: alternatives have {free}/{cap} slots free"
+        cand.note("herding_guard", f"kept: alternatives have {free}/{cap} slots free")
         return None
 
 
@@ -102,6 +108,7 @@ class Capacity:
 
     name: str = "capacity"
     soft: bool = True
+    per_request: bool = True
 
     def __call__(self, ctx: SelectionContext, cand: Candidate) -> str | None:
         n = ctx.view.inflight(cand.name)

@@ -1,54 +1,86 @@
 """Graduated health state machine per (cluster, slice).
 
-Once per completed sub-window (an *evaluation window*) the caller turns the
-route's :class:`~sidecar.core.series.WindowSummary` and the class SLO into a
-:class:`WindowVerdict` (``ratio = tail_s * 1000 / budget_ms``), which is
-classified into one :class:`Signal`, in this priority::
+Two time scales feed it. **Windows** (latency and outcome evidence): once per
+evaluation window (:meth:`~sidecar.core.series.RouteStats.window_summary`:
+one sub-window, or as many as a sparse route needs to reach ``min_samples``)
+the route's summary and the class SLO become a :class:`WindowVerdict`. With
+``a = 1 - percentile / 100`` the share of requests the SLO allows to miss,
+``n = samples + failures`` and ``x_r = failures + samples slower than r x
+budget``, the verdict is classified into one :class:`Signal`, in this
+priority::
 
     BURST                (errors + timeouts) / requests >= error_rate_quarantine,
                          with requests >= error_min_samples
-    INSUFFICIENT_ERRORS  no tail (samples < min_samples) but some failures
-    STALE                no tail, no failures, no tail for >= stats.stale_after_s
-    INSUFFICIENT         no tail, no failures
-    THREATENING          ratio >= restrict_ratio
-    ELEVATED             ratio >= watch_ratio
-    BAND                 recover_ratio <= ratio < watch_ratio (hysteresis band)
-    OK                   ratio < recover_ratio
+    INSUFFICIENT_ERRORS  samples < min_samples, failures but < error_min_samples requests
+    STALE                no verdict, no failures, no verdict for >= stats.stale_after_s
+    INSUFFICIENT         no verdict, no failures
+    THREATENING          x_restrict / n above a with confidence (binomial test)
+    ELEVATED             x_watch / n above max(a, 1.5 x own history) with confidence,
+                         once the route has history_windows windows of history
+    OK                   x_recover / n <= max(a, own history at the recover level)
+    BAND                 otherwise (hysteresis band)
 
-plus COOLDOWN_OVER (time, :meth:`RouteHealth.tick`) and PROBE_OK / PROBE_FAIL
-(:meth:`RouteHealth.record_probe`). Probes go to probing routes and, for
-latency-sensitive classes, to restricted ones: a restricted route receives no
-such traffic, so without probes it could never show that it recovered.
-:data:`TRANSITIONS` maps ``(state, signal)`` to a :class:`Rule`; absent pairs
-keep the state and its vote streaks.
-A counted rule ``Rule(target, after=N)`` moves once N consecutive windows voted
-for ``target`` (a window voting for another target restarts the count; a
-``reset`` rule clears it; neutral signals keep it).
+(a window with failures but too few latency samples is judged on its failures
+alone once it has ``error_min_samples`` requests). "With confidence" is the
+one-sided binomial test of :func:`sidecar.core.evidence.significant` at
+``health.confidence``: a stationary heavy-tailed route whose tail sits inside
+its SLO produces a few slow samples in most windows, and those must not read as
+a breach. The route's *own history* is an EWMA (``1 / history_windows``) of
+``x_watch / n`` and ``x_recover / n`` over windows judged while it was healthy
+or watching: the watch level escalates only on a change, the budget level on
+a breach.
+
+**Hard failures** (the fast path, :meth:`RouteHealth.note_outcome`): every
+non-probe outcome updates a run of consecutive hard failures (5xx, connect
+failures, resets, timeouts; 429 and successes end the run) and a slow EWMA of
+the failure rate ``f`` (over ~100 requests). A run of::
+
+    K = max(eject_consecutive, ceil(ln(1e-4) / ln f))
+
+ejects the route at once (FAST_FAIL): a route whose normal failure rate makes
+such runs likely needs a longer one (the chance of a false ejection per request
+stays below 1e-4). The router keeps one such run per cluster and one per slice.
+
+Other signals: COOLDOWN_OVER (time, :meth:`RouteHealth.tick`) and PROBE_OK /
+PROBE_FAIL (:meth:`RouteHealth.record_probe`). Probes go to probing routes
+and, for latency-sensitive classes, to restricted ones: a restricted route
+receives no such traffic, so without probes it could never show that it
+recovered. :data:`TRANSITIONS` maps ``(state, signal)`` to a :class:`Rule`;
+absent pairs keep the state and its vote streaks. A counted rule ``Rule(target,
+after=N)`` moves once N consecutive windows voted for ``target`` (a window
+voting for another target restarts the count; a ``reset`` rule clears it;
+neutral signals keep it).
 
 Weight (share of selection weight for latency-sensitive classes; tolerant
 classes see 1.0 except while the circuit is open or restoring from it)::
 
-    healthy, watching  1.0          quarantined, probing  0.0 (probes: probe_share)
+    healthy, watching  1.0          quarantined, probing  0.0 (probes: probe_share * m)
     degraded           degraded_weight
     restricted         0.0 (excluded_for_sensitive)
-    restoring          min(1, w0 + n * restore_step) after n clean windows;
-                       w0 = min(restore_step, 0.5) from probing,
+    restoring          min(1, w0 + n * restore_step * m) after n clean windows;
+                       w0 = min(restore_step * m, 0.5) from probing,
                        max(degraded_weight, that) from degraded
+    m = relapse_factor ** relapses     (repeat-offender memory)
 
-Cooldown on the k-th offence: ``min(cooldown_s * 2**(k-1), cooldown_max_s)``;
-every ``10 x cooldown_max_s`` spent healthy forgives one offence.
+A **relapse** is an escalation to degraded or quarantined while restoring, or
+within ``forgive_after_s`` of having been restored. Cooldown on the k-th
+offence (entry into quarantine): ``min(cooldown_s * 2**(k-1), cooldown_max_s)``.
+Every ``forgive_after_s`` spent healthy forgives one offence and one relapse.
 
 Invariants:
 
-1. Only BURST, a counted THREATENING in restricted, or PROBE_FAIL enter
-   quarantined; only COOLDOWN_OVER leaves it; only probe results leave probing.
+1. Only BURST, FAST_FAIL, a counted THREATENING in restricted, or PROBE_FAIL
+   enter quarantined; only COOLDOWN_OVER leaves it; only probe results leave probing.
 2. Insufficient-sample windows (INSUFFICIENT*, STALE) never escalate: a
-   sparse route's lone spike cannot degrade or quarantine it.
+   sparse route's lone spike cannot degrade or quarantine it. A window
+   escalates only on evidence significant at ``confidence``.
 3. No jump to full weight after an open circuit: probing -> restoring at w0 <=
    0.5, then at most ``restore_step`` per window; restricted returns via
-   degraded and restoring, never straight to healthy.
-4. ``may_quarantine=False`` (last viable route): an evaluation that would
-   quarantine enters/stays restricted instead, reason "panic: last viable route".
+   degraded and restoring, never straight to healthy. Each relapse shrinks
+   the restore steps and the probe share by ``relapse_factor``.
+4. ``may_quarantine=False`` (last viable route): an evaluation or a fast
+   ejection that would quarantine enters/stays restricted instead, reason
+   "panic: last viable route".
 5. Every state change yields exactly one TransitionEvent with a reason; an
    evaluation window is applied at most once (indices must increase).
 6. Votes are cleared on every state change except a move to ``meanwhile``
@@ -66,13 +98,16 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from sidecar.core.config import HealthConfig, SloConfig, StatsConfig
+from sidecar.core.evidence import significant
 from sidecar.core.series import WindowSummary
 from sidecar.core.types import SliceKey, TransitionEvent
 
 if TYPE_CHECKING:
     from sidecar.core.health_board import HealthBoard as HealthBoard
 
-FORGIVE_AFTER_COOLDOWNS = 10  # healthy for this many cooldown_max_s forgives one offence
+FALSE_EJECT_ODDS = 1e-4  # accepted chance per request that a healthy route's run ejects it
+HISTORY_MARGIN = 1.5  # a change: the watch-level share half as much again as the route's usual
+FAIL_RATE_HORIZON = 100  # requests the fast path's failure-rate EWMA averages over
 
 
 class HealthState(StrEnum):
@@ -94,6 +129,7 @@ class Signal(StrEnum):
     INSUFFICIENT_ERRORS = "insufficient_errors"
     STALE = "stale"
     BURST = "burst"
+    FAST_FAIL = "fast_fail"
     COOLDOWN_OVER = "cooldown_over"
     PROBE_OK = "probe_ok"
     PROBE_FAIL = "probe_fail"
@@ -112,61 +148,74 @@ class Rule:
 
 S, G = HealthState, Signal
 _RESET = Rule(None, reset=True)
+_EJECT = Rule(S.QUARANTINED)
 TRANSITIONS: dict[tuple[HealthState, Signal], Rule] = {
     (S.HEALTHY, G.ELEVATED): Rule(S.DEGRADED, "degrade_windows", meanwhile=S.WATCHING),
     (S.HEALTHY, G.THREATENING): Rule(S.DEGRADED, "degrade_windows", meanwhile=S.WATCHING),
-    (S.HEALTHY, G.BURST): Rule(S.QUARANTINED),
+    (S.HEALTHY, G.BURST): _EJECT,
+    (S.HEALTHY, G.FAST_FAIL): _EJECT,
     (S.WATCHING, G.OK): Rule(S.HEALTHY, "recover_windows"),
     (S.WATCHING, G.BAND): _RESET,
     (S.WATCHING, G.ELEVATED): Rule(S.DEGRADED, "degrade_windows"),
     (S.WATCHING, G.THREATENING): Rule(S.DEGRADED, "degrade_windows"),
     (S.WATCHING, G.STALE): Rule(S.HEALTHY),
-    (S.WATCHING, G.BURST): Rule(S.QUARANTINED),
+    (S.WATCHING, G.BURST): _EJECT,
+    (S.WATCHING, G.FAST_FAIL): _EJECT,
     (S.DEGRADED, G.OK): Rule(S.RESTORING, "recover_windows"),
     (S.DEGRADED, G.BAND): _RESET,
     (S.DEGRADED, G.ELEVATED): _RESET,
     (S.DEGRADED, G.THREATENING): Rule(S.RESTRICTED, "restrict_windows"),
     (S.DEGRADED, G.STALE): Rule(S.WATCHING),
-    (S.DEGRADED, G.BURST): Rule(S.QUARANTINED),
+    (S.DEGRADED, G.BURST): _EJECT,
+    (S.DEGRADED, G.FAST_FAIL): _EJECT,
     (S.RESTRICTED, G.OK): Rule(S.DEGRADED, "recover_windows"),
     (S.RESTRICTED, G.BAND): _RESET,
     (S.RESTRICTED, G.ELEVATED): _RESET,
     (S.RESTRICTED, G.THREATENING): Rule(S.QUARANTINED, "restricted_windows_to_quarantine"),
     (S.RESTRICTED, G.STALE): Rule(S.WATCHING),
-    (S.RESTRICTED, G.BURST): Rule(S.QUARANTINED),
+    (S.RESTRICTED, G.BURST): _EJECT,
+    (S.RESTRICTED, G.FAST_FAIL): _EJECT,
     # Restricted routes get no latency-sensitive traffic, so evidence of recovery comes
     # from the probe trickle the router sends them (probes must finish within budget).
     (S.RESTRICTED, G.PROBE_OK): Rule(S.DEGRADED, "probe_successes"),
     (S.RESTRICTED, G.PROBE_FAIL): _RESET,
     (S.QUARANTINED, G.COOLDOWN_OVER): Rule(S.PROBING),
     (S.PROBING, G.PROBE_OK): Rule(S.RESTORING, "probe_successes"),
-    (S.PROBING, G.PROBE_FAIL): Rule(S.QUARANTINED),
+    (S.PROBING, G.PROBE_FAIL): _EJECT,
     (S.RESTORING, G.OK): Rule(S.HEALTHY, "restore_steps"),
     (S.RESTORING, G.INSUFFICIENT): Rule(S.HEALTHY, "restore_steps"),
     (S.RESTORING, G.STALE): Rule(S.HEALTHY, "restore_steps"),
     (S.RESTORING, G.ELEVATED): Rule(S.DEGRADED),
     (S.RESTORING, G.THREATENING): Rule(S.DEGRADED),
-    (S.RESTORING, G.BURST): Rule(S.QUARANTINED),
+    (S.RESTORING, G.BURST): _EJECT,
+    (S.RESTORING, G.FAST_FAIL): _EJECT,
 }
 _STAY = Rule(None)
-_WINDOW_SIGNALS = frozenset(G) - {G.COOLDOWN_OVER, G.PROBE_OK, G.PROBE_FAIL}
+# Signals whose quarantine respects may_quarantine (the last viable route is kept).
+_GUARDED_SIGNALS = frozenset(G) - {G.COOLDOWN_OVER, G.PROBE_OK, G.PROBE_FAIL}
+_ESCALATIONS = (S.DEGRADED, S.QUARANTINED)
 
 
 @dataclass(frozen=True, slots=True)
 class WindowVerdict:
-    """One evaluation window judged against a class SLO."""
+    """One evaluation window judged against a class SLO.
+
+    ``over`` counts latency samples slower than ``(recover, watch, restrict) x
+    budget``; a verdict without latency (``ratio`` None) may still be judged on
+    its failures."""
 
     index: int  # sub-window index (WindowSummary.index)
     metric: str
     percentile: float  # 1..100
     tail_s: float | None  # None: too few samples
-    ratio: float | None  # tail_s * 1000 / budget_ms
+    ratio: float | None  # tail_s * 1000 / budget_ms (descriptive)
     samples: int
     requests: int  # ok + error + timeout
     failures: int  # error + timeout
+    over: tuple[int, int, int] = (0, 0, 0)
 
     @classmethod
-    def of(cls, summary: WindowSummary, slo: SloConfig) -> WindowVerdict:
+    def of(cls, summary: WindowSummary, slo: SloConfig, cfg: HealthConfig) -> WindowVerdict:
         """Judge ``summary`` (which must be of ``slo.metric`` at ``slo.percentile``)."""
         if summary.metric != slo.metric or abs(summary.q * 100.0 - slo.percentile) > 1e-6:
             raise ValueError(
@@ -174,27 +223,88 @@ class WindowVerdict:
                 f"SLO is p{slo.percentile:g} {slo.metric}"
             )
         tail = summary.quantile
-        ratio = None if tail is None else tail * 1000.0 / slo.budget_ms
+        budget = slo.budget_ms / 1000.0
+        ratio = None if tail is None else tail / budget
+        over = tuple(summary.samples_over(r * budget)
+                     for r in (cfg.recover_ratio, cfg.watch_ratio, cfg.restrict_ratio))
         return cls(summary.index, summary.metric, slo.percentile, tail, ratio, summary.samples,
-                   summary.requests, summary.errors + summary.timeouts)  # fmt: skip
+                   summary.requests, summary.errors + summary.timeouts,
+                   (over[0], over[1], over[2]))  # fmt: skip
+
+    @classmethod
+    def failures_only(
+        cls, index: int, requests: int, failures: int, allowed_share: float
+    ) -> WindowVerdict:
+        """A verdict on outcomes alone (e.g. a whole cluster), allowing ``allowed_share``."""
+        pct = 100.0 * (1.0 - allowed_share)
+        return cls(index, "outcome", pct, None, None, 0, requests, failures)
+
+    @property
+    def allowed_share(self) -> float:
+        return max(1.0 - self.percentile / 100.0, 1e-6)
+
+    def counts(self) -> tuple[int, tuple[int, int, int]]:
+        """``(n, (x_recover, x_watch, x_restrict))`` as the module docstring defines them."""
+        if self.ratio is None:
+            f = self.failures
+            return self.requests, (f, f, f)
+        f = self.failures
+        return self.samples + f, (self.over[0] + f, self.over[1] + f, self.over[2] + f)
 
     def describe(self) -> str:
-        if self.ratio is None:
+        n, x = self.counts()
+        if self.metric == "outcome":
+            return f"{self.failures} of {self.requests} requests failed"
+        if self.ratio is None and not self.failures:
             return f"{self.samples} {self.metric} samples (too few)"
-        return f"p{self.percentile:g} {self.metric} {self.ratio:.2f}x budget"
+        miss = f"{x[2] / n:.0%} of {n} over budget (allowed {self.allowed_share:.0%})"
+        if self.ratio is None:
+            return f"failures {miss}"
+        return f"p{self.percentile:g} {self.metric} {self.ratio:.2f}x budget; {miss}"
 
 
-def classify(v: WindowVerdict, cfg: HealthConfig, stale: bool) -> Signal:
+@dataclass(slots=True)
+class History:
+    """A route's own stable history: EWMA shares of evidence beyond the watch and
+    recover levels over windows judged while healthy or watching."""
+
+    windows: int = 0
+    watch: float = 0.0
+    recover: float = 0.0
+
+    def mature(self, cfg: HealthConfig) -> bool:
+        return self.windows >= cfg.history_windows
+
+    def update(self, v: WindowVerdict, cfg: HealthConfig) -> None:
+        n, x = v.counts()
+        if n <= 0 or v.ratio is None:
+            return
+        self.windows += 1
+        alpha = 1.0 / min(self.windows, cfg.history_windows)
+        self.watch += alpha * (x[1] / n - self.watch)
+        self.recover += alpha * (x[0] / n - self.recover)
+
+
+def classify(
+    v: WindowVerdict, cfg: HealthConfig, stale: bool, history: History | None = None
+) -> Signal:
     """The window's signal (priority order in the module docstring)."""
     if v.requests >= cfg.error_min_samples and v.failures >= cfg.error_rate_quarantine * v.requests:
         return G.BURST
-    if v.ratio is None:
+    if v.ratio is None and not (v.failures and v.requests >= cfg.error_min_samples):
         return G.INSUFFICIENT_ERRORS if v.failures else G.STALE if stale else G.INSUFFICIENT
-    if v.ratio >= cfg.restrict_ratio:
+    n, (x_recover, x_watch, x_restrict) = v.counts()
+    allow = v.allowed_share
+    alpha = 1.0 - cfg.confidence
+    if significant(x_restrict, n, allow, alpha):
         return G.THREATENING
-    if v.ratio >= cfg.watch_ratio:
+    known = history is not None and history.mature(cfg) and v.ratio is not None
+    if known and significant(
+        x_watch, n, max(allow, HISTORY_MARGIN * history.watch), alpha  # type: ignore[union-attr]
+    ):
         return G.ELEVATED
-    return G.BAND if v.ratio >= cfg.recover_ratio else G.OK
+    ref = max(allow, history.recover) if known else allow  # type: ignore[union-attr]
+    return G.OK if x_recover <= ref * n else G.BAND
 
 
 class RouteHealth:
@@ -206,17 +316,34 @@ class RouteHealth:
         self.cluster, self.slice, self.cfg, self.stats_cfg = cluster, slice, cfg, stats_cfg
         self.state = S.HEALTHY
         self.since = now  # when the current state was entered
-        self.offences = 0
+        self.offences = 0  # entries into quarantine (cooldown doubling)
+        self.relapses = 0  # escalations soon after a restore (restore/probe shrink)
         self.cooldown_until: float | None = None
         self.panic = False  # held restricted instead of quarantined (last viable route)
         self.votes: dict[HealthState, int] = {}
         self.last_index: int | None = None  # newest evaluation window applied
         self.last_evidence = now  # newest window with a tail (or state entry)
         self.healthy_since = now
+        self.restored_at: float | None = None  # last return to healthy from restoring
         self.restore_base = 0.0
         self.restore_from_circuit = False
+        self.history = History()
+        self.streak = 0  # consecutive hard failures (fast path)
+        self.streak_since = now  # when the current run's first failed request was sent
+        self.run_parts: set[str] = set()  # slices that failed in the run (cluster-wide entry)
+        self.run_confined = False  # another slice answered during the run
+        self.fail_rate = 0.0  # EWMA of hard failures per request (fast path)
 
     # ------------------------------------------------------------ views
+
+    @property
+    def memory(self) -> float:
+        """Repeat-offender multiplier ``relapse_factor ** relapses`` (module docstring)."""
+        return self.cfg.relapse_factor ** min(self.relapses, 30)
+
+    @property
+    def restore_step(self) -> float:
+        return self.cfg.restore_step * self.memory
 
     @property
     def weight(self) -> float:
@@ -227,7 +354,7 @@ class RouteHealth:
             return self.cfg.degraded_weight
         if self.state is S.RESTORING:
             steps = self.votes.get(S.HEALTHY, 0)
-            return min(1.0, self.restore_base + steps * self.cfg.restore_step)
+            return min(1.0, self.restore_base + steps * self.restore_step)
         return 0.0
 
     def weight_for(self, latency_sensitive: bool) -> float:
@@ -247,7 +374,7 @@ class RouteHealth:
     @property
     def probe_share(self) -> float:
         """Share of the slice's traffic to send as probes (0 unless probing)."""
-        return self.cfg.probe_share if self.state is S.PROBING else 0.0
+        return self.cfg.probe_share * self.memory if self.state is S.PROBING else 0.0
 
     def next_deadline(self) -> float | None:
         return self.cooldown_until if self.state is S.QUARANTINED else None
@@ -255,15 +382,18 @@ class RouteHealth:
     @property
     def is_default(self) -> bool:
         """Indistinguishable from a fresh route (the board need not keep it)."""
-        return self.state is S.HEALTHY and not (self.offences or self.votes or self.panic)
+        return self.state is S.HEALTHY and not (
+            self.offences or self.relapses or self.votes or self.panic or self.streak
+            or self.history.windows or self.fail_rate > 1e-3)
 
     # ------------------------------------------------------------ inputs
 
     def tick(self, now: float) -> list[TransitionEvent]:
-        """Time-driven transitions: cooldown expiry; offence forgiveness."""
-        forgive_s = FORGIVE_AFTER_COOLDOWNS * self.cfg.cooldown_max_s
-        if self.state is S.HEALTHY and self.offences and now - self.healthy_since >= forgive_s:
-            self.offences -= 1
+        """Time-driven transitions: cooldown expiry; forgiveness of old offences."""
+        if (self.state is S.HEALTHY and (self.offences or self.relapses)
+                and now - self.healthy_since >= self.cfg.forgive_after_s):
+            self.offences = max(0, self.offences - 1)
+            self.relapses = max(0, self.relapses - 1)
             self.healthy_since = now
         deadline = self.next_deadline()
         if deadline is not None and now >= deadline:
@@ -279,9 +409,11 @@ class RouteHealth:
             return events
         self.last_index = v.index
         stale = now - self.last_evidence >= self.stats_cfg.stale_after_s
-        signal = classify(v, self.cfg, stale)
+        signal = classify(v, self.cfg, stale, self.history)
         if v.ratio is not None:
             self.last_evidence = now
+            if self.state in (S.HEALTHY, S.WATCHING) and signal in (G.OK, G.BAND, G.ELEVATED):
+                self.history.update(v, self.cfg)
         if signal is G.BURST:
             detail = f"error+timeout {v.failures / v.requests:.0%} of {v.requests} requests"
         elif signal is G.STALE:
@@ -296,11 +428,62 @@ class RouteHealth:
         signal = G.PROBE_OK if ok else G.PROBE_FAIL
         return events + self._apply(signal, now, "probe ok" if ok else "probe failed")
 
+    def note_outcome(
+        self, hard_failure: bool, now: float, sent_at: float | None = None,
+        part: str | None = None,
+    ) -> bool:
+        """Fast path: count one non-probe outcome; True when the run of hard failures
+        reaches :meth:`eject_threshold` (the caller then decides on :meth:`eject`).
+
+        A success ends a run only if its request was sent after the run began
+        (``sent_at``, when known): a slow answer to a request sent before a
+        provider went down says nothing about it now. A run begins when its first
+        failed request was sent (a timeout's waited time tells), so successes of
+        requests sent after a hung one do end it. For a cluster-wide entry
+        ``part`` names the slice of each outcome: while all failures of the run
+        come from one slice and another slice keeps answering (even with such
+        older requests), the run may be slice-confined and does not trip here
+        (the slice's own run does)."""
+        if self.circuit_open:
+            return False
+        self.fail_rate += ((1.0 if hard_failure else 0.0) - self.fail_rate) / FAIL_RATE_HORIZON
+        if not hard_failure:
+            if self.streak and sent_at is not None and sent_at < self.streak_since:
+                if part is not None and part not in self.run_parts:
+                    self.run_confined = True
+                return False
+            self.streak = 0
+            self.run_parts.clear()
+            self.run_confined = False
+            return False
+        if not self.streak:
+            self.streak_since = now if sent_at is None else sent_at
+        self.streak += 1
+        if part is not None:
+            self.run_parts.add(part)
+        return self.streak >= self.eject_threshold() and (
+            not self.run_confined or len(self.run_parts) >= 2)
+
+    def eject_threshold(self) -> int:
+        """``K = max(eject_consecutive, ceil(ln(1e-4) / ln f))`` (module docstring)."""
+        f = min(self.fail_rate, 0.99)
+        floor = self.cfg.eject_consecutive
+        if f <= 0.0:
+            return floor
+        return max(floor, math.ceil(math.log(FALSE_EJECT_ODDS) / math.log(f) - 1e-9))
+
+    def eject(self, now: float, may_quarantine: bool = True) -> list[TransitionEvent]:
+        """The run of hard failures reached its threshold: open the circuit now."""
+        run, self.streak = self.streak, 0
+        self.run_parts.clear()
+        self.run_confined = False
+        return self._apply(G.FAST_FAIL, now, f"{run} consecutive hard failures", may_quarantine)
+
     # ------------------------------------------------------------ machinery
 
     def _threshold(self, name: str) -> int:
         if name == "restore_steps":
-            return max(1, math.ceil((1.0 - self.restore_base) / self.cfg.restore_step - 1e-9))
+            return max(1, math.ceil((1.0 - self.restore_base) / self.restore_step - 1e-9))
         return int(getattr(self.cfg, name))
 
     def _apply(
@@ -319,10 +502,9 @@ class RouteHealth:
             if n < self._threshold(rule.after):
                 if rule.meanwhile is None or rule.meanwhile is self.state:
                     return []
-                reason = f"{detail} (watch at {self.cfg.watch_ratio:g}x budget)"
-                return [self._move(rule.meanwhile, now, reason, keep_votes=True)]
+                return [self._move(rule.meanwhile, now, detail, keep_votes=True)]
         reason = _reason(signal, n, detail, self.cfg, rule.after)
-        if rule.target is S.QUARANTINED and not may_quarantine and signal in _WINDOW_SIGNALS:
+        if rule.target is S.QUARANTINED and not may_quarantine and signal in _GUARDED_SIGNALS:
             self.panic = True
             reason = f"panic: last viable route ({reason})"
             if self.state is S.RESTRICTED:
@@ -338,8 +520,15 @@ class RouteHealth:
         if not keep_votes:
             self.votes = {}
         self.cooldown_until = None
+        if new in _ESCALATIONS and old not in (S.QUARANTINED, S.PROBING, S.RESTRICTED) and (
+            old is S.RESTORING or (self.restored_at is not None
+                                   and now - self.restored_at < self.cfg.forgive_after_s)
+        ):
+            self.relapses += 1
+            reason = f"{reason}; relapse {self.relapses}"
         if new is S.QUARANTINED:
             self.offences += 1
+            self.streak = 0
             cooldown = min(
                 self.cfg.cooldown_s * 2.0 ** min(self.offences - 1, 60), self.cfg.cooldown_max_s
             )
@@ -347,11 +536,13 @@ class RouteHealth:
             reason = f"{reason}; cooldown {cooldown:g}s (offence {self.offences})"
         elif new is S.RESTORING:
             self.restore_from_circuit = old is S.PROBING
-            first = min(self.cfg.restore_step, 0.5)
+            first = min(self.restore_step, 0.5)
             self.restore_base = first if old is S.PROBING else max(self.cfg.degraded_weight, first)
             reason = f"{reason}; weight {self.weight:.2f}"
         elif new is S.HEALTHY:
             self.healthy_since = now
+            if old is S.RESTORING:
+                self.restored_at = now
         return self._event(now, old, reason, new)
 
     def _event(
@@ -369,7 +560,7 @@ def _reason(signal: Signal, n: int, detail: str, cfg: HealthConfig, after: str |
     if signal in (G.ELEVATED, G.THREATENING) and n > 1:
         return f"{detail} for {windows}"
     if signal is G.OK:
-        return f"{detail} (< {cfg.recover_ratio:g}x) for {windows}"
+        return f"{detail} for {windows}"
     if signal is G.PROBE_OK:
         return f"{n} consecutive probes ok"
     return detail

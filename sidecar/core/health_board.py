@@ -1,8 +1,16 @@
 """Every route's health: the :class:`HealthBoard`.
 
-Holds a :class:`~sidecar.core.health.RouteHealth` only for routes that differ
-from a fresh healthy one, runs window verdicts, probe results and cooldown
-ticks through them, and snapshots them for warm restarts.
+Holds a :class:`~sidecar.core.health.RouteHealth` for routes that differ from
+a fresh healthy one (including routes with history or a failure run), runs
+window verdicts, probe results, outcome runs and cooldown ticks through them,
+and snapshots them for warm restarts.
+
+Besides one entry per (cluster, slice) there is one per cluster under
+:data:`CLUSTER_SLICE` (``*|*|*|*``): the fast path counts a cluster-wide run of
+hard failures there, so a provider that is down is ejected for every slice
+after ``K`` failures in total, not ``K`` per slice; a slice whose run grows
+while the cluster's does not (other slices succeed) is ejected alone. The
+router combines both entries into what selection sees.
 """
 
 from __future__ import annotations
@@ -12,11 +20,14 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from sidecar.core.config import HealthConfig, SloConfig, StatsConfig
-from sidecar.core.health import HealthState, RouteHealth, WindowVerdict
+from sidecar.core.health import HealthState, History, RouteHealth, WindowVerdict
 from sidecar.core.series import WindowSummary
-from sidecar.core.types import SliceKey, TransitionEvent
+from sidecar.core.types import ANY, SliceKey, TransitionEvent
 
 _Step = Callable[[RouteHealth], list[TransitionEvent]]
+
+#: The key of a cluster-wide entry (hard failures across every slice of a cluster).
+CLUSTER_SLICE = SliceKey(ANY, ANY, ANY, None)
 
 
 class HealthBoard:
@@ -26,6 +37,9 @@ class HealthBoard:
     def __init__(self, cfg: HealthConfig, stats_cfg: StatsConfig) -> None:
         self.cfg, self.stats_cfg = cfg, stats_cfg
         self._routes: dict[tuple[str, SliceKey], RouteHealth] = {}
+        # Moves on every change a selection could see (caches keyed on health notice).
+        self.version = 0
+        self._deadline: tuple[int, float | None] = (-1, None)  # (version, next deadline)
 
     def peek(self, cluster: str, slice: SliceKey) -> RouteHealth | None:
         """The stored state, or None for a (default) healthy route."""
@@ -41,17 +55,21 @@ class HealthBoard:
         self.cfg, self.stats_cfg = cfg, stats_cfg
         for h in self._routes.values():
             h.cfg, h.stats_cfg = cfg, stats_cfg
+        self.version += 1
 
     def _run(
         self, cluster: str, slice: SliceKey, now: float, step: _Step
     ) -> list[TransitionEvent]:
         key = (cluster, slice)
         h = self._routes.get(key) or RouteHealth(cluster, slice, self.cfg, self.stats_cfg, now)
+        before = (h.state, h.weight)
         events = step(h)
         if h.is_default:
             self._routes.pop(key, None)
         else:
             self._routes[key] = h
+        if events or (h.state, h.weight) != before:
+            self.version += 1
         return events
 
     def evaluate(
@@ -59,8 +77,19 @@ class HealthBoard:
         now: float, may_quarantine: bool = True,
     ) -> list[TransitionEvent]:  # fmt: skip
         """Apply the completed window ``summary`` (of ``slo.metric`` at ``slo.percentile``)."""
-        v = WindowVerdict.of(summary, slo)
+        v = WindowVerdict.of(summary, slo, self.cfg)
         return self._run(cluster, slice, now, lambda h: h.evaluate(v, now, may_quarantine))
+
+    def evaluate_outcomes(
+        self, cluster: str, slice: SliceKey, index: int, requests: int, failures: int,
+        now: float,
+    ) -> list[TransitionEvent]:  # fmt: skip
+        """Judge a kept entry (a cluster-wide one) on outcomes alone: a share of
+        failures at ``error_rate_quarantine`` or more re-opens the circuit."""
+        if (cluster, slice) not in self._routes:
+            return []
+        v = WindowVerdict.failures_only(index, requests, failures, self.cfg.error_rate_quarantine)
+        return self._run(cluster, slice, now, lambda h: h.evaluate(v, now))
 
     def record_probe(
         self, cluster: str, slice: SliceKey, ok: bool, now: float
@@ -70,28 +99,67 @@ class HealthBoard:
             return []
         return self._run(cluster, slice, now, lambda h: h.record_probe(ok, now))
 
+    def note_outcome(
+        self, cluster: str, slice: SliceKey, hard_failure: bool, now: float,
+        sent_at: float | None = None, part: str | None = None,
+    ) -> bool:
+        """Fast path: extend or end the route's run of hard failures; True when it
+        reached its ejection threshold (see :meth:`RouteHealth.note_outcome`)."""
+        key = (cluster, slice)
+        h = self._routes.get(key)
+        if h is None:
+            if not hard_failure:
+                return False  # a success on a fresh route changes nothing
+            h = self._routes[key] = RouteHealth(cluster, slice, self.cfg, self.stats_cfg, now)
+        tripped = h.note_outcome(hard_failure, now, sent_at, part)
+        if h.is_default:
+            del self._routes[key]
+        return tripped
+
+    def eject(
+        self, cluster: str, slice: SliceKey, now: float, may_quarantine: bool = True
+    ) -> list[TransitionEvent]:
+        """Open the route's circuit after a run of hard failures (fast path)."""
+        return self._run(cluster, slice, now, lambda h: h.eject(now, may_quarantine))
+
+    def reset_run(self, cluster: str, slice: SliceKey) -> None:
+        """Forget a route's current run (its cluster was ejected as a whole)."""
+        h = self._routes.get((cluster, slice))
+        if h is not None:
+            h.streak = 0
+
     def tick(self, now: float) -> list[TransitionEvent]:
         """Expire cooldowns (quarantined -> probing) and forgive old offences."""
         events: list[TransitionEvent] = []
         for (cluster, slice), h in list(self._routes.items()):
-            if h.offences or h.state is HealthState.QUARANTINED:
+            if h.offences or h.relapses or h.state is HealthState.QUARANTINED:
                 events += self._run(cluster, slice, now, lambda h: h.tick(now))
         return events
 
     def next_deadline(self) -> float | None:
-        """Earliest cooldown end, when :meth:`tick` has work; None if none pending."""
+        """Earliest cooldown end, when :meth:`tick` has work; None if none pending.
+        (Cooldowns only change with a state change, which moves :attr:`version`.)"""
+        if self._deadline[0] == self.version:
+            return self._deadline[1]
         times = [t for h in self._routes.values() if (t := h.next_deadline()) is not None]
-        return min(times) if times else None
+        self._deadline = (self.version, min(times) if times else None)
+        return self._deadline[1]
 
     def items(self) -> list[tuple[tuple[str, SliceKey], RouteHealth]]:
         """Stored (non-default) routes; any other route is healthy at weight 1."""
         return list(self._routes.items())
 
     def prune(self, live: Collection[tuple[str, SliceKey]]) -> int:
-        """Forget routes whose series are gone, except quarantined ones (cooldown pending)."""
-        dead = [k for k, h in self._routes.items() if k not in live and h.next_deadline() is None]
+        """Forget routes whose series are gone, except quarantined ones (cooldown pending)
+        and the cluster-wide entries of clusters that still have live series."""
+        clusters = {c for c, _ in live}
+        dead = [k for k, h in self._routes.items()
+                if k not in live and h.next_deadline() is None
+                and not (k[1] == CLUSTER_SLICE and k[0] in clusters)]  # fmt: skip
         for k in dead:
             del self._routes[k]
+        if dead:
+            self.version += 1
         return len(dead)
 
     def to_dict(self, now: float) -> dict[str, Any]:
@@ -117,18 +185,25 @@ class HealthBoard:
 
 # ---------------------------------------------------------------- one route's snapshot
 
-_PLAIN = ("offences", "panic", "restore_base", "restore_from_circuit")  # snapshot verbatim
+# Snapshot verbatim (fields added later are optional when reading older snapshots).
+_PLAIN = ("offences", "panic", "restore_base", "restore_from_circuit")
+_PLAIN_OPTIONAL = ("relapses", "streak", "fail_rate")
 _TIMES = ("since", "cooldown_until", "last_evidence", "healthy_since")  # snapshot as ages
+_TIMES_OPTIONAL = ("restored_at", "streak_since")
 
 
 def _route_to_dict(h: RouteHealth, now: float) -> dict[str, Any]:
     """JSON-safe; times as ages before ``now``, window index as sub-windows before it."""
     k = math.floor(now / h.stats_cfg.subwindow_s)
-    out: dict[str, Any] = {f: getattr(h, f) for f in _PLAIN}
-    out |= {f: None if (t := getattr(h, f)) is None else now - t for f in _TIMES}
+    out: dict[str, Any] = {f: getattr(h, f) for f in (*_PLAIN, *_PLAIN_OPTIONAL)}
+    out |= {f: None if (t := getattr(h, f)) is None else now - t
+            for f in (*_TIMES, *_TIMES_OPTIONAL)}  # fmt: skip
     out["state"] = h.state.value
     out["votes"] = {t.value: n for t, n in h.votes.items()}
     out["last_index"] = None if h.last_index is None else k - h.last_index
+    out["history"] = {"windows": h.history.windows, "watch": h.history.watch,
+                      "recover": h.history.recover}  # fmt: skip
+    out["run"] = {"parts": sorted(h.run_parts), "confined": h.run_confined}
     return out
 
 
@@ -137,8 +212,20 @@ def _load_route(h: RouteHealth, d: dict[str, Any], now: float) -> None:
     k = math.floor(now / h.stats_cfg.subwindow_s)
     for f in _PLAIN:
         setattr(h, f, type(getattr(h, f))(d[f]))
+    for f in _PLAIN_OPTIONAL:
+        if f in d:
+            setattr(h, f, type(getattr(h, f))(d[f]))
     for f in _TIMES:
         setattr(h, f, None if d[f] is None else now - float(d[f]))
+    for f in _TIMES_OPTIONAL:
+        if d.get(f) is not None:
+            setattr(h, f, now - float(d[f]))
     h.state = HealthState(d["state"])
     h.votes = {HealthState(t): int(n) for t, n in d["votes"].items()}
     h.last_index = None if d["last_index"] is None else k - int(d["last_index"])
+    hist = d.get("history")
+    if hist is not None:
+        h.history = History(int(hist["windows"]), float(hist["watch"]), float(hist["recover"]))
+    run = d.get("run")
+    if run is not None:
+        h.run_parts, h.run_confined = {str(p) for p in run["parts"]}, bool(run["confined"])

@@ -1,4 +1,4 @@
-"""Selection pipeline: filters -> scorers -> one picker.
+"""Selection pipeline: filters -> scorers -> one picker, in two stages.
 
 Shape (after the Gateway API Inference Extension's scheduler):
 
@@ -11,13 +11,25 @@ Shape (after the Gateway API Inference Extension's scheduler):
    circuit is closed, else all) and says so; scoring, health weights and the
    load score then spread traffic across that tier instead of herding it onto
    one route. Hard filters (model served, region) are never relaxed.
-3. **Scorers** (``sidecar.core.scorers``) give each survivor a goodness in
+3. **Scorers** (``sidecar.core.scorers``) give each candidate a goodness in
    (0, 1] per dimension.
 4. The candidate's **weight** combines them log-linearly with the class's
    weights: ``w = health * prod_i s_i ** k_i``; a class weight k_i = 0 ignores
-   the dimension. Each survivor keeps at least ``probe_share x max w``
-   (exploration floor) so its statistics stay fresh.
+   the dimension (:data:`EXPONENT_OF` maps scores to class weights). Each
+   survivor keeps at least ``probe_share x max w`` (exploration floor) so its
+   statistics stay fresh.
 5. One **picker** (``sidecar.core.pickers``) chooses, with the injected RNG.
+
+**Stages.** Filters and scorers that read only statistics and health
+(``per_request = False``) run once per :class:`Plan` -- per (model, slice,
+step budget, fan-out) and evidence refresh, see :class:`~sidecar.core.router.Router`
+-- on every candidate a hard filter kept. The rest (capacity, the herding
+guard, load: they read in-flight counts) run per request on a light copy of
+the plan's candidates (:func:`run_request`). Scorers are relative to the
+best candidate they see; scoring the static stage over a superset of the
+final survivors scales every survivor's weight by the same factor, which
+neither the picker nor the exploration floor can tell apart.
+:func:`run_pipeline` runs both stages at once.
 
 Everything here is pure: the route view supplies statistics, health and load
 as of ``now``.
@@ -26,13 +38,19 @@ as of ``now``.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
-from sidecar.core.config import ClassConfig, ClusterConfig, Config, ModelConfig
+from sidecar.core.config import ClassConfig, ClusterConfig, Config, ModelConfig, Weights
+from sidecar.core.frozen import fast_init
 from sidecar.core.types import RequestInfo, SliceKey
 
+if TYPE_CHECKING:
+    from sidecar.core.evidence import RouteEvidence
 
+
+@fast_init
 @dataclass(frozen=True, slots=True)
 class LatencyValue:
     """A percentile looked up through the slice hierarchy."""
@@ -43,6 +61,7 @@ class LatencyValue:
     samples: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class HealthView:
     """What selection needs from one route's health state."""
@@ -60,32 +79,68 @@ class RouteView(Protocol):
         self, cluster: str, slice: SliceKey, metric: str, percentile: float, now: float
     ) -> LatencyValue: ...
 
+    def evidence(
+        self, cluster: str, slice: SliceKey, metric: str, now: float
+    ) -> RouteEvidence | None: ...
+
     def health(self, cluster: str, slice: SliceKey) -> HealthView: ...
 
     def inflight(self, cluster: str) -> int: ...
 
 
-@dataclass(slots=True)
 class Candidate:
-    """One cluster as it moves through the pipeline (mutable scratch state)."""
+    """One cluster as it moves through the pipeline (mutable scratch state).
 
-    cluster: ClusterConfig
-    health: HealthView
-    verdicts: dict[str, str] = field(default_factory=dict)
-    scores: dict[str, float] = field(default_factory=dict)
-    latency: dict[str, LatencyValue] = field(default_factory=dict)
-    weight: float = 1.0
-    dropped: str | None = None  # the first filter that rejected it, if any
-    soft_drop: bool = False
+    ``base`` is the product of the static-stage scores (with their exponents);
+    a request works on :meth:`for_request`, a copy that shares the read-only
+    ``latency`` lookups."""
+
+    __slots__ = ("_own", "base", "cluster", "dropped", "health", "latency", "scores",
+                 "soft_drop", "verdicts", "weight")
+
+    def __init__(self, cluster: ClusterConfig, health: HealthView) -> None:
+        self.cluster = cluster
+        self.health = health
+        self.verdicts: dict[str, str] = {}  # filter -> "pass" or reason (see note())
+        self._own = True  # verdicts is this candidate's own dict (not the plan's)
+        self.scores: dict[str, float] = {}
+        self.latency: dict[str, LatencyValue] = {}
+        self.weight = 1.0
+        self.base = 1.0
+        self.dropped: str | None = None  # the first filter that rejected it, if any
+        self.soft_drop = False
 
     @property
     def name(self) -> str:
         return self.cluster.name
 
+    def note(self, name: str, verdict: str) -> None:
+        """Record a filter's verdict (a request copy copies the plan's dict on first write)."""
+        if not self._own:
+            self.verdicts = dict(self.verdicts)
+            self._own = True
+        self.verdicts[name] = verdict
+
+    def for_request(self) -> Candidate:
+        c = Candidate.__new__(Candidate)
+        c.cluster, c.health, c.latency, c.verdicts = \
+            self.cluster, self.health, self.latency, self.verdicts
+        c._own = False
+        c.scores = dict(self.scores)
+        c.weight, c.base, c.dropped, c.soft_drop = self.weight, self.base, self.dropped, \
+            self.soft_drop
+        return c
+
 
 @dataclass(frozen=True, slots=True)
 class SelectionContext:
-    """Everything a filter, scorer or picker may consult."""
+    """Everything a filter, scorer or picker may consult.
+
+    ``budget_s`` is what this request has for the class's SLO metric (the class
+    budget, or less when the caller's remaining deadline is shorter) and
+    ``allowed`` the share of such requests that may miss it: ``1 - percentile /
+    100`` for a single call, divided by ``k`` for a step of a ``k``-way fan-out
+    (its workflow meets the worst of ``k`` draws: judge at ``1 - (1 - q) / k``)."""
 
     config: Config
     model: ModelConfig
@@ -93,6 +148,25 @@ class SelectionContext:
     request: RequestInfo
     view: RouteView
     now: float
+    budget_s: float | None = None  # None: the class budget
+    allowed: float | None = None  # None: 1 - percentile / 100
+    # Health views as the plan saw them (per-request filters read these, not the view).
+    healths: Mapping[str, HealthView] | None = None
+
+    def health_of(self, cluster: str) -> HealthView:
+        if self.healths is not None and (h := self.healths.get(cluster)) is not None:
+            return h
+        return self.view.health(cluster, self.request.slice)
+
+    @property
+    def step_budget_s(self) -> float:
+        return self.klass.slo.budget_ms / 1000.0 if self.budget_s is None else self.budget_s
+
+    @property
+    def step_allowed(self) -> float:
+        if self.allowed is not None:
+            return self.allowed
+        return max(1.0 - self.klass.slo.percentile / 100.0, 1e-4)
 
 
 class Filter(Protocol):
@@ -102,6 +176,8 @@ class Filter(Protocol):
     @property
     def soft(self) -> bool: ...
 
+    @property
+    def per_request(self) -> bool: ...
 
     def __call__(self, ctx: SelectionContext, cand: Candidate) -> str | None: ...
 
@@ -110,6 +186,8 @@ class Scorer(Protocol):
     @property
     def name(self) -> str: ...
 
+    @property
+    def per_request(self) -> bool: ...
 
     def __call__(self, ctx: SelectionContext, cands: list[Candidate]) -> None: ...
 
@@ -118,35 +196,158 @@ class Picker(Protocol):
     @property
     def name(self) -> str: ...
 
-
     def __call__(
         self, ctx: SelectionContext, cands: list[Candidate], rng: random.Random
     ) -> Candidate: ...
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PipelineResult:
+    """``request_filters``: the per-request filters that ran; a candidate they kept
+    has no verdict entry from them (read it as "pass", as :func:`verdicts_of` does)."""
+
     chosen: Candidate
     candidates: tuple[Candidate, ...]
     panic: bool
     notes: tuple[str, ...]
+    request_filters: tuple[str, ...] = ()
+
+
+def verdicts_of(result: PipelineResult, cand: Candidate) -> dict[str, str]:
+    """Every filter's verdict on ``cand`` in ``result``, in filter order."""
+    out = dict(cand.verdicts)
+    if cand.dropped is None or cand.dropped in result.request_filters:
+        for name in result.request_filters:
+            if name == cand.dropped:
+                break
+            out.setdefault(name, "pass")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The static stage for one selection context (see module docstring)."""
+
+    candidates: tuple[Candidate, ...]  # every configured candidate, static verdicts applied
+    eligible: tuple[Candidate, ...]  # not dropped by a hard filter
+    request_filters: tuple[Filter, ...] = ()
+    request_scorers: tuple[tuple[Scorer, float], ...] = ()  # with their class exponents
+    request_filter_names: tuple[str, ...] = ()
+
+
+def exponent_of(weights: Weights) -> dict[str, float]:
+    """Class weight per score name. Scores not listed (e.g. the raw ``latency_ratio``,
+    ``violation``) are informational only."""
+    return {"latency": weights.latency, "attainment": weights.latency, "cost": weights.cost,
+            "quality": weights.quality, "load": weights.capacity}
 
 
 # Panic tiers by the soft filter that dropped a candidate: lower is less bad.
 _PANIC_TIER = {"capacity": 0, "class_restriction": 1, "quarantine": 2}
 
 
-def _apply_exploration_floor(cands: list[Candidate], floor: float) -> None:
-    """Every surviving route keeps at least ``floor x`` the best weight.
+def _filter(
+    ctx: SelectionContext, cand: Candidate, filters: tuple[Filter, ...], record_pass: bool
+) -> None:
+    for f in filters:
+        verdict = f(ctx, cand)
+        if verdict is None:
+            if record_pass:
+                cand.note(f.name, "pass")
+            continue
+        cand.note(f.name, verdict)
+        cand.dropped = f.name
+        cand.soft_drop = f.soft
+        return
 
-    Without it a route that was slow once would get almost no traffic, its
-    statistics would never refresh, and neither the health machine nor the
-    latency score could see it recover. Routes the health machine excluded
-    never get here (they are filtered; probes reach them instead).
-    """
-    best = max(c.weight for c in cands)
-    for c in cands:
-        c.weight = max(c.weight, floor * best)
+
+def build_plan(
+    ctx: SelectionContext, filters: tuple[Filter, ...], scorers: tuple[Scorer, ...]
+) -> Plan:
+    """The static stage: static filters on every candidate, static scorers on
+    every candidate no hard filter dropped, and their product as ``base``."""
+    static_filters = tuple(f for f in filters if not f.per_request)
+    cands = [
+        Candidate(ctx.config.cluster(n), ctx.view.health(n, ctx.request.slice))
+        for n in ctx.model.candidates
+        if ctx.config.has_cluster(n)
+    ]
+    for cand in cands:
+        _filter(ctx, cand, static_filters, True)
+    eligible = [c for c in cands if c.dropped is None or c.soft_drop]
+    exps = exponent_of(ctx.klass.weights)
+    if eligible:
+        for s in scorers:
+            if not s.per_request:
+                s(ctx, eligible)
+        for cand in eligible:
+            base = 1.0
+            for name, score in cand.scores.items():
+                k = exps.get(name)
+                if k:
+                    base *= max(score, 1e-6) ** k
+            cand.base = base
+    request_scorers = tuple((s, exps.get(s.name, 0.0)) for s in scorers if s.per_request)
+    request_filters = tuple(f for f in filters if f.per_request)
+    return Plan(tuple(cands), tuple(eligible), request_filters, request_scorers,
+                tuple(f.name for f in request_filters))
+
+
+def run_request(
+    plan: Plan,
+    ctx: SelectionContext,
+    picker: Picker,
+    rng: random.Random,
+) -> PipelineResult | None:
+    """The per-request stage on a copy of ``plan``; None only when hard filters
+    left nothing (the caller uses the default route)."""
+    if not plan.eligible:
+        return None
+    request_filters = plan.request_filters
+    cands = [c.for_request() for c in plan.candidates]
+    survivors: list[Candidate] = []
+    for cand in cands:
+        if cand.dropped is None:
+            _filter(ctx, cand, request_filters, False)
+            if cand.dropped is None:
+                survivors.append(cand)
+    notes: tuple[str, ...] = ()
+    panic = False
+    if not survivors:
+        soft = [c for c in cands if c.soft_drop]
+        # Panic: never leave a class without a route. Serve the least-bad tier
+        # (healthy but full, then restricted, then circuit open) and let scoring
+        # spread the load across it: sending the whole class to one route herds.
+        best = min(_PANIC_TIER.get(c.dropped or "", 9) for c in soft)
+        survivors = [c for c in soft if _PANIC_TIER.get(c.dropped or "", 9) == best]
+        panic = True
+        names = ", ".join(c.name for c in survivors)
+        notes = (f"panic: every candidate was excluded; serving least-bad tier {names}",)
+    for s, _ in plan.request_scorers:
+        s(ctx, survivors)
+    top = 0.0
+    for cand in survivors:
+        weight = cand.base
+        for s, k in plan.request_scorers:
+            if k:
+                weight *= max(cand.scores[s.name], 1e-6) ** k
+        # The view already resolved the health weight for this class (tolerant
+        # classes ignore latency states, never an open circuit).
+        cand.weight = w = max(weight * cand.health.weight, 1e-9)
+        if w > top:
+            top = w
+    # Exploration floor: every survivor keeps at least probe_share x the best weight.
+    # Without it a route that was slow once would get almost no traffic, its
+    # statistics would never refresh, and neither the health machine nor the
+    # latency score could see it recover. Routes the health machine excluded
+    # never get here (they are filtered; probes reach them instead).
+    floor = ctx.config.health.probe_share * top
+    for cand in survivors:
+        if cand.weight < floor:
+            cand.weight = floor
+    chosen = picker(ctx, survivors, rng)
+    return PipelineResult(chosen, tuple(cands), panic, notes, plan.request_filter_names)
 
 
 def run_pipeline(
@@ -156,52 +357,5 @@ def run_pipeline(
     picker: Picker,
     rng: random.Random,
 ) -> PipelineResult | None:
-    """Run the pipeline; None only when hard filters leave nothing (caller uses the default)."""
-    cands = [
-        Candidate(ctx.config.cluster(n), ctx.view.health(n, ctx.request.slice))
-        for n in ctx.model.candidates
-        if ctx.config.has_cluster(n)
-    ]
-    for cand in cands:
-        for f in filters:
-            verdict = f(ctx, cand)
-            if verdict is None:
-                cand.verdicts[f.name] = "pass"
-                continue
-            cand.verdicts[f.name] = verdict
-            cand.dropped = f.name
-            cand.soft_drop = f.soft
-            break
-    survivors = [c for c in cands if c.dropped is None]
-    notes: list[str] = []
-    panic = False
-    if not survivors:
-        soft = [c for c in cands if c.soft_drop]
-        if not soft:
-            return None
-        # Panic: never leave a class without a route. Serve the least-bad tier
-        # (healthy but full, then restricted, then circuit open) and let scoring
-        # spread the load across it: sending the whole class to one route herds.
-        best = min(_PANIC_TIER.get(c.dropped or "", 9) for c in soft)
-        survivors = [c for c in soft if _PANIC_TIER.get(c.dropped or "", 9) == best]
-        panic = True
-        names = ", ".join(c.name for c in survivors)
-        notes.append(f"panic: every candidate was excluded; serving least-bad tier {names}")
-    for s in scorers:
-        s(ctx, survivors)
-    w = ctx.klass.weights
-    # Scores not listed here (e.g. the raw "latency_ratio") are informational only.
-    exponents = {"latency": w.latency, "headroom": w.latency, "cost": w.cost,
-                 "quality": w.quality, "load": w.capacity}
-    for cand in survivors:
-        weight = 1.0
-        for name, k in exponents.items():
-            score = cand.scores.get(name)
-            if score is not None and k:
-                weight *= max(score, 1e-6) ** k
-        # The view already resolved the health weight for this class (tolerant
-        # classes ignore latency states, never an open circuit).
-        cand.weight = max(weight * cand.health.weight, 1e-9)
-    _apply_exploration_floor(survivors, ctx.config.health.probe_share)
-    chosen = picker(ctx, survivors, rng)
-    return PipelineResult(chosen, tuple(cands), panic, tuple(notes))
+    """Both stages at once; None only when hard filters leave nothing."""
+    return run_request(build_plan(ctx, filters, scorers), ctx, picker, rng)

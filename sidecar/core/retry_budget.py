@@ -12,7 +12,7 @@ latency is counted but never used as evidence twice (``StatsStore.observe``).
 
 **Retry budget** (:class:`RetryBudget`), per route, after Finagle's and Envoy's
 retry budgets: first attempts and retries sent to the route are counted with
-exponential decay (time constant ``tau`` = the statistics window), and a retry
+exponential decay (time constant ``tau`` = six sub-windows, 60 s by default), and a retry
 may go to the route only while
 
     retries + 1 <= ratio * first_attempts + RETRY_FLOOR
@@ -29,15 +29,15 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 RETRY_MEMORY_S = 120.0  # a repeated request id within this long is a retry
 RETRY_MEMORY_SIZE = 4096  # request ids remembered (LRU)
 RETRY_FLOOR = 3.0  # retries always allowed per tau, even on an idle route
 
 
-@dataclass(frozen=True, slots=True)
-class Seen:
-    """The last final decision for one request id."""
+class Seen(NamedTuple):
+    """The last final decision for one request id (a tuple: one is made per request)."""
 
     at: float
     cluster: str

@@ -4,32 +4,52 @@ Sans-I/O in the h11/aioquic manner: the server shell and the simulator feed
 events with ``now`` and get decisions back; :meth:`Router.next_deadline` tells
 them when to call :meth:`Router.tick` next. One Router object is the whole
 state: statistics, health, in-flight counts and the recent-decision ring.
+
+**Hot path.** Nothing per request that can be done per refresh: the static
+stage of the selection pipeline (:func:`~sidecar.core.pipeline.build_plan`:
+health views, blended evidence, latency, attainment, cost and quality scores)
+is cached per (model, slice, step budget, fan-out) as a plan. A plan is
+rebuilt when the health board changes, a series is created or dropped, or --
+once one of its series saw new observations -- after :data:`PLAN_REUSE`
+decisions or :data:`PLAN_SUBWINDOWS` sub-windows (20 s by default), whichever
+comes first: its evidence is at most two sub-windows old at low rates (where
+that is a handful of requests) and a few dozen decisions old at high ones. A
+decision then runs only the per-request stage (capacity, herding guard, load,
+the picker) plus probes and admission.
+Hard failures do not wait for a refresh: the fast path changes health, which
+invalidates plans at once.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter, deque
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from sidecar.core import compat_sr
 from sidecar.core.admission import AdmissionControl
 from sidecar.core.config import SEMANTIC_ROUTER, ClassConfig, Config, ModelConfig
+from sidecar.core.evidence import RouteEvidence
 from sidecar.core.explain import RecentDecision, build_explain, decision_reason, fallback_kind
 from sidecar.core.filters import DEFAULT_FILTERS
-from sidecar.core.health import HealthState
-from sidecar.core.health_board import HealthBoard
+from sidecar.core.health import HealthState, RouteHealth
+from sidecar.core.health_board import CLUSTER_SLICE, HealthBoard
 from sidecar.core.pickers import PICKERS
 from sidecar.core.pipeline import (
     HealthView,
     LatencyValue,
     PipelineResult,
+    Plan,
     SelectionContext,
-    run_pipeline,
+    build_plan,
+    run_request,
 )
 from sidecar.core.scorers import DEFAULT_SCORERS
+from sidecar.core.series import RouteStats, as_metric
 from sidecar.core.stats import StatsStore
 from sidecar.core.types import (
+    ANY,
     Decision,
     Observation,
     RequestInfo,
@@ -39,6 +59,33 @@ from sidecar.core.types import (
 
 _QUARANTINED = {HealthState.QUARANTINED, HealthState.PROBING}
 _HEALTHY = HealthView("healthy", 1.0, False, False)
+_BUDGET_STEPS_PER_E = 20  # step budgets are cached in ~5 % steps (log scale)
+_PLAN_CACHE_MAX = 4096
+PLAN_REUSE = 48  # decisions a plan serves before new evidence is folded in
+PLAN_SUBWINDOWS = 2  # sub-windows a plan may serve before new evidence is folded in
+
+
+@dataclass(slots=True)
+class _Probe:
+    cluster: str
+    share: float
+
+
+@dataclass(slots=True)
+class _CachedPlan:
+    """A plan and what it was built from (see the module docstring)."""
+
+    plan: Plan
+    ctx: SelectionContext
+    probes: tuple[_Probe, ...]
+    built: float
+    uses: int
+    board: int
+    layout: int
+    deps: tuple[RouteStats, ...]
+    versions: tuple[int, ...]
+    # Decisions without explain are a function of (cluster, reason) for a plan: reused.
+    decisions: dict[tuple[str, str], Decision] = field(default_factory=dict)
 
 
 class Router:
@@ -56,16 +103,28 @@ class Router:
         self._next_eval: float | None = None
         self._picker = PICKERS[config.picker]
         self.admission = AdmissionControl(config)
-        self._memo: dict[tuple[str, SliceKey, str, float, float], LatencyValue] = {}
+        self._plans: dict[tuple[str, SliceKey, int | None, int], _CachedPlan] = {}
+        self._models_of: dict[str, tuple[ModelConfig, ...]] = {}
         self.compat_sr = compat_sr.SrLatencyBook()  # models under compat: semantic-router
+        self._configure(config)
 
     # ------------------------------------------------------------ config
+
+    def _configure(self, config: Config) -> None:
+        self._plans.clear()
+        self._refresh_s = config.stats.subwindow_s * PLAN_SUBWINDOWS
+        self._max_age_s = config.stats.subwindow_s * config.stats.subwindows
+        self._fresh = False  # building a plan: read evidence fresh
+        self._models_of = {
+            c.name: tuple(m for m in config.models if c.name in m.candidates)
+            for c in config.clusters
+        }
 
     def reload(self, config: Config) -> None:
         """Swap in a new config, keeping statistics and health where still meaningful.
 
-        A changed sub-window length makes the old windows incomparable: statistics
-        start fresh then (health states are kept).
+        A changed sub-window length or ring makes the old windows incomparable:
+        statistics start fresh then (health states are kept).
         """
         if config.stats != self.config.stats:
             self.stats = StatsStore(config.stats)
@@ -73,6 +132,7 @@ class Router:
         self.config = config
         self._picker = PICKERS[config.picker]
         self.admission.reconfigure(config)
+        self._configure(config)
         self.compat_sr.retain(config)
 
     def restore(
@@ -88,24 +148,34 @@ class Router:
         self.board = board
         self.transitions.extend(transitions)
         self._next_eval = self._boundary_after(now)
+        self._plans.clear()
 
     # ------------------------------------------------------------ RouteView
+
+    def evidence(
+        self, cluster: str, slice: SliceKey, metric: str, now: float
+    ) -> RouteEvidence | None:
+        """The blended evidence of ``slice`` on ``cluster`` (see :mod:`sidecar.core.evidence`)."""
+        return self.stats.evidence(cluster, slice, as_metric(metric), now,
+                                   0.0 if self._fresh else None)
 
     def latency(
         self, cluster: str, slice: SliceKey, metric: str, percentile: float, now: float
     ) -> LatencyValue:
-        # Scorers ask for the same percentile more than once per decision (the
-        # latency_aware TTFT and the class SLO are often the same): memoise per decision.
-        key = (cluster, slice, metric, percentile, now)
-        hit = self._memo.get(key)
-        if hit is None:
-            lk = self.stats.lookup(cluster, slice, metric, percentile / 100.0, now)
-            hit = self._memo[key] = LatencyValue(lk.value, lk.used, lk.fell_back, lk.samples)
-        return hit
+        ev = self.stats.evidence(cluster, slice, as_metric(metric), now,
+                                 0.0 if self._fresh else None)
+        if ev is None:
+            return LatencyValue(None, None, False, 0)
+        return LatencyValue(ev.quantile(percentile / 100.0), ev.used, ev.fell_back, ev.samples)
 
     def health(self, cluster: str, slice: SliceKey) -> HealthView:
+        """What selection sees: the worse of the slice's and the cluster-wide entry."""
         h = self.board.peek(cluster, slice)
-        if h is None:
+        hc = self.board.peek(cluster, CLUSTER_SLICE)
+        if hc is not None and hc.state is not HealthState.HEALTHY and (
+                h is None or hc.weight <= h.weight):
+            h = hc
+        if h is None or h.state is HealthState.HEALTHY:
             return _HEALTHY
         klass = self.config.workload_class(slice.klass)
         return HealthView(
@@ -130,20 +200,20 @@ class Router:
         when capacity frees or at :meth:`queue_until`, and calls :meth:`withdraw`
         if it gives up. A re-ask that stays queued is not counted again.
         """
-        self._memo.clear()
         decision, result = self._decide(req, now, rng)
         decision, new_event = self._admit(req, decision, result, now, ticket or req.request_id)
         if not new_event:
             return decision
-        self.counters[("decision", decision.reason)] += 1
-        self.counters[("admission", decision.admission)] += 1
+        counters = self.counters
+        counters[("decision", decision.reason)] += 1
+        counters[("admission", decision.admission)] += 1
         if not req.class_known:
-            self.counters[("unknown", "class")] += 1  # default class used (documented)
+            counters[("unknown", "class")] += 1  # default class used (documented)
         # Bounded labels: clusters and classes come from config, reasons from a closed set.
         self.decisions[(decision.cluster, req.klass, decision.reason)] += 1
         fallback = fallback_kind(decision, result)
         if fallback:
-            self.counters[("fallback", fallback)] += 1
+            counters[("fallback", fallback)] += 1
         self.recent.append(RecentDecision(now, req, decision, result, self._picker.name))
         return decision
 
@@ -158,6 +228,11 @@ class Router:
             self.config.default_class)
         assert klass is not None
         v = self.admission.assess(req, klass, decision, result, self, now, ticket)
+        if v.outcome == "admit" and v.reason == "ok" and v.cluster == decision.cluster:
+            # The common case: nothing to change but the timeout (the class's).
+            if v.timeout_ms == decision.timeout_ms and v.is_retry == decision.is_retry:
+                return decision, True
+            return replace(decision, timeout_ms=v.timeout_ms, is_retry=v.is_retry), True
         if not v.requeued and v.reason not in ("ok", "disabled"):
             self.counters[("admission_reason", v.reason)] += 1
         if v.outcome == "admit" and v.cluster != decision.cluster:
@@ -197,18 +272,36 @@ class Router:
         assert klass is not None
         if model.compat == SEMANTIC_ROUTER:
             return self._decide_semantic_router(req, model, klass), None
-        probe = self._maybe_probe(req, klass, model.candidates, rng)
-        if probe is not None:
-            return self._finish(req, probe, "probe", klass, None, is_probe=True), None
-        ctx = SelectionContext(cfg, model, klass, req, self, now)
-        result = run_pipeline(ctx, DEFAULT_FILTERS, DEFAULT_SCORERS, self._picker, rng)
+        cached = self._plan(req, model, klass, now)
+        if cached.probes and not req.retry_attempt:
+            # Never probe with a retry: it already had bad luck once.
+            for p in cached.probes:
+                if (self._inflight[p.cluster] < cfg.cluster(p.cluster).max_concurrency
+                        and rng.random() < p.share):
+                    return self._decision(cached, req, p.cluster, "probe", klass, None), None
+        # The per-request stage reads the plan's context (same model, slice and step;
+        # what changes per request -- in-flight counts -- comes from the view).
+        result = run_request(cached.plan, cached.ctx, self._picker, rng)
         if result is None:
             decision = Decision(
                 cfg.default_cluster, "no_candidate", detail="hard filters left none"
             )
             return decision, None
         reason = decision_reason(result, model)
-        return self._finish(req, result.chosen.name, reason, klass, result), result
+        return self._decision(cached, req, result.chosen.name, reason, klass, result), result
+
+    def _decision(
+        self, cached: _CachedPlan, req: RequestInfo, cluster: str, reason: str,
+        klass: ClassConfig, result: PipelineResult | None,
+    ) -> Decision:
+        probe = reason == "probe"
+        if req.explain:
+            return self._finish(req, cluster, reason, klass, result, is_probe=probe)
+        hit = cached.decisions.get((cluster, reason))
+        if hit is None:
+            hit = cached.decisions[(cluster, reason)] = self._finish(
+                req, cluster, reason, klass, None, is_probe=probe)
+        return hit
 
     def _decide_semantic_router(
         self, req: RequestInfo, model: ModelConfig, klass: ClassConfig
@@ -224,33 +317,73 @@ class Router:
             decision = replace(decision, explain=compat_sr.explain(req, choice, candidates))
         return decision
 
-    def _maybe_probe(
-        self, req: RequestInfo, klass: ClassConfig, candidates: tuple[str, ...],
-        rng: random.Random,
-    ) -> str | None:
-        """Send a small share of a slice's traffic as probes.
+    def _step(self, req: RequestInfo, klass: ClassConfig) -> tuple[int | None, int]:
+        """Plan key parts of a request's step: budget (None: the class's) and fan-out."""
+        fanout = max(1, min(req.fanout, 256))
+        budget_ms = klass.slo.budget_ms
+        if req.deadline_ms is None or req.deadline_ms >= budget_ms:
+            return None, fanout
+        return round(math.log(max(req.deadline_ms, 1.0) / 1000.0) * _BUDGET_STEPS_PER_E), fanout
 
-        Probes go to routes whose cooldown has ended (probing) and, for
-        latency-sensitive classes, to restricted routes, which otherwise see no
-        such traffic and could never show recovery. Capacity still applies.
+    def _plan(
+        self, req: RequestInfo, model: ModelConfig, klass: ClassConfig, now: float
+    ) -> _CachedPlan:
+        budget_key, fanout = self._step(req, klass)
+        key = (model.name, req.slice, budget_key, fanout)
+        hit = self._plans.get(key)
+        if hit is not None and hit.board == self.board.version and \
+                hit.layout == self.stats.layout:
+            hit.uses += 1
+            age = now - hit.built
+            if hit.uses < PLAN_REUSE and age < self._refresh_s:
+                return hit
+            if age < self._max_age_s and all(
+                    rs.version == v for rs, v in zip(hit.deps, hit.versions, strict=True)):
+                hit.uses = 0  # nothing observed since: still current
+                return hit
+        budget_s = None if budget_key is None else math.exp(budget_key / _BUDGET_STEPS_PER_E)
+        allowed = max(1.0 - klass.slo.percentile / 100.0, 1e-4) / fanout
+        ctx = SelectionContext(self.config, model, klass, req, self, now, budget_s, allowed)
+        self._fresh = True
+        try:
+            plan = build_plan(ctx, DEFAULT_FILTERS, DEFAULT_SCORERS)
+        finally:
+            self._fresh = False
+        deps = tuple(rs for c in model.candidates for s in (req.slice, *req.slice.broader())
+                     if (rs := self.stats.series(c, s)) is not None)  # fmt: skip
+        ctx = replace(ctx, healths={c.name: c.health for c in plan.candidates})
+        cached = _CachedPlan(plan, ctx, self._probes(req.slice, klass, model), now, 0,
+                             self.board.version, self.stats.layout, deps,
+                             tuple(rs.version for rs in deps))
+        if len(self._plans) >= _PLAN_CACHE_MAX:
+            self._plans.clear()
+        self._plans[key] = cached
+        return cached
+
+    def _probes(
+        self, slice: SliceKey, klass: ClassConfig, model: ModelConfig
+    ) -> tuple[_Probe, ...]:
+        """Where a small share of a slice's traffic goes as probes.
+
+        Probes go to routes whose cooldown has ended (probing; the cluster-wide
+        entry or the slice's) and, for latency-sensitive classes, to restricted
+        routes, which otherwise see no such traffic and could never show
+        recovery. Shares shrink with the route's relapses; capacity still applies.
         """
-        if req.retry_attempt:
-            return None  # never probe with a retry: it already had bad luck once
-        share = self.config.health.probe_share
-        for c in candidates:
-            h = self.board.peek(c, req.slice)
+        out: list[_Probe] = []
+        for c in model.candidates:
+            hc = self.board.peek(c, CLUSTER_SLICE)
+            if hc is not None and hc.state is HealthState.PROBING:
+                out.append(_Probe(c, hc.probe_share))
+                continue
+            h = self.board.peek(c, slice)
             if h is None:
                 continue
-            eligible = h.state is HealthState.PROBING or (
-                h.state is HealthState.RESTRICTED and klass.latency_sensitive
-            )
-            if (
-                eligible
-                and self._inflight[c] < self.config.cluster(c).max_concurrency
-                and rng.random() < share
-            ):
-                return c
-        return None
+            if h.state is HealthState.PROBING:
+                out.append(_Probe(c, h.probe_share))
+            elif h.state is HealthState.RESTRICTED and klass.latency_sensitive:
+                out.append(_Probe(c, self.config.health.probe_share * h.memory))
+        return tuple(out)
 
     def _finish(
         self,
@@ -319,19 +452,60 @@ class Router:
         return replace(obs, ttft_s=None, e2e_s=None, censored=False)
 
     def observe(self, obs: Observation, now: float) -> list[TransitionEvent]:
-        """Record one measured outcome; probes also drive the probing state."""
+        """Record one measured outcome; probes drive the probing state, other
+        outcomes the fast path for hard failures."""
         self.compat_sr.observe(obs, self.config)
         obs = self._judge_censored(obs)
         self.counters[("outcome", obs.outcome)] += 1
         if self._next_eval is None:
             self._next_eval = self._boundary_after(now)
-        self.stats.observe(obs, now)
+        key = self.stats.observe(obs, now)
         events: list[TransitionEvent] = []
-        if obs.is_probe and obs.outcome != "cancel":
-            ok = obs.outcome == "ok" and self._within_budget(obs)
-            events = self.board.record_probe(obs.cluster, obs.slice, ok, now)
+        if obs.outcome == "cancel":
+            return events
+        if obs.is_probe:
+            events = self._record_probe(obs, key, now)
+        else:
+            events = self._fast_path(obs, key, now)
+        if events:
             self._log(events)
         return events
+
+    def _record_probe(self, obs: Observation, key: SliceKey, now: float) -> list[TransitionEvent]:
+        """A cluster-wide probe passes on any answer; a slice's must meet its budget."""
+        events: list[TransitionEvent] = []
+        hc = self.board.peek(obs.cluster, CLUSTER_SLICE)
+        if hc is not None and hc.state is HealthState.PROBING:
+            events += self.board.record_probe(obs.cluster, CLUSTER_SLICE, obs.outcome == "ok",
+                                              now)
+        h = self.board.peek(obs.cluster, key)
+        if h is not None and h.state in (HealthState.PROBING, HealthState.RESTRICTED):
+            ok = obs.outcome == "ok" and self._within_budget(obs)
+            events += self.board.record_probe(obs.cluster, key, ok, now)
+        return events
+
+    def _fast_path(self, obs: Observation, key: SliceKey, now: float) -> list[TransitionEvent]:
+        """Runs of hard failures (5xx, connect failures, resets, timeouts) eject at once:
+        the whole cluster when its run trips and another route serves its models,
+        else the slice (restricted instead when it is the last viable route)."""
+        hard = obs.outcome == "timeout" or (
+            obs.outcome == "error" and (obs.status is None or obs.status >= 500))
+        board = self.board
+        sent_at = None if obs.e2e_s is None else now - obs.e2e_s
+        hc = board.peek(obs.cluster, CLUSTER_SLICE)
+        if hc is not None and hc.circuit_open:
+            return []  # stragglers of an ejected cluster: its incident, not its slices'
+        cluster_trip = board.note_outcome(obs.cluster, CLUSTER_SLICE, hard, now, sent_at,
+                                          key.label())
+        slice_trip = board.note_outcome(obs.cluster, key, hard, now, sent_at)
+        if not (cluster_trip or slice_trip):
+            return []
+        if cluster_trip and self._cluster_ejectable(obs.cluster):
+            board.reset_run(obs.cluster, key)
+            return board.eject(obs.cluster, CLUSTER_SLICE, now)
+        if not slice_trip:
+            return []
+        return board.eject(obs.cluster, key, now, self._others_viable(obs.cluster, key))
 
     def _within_budget(self, obs: Observation) -> bool:
         """Did a probe meet its class SLO budget (the metric it promises)?"""
@@ -351,8 +525,10 @@ class Router:
 
     def next_deadline(self) -> float | None:
         """The next time :meth:`tick` has work to do (window end or cooldown end)."""
-        times = [t for t in (self._next_eval, self.board.next_deadline()) if t is not None]
-        return min(times) if times else None
+        a, b = self._next_eval, self.board.next_deadline()
+        if a is None or b is None:
+            return a if b is None else b
+        return a if a < b else b
 
     def tick(self, now: float) -> list[TransitionEvent]:
         """Evaluate finished windows and expire cooldowns. Cheap when nothing is due."""
@@ -367,9 +543,13 @@ class Router:
 
     def _evaluate(self, now: float) -> list[TransitionEvent]:
         events: list[TransitionEvent] = []
+        open_clusters = {c for (c, s), h in self.board.items()
+                         if s == CLUSTER_SLICE and h.circuit_open}  # fmt: skip
         for cluster, slice in self.stats.narrow_keys():
             klass = self.config.workload_class(slice.klass)
-            if klass is None:
+            if klass is None or cluster in open_clusters:
+                # A cluster whose circuit is open is judged as a whole (its slices'
+                # windows hold the outage and the probes); they start afresh on restore.
                 continue
             summary = self.stats.window_summary(
                 cluster, slice, klass.slo.metric, klass.slo.percentile / 100.0, now
@@ -384,22 +564,55 @@ class Router:
                     may_quarantine=self._others_viable(cluster, slice),
                 )
             )
+        k = math.floor(now / self.config.stats.subwindow_s) - 1
+        for (cluster, slice), h in self.board.items():
+            if slice == CLUSTER_SLICE and h.state is not HealthState.HEALTHY:
+                req, fail = self._cluster_outcomes(cluster, k, now)
+                events.extend(self.board.evaluate_outcomes(cluster, slice, k, req, fail, now))
         return events
+
+    def _cluster_outcomes(self, cluster: str, index: int, now: float) -> tuple[int, int]:
+        """Requests and failures of every model on ``cluster`` in sub-window ``index``."""
+        req = fail = 0
+        for m in self._models_of.get(cluster, ()):
+            rs = self.stats.series(cluster, SliceKey(m.name, ANY, ANY, None))
+            if rs is not None:
+                r, f = rs.outcomes_in(index, index, now)
+                req, fail = req + r, fail + f
+        return req, fail
+
+    def _viable(self, cluster: str, slice: SliceKey | None) -> bool:
+        hc = self.board.peek(cluster, CLUSTER_SLICE)
+        if hc is not None and hc.circuit_open:
+            return False
+        if slice is None:
+            return True
+        h = self.board.peek(cluster, slice)
+        return h is None or (h.state not in _QUARANTINED and not h.excluded_for_sensitive)
 
     def _others_viable(self, cluster: str, slice: SliceKey) -> bool:
         """Is there another candidate for this slice that is neither quarantined nor restricted?"""
         model = self.config.model(slice.model)
         if model is None:
             return True
-        for c in model.candidates:
-            if c == cluster:
-                continue
-            h = self.board.peek(c, slice)
-            if h is None or (h.state not in _QUARANTINED and not h.excluded_for_sensitive):
-                return True
-        return False
+        return any(self._viable(c, slice) for c in model.candidates if c != cluster)
+
+    def _cluster_ejectable(self, cluster: str) -> bool:
+        """May the whole cluster be ejected: does every model it serves keep another
+        candidate whose cluster-wide circuit is closed?"""
+        return all(any(self._viable(c, None) for c in m.candidates if c != cluster)
+                   for m in self._models_of.get(cluster, ()))
 
     def _log(self, events: list[TransitionEvent]) -> None:
         for e in events:
             self.transitions.append(e)
             self.counters[("transition", e.new)] += 1
+            if e.old == "probing" and e.new == "restoring":
+                # The circuit closes again: judge the route on what it does from now on.
+                s = SliceKey.parse(e.slice)
+                self.stats.fence(e.cluster, None if s == CLUSTER_SLICE else s, e.at)
+
+
+def route_health(router: Router, cluster: str, slice: SliceKey) -> RouteHealth | None:
+    """The stored health entry of a route (None: fresh and healthy)."""
+    return router.board.peek(cluster, slice)

@@ -1,17 +1,22 @@
 """Selection scorers. Each writes ``cand.scores[name]``, a goodness in (0, 1].
 
 The pipeline combines them as ``w = health * prod_i s_i ** k_i`` with the
-class's weights (latency weight for ``latency`` and ``headroom``).
+class's weights (latency weight for ``latency`` and ``attainment``). Only
+:class:`Load` runs per request; the others once per plan.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from sidecar.core.evidence import with_prior
 from sidecar.core.latency_aware import enabled_metrics, latency_aware_scores
-from sidecar.core.pipeline import Candidate, Scorer, SelectionContext
+from sidecar.core.pipeline import Candidate, LatencyValue, Scorer, SelectionContext
 
 _NEUTRAL = 1.0
+SLO_TAIL = "slo_tail"  # Candidate.latency key: the class metric at the SLO percentile
+_NO_TAIL = LatencyValue(None, None, False, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +33,7 @@ class LatencyRatio:
     """
 
     name: str = "latency"
+    per_request: bool = False
 
     def __call__(self, ctx: SelectionContext, cands: list[Candidate]) -> None:
         metrics = enabled_metrics(ctx.model.latency_aware)
@@ -48,32 +54,56 @@ class LatencyRatio:
 
 
 @dataclass(frozen=True, slots=True)
-class SloHeadroom:
-    """How much of the class's SLO budget the route's tail leaves free.
+class Attainment:
+    """Outcomes as evidence: how likely the route serves this request within budget.
 
-        h = clamp((budget - tail) / budget, 0, 1);   s = 0.05 + 0.95 * h
+    Per candidate, from its blended evidence (:mod:`sidecar.core.evidence`),
+    for the class's SLO metric (e2e for a TTFT class served without streaming)::
 
-    ``tail`` is the class's SLO metric at the SLO percentile. No data: like the
-    worst candidate with data (neutral when none has data).
+        P   = p_ok * F(budget)                 errors, 429s and timeouts in p_ok
+        P*  = with_prior(P, W, prior_samples, 1 - (1 - q/100))   thin evidence -> "just meets SLO"
+        v   = 1 - P*                           the route's violation share
+        s   = exp(-(v - min_c v) / a)          a = SelectionContext.step_allowed
+
+    so a route that misses one more allowed share ``a`` than the best one gets
+    1/e of its weight: for a p95 class a route failing fast on 30 % of its
+    requests gets ~exp(-6) of a clean one's, two healthy routes 1 % apart
+    ~0.8 of each other. For a step of a k-way fan-out ``a`` is k times smaller
+    (the workflow meets the worst of its k calls), and ``budget`` shrinks to
+    the caller's remaining deadline. ``violation`` (v) is kept as an
+    informational score, the class metric's tail at the SLO percentile as
+    ``latency[SLO_TAIL]`` (admission reads it).
     """
 
-    name: str = "headroom"
+    name: str = "attainment"
+    per_request: bool = False
 
     def __call__(self, ctx: SelectionContext, cands: list[Candidate]) -> None:
         slo = ctx.klass.slo
-        budget = slo.budget_ms / 1000.0
-        missing: list[Candidate] = []
+        metric = slo.metric
+        if metric == "ttft" and ctx.request.slice.streaming is False:
+            metric = "e2e"  # no first token to time: the whole answer is the first byte
+        budget, a = ctx.step_budget_s, ctx.step_allowed
+        neutral = slo.percentile / 100.0  # "just meets its SLO"
+        m = ctx.config.stats.prior_samples
+        slice, now = ctx.request.slice, ctx.now
+        best = 1.0
         for c in cands:
-            lv = ctx.view.latency(c.name, ctx.request.slice, slo.metric, slo.percentile, ctx.now)
-            c.latency[f"slo_{slo.metric}_p{slo.percentile:g}"] = lv
-            if lv.value is None:
-                missing.append(c)
-                continue
-            h = min(max((budget - lv.value) / budget, 0.0), 1.0)
-            c.scores[self.name] = 0.05 + 0.95 * h
-        known = [c.scores[self.name] for c in cands if c not in missing]
-        for c in missing:
-            c.scores[self.name] = min(known) if known else _NEUTRAL
+            ev = ctx.view.evidence(c.name, slice, metric, now)
+            if ev is None:
+                p = with_prior(None, 0.0, m, neutral)
+                tail = _NO_TAIL
+            else:
+                p = with_prior(ev.p_within(budget), ev.evidence_weight, m, neutral)
+                tail = LatencyValue(ev.quantile(slo.percentile / 100.0), ev.used, ev.fell_back,
+                                    ev.samples)
+            if metric == slo.metric:
+                c.latency[SLO_TAIL] = tail
+            v = min(max(1.0 - p, 0.0), 1.0)
+            c.scores["violation"] = v
+            best = min(best, v)
+        for c in cands:
+            c.scores[self.name] = max(math.exp(-(c.scores["violation"] - best) / a), 1e-6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +111,7 @@ class Cost:
     """Cheaper is better: ``s = min_cost / cost`` over the candidates (free = 1)."""
 
     name: str = "cost"
+    per_request: bool = False
 
     def __call__(self, ctx: SelectionContext, cands: list[Candidate]) -> None:
         cheapest = min(c.cluster.cost_per_1k_tokens for c in cands)
@@ -94,6 +125,7 @@ class Quality:
     """Configured quality relative to the best candidate: ``s = q / max_q``."""
 
     name: str = "quality"
+    per_request: bool = False
 
     def __call__(self, ctx: SelectionContext, cands: list[Candidate]) -> None:
         best = max(c.cluster.quality for c in cands)
@@ -106,6 +138,7 @@ class Load:
     """Spare capacity: ``s = max(1 - inflight / max_concurrency, 0.02)``."""
 
     name: str = "load"
+    per_request: bool = True
 
     def __call__(self, ctx: SelectionContext, cands: list[Candidate]) -> None:
         for c in cands:
@@ -113,4 +146,4 @@ class Load:
             c.scores[self.name] = max(1.0 - used, 0.02)
 
 
-DEFAULT_SCORERS: tuple[Scorer, ...] = (LatencyRatio(), SloHeadroom(), Cost(), Quality(), Load())
+DEFAULT_SCORERS: tuple[Scorer, ...] = (LatencyRatio(), Attainment(), Cost(), Quality(), Load())

@@ -1,26 +1,41 @@
-"""The rolling window of one (cluster, slice) series: :class:`RouteStats`.
+"""The rolling evidence of one (cluster, slice) series: :class:`RouteStats`.
 
 A :class:`SeriesWindow` is a ring of ``cfg.subwindows`` sub-windows of
-``cfg.subwindow_s`` seconds; sub-window ``k = floor(now / subwindow_s)`` is the
-current (partial) one. Each holds a :class:`LogHistogram` per metric (ttft,
-tpot, e2e) and ok/error/timeout/cancel counters. The window quantile merges
-sub-window ``i`` back (``i = 0`` current) with weight ``decay**i``, so recent
-behaviour dominates but one noisy sub-window does not flip a decision::
+``cfg.subwindow_s`` seconds (the *maximum age* of any evidence:
+``subwindows x subwindow_s``, 300 s by default); sub-window ``k =
+floor(now / subwindow_s)`` is the current (partial) one. Each holds a
+:class:`LogHistogram` per metric (ttft, tpot, e2e) of **successful first
+attempts** and ok/error/timeout/cancel counters. The ring is the store of
+evidence: replicas exchange and merge exactly these sub-windows.
 
-    H = sum_{i=0}^{n-1} decay**i * H_{k-i};   answer = nearest-rank quantile of H
+**Rate-following window** (what a decision reads). The current sub-window
+counts in full; every newer sub-window ages the older evidence by one decay
+step -- or by part of one, when it held fewer than ``min_samples`` requests::
 
-and is ``None`` unless the *unweighted* window sample count is ``>=
-min_samples`` (a percentile of a handful of samples is noise).
+    w_i = prod_{j newer than i} decay ** min(1, r_j / min_samples)    (current j included)
+    H   = H_current + sum_i w_i * H_i      (w_i < 0.05 and sub-windows beyond the ring dropped)
 
-Accuracy: the exact nearest-rank quantile of the decay-weighted samples up to
-relative error ``a`` (default 0.02: 1.00 s means the sample was in 0.98 .. 1.02 s).
-Freshness: a decision may see a window quantile that misses the newest
-observations, at most 2 % of the samples it was computed from (cached until
-then; a merge per decision under steady traffic is what this buys back).
-Memory per series (``a = 0.02``): ``3 x subwindows`` histograms of <= 4.6 KiB
-(577 float64 buckets) plus 3 cached merges, ``(3 x 6 + 3) x 4.6 KiB ~= 97 KiB``
-worst case with 6 sub-windows, typically ~1 KiB per non-empty histogram (only
-the occupied bucket span is allocated).
+with ``r_j`` the requests of sub-window ``j``. At busy rates that is a time
+window (``decay`` per sub-window: 10 s sub-windows halve in ~20 s, and at
+500 req/s the last few sub-windows hold thousands of samples); at sparse
+rates evidence is forgotten per ``min_samples`` newer requests instead, so at
+0.5 req/s the window reaches back over the last few dozen requests, up to the
+maximum age. Counters are weighted the same way. A quantile is ``None`` unless
+the *unweighted* window holds ``>= min_samples`` samples (a percentile of a
+handful of samples is noise); the effective sample weight ``sum w_i n_i`` is
+what the estimators (:mod:`sidecar.core.evidence`) use as their sample size.
+
+Accuracy: quantiles and CDF points within relative error ``a`` (default 0.02:
+1.00 s means the sample was in 0.98 .. 1.02 s). Freshness: cached evidence is
+rebuilt when the sub-window rotates, and when the series saw new observations
+(:attr:`RouteStats.version`) and the cache is older than the caller's
+``max_age_s`` (the router rebuilds its plans at least every ``subwindow_s / 2``
+and after :data:`~sidecar.core.router.PLAN_REUSE` decisions, see there): a
+merge per decision under steady traffic is what this buys back (hard failures
+do not wait for it: see :mod:`sidecar.core.health`). Memory per series (``a =
+0.02``): ``3 x (subwindows + 1)`` histograms (the ring and the decayed merge) of at
+most 4.6 KiB (577 float64 buckets), typically ~1 KiB per non-empty histogram
+(only the occupied bucket span is allocated; empty ones allocate nothing).
 
 Time only moves forward: a ``now`` in an older sub-window than one already
 seen counts as the newest (closed sub-windows were evaluated and must not change).
@@ -29,20 +44,46 @@ seen counts as the newest (closed sub-windows were evaluated and must not change
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from sidecar.core.config import Metric, StatsConfig
-from sidecar.core.histogram import LogHistogram
+from sidecar.core.frozen import fast_init
+from sidecar.core.histogram import Cumulative, LogHistogram
 from sidecar.core.types import Observation
 
 METRICS: tuple[Metric, ...] = ("ttft", "tpot", "e2e")
-# A cached quantile is recomputed once new observations exceed this share of its samples.
-_REFRESH_SHARE = 0.02
+# Evidence read without a stated max age may be this share of a sub-window old.
+REFRESH_SHARE_OF_SUBWINDOW = 0.5
+_WEIGHT_CUTOFF = 0.05  # older sub-windows weigh less than this: left out of the window
+_REBUILD_ROTATIONS = 1000  # rebuild the decayed window from the ring now and then (rounding)
 _COUNTERS = ("ok", "error", "timeout", "cancel")  # SubWindow attributes, named as the outcomes
 _NEVER = -(1 << 62)  # index of an unused ring slot: matches no real sub-window
-_QCACHE_MAX = 32  # distinct (metric, q) pairs cached per series; callers use a few
+
+
+_NO_VALUE = -(1 << 61)  # a latency_indices entry: the metric was not measured
+Indices = tuple[int | None, int | None, int | None]
+
+
+def latency_indices(obs: Observation, geometry: LogHistogram) -> Indices | None:
+    """Bucket indices of an observation's (ttft, tpot, e2e), None unless it is latency
+    evidence (an ``ok`` first attempt); unmeasured or NaN metrics are skipped."""
+    if obs.is_retry or obs.outcome != "ok":
+        return None
+    out = []
+    for v in (obs.ttft_s, obs.tpot_s, obs.e2e_s):
+        out.append(_NO_VALUE if v is None or v != v else geometry.index_of(v))
+    return (out[0], out[1], out[2])
+
+
+def aging(requests: int, decay: float, per: float) -> float:
+    """How much one sub-window with ``requests`` ages older evidence:
+    ``decay ** min(1, requests / min_samples)`` (module docstring)."""
+    if decay >= 1.0 or requests <= 0:
+        return 1.0
+    return float(decay ** min(1.0, requests / per))
 
 
 def as_metric(name: str) -> Metric:
@@ -52,12 +93,15 @@ def as_metric(name: str) -> Metric:
     return name
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class WindowSummary:
-    """One completed sub-window of one series: what the health machine evaluates.
-    ``requests`` excludes cancels: a client hanging up says nothing about the upstream."""
+    """One evaluation window of one series: what the health machine judges.
+    ``requests`` excludes cancels: a client hanging up says nothing about the upstream.
+    ``cum`` is the window's latency distribution (ok first attempts), for
+    counting samples beyond any threshold."""
 
-    index: int  # absolute sub-window index, floor(start / subwindow_s)
+    index: int  # absolute sub-window index of the newest sub-window it covers
     start: float
     end: float
     metric: Metric
@@ -68,6 +112,7 @@ class WindowSummary:
     errors: int
     timeouts: int
     cancels: int
+    cum: Cumulative | None = None
 
     @property
     def error_rate(self) -> float | None:
@@ -81,6 +126,38 @@ class WindowSummary:
     def failure_rate(self) -> float | None:
         """``(errors + timeouts) / requests``: what opens the circuit."""
         return (self.errors + self.timeouts) / self.requests if self.requests else None
+
+    def samples_over(self, threshold_s: float) -> int:
+        """Latency samples above ``threshold_s`` (within the histogram's accuracy)."""
+        if self.cum is None or self.samples == 0:
+            return 0
+        return max(0, round(self.samples - self.cum.weight_at_most(threshold_s)))
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """The rate-following window of one series and metric at one moment.
+
+    The window's histogram is ``sum(scale * h for h, scale in parts)`` (the
+    completed part and the current sub-window; kept apart so that whoever
+    merges it -- the slice blend -- merges once; do not modify them),
+    ``samples`` the unweighted latency sample count, ``weight`` the effective
+    (weighted) one; ``ok``/``requests`` are weighted outcome counts (requests =
+    ok + errors + timeouts)."""
+
+    parts: tuple[tuple[LogHistogram, float], ...]
+    samples: int
+    weight: float
+    ok: float
+    requests: float
+
+    def merged(self, accuracy: float) -> LogHistogram:
+        """The window's histogram as one (a new object)."""
+        h = LogHistogram(accuracy)
+        for part, scale in self.parts:
+            h.merge(part, scale)
+        return h
 
 
 class SubWindow:
@@ -153,11 +230,71 @@ class SeriesWindow:
                 yield age, slot
 
 
+class _Decayed:
+    """The completed part of the rate-following window, kept current incrementally.
+
+    When sub-window ``j`` completes with ``r_j`` requests, every older one ages by
+    the same factor, ``decay ** min(1, r_j / min_samples)``: one vector scale and one merge per
+    rotation (and metric), not a merge of the whole ring per read. Sub-windows
+    whose weight fell below the cutoff, or that leave the ring, are taken out
+    again (:meth:`LogHistogram.remove`) before the ring reuses their slot.
+    """
+
+    __slots__ = ("hists", "included", "k", "ok", "requests", "rotations", "samples",
+                 "weights")
+
+    def __init__(self, accuracy: float) -> None:
+        self.hists = {m: LogHistogram(accuracy) for m in METRICS}
+        self.samples = dict.fromkeys(METRICS, 0)
+        self.weights = dict.fromkeys(METRICS, 0.0)
+        self.ok = self.requests = 0.0
+        self.included: deque[list[Any]] = deque()  # [slot, index, weight], oldest first
+        self.k: int | None = None  # sub-windows below k are covered
+        self.rotations = 0
+
+    def add(self, slot: SubWindow, decay: float, per: float) -> None:
+        if not slot.requests:
+            return
+        f = aging(slot.requests, decay, per)
+        if f != 1.0:
+            for m in METRICS:
+                self.hists[m].scale(f)
+                self.weights[m] *= f
+            self.ok *= f
+            self.requests *= f
+            for inc in self.included:
+                inc[2] *= f
+        for m in METRICS:
+            if n := slot.samples(m):
+                self.hists[m].merge(slot.hists[m])
+                self.samples[m] += n
+                self.weights[m] += n
+        self.ok += slot.ok
+        self.requests += slot.requests
+        self.included.append([slot, slot.index, 1.0])
+
+    def expire(self, oldest: int) -> None:
+        """Take out sub-windows older than ``oldest`` or weighing less than the cutoff."""
+        inc = self.included
+        while inc and (inc[0][1] < oldest or inc[0][2] < _WEIGHT_CUTOFF):
+            slot, index, w = inc.popleft()
+            if slot.index != index:  # already reused: cannot happen when synced in order
+                raise RuntimeError("decayed window lost track of a sub-window")
+            for m in METRICS:
+                if n := slot.samples(m):
+                    self.hists[m].remove(slot.hists[m], w)
+                    self.samples[m] -= n
+                    self.weights[m] = max(self.weights[m] - w * n, 0.0)
+            self.ok = max(self.ok - w * slot.ok, 0.0)
+            self.requests = max(self.requests - w * slot.requests, 0.0)
+
+
 class RouteStats:
     """Rolling statistics of one (cluster, slice)."""
 
     __slots__ = (
-        "_past", "_qcache", "_unjudged", "_version", "accuracy", "cfg", "last_seen", "window",
+        "_evidence", "_fence", "_past", "_slot", "_unjudged", "accuracy", "cfg", "last_seen",
+        "version", "window",
     )  # fmt: skip
 
     def __init__(self, cfg: StatsConfig, relative_accuracy: float = 0.02) -> None:
@@ -165,118 +302,197 @@ class RouteStats:
         self.accuracy = relative_accuracy
         self.window = SeriesWindow(cfg, relative_accuracy)
         self.last_seen: float | None = None  # ``now`` of the newest observation
-        self._version = 0  # bumped by every observation; keys the quantile cache
-        # Merge of the completed sub-windows: fixed until the window rotates.
-        self._past: dict[Metric, tuple[int, LogHistogram, int]] = {}
-        self._qcache: dict[tuple[Metric, float], tuple[int, int, float | None, int]] = {}
+        # Counts observations: caches built on this series compare it to know
+        # whether anything changed since (see the module docstring's freshness).
+        self.version = 0
+        self._past = _Decayed(relative_accuracy)
+        self._evidence: dict[Metric, tuple[int, int, float, Evidence | None]] = {}
         # First completed sub-window not yet covered by a verdict (see window_summary).
         self._unjudged: int | None = None
+        self._fence = _NEVER  # sub-windows before this are not evidence any more (fence())
+        self._slot: SubWindow | None = None  # the sub-window observations write into
+
+    def fence(self, now: float) -> None:
+        """Forget the evidence of earlier sub-windows (kept in the ring for snapshots
+        and replicas): a route whose circuit closes again starts afresh rather
+        than being judged on the failures that opened it."""
+        k = self._sync(now)
+        self._fence = k
+        self._past = _Decayed(self.accuracy)
+        self._past.k = k
+        self._evidence.clear()
+        self.version += 1
+        if self._unjudged is None or self._unjudged < k:
+            self._unjudged = k
 
     def observe(self, obs: Observation, now: float) -> None:
-        """Count the outcome; add latency samples for ``ok`` first attempts, and the
-        lower bounds of censored ones (timeouts: the route kept the caller
-        waiting at least that long, which the tail must show).
+        """Count the outcome; add latency samples for ``ok`` first attempts.
 
-        Errors and timeouts are counted, not latency samples (a fast 500 would
-        make a failing route look quick). Retries (``is_retry``) are counted but
-        add no latency evidence: the logical request already contributed via its
-        first attempt, and a retry storm would let a few struggling requests
-        dominate the percentile. Missing or NaN metric values are skipped."""
-        slot = self.window.current(now)
-        if obs.outcome in _COUNTERS:
-            setattr(slot, obs.outcome, getattr(slot, obs.outcome) + 1)
-        self.last_seen = now if self.last_seen is None else max(self.last_seen, now)
-        self._version += 1
-        if obs.is_retry or not (obs.outcome == "ok" or obs.censored):
+        Errors, timeouts and cancels are counted, never latency samples (a fast
+        500 would make a failing route look quick; a timeout's waited time is a
+        lower bound, and the failure itself is what the estimators count).
+        Retries (``is_retry``) are counted but add no latency evidence: the
+        logical request already contributed via its first attempt, and a retry
+        storm would let a few struggling requests dominate the percentile.
+        Missing or NaN metric values are skipped."""
+        self.record(obs.outcome, latency_indices(obs, self.window._ring[0].hists["ttft"]), now)
+
+    def record(
+        self, outcome: str, indices: Indices | None, now: float,
+    ) -> None:
+        """:meth:`observe` with the bucket indices of (ttft, tpot, e2e) computed once
+        (:func:`latency_indices`; None: no latency evidence), for every series the
+        observation goes to."""
+        slot = self._slot
+        if slot is None or slot.index != math.floor(now / self.cfg.subwindow_s):
+            self._sync(now)
+            slot = self._slot = self.window.current(now)
+        if outcome == "ok":
+            slot.ok += 1
+        elif outcome == "error":
+            slot.error += 1
+        elif outcome == "timeout":
+            slot.timeout += 1
+        elif outcome == "cancel":
+            slot.cancel += 1
+        if self.last_seen is None or now > self.last_seen:
+            self.last_seen = now
+        self.version += 1
+        if indices is None:
             return
-        values: tuple[tuple[Metric, float | None], ...] = (
-            ("ttft", obs.ttft_s), ("tpot", obs.tpot_s), ("e2e", obs.e2e_s),
-        )  # fmt: skip
-        for metric, value in values:
-            if value is not None and value == value:
-                slot.hists[metric].add(value)
+        hists = slot.hists
+        i_ttft, i_tpot, i_e2e = indices
+        if i_ttft is not _NO_VALUE:
+            hists["ttft"].add_index(i_ttft)
+        if i_tpot is not _NO_VALUE:
+            hists["tpot"].add_index(i_tpot)
+        if i_e2e is not _NO_VALUE:
+            hists["e2e"].add_index(i_e2e)
 
     def is_stale(self, now: float) -> bool:
         """No observation for more than ``stale_after_s``: everything reports no data."""
         return self.last_seen is None or now - self.last_seen > self.cfg.stale_after_s
 
-    def _past_merged(self, metric: Metric, k: int) -> tuple[LogHistogram, int]:
-        cached = self._past.get(metric)
-        if cached is not None and cached[0] == k:
-            return cached[1], cached[2]
-        merged, n = LogHistogram(self.accuracy), 0
-        for age in range(1, self.cfg.subwindows):
-            slot = self.window.get(k - age)
-            if slot is not None and (m := slot.samples(metric)):
-                merged.merge(slot.hists[metric], self.cfg.decay**age)
-                n += m
-        self._past[metric] = (k, merged, n)
-        return merged, n
+    # ------------------------------------------------------------ the decision window
+
+    def _sync(self, now: float) -> int:
+        """Rotate the ring to ``now``, folding newly completed sub-windows into the
+        decayed window first (before the ring reuses expiring slots)."""
+        k = math.floor(now / self.cfg.subwindow_s)
+        cur = self.window.current_index
+        if cur is not None and k < cur:
+            k = cur  # time never goes backwards
+        past = self._past
+        if past.k == k:
+            return k
+        ring = self.cfg.subwindows
+        if past.k is None or k - past.k >= ring or past.rotations >= _REBUILD_ROTATIONS:
+            past = self._past = _Decayed(self.accuracy)
+            start = max(k - ring + 1, self._fence)
+        else:
+            start = past.k
+        decay, per = self.cfg.decay, float(max(self.cfg.min_samples, 1))
+        for j in range(start, k):
+            slot = self.window.get(j)
+            if slot is not None:
+                past.add(slot, decay, per)
+        past.expire(k - ring + 1)
+        past.k = k
+        past.rotations += 1
+        return self.window.advance(now)
+
+    def evidence(
+        self, metric: Metric, now: float, max_age_s: float | None = None
+    ) -> Evidence | None:
+        """The rate-following window of ``metric`` (None when stale or empty). A
+        cached answer is reused within its sub-window while the series is
+        unchanged or the answer is younger than ``max_age_s`` (default: half a
+        sub-window)."""
+        k = self._sync(now)
+        if self.is_stale(now):
+            return None
+        if max_age_s is None:
+            max_age_s = self.cfg.subwindow_s * REFRESH_SHARE_OF_SUBWINDOW
+        hit = self._evidence.get(metric)
+        if hit is not None and hit[0] == k and (
+                hit[1] == self.version or now - hit[2] < max_age_s):
+            return hit[3]
+        past = self._past
+        cur = self.window.get(k)
+        # The current sub-window ages the completed ones too, by its requests so far.
+        f = 1.0 if cur is None else aging(cur.requests, self.cfg.decay,
+                                          float(max(self.cfg.min_samples, 1)))
+        n, eff = past.samples[metric], past.weights[metric] * f
+        ok, req = past.ok * f, past.requests * f
+        parts: tuple[tuple[LogHistogram, float], ...] = ((past.hists[metric], f),) if n else ()
+        if cur is not None:
+            ok += cur.ok
+            req += cur.requests
+            if cm := cur.samples(metric):
+                parts = (*parts, (cur.hists[metric], 1.0))
+                n, eff = n + cm, eff + cm
+        ev = None if req <= 0 and n == 0 else Evidence(parts, n, eff, ok, req)
+        self._evidence[metric] = (k, self.version, now, ev)
+        return ev
 
     def quantile(self, metric: Metric, q: float, now: float) -> float | None:
-        """Decay-weighted window quantile in seconds (module docstring); None when
-        stale or the unweighted window sample count is ``< min_samples``."""
+        """Window quantile in seconds (module docstring); None when stale or the
+        unweighted window sample count is ``< min_samples``."""
         return self.quantile_and_count(metric, q, now)[0]
 
     def count(self, metric: Metric, now: float) -> int:
         """Unweighted latency samples of ``metric`` in the window (0 when stale)."""
-        if self.is_stale(now):
-            return 0
-        k = self.window.advance(now)
-        cur = self.window.get(k)
-        return self._past_merged(metric, k)[1] + (0 if cur is None else cur.samples(metric))
+        ev = self.evidence(metric, now, 0.0)
+        return 0 if ev is None else ev.samples
 
     def quantile_and_count(self, metric: Metric, q: float, now: float) -> tuple[float | None, int]:
-        """``(quantile(...), count(...))`` in one pass; cached until the next
-        observation or rotation (decisions ask for the same few percentiles)."""
-        k = self.window.advance(now)
-        if self.is_stale(now):
+        """``(quantile(...), count(...))`` in one pass (always current)."""
+        ev = self.evidence(metric, now, 0.0)
+        if ev is None:
             return None, 0
-        hit = self._qcache.get((metric, q))
-        # Valid while the observations since it was computed are a small share of
-        # its samples: with steady traffic every observation would otherwise force
-        # a merge per decision. A handful of samples always recomputes.
-        if hit is not None and hit[0] == k and (
-            self._version - hit[1] <= hit[3] * _REFRESH_SHARE
-        ):
-            return hit[2], hit[3]
-        past, n = self._past_merged(metric, k)
-        cur = self.window.get(k)
-        cur_n = 0 if cur is None else cur.samples(metric)
-        value: float | None = None
-        if cur is not None and cur_n and n + cur_n >= self.cfg.min_samples:
-            h = past.copy()
-            h.merge(cur.hists[metric])
-            value = h.quantile(q)
-        elif n >= self.cfg.min_samples:
-            value = past.quantile(q)
-        if len(self._qcache) >= _QCACHE_MAX:
-            self._qcache.clear()
-        self._qcache[(metric, q)] = (k, self._version, value, n + cur_n)
-        return value, n + cur_n
+        if ev.samples < self.cfg.min_samples:
+            return None, ev.samples
+        return ev.merged(self.accuracy).quantile(q), ev.samples
+
+    # ------------------------------------------------------------ plain counts
 
     def _rate(self, now: float, field: str) -> float | None:
+        self._sync(now)
         live = [] if self.is_stale(now) else [s for _, s in self.window.live(now)]
         n = sum(s.requests for s in live)
         return sum(getattr(s, field) for s in live) / n if n else None
 
     def current_samples(self, now: float) -> int:
         """Outcomes recorded in the current (partial) sub-window."""
-        k = self.window.advance(now)
+        k = self._sync(now)
         cur = self.window.get(k)
         return 0 if cur is None else cur.requests + cur.cancel
 
     def requests(self, now: float) -> int:
-        """Requests (excluding cancels) recorded over the live window."""
+        """Requests (excluding cancels) recorded over the live ring."""
+        self._sync(now)
         return 0 if self.is_stale(now) else sum(s.requests for _, s in self.window.live(now))
 
     def error_rate(self, now: float) -> float | None:
-        """``errors / requests`` over the window; None without requests or when stale."""
+        """``errors / requests`` over the ring; None without requests or when stale."""
         return self._rate(now, "error")
 
     def timeout_rate(self, now: float) -> float | None:
-        """``timeouts / requests`` over the window; None without requests or when stale."""
+        """``timeouts / requests`` over the ring; None without requests or when stale."""
         return self._rate(now, "timeout")
+
+    def outcomes_in(self, first: int, last: int, now: float) -> tuple[int, int]:
+        """``(requests, errors + timeouts)`` over sub-windows ``first..last`` (inclusive)."""
+        self._sync(now)
+        req = fail = 0
+        for idx in range(first, last + 1):
+            slot = self.window.get(idx)
+            if slot is not None:
+                req += slot.requests
+                fail += slot.error + slot.timeout
+        return req, fail
+
+    # ------------------------------------------------------------ evaluation windows
 
     def window_summary(self, now: float, metric: Metric, q: float) -> WindowSummary:
         """The next *evaluation window*: completed sub-windows not yet judged.
@@ -284,13 +500,13 @@ class RouteStats:
         Normally that is just the last completed sub-window ``k - 1``. A sparse
         route may not reach ``min_samples`` (latency) or ``error_min`` requests
         in one sub-window; its evaluation window then grows over the following
-        sub-windows (unweighted merge, at most ``subwindows - 1`` of them) until
-        it does. Windows never overlap, so no sample is judged twice and one
-        spike cannot count as "sustained" across several verdicts. Until the
-        span is complete the summary carries ``quantile=None`` (insufficient)
-        and the span is kept for the next call.
+        sub-windows (unweighted merge, at most ``subwindows - 1`` of them: the
+        maximum age) until it does. Windows never overlap, so no sample is
+        judged twice and one spike cannot count as "sustained" across several
+        verdicts. Until the span is complete the summary carries
+        ``quantile=None`` (insufficient) and the span is kept for the next call.
         """
-        k = self.window.advance(now)
+        k = self._sync(now)
         end = k * self.cfg.subwindow_s
         oldest = k - (self.cfg.subwindows - 1)
         first = k - 1 if self._unjudged is None else max(self._unjudged, oldest)
@@ -319,11 +535,15 @@ class RouteStats:
             self._unjudged = k  # verdict given: the next window starts fresh
         else:
             self._unjudged = first  # keep accumulating
-        value = merged.quantile(q) if enough and merged is not None else None
-        return WindowSummary(k - 1, start, end, metric, q, n, value, req, err, tmo, canc)
+        cum = None if merged is None else merged.cumulative()
+        value = cum.quantile(q) if enough and cum is not None else None
+        return WindowSummary(k - 1, start, end, metric, q, n, value, req, err, tmo, canc, cum)
+
+    # ------------------------------------------------------------ snapshots
 
     def to_dict(self, now: float) -> dict[str, Any]:
         """JSON-safe snapshot; times are stored as ages relative to ``now``."""
+        self._sync(now)
         subs = [
             {"age": age, **{c: getattr(s, c) for c in _COUNTERS},
              "hists": {m: h.to_dict() for m, h in s.hists.items() if h.count}}
@@ -331,7 +551,10 @@ class RouteStats:
             if s.requests or s.cancel
         ]  # fmt: skip
         age = None if self.last_seen is None else now - self.last_seen
-        return {"last_seen_age": age, "subwindows": subs}
+        out: dict[str, Any] = {"last_seen_age": age, "subwindows": subs}
+        if self._fence != _NEVER and self.window.current_index is not None:
+            out["fence_age"] = self.window.current_index - self._fence
+        return out
 
     @classmethod
     def from_dict(
@@ -353,4 +576,6 @@ class RouteStats:
                 slot.hists[as_metric(m)] = h = LogHistogram.from_dict(raw)
                 if h.relative_accuracy != relative_accuracy:
                     raise ValueError("snapshot histogram accuracy differs from the store's")
+        if data.get("fence_age") is not None:
+            rs._fence = rs._unjudged = k - int(data["fence_age"])
         return rs

@@ -1,19 +1,33 @@
 """Rolling latency statistics per (cluster, slice): the :class:`StatsStore`.
 
-Each series is a :class:`~sidecar.core.series.RouteStats` (the decay-weighted
-sub-window ring, its accuracy and memory: see :mod:`sidecar.core.series`).
-Every observation is recorded under its admitted narrow slice and each of that
-slice's ``broader()`` slices; :class:`StatsStore` caps a cluster at
-``5 x max_slices + 2`` series (:meth:`StatsStore.admit`).
+Each series is a :class:`~sidecar.core.series.RouteStats` (the sub-window
+ring, its rate-following window, accuracy and memory: see
+:mod:`sidecar.core.series`). Every observation is recorded under its admitted
+narrow slice and each of that slice's ``broader()`` slices; :class:`StatsStore`
+caps a cluster at ``5 x max_slices + 2`` series (:meth:`StatsStore.admit`).
+:meth:`StatsStore.evidence` blends a slice with its broader slices
+(:mod:`sidecar.core.evidence`) and caches the result until one of the series
+it was built from moves on.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.core.config import StatsConfig
-from sidecar.core.series import METRICS, RouteStats, SeriesWindow, WindowSummary, as_metric
+from sidecar.core.config import Metric, StatsConfig
+from sidecar.core.evidence import RouteEvidence, blend
+from sidecar.core.histogram import LogHistogram
+from sidecar.core.series import (
+    METRICS,
+    REFRESH_SHARE_OF_SUBWINDOW,
+    RouteStats,
+    SeriesWindow,
+    WindowSummary,
+    as_metric,
+    latency_indices,
+)
 from sidecar.core.types import ANY, Observation, SliceKey
 
 __all__ = [
@@ -21,6 +35,7 @@ __all__ = [
     "METRICS",
     "OVERFLOW_CLASS",
     "Lookup",
+    "RouteEvidence",
     "RouteStats",
     "SeriesWindow",
     "StatsStore",
@@ -51,6 +66,11 @@ class StatsStore:
         self._series: dict[tuple[str, SliceKey], RouteStats] = {}
         self._narrow: dict[str, set[SliceKey]] = {}  # admitted narrow slices per cluster
         self._overflow: dict[str, set[SliceKey]] = {}  # overflow slices in use per cluster
+        # Moves when series are created or dropped (caches keyed on series must notice).
+        self.layout = 0
+        self._blends: dict[tuple[str, SliceKey, Metric], _Blend] = {}
+        self._max_age_s = cfg.subwindow_s * REFRESH_SHARE_OF_SUBWINDOW
+        self._geometry = LogHistogram(relative_accuracy)  # bucket indices for observe()
 
     def admit(self, cluster: str, slice: SliceKey) -> SliceKey:
         """The narrow key an observation of ``slice`` is recorded under: the first
@@ -74,12 +94,43 @@ class StatsStore:
         """Record into the admitted narrow slice and each of its ``broader()``
         slices (so broader slices are true aggregates); returns the narrow key."""
         key = self.admit(obs.cluster, obs.slice)
+        indices = latency_indices(obs, self._geometry)
         for s in (key, *key.broader()):
             rs = self._series.get((obs.cluster, s))
             if rs is None:
                 rs = self._series[(obs.cluster, s)] = RouteStats(self.cfg, self.accuracy)
-            rs.observe(obs, now)
+                self.layout += 1
+            rs.record(obs.outcome, indices, now)
         return key
+
+    def evidence(
+        self, cluster: str, slice: SliceKey, metric: Metric, now: float,
+        max_age_s: float | None = None,
+    ) -> RouteEvidence | None:
+        """The blended estimate of ``slice`` on ``cluster`` (see
+        :mod:`sidecar.core.evidence`); None when no level has any outcome.
+        Reused within its sub-window while no contributing series saw a new
+        observation, or while younger than ``max_age_s`` (default: half a
+        sub-window; 0 asks for fresh evidence), and the set of series is the same."""
+        k = math.floor(now / self.cfg.subwindow_s)
+        age = self._max_age_s if max_age_s is None else max_age_s
+        bkey = (cluster, slice, metric)
+        hit = self._blends.get(bkey)
+        if hit is not None and hit.k == k and hit.layout == self.layout and (
+                now - hit.built < age or hit.unchanged()):
+            return hit.value
+        deps: list[RouteStats] = []
+        levels = []
+        for s in (slice, *slice.broader()):
+            rs = self._series.get((cluster, s))
+            if rs is not None:
+                deps.append(rs)
+            levels.append((s, None if rs is None else rs.evidence(metric, now, age)))
+        value = blend(levels, self.cfg.prior_samples, self.cfg.min_samples, self.accuracy)
+        if len(self._blends) >= 4096:
+            self._blends.clear()
+        self._blends[bkey] = _Blend(k, now, self.layout, deps, value)
+        return value
 
     def lookup(self, cluster: str, slice: SliceKey, metric: str, q: float, now: float) -> Lookup:
         """Quantile from the narrowest of ``(slice, *slice.broader())`` holding
@@ -103,6 +154,13 @@ class StatsStore:
         rs = self._series.get((cluster, slice)) or RouteStats(self.cfg, self.accuracy)
         return rs.window_summary(now, as_metric(metric), q)
 
+    def fence(self, cluster: str, slice: SliceKey | None, now: float) -> None:
+        """Start ``slice``'s evidence on ``cluster`` afresh (every series of the
+        cluster when None); see :meth:`RouteStats.fence`."""
+        for (c, s), rs in self._series.items():
+            if c == cluster and (slice is None or s == slice):
+                rs.fence(now)
+
     def series(self, cluster: str, slice: SliceKey) -> RouteStats | None:
         return self._series.get((cluster, slice))
 
@@ -125,6 +183,8 @@ class StatsStore:
     def prune(self, now: float) -> list[tuple[str, SliceKey]]:
         """Drop stale series (they report no data anyway), freeing their cap slots."""
         dead = [key for key, rs in self._series.items() if rs.is_stale(now)]
+        if dead:
+            self.layout += 1
         for cluster, s in dead:
             del self._series[(cluster, s)]
             self._narrow.get(cluster, set()).discard(s)
@@ -167,3 +227,20 @@ class StatsStore:
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed stats snapshot: {exc!r}") from exc
         return store
+
+
+class _Blend:
+    """A cached :meth:`StatsStore.evidence` answer and what it was built from."""
+
+    __slots__ = ("built", "deps", "k", "layout", "value", "versions")
+
+    def __init__(
+        self, k: int, built: float, layout: int, deps: list[RouteStats],
+        value: RouteEvidence | None,
+    ) -> None:
+        self.k, self.built, self.layout, self.deps, self.value = k, built, layout, deps, value
+        self.versions = [rs.version for rs in deps]
+
+    def unchanged(self) -> bool:
+        """No contributing series saw an observation since this was built."""
+        return all(rs.version == v for rs, v in zip(self.deps, self.versions, strict=True))

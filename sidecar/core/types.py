@@ -10,6 +10,8 @@ import functools
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+from sidecar.core.frozen import fast_init
+
 Outcome = Literal["ok", "error", "timeout", "cancel"]
 Api = Literal["chat", "completions", "responses", "other"]
 Step = Literal["critical", "optional"]
@@ -66,6 +68,7 @@ def _label(key: SliceKey) -> str:
     return f"{key.model}|{key.klass}|{key.profile}|{s}"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class RequestInfo:
     """What the classifier learned about one request."""
@@ -83,11 +86,13 @@ class RequestInfo:
     retry_attempt: int = 0  # 0 = first attempt
     deadline_ms: float | None = None  # remaining end-to-end budget, if the caller gave one
     step: Step | None = None
+    fanout: int = 1  # parallel calls in this workflow step (x-tailroute-fanout)
     explain: bool = False  # caller asked for the explain header
     class_known: bool = True  # False: header named an unknown class, default used
     model_known: bool = True  # False: model not in config, default route used
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Observation:
     """What happened to one routed request, measured by the shell or the simulator."""
@@ -133,6 +138,7 @@ class Explain:
 Admission = Literal["admit", "queue", "defer", "shed", "reject", "skip"]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Decision:
     """The core's answer for one request.
@@ -155,6 +161,7 @@ class Decision:
     detail: str = ""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class TransitionEvent:
     """A health-state change of one (cluster, slice); every transition has a reason."""

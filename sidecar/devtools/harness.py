@@ -111,6 +111,10 @@ class Stack:
         self.ports[f"provider:{name}"] = port
         return port
 
+    def stop_provider(self, name: str) -> None:
+        """Kill a fake provider (its port closes: Envoy sees connection failures)."""
+        self._stop(f"provider:{name}")
+
     def control(self, provider: str, settings: dict[str, Any]) -> Any:
         return http_json(f"http://127.0.0.1:{self.ports[f'provider:{provider}']}/control", settings)
 

@@ -221,4 +221,5 @@ class Attempt:
             retry_attempt=self.n,
             deadline_ms=deadline_ms,
             step=None if c.step is None else c.step.kind,
+            fanout=1 if c.step is None else c.step.fanout,
         )

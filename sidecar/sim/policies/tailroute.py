@@ -28,12 +28,24 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections import Counter
+from typing import NamedTuple
 
 from sidecar.core.config import Config
 from sidecar.core.router import Router
 from sidecar.core.types import Decision, SliceKey
 from sidecar.sim.policies import BasePolicy, PolicyContext
 from sidecar.sim.records import Attempt, Call
+
+
+class TraceRow(NamedTuple):
+    """One routing answer, recorded when :attr:`Tailroute.trace` is a list."""
+
+    t: float
+    slice: SliceKey
+    cluster: str
+    admission: str
+    is_probe: bool
+    weights: dict[str, float]  # health weight of every candidate of the model
 
 
 class Tailroute(BasePolicy):
@@ -44,13 +56,20 @@ class Tailroute(BasePolicy):
         super().__init__(ctx)
         self.router = Router(self.effective_config(ctx.config))
         self.transitions: Counter[str] = Counter()
+        # Set to a list to record every answer (named lab cases, time-to-react figures).
+        self.trace: list[TraceRow] | None = None
 
     @staticmethod
     def effective_config(config: Config) -> Config:
         return config
 
     def choose(self, att: Attempt, now: float, rng: random.Random) -> str | Decision:
-        return self.router.decide(att.request_info(now), now, rng, ticket=_ticket(att.call))
+        d = self.router.decide(att.request_info(now), now, rng, ticket=_ticket(att.call))
+        if self.trace is not None:
+            s = att.call.slice
+            weights = {c: self.router.health(c, s).weight for c in att.call.candidates}
+            self.trace.append(TraceRow(now, s, d.cluster, d.admission, d.is_probe, weights))
+        return d
 
     def queue_until(self, call: Call) -> float | None:
         """A call held by a ``queue`` answer must re-ask by then (the router's bound)."""

@@ -1,0 +1,94 @@
+"""Named lab cases (issues 11 and 15): one behaviour each, on tailroute's default
+settings, asserted on what the router did (its decision trace) in the simulator.
+The scenarios are in ``sidecar/sim/cases``; figures in docs/policy-lab.md."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from sidecar.sim.cases import load_case, share, time_to_react, trace_of, traced_run
+
+ESCALATED = {"degraded", "restricted", "quarantined", "probing", "restoring"}
+
+
+@pytest.mark.parametrize("rate", [20, 50])
+def test_hard_outage_is_left_within_a_few_requests_and_restored_by_probing(rate: float) -> None:
+    _, sim = traced_run(load_case("outage", rate=rate))
+    trace = trace_of(sim)
+    reached, n = share(trace, "provider-b", 120, 130)
+    assert reached < 0.02 and n > 8 * rate, (reached, n)
+    router = sim.policy.router  # type: ignore[attr-defined]
+    kinds = [(e.old, e.new) for e in router.transitions if e.cluster == "provider-b"]
+    assert kinds[0] == ("healthy", "quarantined")
+    assert ("probing", "restoring") in kinds and kinds[-1][1] == "healthy"
+    back, _ = share(trace, "provider-b", 380, 420)
+    assert back > 0.2, back
+
+
+def test_outage_at_a_low_rate_costs_the_ejection_run_only() -> None:
+    """At 5 req/s the first 10 s hold ~45 requests: the ejection run is what reaches b."""
+    _, sim = traced_run(load_case("outage", rate=5))
+    trace = trace_of(sim)
+    sent = sum(1 for r in trace if 120 <= r.t < 130 and r.cluster == "provider-b")
+    assert sent <= 4, sent
+
+
+@pytest.mark.parametrize(("rate", "within_s"), [(0.5, 120), (50, 20)])
+def test_ttft_tripling_loses_share_at_the_traffic_tempo(rate: float, within_s: float) -> None:
+    _, sim = traced_run(load_case("ttft_triples", rate=rate))
+    trace = trace_of(sim)
+    before, _ = share(trace, "provider-a", 300, 600)
+    after, n = share(trace, "provider-a", 600 + within_s, 900)
+    assert before > 0.25 and after < 0.2, (before, after, n)
+    step = 60.0 if rate < 1 else 5.0  # windows of ~30 requests at 0.5 req/s, ~250 at 50
+    react = time_to_react(trace, "provider-a", 600, 900, 0.2, step)
+    assert react is not None and react <= within_s, react
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_stationary_heavy_tail_inside_its_slo_never_goes_beyond_watching(seed: int) -> None:
+    out, sim = traced_run(load_case("heavy_tail", seed=seed))
+    transitions = out["policy_stats"]["transitions"]
+    assert not ESCALATED & set(transitions), transitions
+    # Preference still follows latency: the heavy-tailed route gets the least traffic.
+    trace = trace_of(sim)
+    shares = {c: share(trace, c, 60, 1800)[0] for c in ("provider-a", "provider-b", "provider-c")}
+    assert shares["provider-b"] == min(shares.values()) and shares["provider-b"] > 0.03
+
+
+def test_provider_failing_fast_on_30_percent_gets_under_10_percent() -> None:
+    _, sim = traced_run(load_case("fast_errors"))
+    got, n = share(trace_of(sim), "provider-c", 60, 600)
+    assert got < 0.10 and n > 4000, got
+
+
+def test_long_input_regression_moves_that_slice_only() -> None:
+    _, sim = traced_run(load_case("slice_long_inputs"))
+    trace = trace_of(sim)
+
+    def long(r: object) -> bool:
+        return r.slice.profile != "short"  # type: ignore[attr-defined]
+
+    def short(r: object) -> bool:
+        return r.slice.profile == "short"  # type: ignore[attr-defined]
+
+    assert share(trace, "provider-a", 60, 300, long)[0] > 0.25  # a was the best for it
+    moved, n = share(trace, "provider-a", 300 + 180, 720, long)
+    assert moved < 0.10 and n > 300, moved
+    stay_before = share(trace, "provider-a", 60, 300, short)[0]
+    stay_after = share(trace, "provider-a", 300, 720, short)[0]
+    assert abs(stay_after - stay_before) < 0.08, (stay_before, stay_after)
+
+
+def test_relapsing_provider_regains_less_weight_each_time() -> None:
+    _, sim = traced_run(load_case("relapse"))
+    trace = trace_of(sim)
+    router = sim.policy.router  # type: ignore[attr-defined]
+    relapses = [e for e in router.transitions
+                if e.cluster == "provider-b" and "relapse" in e.reason]
+    assert len(relapses) >= 4
+    before = [next(r.weights["provider-b"] for r in reversed(trace) if r.t < e.at)
+              for e in relapses]
+    assert all(b < a for a, b in itertools.pairwise(before)), before

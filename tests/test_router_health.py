@@ -1,0 +1,157 @@
+"""The router's fast path for hard failures and its health bookkeeping: cluster-wide
+and slice-confined ejection, the last viable route, probes and the evidence fence,
+and warm-restart snapshots of the new state."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar.core.config import parse_config
+from sidecar.core.health import HealthState
+from sidecar.core.health_board import CLUSTER_SLICE, HealthBoard
+from sidecar.core.router import Router
+from sidecar.core.stats import StatsStore
+from sidecar.core.types import Observation, RequestInfo, SliceKey
+from tests.conftest import base_config_dict
+
+SHORT = SliceKey("m", "interactive", "short", True)
+LONG = SliceKey("m", "interactive", "long", True)
+S = HealthState
+
+
+def _router(**health: object) -> Router:
+    return Router(parse_config(base_config_dict(health=health), "t.yaml"))
+
+
+def ok(cluster: str, slice: SliceKey = SHORT, ttft: float = 0.2) -> Observation:
+    return Observation(cluster, slice, "ok", status=200, ttft_s=ttft, e2e_s=ttft + 0.5)
+
+
+def fail(cluster: str, slice: SliceKey = SHORT, status: int = 503,
+         outcome: str = "error") -> Observation:
+    return Observation(cluster, slice, outcome, status=status)  # type: ignore[arg-type]
+
+
+def _req(slice: SliceKey = SHORT) -> RequestInfo:
+    return RequestInfo("chat", "m", True, 100, 100, slice.klass, 10, None, slice)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "status", "ejects"),
+    [("error", 503, True), ("error", 500, True), ("timeout", 504, True),
+     ("error", None, True), ("error", 429, False)],
+)
+def test_what_counts_as_a_hard_failure(outcome: str, status: int | None, ejects: bool) -> None:
+    r = _router()
+    for i in range(3):
+        r.observe(fail("b", status=status or 0, outcome=outcome) if status else
+                  Observation("b", SHORT, "error"), 1.0 + i)
+    assert (r.health("b", SHORT).state == "quarantined") is ejects
+
+
+def test_a_cluster_wide_run_ejects_every_slice_after_three_failures_in_total() -> None:
+    r = _router()
+    r.observe(fail("b", SHORT), 1.0)
+    r.observe(fail("b", LONG), 1.1)
+    events = r.observe(fail("b", SHORT), 1.2)
+    assert [(e.slice, e.new) for e in events] == [(CLUSTER_SLICE.label(), "quarantined")]
+    assert r.health("b", LONG).quarantined and r.health("b", SHORT).quarantined
+    # stragglers of the ejected cluster do not open the slices' circuits too
+    for i in range(5):
+        r.observe(fail("b", SHORT), 1.3 + i * 0.01)
+    assert r.board.get("b", SHORT).state is S.HEALTHY
+    # selection never picks it now
+    rng = random.Random(1)
+    assert {r.decide(_req(), 2.0, rng).cluster for _ in range(200)} <= {"a", "c"}
+
+
+def test_a_slice_confined_run_ejects_that_slice_only() -> None:
+    r = _router()
+    for i in range(6):  # long prompts fail, short ones succeed in between
+        r.observe(fail("b", LONG), 1.0 + i * 0.1)
+        r.observe(ok("b", SHORT), 1.05 + i * 0.1)
+    assert r.health("b", LONG).quarantined
+    assert not r.health("b", SHORT).quarantined
+    assert r.board.get("b", CLUSTER_SLICE).state is S.HEALTHY
+
+
+def test_the_last_viable_route_is_restricted_not_ejected() -> None:
+    data = base_config_dict(health={"cooldown_s": 100, "cooldown_max_s": 100})
+    data["models"][0]["candidates"] = ["a", "b"]
+    r = Router(parse_config(data, "t.yaml"))
+    for i in range(3):
+        r.observe(fail("a"), 1.0 + i)
+    assert r.health("a", SHORT).quarantined
+    for i in range(6):
+        r.observe(fail("b"), 5.0 + i)
+    h = r.health("b", SHORT)
+    assert not h.quarantined and h.state == "restricted"
+    assert "panic: last viable route" in r.transitions[-1].reason
+
+
+def test_probes_close_the_circuit_and_the_old_failures_stop_counting() -> None:
+    r = _router(cooldown_s=12, probe_successes=3)
+    for i in range(3):
+        r.observe(fail("b"), 1.0 + i * 0.1)
+    assert r.tick(13.3) and r.health("b", SHORT).state == "probing"  # cooldown over
+    for i in range(3):  # the next sub-window: the fence leaves the failures behind
+        r.observe(Observation("b", SHORT, "ok", status=200, ttft_s=0.2, is_probe=True),
+                  14.0 + i * 0.1)
+    assert r.health("b", SHORT).state == "restoring"
+    ev = r.evidence("b", SHORT, "ttft", 14.5)
+    assert ev is not None and ev.p_ok == pytest.approx(1.0)  # the fence: only the probes
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.sampled_from([SHORT, LONG]),
+                          st.sampled_from(["ok", "error", "timeout"])), max_size=120))
+def test_some_candidate_always_keeps_a_closed_circuit(
+    stream: list[tuple[str, SliceKey, str]]
+) -> None:
+    """Whatever fails, the fast path and the windows never open every candidate's circuit
+    for a slice: the last viable route is restricted instead."""
+    r = _router(cooldown_s=1000, cooldown_max_s=1000)
+    now = 1.0
+    for cluster, slice, outcome in stream:
+        obs = ok(cluster, slice) if outcome == "ok" else fail(cluster, slice, outcome=outcome)
+        r.observe(obs, now)
+        now += 0.7
+        if (t := r.next_deadline()) is not None and t <= now:
+            r.tick(now)
+        for s in (SHORT, LONG):
+            assert any(not r.health(c, s).quarantined for c in "abc"), (s, r.transitions)
+
+
+def test_snapshots_round_trip_runs_history_memory_and_fences() -> None:
+    r = _router(cooldown_s=5, probe_successes=1)
+    now = 0.0
+    for k in range(12):  # history: twelve clean windows on a
+        for i in range(30):
+            now = k * 10 + i * 0.3
+            r.observe(ok("a"), now)
+        r.tick((k + 1) * 10.0)
+    r.observe(fail("c"), now)
+    r.observe(fail("c"), now + 0.1)  # a run of two on c
+    for i in range(3):
+        r.observe(fail("b"), now + 0.2 + i * 0.01)
+    r.tick(now + 6.0)
+    r.observe(Observation("b", SHORT, "ok", status=200, ttft_s=0.2, is_probe=True), now + 6.1)
+    board = json.loads(json.dumps(r.board.to_dict(now + 6.2)))
+    stats = json.loads(json.dumps(r.stats.to_dict(now + 6.2)))
+    cfg = r.config
+    back = HealthBoard.from_dict(board, cfg.health, cfg.stats, 500.0)
+    store = StatsStore.from_dict(stats, cfg.stats, 500.0)
+    a, a2 = r.board.get("a", SHORT), back.get("a", SHORT)
+    assert a2.history == a.history and a.history.windows >= 10
+    c, c2 = r.board.get("c", CLUSTER_SLICE), back.get("c", CLUSTER_SLICE)
+    assert (c2.streak, c2.fail_rate) == (c.streak, c.fail_rate) == (2, pytest.approx(c.fail_rate))
+    assert c2.streak_since - 500.0 == pytest.approx(c.streak_since - (now + 6.2))
+    b = back.get("b", CLUSTER_SLICE)
+    assert b.state is S.RESTORING and b.offences == 1
+    assert store.series("b", SHORT).to_dict(500.0).get("fence_age") == \
+        r.stats.series("b", SHORT).to_dict(now + 6.2).get("fence_age") is not None  # type: ignore[union-attr]
