@@ -23,6 +23,8 @@ from pathlib import Path
 import grpc
 
 from sidecar.core.config import Config
+from sidecar.fleet.link import FleetLink
+from sidecar.fleet.metrics import FleetCollector
 from sidecar.ops import snapshot
 from sidecar.ops.admin import AdminServer
 from sidecar.ops.metrics import build_registry
@@ -124,7 +126,13 @@ async def serve(
     reloader = ConfigReloader(app, config_path) if config_path else None
     ops_errors: Counter[str] = Counter()
     snap = Snapshotter(app, snapshot_path, ops_errors)
-    snap.load(loop.time())  # before serving, so the first decisions are already informed
+    # Before serving, so the first decisions are already informed: from the fleet
+    # if there is one and it answers (it holds what a snapshot would), else the snapshot.
+    fleet = FleetLink.create(app)
+    if fleet is None or not await fleet.warm_start():
+        snap.load(loop.time())
+        if fleet is not None:
+            fleet.sync.mark_baseline(loop.time())  # fleet-merged already: never re-pushed
 
     def shell_counters() -> dict[str, int]:
         out = app.shell_counters()
@@ -135,6 +143,8 @@ async def serve(
         return out
 
     registry, phase_hist = build_registry(lambda: app.router, loop.time, shell_counters)
+    if fleet is not None:
+        registry.register(FleetCollector(fleet))
     tcp = grpc_addr if grpc_addr is not None else config.listen.grpc
     unix = unix if unix is not None else config.listen.grpc_unix
     if unix and os.path.exists(unix):
@@ -156,6 +166,8 @@ async def serve(
              asyncio.create_task(snap.loop(stop, snapshot_every_s))]
     if reloader is not None:
         tasks.append(asyncio.create_task(watch_loop(reloader, stop, hup, watch_every_s)))
+    if fleet is not None:
+        tasks.append(asyncio.create_task(fleet.run(stop)))
     log.info("tailroute serving ext_proc on %s%s; admin on %s:%d",
              f"{tcp.rpartition(':')[0]}:{port}" if port and tcp else "",
              f" unix:{unix}" if unix else "", admin_at.rpartition(":")[0] or "127.0.0.1",
@@ -174,5 +186,7 @@ async def serve(
     await _drain(server, app, drain_s)
     await asyncio.gather(*tasks)
     await snap.save()  # again after the drain, so the last observations are in it
+    if fleet is not None:
+        await fleet.close()
     await admin.stop()
     return 0

@@ -19,6 +19,7 @@ from sidecar.core.config import (
     ClusterConfig,
     Config,
     EnvoyConfig,
+    FleetConfig,
     HealthConfig,
     LatencyAwareConfig,
     LimitsConfig,
@@ -236,6 +237,36 @@ def _envoy(r: ConfigReader) -> EnvoyConfig:
     return cfg
 
 
+_FLEET_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def _fleet(r: ConfigReader, stats: StatsConfig) -> FleetConfig | None:
+    """The ``fleet:`` section (absent or null: standalone, the default)."""
+    d = FleetConfig()
+    window_s = stats.subwindow_s * stats.subwindows
+    cfg = FleetConfig(
+        backend=r.choice("backend", d.backend, ("redis",)),
+        url=r.str_("url", required=True),
+        key_prefix=r.str_("key_prefix", d.key_prefix),
+        push_interval_s=r.num("push_interval_s", d.push_interval_s, lo=0.05, hi=60),
+        stats_ttl_s=r.num("stats_ttl_s", window_s, lo=1, hi=86400),
+        lease_ttl_s=r.num("lease_ttl_s", d.lease_ttl_s, lo=0.1, hi=600),
+        timeout_ms=r.num("timeout_ms", d.timeout_ms, lo=10, hi=60000),
+    )
+    r.done()
+    if not cfg.url.startswith(_FLEET_SCHEMES):
+        r.fail(f"must start with {', '.join(_FLEET_SCHEMES)}; got {cfg.url!r}", "url")
+    if not all(c.isalnum() or c in "-_." for c in cfg.key_prefix) or not cfg.key_prefix:
+        r.fail(f"letters, digits, '-', '_' and '.' only; got {cfg.key_prefix!r}", "key_prefix")
+    if cfg.lease_ttl_s < 2 * cfg.push_interval_s:
+        r.fail(f"must be >= 2 x push_interval_s ({2 * cfg.push_interval_s:g}) so an owner "
+               f"renews before it expires; got {cfg.lease_ttl_s:g}", "lease_ttl_s")
+    if cfg.stats_ttl_s < stats.subwindow_s:
+        r.fail(f"must be >= stats.subwindow_s ({stats.subwindow_s:g}); got "
+               f"{cfg.stats_ttl_s:g}", "stats_ttl_s")
+    return cfg
+
+
 def parse_config(data: Any, source: str = "<memory>") -> Config:
     """Validate a mapping (parsed YAML) into a frozen :class:`Config`.
 
@@ -284,6 +315,8 @@ def parse_config(data: Any, source: str = "<memory>") -> Config:
         root.fail(f"unknown cluster {default_cluster!r}", "default_cluster")
 
     snapshot = root.opt_str("snapshot_path")
+    stats = _stats(root.sub("stats"))
+    fleet = _fleet(root.sub("fleet"), stats) if root.has("fleet") else root.raw("fleet")
     cfg = Config(
         clusters=tuple(clusters.values()),
         models=tuple(models),
@@ -291,13 +324,14 @@ def parse_config(data: Any, source: str = "<memory>") -> Config:
         default_cluster=default_cluster,
         default_class=default_class,
         picker=root.choice("picker", "weighted_random", ("weighted_random", "lowest_score")),
-        stats=_stats(root.sub("stats")),
+        stats=stats,
         health=_health(root.sub("health")),
         admission=_admission(root.sub("admission")),
         listen=_listen(root.sub("listen")),
         limits=_limits(root.sub("limits")),
         envoy=_envoy(root.sub("envoy")),
         snapshot_path=snapshot,
+        fleet=fleet,
         source=source,
     )
     root.done()

@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from sidecar.core.health import HealthState
 from sidecar.core.router import Router
 from sidecar.core.stats import METRICS
+from sidecar.fleet.metrics import FLEET_METRIC_NAMES
 
 STATES = [s.value for s in HealthState]
 _QUANTILE_METRICS = {
@@ -46,6 +47,7 @@ METRIC_NAMES = (
     "tailroute_admission_total",
     "tailroute_extproc_phase_seconds",
     *(f"{n}" for n in _QUANTILE_METRICS.values()),
+    *FLEET_METRIC_NAMES,  # only with a fleet: section (sidecar.fleet.metrics)
 )
 
 
