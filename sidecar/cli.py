@@ -8,7 +8,7 @@ import logging
 import sys
 from collections.abc import Callable
 
-from sidecar.core.config import ConfigError
+from sidecar.core.config import Config, ConfigError
 
 
 def _cmd_serve(ns: argparse.Namespace) -> int:
@@ -16,11 +16,25 @@ def _cmd_serve(ns: argparse.Namespace) -> int:
     from sidecar.serve import serve
 
     config = load_config(ns.config)
+    if ns.workers != 1:
+        return _serve_workers(ns, config)
+    if ns.worker_index is not None:
+        from sidecar.fleet.workers import worker_log_format
+
+        worker_log_format(ns.worker_index)
     return asyncio.run(
         serve(config, grpc_addr=ns.grpc, unix=ns.unix, admin_addr=ns.admin,
               ready_file=ns.ready_file, seed=ns.seed, config_path=ns.config,
-              snapshot_path=ns.snapshot, snapshot_every_s=ns.snapshot_every)
+              snapshot_path=ns.snapshot, snapshot_every_s=ns.snapshot_every,
+              worker=ns.worker_index)
     )
+
+
+def _serve_workers(ns: argparse.Namespace, config: Config) -> int:
+    """`serve --workers N`: N processes on one port sharing state through the fleet store."""
+    from sidecar.fleet.workers import run_workers
+
+    return run_workers(ns, config, ns.workers)
 
 
 def _cmd_check_config(ns: argparse.Namespace) -> int:
@@ -90,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="warm-restart snapshot file (default: snapshot_path from the config)")
     s.add_argument("--snapshot-every", type=float, default=30.0, metavar="SECONDS",
                    help="how often to rewrite the snapshot (also written on shutdown)")
+    s.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="N processes on one gRPC port (SO_REUSEPORT) sharing statistics and "
+                        "health through the fleet: store; worker i's admin port is +i")
+    s.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     s.set_defaults(func=_cmd_serve)
 
     st = sub.add_parser("status", help="terminal view of a running sidecar's /state")

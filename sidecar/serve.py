@@ -69,6 +69,7 @@ class Snapshotter:
         self.app = app
         self.override = override
         self.errors = errors  # exported as tailroute_errors_total{kind="snapshot_*"}
+        self.writes = True  # workers other than 0 only read it (the fleet state is shared)
 
     @property
     def path(self) -> str | None:
@@ -80,7 +81,7 @@ class Snapshotter:
 
     async def save(self) -> None:
         path = self.path
-        if not path:
+        if not path or not self.writes:
             return
         loop = asyncio.get_running_loop()
         # Build on the loop thread (the router is not thread-safe); write off it.
@@ -113,11 +114,14 @@ async def serve(
     snapshot_path: str | None = None,
     snapshot_every_s: float = 30.0,
     watch_every_s: float = 1.0,
+    worker: int | None = None,
 ) -> int:
     """Serve until SIGTERM/SIGINT, then drain in-flight streams for up to ``drain_s``.
 
     ``config_path`` (default: ``config.source`` if it is a file) is watched for
     changes and re-read on SIGHUP. ``snapshot_path`` overrides ``config.snapshot_path``.
+    ``worker``: index under ``serve --workers N`` (:mod:`sidecar.fleet.workers`): the
+    gRPC port is shared (SO_REUSEPORT) and only worker 0 writes the snapshot.
     """
     loop = asyncio.get_running_loop()
     app = App.create(config, seed)
@@ -126,6 +130,7 @@ async def serve(
     reloader = ConfigReloader(app, config_path) if config_path else None
     ops_errors: Counter[str] = Counter()
     snap = Snapshotter(app, snapshot_path, ops_errors)
+    snap.writes = not worker  # None (no workers) or worker 0
     # Before serving, so the first decisions are already informed: from the fleet
     # if there is one and it answers (it holds what a snapshot would), else the snapshot.
     fleet = FleetLink.create(app)
@@ -153,7 +158,8 @@ async def serve(
     admin = AdminServer(app, registry, ready=lambda: serving)
     admin_at = admin_addr if admin_addr is not None else config.listen.admin
     admin_port = await admin.start(admin_at)
-    server, service, port = await start_grpc(app, tcp or None, unix, phase_hist)
+    server, service, port = await start_grpc(app, tcp or None, unix, phase_hist,
+                                             reuse_port=worker is not None)
     serving = True
     stop, hup = asyncio.Event(), asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

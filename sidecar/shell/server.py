@@ -114,16 +114,19 @@ def _safe_continue(msg: pb.ProcessingRequest) -> pb.ProcessingResponse:
 
 
 async def start_grpc(
-    app: App, tcp: str | None, unix: str | None, phase_hist: Histogram | None = None
+    app: App, tcp: str | None, unix: str | None, phase_hist: Histogram | None = None,
+    reuse_port: bool = False,
 ) -> tuple[grpc.aio.Server, ExtProcService, int | None]:
     """Start the gRPC server on a TCP address (``host:port``, port 0 = any) and/or a Unix socket.
 
+    ``reuse_port``: SO_REUSEPORT, so ``serve --workers N`` processes share one port
+    (off otherwise: a second sidecar on a taken port must fail, not split traffic).
     Returns the server, the service and the bound TCP port (None when TCP is off).
     """
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", app.config.limits.max_body_bytes + (1 << 20)),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
         ]
     )
     service = ExtProcService(app, phase_hist)
