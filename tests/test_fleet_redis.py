@@ -95,7 +95,7 @@ def test_exchanges_share_statistics_once_with_a_bounded_command_count(
         for k in range(3):
             await cycle(now + 0.2 + k * 0.1)
         assert [_samples(r, now + 0.5) for r in routers] == [2100, 2100]
-        assert client.hlen("{t}:stats:r0") == 1 + 1  # one live sub-window field + meta
+        assert client.hlen("{t}:stats:r0") == 1 + 2  # one live sub-window + meta + load
         keys = sorted(k.decode() for k in client.keys("*"))
         assert keys == ["{t}:health", "{t}:leases", "{t}:replicas", "{t}:stats:r0",
                         "{t}:stats:r1"]

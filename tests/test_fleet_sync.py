@@ -83,10 +83,11 @@ def test_pushes_are_per_changed_subwindow_not_per_request() -> None:
     for step in range(200):
         f.routers[0].observe(Observation("a", SL, "ok", ttft_s=0.1), 1000.0 + step * 0.01)
     ex = f.syncs[0].outgoing(1002.5)
-    assert len(ex.stats_set) == 1  # 200 requests, one sub-window, one field
+    # 200 requests, one sub-window: one field (plus the in-flight record, every push).
+    assert sorted(ex.stats_set) == ["_load", "a\tm|interactive|short|stream\t1005000"]
     f.store.exchange(ex, 1002.5e3)
     f.syncs[0].incoming(f.store.exchange(f.syncs[0].outgoing(1002.6), 1002.6e3), 1002.6)
-    assert f.syncs[0].outgoing(1002.7).stats_set == {}  # nothing changed: nothing written
+    assert list(f.syncs[0].outgoing(1002.7).stats_set) == ["_load"]  # nothing else changed
 
 
 @pytest.mark.parametrize(("offset", "indices"), [(120.0, [100]), (123.4, [100, 99])])
@@ -106,6 +107,18 @@ def test_clocks_with_different_origins_place_evidence_by_wall_clock(
     rs = f.routers[0].stats.series("a", SL)
     assert rs is not None and rs.count("ttft", 1009.6) == 10
     assert [s.index for _, s in rs.window.live(1009.6)] == indices
+
+
+def test_peers_in_flight_counts_join_the_local_view_while_fresh() -> None:
+    f = Fleet(2)
+    for _ in range(3):
+        f.routers[1].started("b")
+    for t in (1000.0, 1000.3, 1000.6):  # a new peer is fetched from the cycle after it appears
+        f.cycle(t)
+    assert f.routers[0].inflight("b") == 3 and f.routers[1].inflight("b") == 3
+    for t in (1001.0, 1002.0, 1003.0, 1004.5):  # replica 1 stops pushing
+        f.cycle(t, only=[0])
+    assert f.routers[0].inflight("b") == 0
 
 
 def _fail(f: Fleet, i: int, cluster: str, start: float, n: int = 10) -> float:

@@ -26,13 +26,17 @@ Invariants:
 
 1. Merging never removes evidence: counters and histogram weights only grow.
 2. A merged sub-window older than the local window is dropped; one newer than
-   the local current sub-window (a peer's clock ahead) lands in the current one.
+   the local current sub-window (a peer's clock ahead) lands in the current one;
+   one the local health evaluation already judged (it arrived after the
+   sub-window closed: a push interval late) lands in the current one too, so
+   the next verdict counts it instead of no verdict ever seeing it.
 3. Merging invalidates every cached merge and quantile of the series it touches.
 4. A followed route's state changes only through :func:`adopt_route`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,14 +101,37 @@ def merge_subwindow(
     local window). ``seen_at`` (the peer's newest observation, on the local
     clock) keeps merged-only series from being judged stale.
     """
+    return None if (got := merge_placed(store, cluster, slice, data, now, seen_at)) is None \
+        else got[0]
+
+
+def merge_placed(
+    store: StatsStore, cluster: str, slice: SliceKey, data: SubWindowData, now: float,
+    seen_at: float | None = None,
+) -> tuple[SliceKey, int] | None:
+    """:func:`merge_subwindow` that also says which local sub-window it landed in."""
     key = _admit(store, cluster, slice)
-    placed = False
+    narrow = store._series.get((cluster, key))
+    index = _placement(narrow, data.index, now, store.cfg)
+    if index is None:
+        return None
     for s in (key, *key.broader()):
         rs = store._series.get((cluster, s))
         if rs is None:
             rs = store._series[(cluster, s)] = RouteStats(store.cfg, store.accuracy)
-        placed = _add(rs, data, now, seen_at) or placed
-    return key if placed else None
+        _add(rs, data, index, now, seen_at)
+    return key, index
+
+
+def _placement(rs: RouteStats | None, index: int, now: float, cfg: StatsConfig) -> int | None:
+    """Invariant 2: where a peer's sub-window ``index`` lands locally (None: dropped)."""
+    k = math.floor(now / cfg.subwindow_s) if rs is None else rs.window.advance(now)
+    if index <= k - cfg.subwindows:
+        return None
+    if index > k:
+        return k
+    unjudged = None if rs is None else getattr(rs, "_unjudged", None)
+    return k if unjudged is not None and index < unjudged else index
 
 
 def _admit(store: StatsStore, cluster: str, slice: SliceKey) -> SliceKey:
@@ -115,12 +142,12 @@ def _admit(store: StatsStore, cluster: str, slice: SliceKey) -> SliceKey:
     return store.admit(cluster, slice)
 
 
-def _add(rs: RouteStats, data: SubWindowData, now: float, seen_at: float | None) -> bool:
+def _add(rs: RouteStats, data: SubWindowData, idx: int, now: float,
+         seen_at: float | None) -> None:
     k = rs.window.advance(now)
     n = rs.cfg.subwindows
-    idx = min(data.index, k)  # invariant 2: a peer ahead of us lands in the current one
     if idx <= k - n:
-        return False
+        return
     slot = rs.window._ring[idx % n]
     if slot.index != idx:
         slot.reset(idx)
@@ -134,7 +161,6 @@ def _add(rs: RouteStats, data: SubWindowData, now: float, seen_at: float | None)
     rs._version += 1
     seen = now if seen_at is None else min(seen_at, now)
     rs.last_seen = seen if rs.last_seen is None else max(rs.last_seen, seen)
-    return True
 
 
 # ---------------------------------------------------------------- health

@@ -48,6 +48,9 @@ class Router:
         self.stats = StatsStore(config.stats)
         self.board = HealthBoard(config.health, config.stats)
         self._inflight: Counter[str] = Counter()
+        # Fleet mode: other replicas' in-flight counts (sidecar.fleet), so capacity and
+        # load see the provider's whole load; empty when standalone.
+        self.peer_inflight: Counter[str] = Counter()
         self.counters: Counter[tuple[str, str]] = Counter()  # (kind, label) -> count
         self.decisions: Counter[tuple[str, str, str]] = Counter()  # (cluster, class, reason)
         self.recent: deque[RecentDecision] = deque(maxlen=recent)
@@ -113,7 +116,7 @@ class Router:
         )
 
     def inflight(self, cluster: str) -> int:
-        return self._inflight[cluster]
+        return self._inflight[cluster] + self.peer_inflight[cluster]
 
     # ------------------------------------------------------------ decisions
 

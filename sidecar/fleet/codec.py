@@ -185,6 +185,25 @@ def decode_health(raw: bytes) -> tuple[str, int, dict[str, Any]]:
     return owner, wall, state
 
 
+LOAD_FIELD = "_load"  # a replica's in-flight requests per cluster, in its stats hash
+
+
+def encode_load(wall_ms: int, counts: dict[str, int]) -> bytes:
+    """``{"n": {cluster: in flight}, "w": wall-clock ms}``, rewritten every push (``w``
+    tells peers how fresh it is)."""
+    return json.dumps({"n": counts, "w": wall_ms}, separators=(",", ":"),
+                      sort_keys=True).encode()
+
+
+def decode_load(raw: bytes) -> tuple[int, dict[str, int]]:
+    try:
+        d = json.loads(raw)
+        counts = {str(c): int(n) for c, n in d["n"].items() if int(n) > 0}
+        return int(d["w"]), counts
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"malformed load record: {exc!r}") from exc
+
+
 def encode_probe(route: str, ok: bool) -> bytes:
     return json.dumps([route, ok]).encode()
 

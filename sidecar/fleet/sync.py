@@ -41,6 +41,7 @@ Invariants:
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +50,7 @@ from sidecar.core.fleet_share import (
     SubWindowData,
     adopt_route,
     live_subwindows,
-    merge_subwindow,
+    merge_placed,
     route_signature,
     route_state,
 )
@@ -131,6 +132,8 @@ class FleetSync:
         self._asked: list[str] = []
         self._health_seen: set[str] = set()
         self._republish = True
+        self._load_pushed = b""
+        self._peer_load: dict[str, tuple[int, dict[str, int]]] = {}
 
     # ------------------------------------------------------------ time
 
@@ -171,6 +174,8 @@ class FleetSync:
     def disconnected(self) -> None:
         """The store did not answer: every route is decided locally until it does."""
         self.board.followed.clear()
+        self._peer_load.clear()
+        self.router.peer_inflight.clear()
         self.owned.clear()
         self._holders.clear()
         self._republish = True
@@ -200,6 +205,12 @@ class FleetSync:
                 live[name] = total = own.total()
                 if self._republish or self._pushed.get(name) != total:
                     stats_set[name] = codec.encode_sub(own)
+        router = self.router
+        load = codec.encode_load(self.wall_ms(now), {
+            c: n for c in cfg.cluster_names
+            if (n := router.inflight(c) - router.peer_inflight[c])})
+        if load != self._load_pushed or self._republish:
+            stats_set[codec.LOAD_FIELD] = self._load_pushed = load
         stats_del = [f for f in self._pushed if f not in live]
         self._expect_stored = 0 if self._republish else len(self._pushed)
         self._pushed = live
@@ -330,7 +341,6 @@ class FleetSync:
 
     def _merge_stats(self, reply: Reply, now: float) -> None:
         mine = (self._sub_s, self._store.accuracy)
-        current = math.floor(now / self._sub_s)
         for peer, fields in reply.stats.items():
             if peer == self.rid:
                 continue
@@ -339,7 +349,15 @@ class FleetSync:
                 self.counters.mismatched_peers += bool(fields)
                 continue
             seen = self._seen.setdefault(peer, {})
+            load = fields.get(codec.LOAD_FIELD)
+            if load is not None:
+                try:
+                    self._peer_load[peer] = codec.decode_load(load)
+                except ValueError:
+                    self.counters.bad_peer_records += 1
             for name, raw in fields.items():
+                if name.startswith("_"):
+                    continue
                 prev = seen.get(name)
                 if prev is not None and prev[0] == raw:
                     continue
@@ -354,14 +372,27 @@ class FleetSync:
                 if delta.empty:
                     continue
                 end = (data.index + 1) * self._sub_s
-                key = merge_subwindow(self._store, cluster, s, delta, now, seen_at=end)
-                if key is not None:
-                    mk = (cluster, key, min(data.index, current))
+                placed = merge_placed(self._store, cluster, s, delta, now, seen_at=end)
+                if placed is not None:
+                    mk = (cluster, *placed)
                     self._merged[mk] = codec.add(self._merged.get(mk), delta)
                     self.counters.merged_subwindows += 1
+        self._sum_peer_load(now, set(reply.stats))
         # What a peer pushed is remembered until it leaves the window, even when the peer
         # or its fields vanish from the store (flushed, restarted): re-pushed contents
         # then merge only their growth, never twice.
+
+    def _sum_peer_load(self, now: float, fetched: set[str]) -> None:
+        """Peers' in-flight counts, fresh ones only (a dead peer's last count must not
+        block capacity until its statistics expire)."""
+        fresh_ms = self.wall_ms(now) - 1000.0 * self.lease_ttl_s
+        total: Counter[str] = Counter()
+        for peer, (wall_ms, counts) in list(self._peer_load.items()):
+            if peer not in fetched or wall_ms < fresh_ms:
+                del self._peer_load[peer]
+                continue
+            total.update(counts)
+        self.router.peer_inflight = total
 
     def _prune(self, now: float) -> None:
         oldest = math.floor(now / self._sub_s) - self.router.config.stats.subwindows
