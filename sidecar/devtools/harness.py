@@ -153,7 +153,7 @@ class Stack:
 
     def start_envoy(self, observe_mode: ObserveMode | None = None, unix: str | None = None,
                     sidecar_port: int | None = None, with_sidecar: bool = True,
-                    name: str = "envoy") -> int:
+                    name: str = "envoy", envoy_concurrency: int = 1) -> int:
         assert self.config is not None, "write_config first"
         listen, admin = free_port(), free_port()
         port = sidecar_port or self.ports.get("sidecar") or free_port()
@@ -168,7 +168,8 @@ class Stack:
         )
         path = self.workdir / f"{name}.yaml"
         path.write_text(to_yaml(boot))
-        argv = [envoy_binary(), "-c", str(path), "--use-dynamic-base-id", "--concurrency", "1",
+        argv = [envoy_binary(), "-c", str(path), "--use-dynamic-base-id",
+                "--concurrency", str(envoy_concurrency),
                 "--log-level", "warn", "--disable-hot-restart"]
         proc = self._spawn(name, argv)
         deadline = time.monotonic() + 30

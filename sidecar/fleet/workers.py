@@ -17,7 +17,8 @@ cannot be shared this way).
   reload). A worker that dies is restarted after a second, at most 5 times a
   minute; beyond that the supervisor stops the rest and exits 1.
 * ``--ready-file``: written once every worker is serving, as
-  ``<grpc port> <admin port of worker 0>``.
+  ``<grpc port> <admin port of worker 0>``; ``<ready-file>.workers`` lists every
+  worker's admin port, one per line.
 """
 
 from __future__ import annotations
@@ -140,6 +141,8 @@ class Supervisor:
         log.info("%d workers serving ext_proc on %s (SO_REUSEPORT); admin on %s", self.n,
                  self.grpc, admins)
         if self.ns.ready_file:
+            Path(self.ns.ready_file + ".workers").write_text("".join(f"{p[1]}\n"
+                                                                    for p in ports))
             tmp = Path(self.ns.ready_file + ".tmp")
             tmp.write_text(f"{ports[0][0]} {ports[0][1]}\n")
             tmp.replace(self.ns.ready_file)

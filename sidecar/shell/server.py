@@ -30,6 +30,7 @@ from sidecar.shell.app import App
 from sidecar.shell.extproc import ObserveStream, RouteStream, continue_unchanged
 
 log = logging.getLogger("tailroute.server")
+REUSEPORT_STREAMS = 16  # HTTP/2 streams per connection under serve --workers
 
 
 class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -127,6 +128,10 @@ async def start_grpc(
         options=[
             ("grpc.max_receive_message_length", app.config.limits.max_body_bytes + (1 << 20)),
             ("grpc.so_reuseport", 1 if reuse_port else 0),
+            # Workers: a small per-connection stream limit makes Envoy open more HTTP/2
+            # connections, which SO_REUSEPORT then spreads over the processes (one
+            # connection would pin every stream to one worker).
+            *([("grpc.max_concurrent_streams", REUSEPORT_STREAMS)] if reuse_port else []),
         ]
     )
     service = ExtProcService(app, phase_hist)
