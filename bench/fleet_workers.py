@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sidecar.devtools.bench import _pct, cpu_seconds, run_load  # noqa: E402
-from sidecar.devtools.harness import Stack  # noqa: E402
-from sidecar.devtools.redis_server import RedisServer  # noqa: E402
+from sidecar.devtools.bench import _pct, cpu_seconds, run_load
+from sidecar.devtools.harness import Stack
+from sidecar.devtools.redis_server import RedisServer
 
 
 def _children(pid: int) -> list[int]:
