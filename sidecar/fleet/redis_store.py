@@ -71,6 +71,7 @@ class RedisStore:
             health_check_interval=0, retry_on_timeout=False,
         )
         self._lease_sha = hashlib.sha1(_LEASE_LUA.encode()).hexdigest()
+        self.commands_sent = 0  # client-issued commands (the lease script's inner calls aside)
 
     def key(self, *parts: str) -> str:
         return ":".join((f"{{{self.prefix}}}", *parts))
@@ -105,6 +106,7 @@ class RedisStore:
         p.hgetall(k_health)
         for peer in ex.fetch:
             p.hgetall(self.key("stats", peer))
+        self.commands_sent += len(p.command_stack)
         res: list[Any] = await p.execute(raise_on_error=False)
         if ex.routes and isinstance(res[0], NoScriptError):
             # First use, or the server restarted: load the script and take the leases
