@@ -226,3 +226,18 @@ def test_unreachable_store_means_local_decisions_then_convergence() -> None:
     f.cycle(1012.0)  # the new owner publishes on its next push; the other adopts
     f.cycle(1013.0)
     assert f.state(owner) == f.state(other) == "quarantined"
+
+
+def test_snapshot_contents_are_a_baseline_never_pushed_as_own() -> None:
+    """A replica that warm-started from its (fleet-merged) snapshot because the store was
+    away must not re-push the peers' evidence in it as its own."""
+    f = Fleet(1)
+    r = f.routers[0]
+    for i in range(10):
+        r.observe(Observation("a", SL, "ok", ttft_s=0.2), 1000.0 + i * 0.1)
+    f.syncs[0].mark_baseline(1001.0)
+    assert list(f.syncs[0].outgoing(1001.0).stats_set) == ["_load"]
+    r.observe(Observation("a", SL, "ok", ttft_s=0.2), 1001.5)
+    ex = f.syncs[0].outgoing(1001.6)
+    (name,) = [n for n in ex.stats_set if not n.startswith("_")]
+    assert b'"c":[1,0,0,0]' in ex.stats_set[name]  # just the new request
