@@ -172,3 +172,12 @@ def test_codec_roundtrip_and_diff() -> None:
     d = codec.diff(sub, half)
     assert d.ok == 3 and not d.hists
     assert codec.add(codec.diff(half, None), d).total() == sub.total()
+
+
+def test_a_followed_routes_cooldown_is_no_deadline_here() -> None:
+    cfg = _config()
+    r, now = _quarantined_router(cfg)
+    board = FollowerBoard.wrap(r.board)
+    assert board.next_deadline() is not None
+    board.followed = {("a", SLICES[0])}
+    assert board.next_deadline() is None  # the owner ends it; we adopt its answer

@@ -194,6 +194,13 @@ class FollowerBoard(HealthBoard):
             return []
         return super()._run(cluster, slice, now, step)
 
+    def next_deadline(self) -> float | None:
+        """Cooldowns of followed routes are the owner's to end: a passed one must not
+        make the caller tick again and again."""
+        times = [t for key, h in self._routes.items()
+                 if key not in self.followed and (t := h.next_deadline()) is not None]
+        return min(times) if times else None
+
     def record_probe(
         self, cluster: str, slice: SliceKey, ok: bool, now: float
     ) -> list[TransitionEvent]:

@@ -50,7 +50,7 @@ class Router:
         self._inflight: Counter[str] = Counter()
         # Fleet mode: other replicas' in-flight counts (sidecar.fleet), so capacity and
         # load see the provider's whole load; empty when standalone.
-        self.peer_inflight: Counter[str] = Counter()
+        self.peer_inflight: dict[str, int] = {}
         self.counters: Counter[tuple[str, str]] = Counter()  # (kind, label) -> count
         self.decisions: Counter[tuple[str, str, str]] = Counter()  # (cluster, class, reason)
         self.recent: deque[RecentDecision] = deque(maxlen=recent)
@@ -116,7 +116,8 @@ class Router:
         )
 
     def inflight(self, cluster: str) -> int:
-        return self._inflight[cluster] + self.peer_inflight[cluster]
+        n = self._inflight[cluster]
+        return n + self.peer_inflight.get(cluster, 0) if self.peer_inflight else n
 
     # ------------------------------------------------------------ decisions
 

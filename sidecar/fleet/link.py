@@ -104,6 +104,10 @@ class FleetLink:
         except (RedisError, OSError, TimeoutError, ValueError) as exc:
             self._went_down(exc)
             return False
+        except Exception as exc:  # a bug here must not stop the sidecar, nor the loop
+            log.exception("fleet sync failed unexpectedly; continuing on local state")
+            self._went_down(exc)
+            return False
         self._came_up()
         return True
 

@@ -208,7 +208,7 @@ class FleetSync:
         router = self.router
         load = codec.encode_load(self.wall_ms(now), {
             c: n for c in cfg.cluster_names
-            if (n := router.inflight(c) - router.peer_inflight[c])})
+            if (n := router.inflight(c) - router.peer_inflight.get(c, 0))})
         if load != self._load_pushed or self._republish:
             stats_set[codec.LOAD_FIELD] = self._load_pushed = load
         stats_del = [f for f in self._pushed if f not in live]
@@ -392,7 +392,7 @@ class FleetSync:
                 del self._peer_load[peer]
                 continue
             total.update(counts)
-        self.router.peer_inflight = total
+        self.router.peer_inflight = dict(total)
 
     def _prune(self, now: float) -> None:
         oldest = math.floor(now / self._sub_s) - self.router.config.stats.subwindows

@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("scenarios", nargs="*")
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--push", type=float, default=1.0, help="push interval (s)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="JSON lines, one per scenario")
     ns = p.parse_args(argv)
     files = ns.scenarios or [str(f) for f in scenario_files(None)]
     results = []
@@ -252,9 +252,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         sys.stderr.write(f"{sc.name}\n")
         results.append(compare(sc, ns.replicas, ns.push))
-    if ns.json:
-        print(json.dumps(results, indent=1, default=_nan_safe))
-    else:
+        if ns.json:  # one line per scenario as it finishes: long suites keep what they did
+            print(json.dumps(results[-1], default=_nan_safe), flush=True)
+    if not ns.json:
         print(table(results))
     return 0
 
