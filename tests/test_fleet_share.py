@@ -176,7 +176,7 @@ def test_codec_roundtrip_and_diff() -> None:
 
 def test_a_followed_routes_cooldown_is_no_deadline_here() -> None:
     cfg = _config()
-    r, now = _quarantined_router(cfg)
+    r, _ = _quarantined_router(cfg)
     board = FollowerBoard.wrap(r.board)
     assert board.next_deadline() is not None
     board.followed = {("a", SLICES[0])}
