@@ -18,6 +18,7 @@ from sidecar.core.router import Router
 from sidecar.core.types import Observation, SliceKey
 from sidecar.devtools.redis_server import RedisServer, redis_binary
 from sidecar.fleet.link import FleetLink
+from sidecar.fleet.metrics import FLEET_METRIC_NAMES, FleetCollector
 from sidecar.fleet.redis_store import RedisStore
 from sidecar.fleet.sync import FleetSync
 from sidecar.shell.app import App
@@ -126,6 +127,7 @@ def test_link_keeps_deciding_through_a_killed_store_and_resyncs(
         await _until(lambda: _samples(apps[1].router, loop.time()) == 20)
         server.kill()
         await _until(lambda: all(link.up is False for link in links))
+        assert _exported(links[0])["tailroute_fleet_store_up"] == 0.0
         # Decisions go on (they never touch the store); observations still count locally.
         for app in apps:
             d = app.router.decide(_request(), loop.time(), app.rng)
@@ -136,6 +138,10 @@ def test_link_keeps_deciding_through_a_killed_store_and_resyncs(
         await _until(lambda: all(link.up for link in links), timeout=15.0)
         await _until(lambda: _samples(apps[1].router, loop.time()) == 21)
         assert _samples(apps[0].router, loop.time()) == 21
+        await _until(lambda: _exported(links[0])["tailroute_fleet_peers"] == 1.0)
+        got = _exported(links[0])
+        assert set(got) == {n.removesuffix("_total") for n in FLEET_METRIC_NAMES}
+        assert got["tailroute_fleet_store_up"] == 1.0 and got["tailroute_fleet_syncs"] > 0
         stop.set()
         await asyncio.gather(*tasks)
         for link in links:
@@ -163,6 +169,17 @@ def test_warm_start_fails_fast_without_a_store() -> None:
         await link.close()
 
     asyncio.run(main())
+
+
+def _exported(link: FleetLink) -> dict[str, float]:
+    """Family name -> first sample value, as a Prometheus scrape would see them."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    reg = CollectorRegistry()
+    reg.register(FleetCollector(link))
+    text = generate_latest(reg).decode()
+    return {f.name: float(f.samples[0].value) for f in text_string_to_metric_families(text)}
 
 
 def _request() -> Any:
