@@ -1,4 +1,5 @@
-"""The `tailroute` command line."""
+"""The `tailroute` command line: run the sidecar, validate and render its config, watch it,
+and run the demo, the benchmarks and the policy lab."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import argparse
 import asyncio
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from sidecar.core.config import Config, ConfigError
 
@@ -22,11 +24,12 @@ def _cmd_serve(ns: argparse.Namespace) -> int:
         from sidecar.fleet.workers import worker_log_format
 
         worker_log_format(ns.worker_index)
-    return asyncio.run(
+    return run_on_loop(
         serve(config, grpc_addr=ns.grpc, unix=ns.unix, admin_addr=ns.admin,
               ready_file=ns.ready_file, seed=ns.seed, config_path=ns.config,
               snapshot_path=ns.snapshot, snapshot_every_s=ns.snapshot_every,
-              worker=ns.worker_index)
+              worker=ns.worker_index),
+        ns.loop,
     )
 
 
@@ -37,12 +40,47 @@ def _serve_workers(ns: argparse.Namespace, config: Config) -> int:
     return run_workers(ns, config, ns.workers)
 
 
+def run_on_loop(main: Coroutine[Any, Any, int], kind: str) -> int:
+    """Run ``main`` on uvloop (``auto``: when installed) or the standard asyncio loop.
+
+    uvloop measured cheaper per request (docs/response-timing.md); it is an optional
+    dependency (``pip install 'tailroute[uvloop]'``), so ``auto`` falls back quietly.
+    """
+    if kind in ("auto", "uvloop"):
+        try:
+            import uvloop
+        except ImportError:
+            if kind == "uvloop":
+                raise ConfigError("--loop uvloop: uvloop is not installed "
+                                  "(pip install 'tailroute[uvloop]')") from None
+        else:
+            return uvloop.run(main)
+    return asyncio.run(main)
+
+
 def _cmd_check_config(ns: argparse.Namespace) -> int:
     from sidecar.ops.config_file import load_config
 
-    cfg = load_config(ns.file)
+    path = ns.config or ns.file
+    if ns.file and not ns.config:
+        print("note: `check-config FILE` is deprecated; use `check-config --config FILE`",
+              file=sys.stderr)
+    if ns.file and ns.config:
+        print("error: give the file once, as --config FILE", file=sys.stderr)
+        return 2
+    if not path:
+        print("error: check-config needs --config FILE", file=sys.stderr)
+        return 2
+    try:
+        cfg = load_config(path)
+    except ConfigError as exc:
+        for problem in exc.problems:  # every mistake, not only the first
+            print(problem, file=sys.stderr)
+        n = len(exc.problems)
+        print(f"{path}: {n} problem{'s' if n != 1 else ''}", file=sys.stderr)
+        return 2
     print(
-        f"{ns.file}: OK ({len(cfg.clusters)} clusters, {len(cfg.models)} models, "
+        f"{path}: OK ({len(cfg.clusters)} clusters, {len(cfg.models)} models, "
         f"{len(cfg.classes)} classes)"
     )
     return 0
@@ -53,8 +91,7 @@ def _cmd_envoy_config(ns: argparse.Namespace) -> int:
     from sidecar.shell.bootstrap import render_bootstrap, to_yaml
 
     cfg = load_config(ns.config)
-    text = to_yaml(render_bootstrap(cfg, grpc_target=ns.grpc, unix_socket=ns.unix,
-                                    observe_mode=ns.observe_mode))
+    text = to_yaml(render_bootstrap(cfg, grpc_target=ns.grpc, unix_socket=ns.unix))
     if ns.output:
         with open(ns.output, "w", encoding="utf-8") as f:
             f.write(text)
@@ -66,7 +103,13 @@ def _cmd_envoy_config(ns: argparse.Namespace) -> int:
 def _cmd_status(ns: argparse.Namespace) -> int:
     from sidecar.ops.status_cli import run_status
 
-    return run_status(ns.admin, watch=ns.watch, interval_s=ns.interval, show_all=ns.all)
+    admin = ns.admin
+    if admin is None and ns.config:
+        from sidecar.ops.config_file import load_config
+
+        admin = load_config(ns.config).listen.admin
+    return run_status(admin or DEFAULT_ADMIN, watch=ns.watch, interval_s=ns.interval,
+                      show_all=ns.all)
 
 
 def _cmd_fake_provider(argv: list[str]) -> int:
@@ -82,28 +125,52 @@ def _cmd_demo(ns: argparse.Namespace) -> int:
 
 
 def _cmd_bench(ns: argparse.Namespace) -> int:
+    if ns.what == "load":
+        from sidecar.devtools.bench_load import run_load_bench
+
+        levels = tuple(int(x) for x in (ns.levels or "1,16,64,256").split(","))
+        return run_load_bench(levels, duration_s=ns.duration, stream=not ns.no_stream,
+                              tokens=ns.tokens, loop=ns.loop)
     from sidecar.devtools.bench import run_bench
 
     return run_bench(ns.what, requests=ns.requests, concurrency=ns.concurrency)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tailroute", description=__doc__)
-    p.add_argument("-v", "--verbose", action="store_true")
-    sub = p.add_subparsers(dest="cmd", required=True)
+DEFAULT_ADMIN = "127.0.0.1:9911"
+CONFIG_HELP = "the sidecar's config file (YAML; `tailroute check-config` validates it)"
 
-    s = sub.add_parser("serve", help="run the ext_proc sidecar")
-    s.add_argument("--config", required=True)
-    s.add_argument("--grpc", default=None, help="host:port (default: listen.grpc; '' = off)")
-    s.add_argument("--unix", default=None, help="Unix socket path for gRPC")
-    s.add_argument("--admin", default=None, help="admin host:port (default: listen.admin)")
-    s.add_argument("--ready-file", default=None,
+
+def _config_option(p: argparse.ArgumentParser, required: bool) -> None:
+    """The one spelling of the config file every subcommand uses."""
+    p.add_argument("-c", "--config", required=required, metavar="FILE", help=CONFIG_HELP)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tailroute", description=__doc__,
+        epilog="`tailroute <command> --help` describes each command's options.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="command")
+
+    s = sub.add_parser("serve", help="run the ext_proc sidecar",
+                       description="Serve Envoy's ext_proc streams and the admin endpoints "
+                       "until SIGTERM/SIGINT; SIGHUP or a changed file reloads the config.")
+    _config_option(s, required=True)
+    s.add_argument("--grpc", default=None, metavar="HOST:PORT",
+                   help="ext_proc gRPC address (default: listen.grpc; '' = off)")
+    s.add_argument("--unix", default=None, metavar="PATH",
+                   help="also serve gRPC on this Unix socket (default: listen.grpc_unix)")
+    s.add_argument("--admin", default=None, metavar="HOST:PORT",
+                   help="admin HTTP address (default: listen.admin)")
+    s.add_argument("--ready-file", default=None, metavar="PATH",
                    help="write '<grpc port> <admin port>' here once serving")
     s.add_argument("--seed", type=int, default=None, help="seed the picker's RNG")
     s.add_argument("--snapshot", default=None, metavar="PATH",
                    help="warm-restart snapshot file (default: snapshot_path from the config)")
     s.add_argument("--snapshot-every", type=float, default=30.0, metavar="SECONDS",
                    help="how often to rewrite the snapshot (also written on shutdown)")
+    s.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
+                   help="event loop: uvloop when installed (auto, the default) or asyncio")
     s.add_argument("--workers", type=int, default=1, metavar="N",
                    help="N processes on one gRPC port (SO_REUSEPORT) sharing statistics and "
                         "health through the fleet: store; worker i's admin port is +i")
@@ -111,24 +178,31 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_serve)
 
     st = sub.add_parser("status", help="terminal view of a running sidecar's /state")
-    st.add_argument("--admin", default="127.0.0.1:9911", metavar="HOST:PORT",
-                    help="the sidecar's admin address (default: 127.0.0.1:9911)")
+    st.add_argument("--admin", default=None, metavar="HOST:PORT",
+                    help=f"the sidecar's admin address (default: listen.admin of --config, "
+                    f"else {DEFAULT_ADMIN})")
+    _config_option(st, required=False)
     st.add_argument("--watch", action="store_true", help="refresh until interrupted")
-    st.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    st.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
+                    help="seconds between refreshes with --watch (default: 2)")
     st.add_argument("--all", action="store_true",
                     help="also show aggregate (broader) slices, not only the routed ones")
     st.set_defaults(func=_cmd_status)
 
-    c = sub.add_parser("check-config", help="validate a config file")
-    c.add_argument("file")
+    c = sub.add_parser("check-config", help="validate a config file (every problem at once)")
+    _config_option(c, required=False)
+    c.add_argument("file", nargs="?", metavar="FILE",
+                   help="deprecated spelling of --config FILE")
     c.set_defaults(func=_cmd_check_config)
 
     e = sub.add_parser("envoy-config", help="render the Envoy bootstrap from a sidecar config")
-    e.add_argument("--config", required=True)
-    e.add_argument("--grpc", default=None, help="sidecar host:port (default: listen.grpc)")
-    e.add_argument("--unix", default=None, help="reach the sidecar over this Unix socket")
-    e.add_argument("--observe-mode", choices=["observability", "streamed", "headers_only"])
-    e.add_argument("-o", "--output", default=None)
+    _config_option(e, required=True)
+    e.add_argument("--grpc", default=None, metavar="HOST:PORT",
+                   help="where Envoy reaches the sidecar (default: listen.grpc)")
+    e.add_argument("--unix", default=None, metavar="PATH",
+                   help="reach the sidecar over this Unix socket instead")
+    e.add_argument("-o", "--output", default=None, metavar="FILE",
+                   help="write the bootstrap here (default: stdout)")
     e.set_defaults(func=_cmd_envoy_config)
 
     sub.add_parser("fake-provider", help="simulated OpenAI-compatible provider", add_help=False)
@@ -138,14 +212,25 @@ def build_parser() -> argparse.ArgumentParser:
                    add_help=False)
 
     d = sub.add_parser("demo", help="Envoy + sidecar + 3 simulated providers, one degrades")
-    d.add_argument("--duration", type=float, default=60.0)
-    d.add_argument("--seed", type=int, default=7)
+    d.add_argument("--duration", type=float, default=60.0, metavar="SECONDS",
+                   help="how long to drive traffic (default: 60)")
+    d.add_argument("--seed", type=int, default=7, help="seed of the traffic and the providers")
     d.set_defaults(func=_cmd_demo)
 
     b = sub.add_parser("bench", help="benchmarks (print figures; not tests)")
-    b.add_argument("what", choices=["overhead"])
-    b.add_argument("--requests", type=int, default=400)
-    b.add_argument("--concurrency", type=int, default=8)
+    b.add_argument("what", choices=["overhead", "load"],
+                   help="overhead: added latency and CPU per request, per setup; "
+                        "load: Envoy alone vs Envoy + tailroute at rising concurrency")
+    b.add_argument("--requests", type=int, default=400, help="overhead: requests per setup")
+    b.add_argument("--concurrency", type=int, default=8, help="overhead: concurrent clients")
+    b.add_argument("--levels", default=None, metavar="C1,C2,...",
+                   help="load: concurrency levels (default 1,16,64,256)")
+    b.add_argument("--duration", type=float, default=30.0, metavar="SECONDS",
+                   help="load: seconds per setup and level (default 30)")
+    b.add_argument("--tokens", type=int, default=4, help="load: output tokens per request")
+    b.add_argument("--no-stream", action="store_true", help="load: non-streaming requests")
+    b.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
+                   help="load: the sidecar's event loop")
     b.set_defaults(func=_cmd_bench)
     return p
 
@@ -167,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return func(ns)
     except ConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"config error: {problem}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

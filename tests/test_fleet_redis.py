@@ -16,7 +16,7 @@ import redis
 from sidecar.core.config import Config, parse_config
 from sidecar.core.router import Router
 from sidecar.core.types import Observation, SliceKey
-from sidecar.devtools.redis_server import RedisServer, redis_binary
+from sidecar.devtools.redis_server import RedisServer
 from sidecar.fleet.link import FleetLink
 from sidecar.fleet.metrics import FLEET_METRIC_NAMES, FleetCollector
 from sidecar.fleet.redis_store import RedisStore
@@ -24,9 +24,7 @@ from sidecar.fleet.sync import FleetSync
 from sidecar.shell.app import App
 from tests.conftest import base_config_dict
 
-pytestmark = pytest.mark.skipif(
-    redis_binary() is None,
-    reason="redis-server not installed (Debian package redis-server; .ci/run installs it)")
+pytestmark = pytest.mark.usefixtures("redis_tool")
 
 SL = SliceKey("m", "interactive", "short", True)
 

@@ -22,11 +22,9 @@ import yaml
 
 from sidecar.core.config import parse_config
 from sidecar.devtools.harness import Stack, http_json
-from sidecar.devtools.redis_server import RedisServer, redis_binary
+from sidecar.devtools.redis_server import RedisServer
 
-pytestmark = [pytest.mark.envoy, pytest.mark.skipif(
-    redis_binary() is None,
-    reason="redis-server not installed (Debian package redis-server; .ci/run installs it)")]
+pytestmark = [pytest.mark.envoy, pytest.mark.usefixtures("redis_tool")]
 
 MODEL = "fleet-model"
 PUSH_S = 0.5

@@ -12,12 +12,10 @@ import pytest
 import yaml
 
 from sidecar.devtools.harness import Stack, http_json
-from sidecar.devtools.redis_server import RedisServer, redis_binary
+from sidecar.devtools.redis_server import RedisServer
 from tests.ops_stack import drive, ops_config, start_providers
 
-pytestmark = [pytest.mark.envoy, pytest.mark.skipif(
-    redis_binary() is None,
-    reason="redis-server not installed (Debian package redis-server; .ci/run installs it)")]
+pytestmark = [pytest.mark.envoy, pytest.mark.usefixtures("redis_tool")]
 
 
 def _worker_states(stack: Stack) -> list[dict[str, object]]:

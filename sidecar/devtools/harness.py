@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from sidecar.core.config import Config, parse_config
-from sidecar.shell.bootstrap import ObserveMode, render_bootstrap, to_yaml
+from sidecar.shell.bootstrap import render_bootstrap, to_yaml
 
 
 def free_port() -> int:
@@ -151,9 +151,9 @@ class Stack:
 
     # ------------------------------------------------------------ envoy
 
-    def start_envoy(self, observe_mode: ObserveMode | None = None, unix: str | None = None,
-                    sidecar_port: int | None = None, with_sidecar: bool = True,
-                    name: str = "envoy", envoy_concurrency: int = 1) -> int:
+    def start_envoy(self, unix: str | None = None, sidecar_port: int | None = None,
+                    with_sidecar: bool = True, name: str = "envoy",
+                    envoy_concurrency: int = 1) -> int:
         assert self.config is not None, "write_config first"
         listen, admin = free_port(), free_port()
         port = sidecar_port or self.ports.get("sidecar") or free_port()
@@ -163,7 +163,6 @@ class Stack:
             unix_socket=unix,
             listen=f"127.0.0.1:{listen}",
             admin=f"127.0.0.1:{admin}",
-            observe_mode=observe_mode,
             with_sidecar=with_sidecar,
         )
         path = self.workdir / f"{name}.yaml"
