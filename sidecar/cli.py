@@ -130,7 +130,7 @@ def _cmd_bench(ns: argparse.Namespace) -> int:
 
         levels = tuple(int(x) for x in (ns.levels or "1,16,64,256").split(","))
         return run_load_bench(levels, duration_s=ns.duration, stream=not ns.no_stream,
-                              tokens=ns.tokens, loop=ns.loop)
+                              tokens=ns.tokens, loop=ns.loop, workers=ns.workers)
     from sidecar.devtools.bench import run_bench
 
     return run_bench(ns.what, requests=ns.requests, concurrency=ns.concurrency)
@@ -229,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="load: seconds per setup and level (default 30)")
     b.add_argument("--tokens", type=int, default=4, help="load: output tokens per request")
     b.add_argument("--no-stream", action="store_true", help="load: non-streaming requests")
+    b.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="load: the sidecar as `serve --workers N` sharing state through a "
+                        "redis-server started for the run (needs redis-server)")
     b.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                    help="load: the sidecar's event loop")
     b.set_defaults(func=_cmd_bench)

@@ -415,9 +415,11 @@ def _parse(root: ConfigReader, source: str) -> Config:
     def section(read: Callable[[ConfigReader], T], key: str, fallback: T) -> T:
         return root.attempt(lambda: read(root.sub(key)), fallback)
 
-    stats = section(_stats, "stats", StatsConfig())
-    fleet = (root.attempt(lambda: _fleet(root.sub("fleet"), stats), None)
-             if root.has("fleet") else root.raw("fleet"))
+    def fleet_section(stats: StatsConfig) -> FleetConfig | None:
+        if not root.has("fleet"):
+            return root.raw("fleet")  # type: ignore[no-any-return]  # absent or null
+        return root.attempt(lambda: _fleet(root.sub("fleet"), stats), None)
+
     cfg = Config(
         clusters=tuple(clusters.values()),
         models=tuple(models),
@@ -425,7 +427,7 @@ def _parse(root: ConfigReader, source: str) -> Config:
         default_cluster=default_cluster,
         default_class=default_class,
         picker=root.choice("picker", "weighted_random", ("weighted_random", "lowest_score")),
-        stats=stats,
+        stats=(stats := section(_stats, "stats", StatsConfig())),
         health=section(_health, "health", HealthConfig()),
         admission=section(_admission, "admission", AdmissionConfig()),
         listen=section(_listen, "listen", ListenConfig()),
@@ -433,7 +435,7 @@ def _parse(root: ConfigReader, source: str) -> Config:
         envoy=section(_envoy, "envoy", EnvoyConfig()),
         timing=section(_timing, "timing", TimingConfig()),
         snapshot_path=root.opt_str("snapshot_path"),
-        fleet=fleet,
+        fleet=fleet_section(stats),
         source=source,
     )
     root.done()
