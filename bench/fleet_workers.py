@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sidecar.devtools.bench import _pct, cpu_seconds, run_load
+from sidecar.devtools.bench import cpu_seconds, run_load
+from sidecar.devtools.bench_load import envoy_counters
 from sidecar.devtools.harness import Stack
+from sidecar.devtools.load_client import pct
 from sidecar.devtools.redis_server import RedisServer
 
 
@@ -65,21 +66,25 @@ def main() -> int:
                               envoy_concurrency=ns.envoy_concurrency)
             eport = stack.ports["envoy"]
             run_load(eport, 200, 8)  # warm-up
-            c0, t0 = _cpu(pids), time.perf_counter()
+            e0 = envoy_counters(stack.ports["envoy_admin"])
+            c0 = _cpu(pids)
             res = run_load(eport, ns.requests, ns.concurrency)
             c1 = _cpu(pids)
+            e1 = envoy_counters(stack.ports["envoy_admin"])
+            key = "http.tailroute.ext_proc.tailroute_route.failure_mode_allowed"
+            failed_open = e1.get(key, 0) - e0.get(key, 0)
             per_worker = [round(cpu_seconds(p), 2) for p in pids]
             rows.append((workers, res.rps, (c1 - c0) / len(res.latencies) * 1e3,
-                         _pct(res.latencies, 0.5) * 1e3, _pct(res.latencies, 0.99) * 1e3,
-                         per_worker, time.perf_counter() - t0))
+                         pct(res.latencies, 0.5) * 1e3, pct(res.latencies, 0.99) * 1e3,
+                         per_worker, failed_open))
             stack.stop_envoy()
             stack.stop_sidecar()
     base = rows[0]
     print(f"{'workers':>7} {'req/s':>8} {'ratio':>6} {'cpu/req ms':>10} {'ratio':>6} "
-          f"{'p50 ms':>7} {'p99 ms':>7}  cpu s per worker (cumulative)")
-    for w, rps, cpu, p50, p99, per, _ in rows:
+          f"{'p50 ms':>7} {'p99 ms':>7} {'fail-open':>9}  cpu s per worker (cumulative)")
+    for w, rps, cpu, p50, p99, per, fo in rows:
         print(f"{w:>7} {rps:8.0f} {rps / base[1]:6.2f} {cpu:10.3f} {cpu / base[2]:6.2f} "
-              f"{p50:7.2f} {p99:7.2f}  {per}")
+              f"{p50:7.2f} {p99:7.2f} {fo:9d}  {per}")
     return 0
 
 

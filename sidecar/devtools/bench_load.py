@@ -127,6 +127,9 @@ def run_load_bench(concurrency: tuple[int, ...] = (1, 16, 64, 256), duration_s: 
             c0 = sum(cpu_seconds(p) for p in pids)
             routed = drive(routed_port, c, duration_s)
             c1 = sum(cpu_seconds(p) for p in pids)
+            if workers > 1:
+                print(f"   cpu per worker (cumulative s): "
+                      f"{[round(cpu_seconds(p), 2) for p in pids]}", file=sys.stderr)
             _settle(st)
             levels.append(Level(c, alone, routed, c1 - c0,
                                 _delta(envoy_counters(routed_admin), e0),

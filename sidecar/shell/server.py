@@ -35,7 +35,9 @@ from sidecar.shell.extproc import ObserveStream, RouteStream, continue_unchanged
 from sidecar.shell.outcomes import OutcomeFeed
 
 log = logging.getLogger("tailroute.server")
-REUSEPORT_STREAMS = 16  # HTTP/2 streams per connection under serve --workers
+# serve --workers: connection age (gRPC adds +-10 % jitter) and drain grace, in ms.
+REUSEPORT_OPTIONS = (("grpc.max_connection_age_ms", 5_000),
+                     ("grpc.max_connection_age_grace_ms", 120_000))
 
 
 class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -154,10 +156,11 @@ async def start_grpc(
         options=[
             ("grpc.max_receive_message_length", app.config.limits.max_body_bytes + (1 << 20)),
             ("grpc.so_reuseport", 1 if reuse_port else 0),
-            # Workers: a small per-connection stream limit makes Envoy open more HTTP/2
-            # connections, which SO_REUSEPORT then spreads over the processes (one
-            # connection would pin every stream to one worker).
-            *([("grpc.max_concurrent_streams", REUSEPORT_STREAMS)] if reuse_port else []),
+            # Workers: Envoy multiplexes every stream onto one HTTP/2 connection per
+            # worker thread, and SO_REUSEPORT places connections, not streams. Aged
+            # connections are closed gracefully (GOAWAY: streams in flight finish), so
+            # Envoy reconnects from a new port and the kernel re-spreads them.
+            *(REUSEPORT_OPTIONS if reuse_port else ()),
         ]
     )
     service = ExtProcService(app, phase_hist)
