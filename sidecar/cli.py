@@ -14,8 +14,10 @@ from sidecar.core.config import Config, ConfigError
 
 
 def _cmd_serve(ns: argparse.Namespace) -> int:
+    from sidecar.ops import log_throttle
     from sidecar.ops.config_file import load_config
     from sidecar.serve import serve
+    from sidecar.shell.startup import StartupError
 
     config = load_config(ns.config)
     if ns.workers != 1:
@@ -24,13 +26,20 @@ def _cmd_serve(ns: argparse.Namespace) -> int:
         from sidecar.fleet.workers import worker_log_format
 
         worker_log_format(ns.worker_index)
-    return run_on_loop(
-        serve(config, grpc_addr=ns.grpc, unix=ns.unix, admin_addr=ns.admin,
-              ready_file=ns.ready_file, seed=ns.seed, config_path=ns.config,
-              snapshot_path=ns.snapshot, snapshot_every_s=ns.snapshot_every,
-              worker=ns.worker_index),
-        ns.loop,
-    )
+    throttle = log_throttle.install()  # warnings rate-limited, suppressed lines counted
+    try:
+        return run_on_loop(
+            serve(config, grpc_addr=ns.grpc, unix=ns.unix, admin_addr=ns.admin,
+                  ready_file=ns.ready_file, seed=ns.seed, config_path=ns.config,
+                  snapshot_path=ns.snapshot, snapshot_every_s=ns.snapshot_every,
+                  worker=ns.worker_index),
+            ns.loop,
+        )
+    except StartupError as exc:
+        print(f"tailroute serve: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        throttle.flush()
 
 
 def _serve_workers(ns: argparse.Namespace, config: Config) -> int:
@@ -125,6 +134,8 @@ def _cmd_demo(ns: argparse.Namespace) -> int:
 
 
 def _cmd_bench(ns: argparse.Namespace) -> int:
+    if ns.what == "soak":
+        return _cmd_bench_soak(ns)
     if ns.what == "load":
         from sidecar.devtools.bench_load import run_load_bench
 
@@ -134,6 +145,13 @@ def _cmd_bench(ns: argparse.Namespace) -> int:
     from sidecar.devtools.bench import run_bench
 
     return run_bench(ns.what, requests=ns.requests, concurrency=ns.concurrency)
+
+
+def _cmd_bench_soak(ns: argparse.Namespace) -> int:
+    from sidecar.devtools.bench_soak import run_soak
+
+    return run_soak(minutes=ns.minutes, rate=ns.rate, concurrency=ns.concurrency,
+                    warmup_min=ns.warmup_min, distinct=ns.distinct, traced=ns.tracemalloc)
 
 
 DEFAULT_ADMIN = "127.0.0.1:9911"
@@ -218,11 +236,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_cmd_demo)
 
     b = sub.add_parser("bench", help="benchmarks (print figures; not tests)")
-    b.add_argument("what", choices=["overhead", "load"],
+    b.add_argument("what", choices=["overhead", "load", "soak"],
                    help="overhead: added latency and CPU per request, per setup; "
-                        "load: Envoy alone vs Envoy + tailroute at rising concurrency")
+                        "load: Envoy alone vs Envoy + tailroute at rising concurrency; "
+                        "soak: memory under steady load (RSS slope)")
     b.add_argument("--requests", type=int, default=400, help="overhead: requests per setup")
-    b.add_argument("--concurrency", type=int, default=8, help="overhead: concurrent clients")
+    b.add_argument("--concurrency", type=int, default=8,
+                   help="overhead, soak: concurrent clients")
     b.add_argument("--levels", default=None, metavar="C1,C2,...",
                    help="load: concurrency levels (default 1,16,64,256)")
     b.add_argument("--duration", type=float, default=30.0, metavar="SECONDS",
@@ -234,6 +254,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "redis-server started for the run (needs redis-server)")
     b.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                    help="load: the sidecar's event loop")
+    soak = b.add_argument_group("soak (memory under steady load)")
+    soak.add_argument("--minutes", type=float, default=30.0, help="soak length (bounded)")
+    soak.add_argument("--rate", type=float, default=70.0, help="requests per second")
+    soak.add_argument("--warmup-min", type=float, default=None,
+                      help="minutes before the RSS slope is fitted (default: min(5, M/5))")
+    soak.add_argument("--distinct", action="store_true",
+                      help="a distinct tenant and request id per request")
+    soak.add_argument("--tracemalloc", action="store_true",
+                      help="run the sidecar under tracemalloc and print what grew")
     b.set_defaults(func=_cmd_bench)
     return p
 

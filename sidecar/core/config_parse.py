@@ -35,6 +35,7 @@ from sidecar.core.config import (
     Weights,
 )
 from sidecar.core.fields import ConfigError, ConfigReader, did_you_mean
+from sidecar.core.tls_config import check_tls_pair, parse_listen_tls, parse_sidecar_tls
 
 T = TypeVar("T")
 
@@ -280,6 +281,7 @@ def _listen(r: ConfigReader) -> ListenConfig:
         grpc=r.str_("grpc", "127.0.0.1:50051"),
         grpc_unix=r.opt_str("grpc_unix"),
         admin=r.str_("admin", "127.0.0.1:9911"),
+        tls=parse_listen_tls(r.sub("tls")),
     )
     r.done()
     return cfg
@@ -289,6 +291,8 @@ def _limits(r: ConfigReader) -> LimitsConfig:
     cfg = LimitsConfig(
         max_body_bytes=r.num("max_body_bytes", 8 * 1024 * 1024, lo=1024, integer=True),
         max_header_value_bytes=r.num("max_header_value_bytes", 256, lo=8, integer=True),
+        # Well below Python's recursion limit (1000): walks over the document recurse too.
+        max_json_depth=r.num("max_json_depth", 128, lo=8, hi=256, integer=True),
         decision_timeout_ms=r.num("decision_timeout_ms", 500, lo=10, hi=60000, integer=True),
     )
     r.done()
@@ -303,11 +307,16 @@ def _envoy(r: ConfigReader) -> EnvoyConfig:
         sidecar_max_requests=None if r.raw("sidecar_max_requests") is None else r.num(
             "sidecar_max_requests", 1024, lo=16, hi=1_000_000, integer=True),
         access_log_flush_ms=r.num("access_log_flush_ms", 100, lo=10, hi=10_000, integer=True),
+        sidecar_health_interval_s=r.num("sidecar_health_interval_s", 5.0, lo=0, hi=3600),
+        sidecar_tls=parse_sidecar_tls(r.sub("sidecar_tls")),
     )
     for gone in ("observe_mode", "overlap_headers"):
         if gone in r.data:
             r.fail("removed: responses are timed from Envoy's access log now "
                    "(see docs/response-timing.md); delete this field", gone)
+    if 0 < cfg.sidecar_health_interval_s < 0.1:
+        r.fail(f"must be 0 (off) or >= 0.1, got {cfg.sidecar_health_interval_s:g}",
+               "sidecar_health_interval_s")
     r.done()
     return cfg
 
@@ -441,6 +450,7 @@ def _parse(root: ConfigReader, source: str) -> Config:
     root.done()
     if root.clean_since(0):
         _check_queue_wait(root, cfg)
+        check_tls_pair(root, cfg.listen.tls, cfg.envoy.sidecar_tls)
     return cfg
 
 

@@ -123,12 +123,15 @@ class Stack:
         return path
 
     def start_sidecar(self, config_path: Path, unix: str | None = None,
-                      extra: list[str] | None = None, name: str = "sidecar") -> int:
+                      extra: list[str] | None = None, launcher: list[str] | None = None,
+                      name: str = "sidecar") -> int:
         """Start ``tailroute serve``; ports land in ``ports[name]`` and
-        ``ports[name + "_admin"]`` (several sidecars: give each a name)."""
+        ``ports[name + "_admin"]`` (several sidecars: give each a name). ``launcher``
+        replaces ``python -m sidecar.cli`` (e.g. a tracemalloc wrapper)."""
         ready = self.workdir / f"{name}.port"
         ready.unlink(missing_ok=True)
-        argv = [sys.executable, "-m", "sidecar.cli", "serve", "--config", str(config_path),
+        argv = [*(launcher or [sys.executable, "-m", "sidecar.cli"]), "serve",
+                "--config", str(config_path),
                 "--ready-file", str(ready), "--admin", "127.0.0.1:0", *(extra or [])]
         if unix:
             argv += ["--unix", unix, "--grpc", ""]

@@ -33,6 +33,8 @@ from sidecar.ops.state import explain_recent, state_json
 from sidecar.shell.app import App
 
 log = logging.getLogger("tailroute.admin")
+HISTORY_POINTS = 300  # status-page chart samples kept
+HISTORY_ROUTES = 32  # routes per sample: the busiest ones
 Handler = Callable[[dict[str, list[str]]], tuple[int, str, bytes]]
 
 
@@ -46,7 +48,7 @@ class AdminServer:
         self.ready = ready
         self._server: asyncio.Server | None = None
         # Latency over time for the status page's charts: bounded ring of samples.
-        self.history: deque[dict[str, Any]] = deque(maxlen=300)
+        self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY_POINTS)
         self.routes: dict[str, Handler] = {
             "/healthz": lambda q: (200, "text/plain", b"ok\n"),
             "/readyz": self._readyz,
@@ -78,7 +80,10 @@ class AdminServer:
         """Record one point of per-route p50/p95 (ms) for the charts; call periodically."""
         now = self._now()
         point: dict[str, Any] = {"t": now, "routes": {}}
-        for r in state_json(self.app.router, now)["routes"]:
+        narrow = [r for r in state_json(self.app.router, now)["routes"] if r["narrow"]]
+        # Bounded: 300 points x every slice of every cluster could reach tens of MB.
+        narrow.sort(key=lambda r: -r["requests"])
+        for r in narrow[:HISTORY_ROUTES]:
             if r["narrow"]:
                 key = f"{r['cluster']} {r['slice']}"
                 metric = "ttft" if r["latency"]["ttft"]["samples"] else "e2e"

@@ -99,7 +99,7 @@ class App:
         and ``envoy:<what>`` (the access-log view of Envoy)."""
         out = {f"error:{k}": v for k, v in self.errors.items()}
         # Requests the sidecar itself sent to the default route without a decision.
-        for reason in ("body_too_large", "handler_exception"):
+        for reason in ("body_too_large", "handler_exception", "stream_ended_before_body"):
             if self.errors[reason]:
                 out[f"failopen:{reason}"] = self.errors[reason]
         for reason in ("unknown_model", "no_candidate"):
