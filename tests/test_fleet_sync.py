@@ -47,6 +47,15 @@ class Fleet:
         for i, r in enumerate(self.routers):
             self.events[i] += r.tick(now)
 
+    def share_route(self, t: float = 999.0) -> tuple[int, int]:
+        """Every replica knows route a (a fine request each); returns (owner, another)."""
+        for i, r in enumerate(self.routers):
+            r.observe(Observation("a", SL, "ok", ttft_s=0.1), t + i * 0.1)
+        self.cycle(t + 0.5)
+        self.cycle(t + 0.6)
+        owner = next(i for i, s in enumerate(self.syncs) if s.owned)
+        return owner, next(i for i in range(len(self.syncs)) if i != owner)
+
     def state(self, i: int, cluster: str = "a") -> str:
         h = self.routers[i].board.peek(cluster, SL)
         return "healthy" if h is None else h.state.value
@@ -132,15 +141,8 @@ def _fail(f: Fleet, i: int, cluster: str, start: float, n: int = 10) -> float:
 def test_one_owner_decides_and_the_others_follow_within_one_cycle() -> None:
     f = Fleet(3)
     f.cycle(999.0)
-    # Route a is known to all three (each saw a few fine requests).
-    for i, r in enumerate(f.routers):
-        r.observe(Observation("a", SL, "ok", ttft_s=0.1), 999.0 + i * 0.1)
-    f.cycle(999.5)
-    f.cycle(999.6)
-    owners = {s.rid for s in f.syncs if any("a\t" in rf for rf in s.owned)}
-    assert len(owners) == 1
-    owner = next(i for i, s in enumerate(f.syncs) if s.owned)
-    follower = next(i for i in range(3) if i != owner)
+    owner, follower = f.share_route()  # route a is known to all three
+    assert len({s.rid for s in f.syncs if any("a\t" in rf for rf in s.owned)}) == 1
     # Only the follower sees the failures; after sharing, the owner judges and quarantines.
     _fail(f, follower, "a", 1000.0)
     f.cycle(1009.0)
@@ -158,12 +160,7 @@ def test_probe_results_from_every_replica_count_toward_the_owners_tally() -> Non
         stats={"subwindow_s": 10, "subwindows": 6, "min_samples": 5},
         health={"cooldown_s": 5, "probe_successes": 4}), "t.yaml")
     f = Fleet(2, cfg)
-    for i, r in enumerate(f.routers):
-        r.observe(Observation("a", SL, "ok", ttft_s=0.1), 999.0 + i * 0.1)
-    f.cycle(999.5)
-    f.cycle(999.6)
-    owner = next(i for i, s in enumerate(f.syncs) if s.owned)
-    other = 1 - owner
+    owner, other = f.share_route()
     _fail(f, owner, "a", 1000.0)
     f.cycle(1009.9)
     f.tick(1010.01)
@@ -185,12 +182,7 @@ def test_probe_results_from_every_replica_count_toward_the_owners_tally() -> Non
 
 def test_a_dead_owners_lease_passes_on_without_losing_the_state() -> None:
     f = Fleet(2)
-    for i, r in enumerate(f.routers):
-        r.observe(Observation("a", SL, "ok", ttft_s=0.1), 999.0 + i * 0.1)
-    f.cycle(999.5)
-    f.cycle(999.6)
-    owner = next(i for i, s in enumerate(f.syncs) if s.owned)
-    other = 1 - owner
+    owner, other = f.share_route()
     _fail(f, owner, "a", 1000.0)
     f.cycle(1009.9)
     f.tick(1010.01)
@@ -209,12 +201,7 @@ def test_a_dead_owners_lease_passes_on_without_losing_the_state() -> None:
 
 def test_unreachable_store_means_local_decisions_then_convergence() -> None:
     f = Fleet(2)
-    for i, r in enumerate(f.routers):
-        r.observe(Observation("a", SL, "ok", ttft_s=0.1), 999.0 + i * 0.1)
-    f.cycle(999.5)
-    f.cycle(999.6)
-    owner = next(i for i, s in enumerate(f.syncs) if s.owned)
-    other = 1 - owner
+    owner, other = f.share_route()
     for s in f.syncs:
         s.disconnected()  # the store went away
     _fail(f, other, "a", 1000.0)  # only the non-owner sees the failures, and decides alone
