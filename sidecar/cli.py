@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from sidecar.core.config import ConfigError
+from sidecar.core.config import Config, ConfigError
 
 
 def _cmd_serve(ns: argparse.Namespace) -> int:
@@ -20,12 +20,19 @@ def _cmd_serve(ns: argparse.Namespace) -> int:
     from sidecar.shell.startup import StartupError
 
     config = load_config(ns.config)
+    if ns.workers != 1:
+        return _serve_workers(ns, config)
+    if ns.worker_index is not None:
+        from sidecar.fleet.workers import worker_log_format
+
+        worker_log_format(ns.worker_index)
     throttle = log_throttle.install()  # warnings rate-limited, suppressed lines counted
     try:
         return run_on_loop(
             serve(config, grpc_addr=ns.grpc, unix=ns.unix, admin_addr=ns.admin,
                   ready_file=ns.ready_file, seed=ns.seed, config_path=ns.config,
-                  snapshot_path=ns.snapshot, snapshot_every_s=ns.snapshot_every),
+                  snapshot_path=ns.snapshot, snapshot_every_s=ns.snapshot_every,
+                  worker=ns.worker_index),
             ns.loop,
         )
     except StartupError as exc:
@@ -33,6 +40,13 @@ def _cmd_serve(ns: argparse.Namespace) -> int:
         return 1
     finally:
         throttle.flush()
+
+
+def _serve_workers(ns: argparse.Namespace, config: Config) -> int:
+    """`serve --workers N`: N processes on one port sharing state through the fleet store."""
+    from sidecar.fleet.workers import run_workers
+
+    return run_workers(ns, config, ns.workers)
 
 
 def run_on_loop(main: Coroutine[Any, Any, int], kind: str) -> int:
@@ -127,7 +141,7 @@ def _cmd_bench(ns: argparse.Namespace) -> int:
 
         levels = tuple(int(x) for x in (ns.levels or "1,16,64,256").split(","))
         return run_load_bench(levels, duration_s=ns.duration, stream=not ns.no_stream,
-                              tokens=ns.tokens, loop=ns.loop)
+                              tokens=ns.tokens, loop=ns.loop, workers=ns.workers)
     from sidecar.devtools.bench import run_bench
 
     return run_bench(ns.what, requests=ns.requests, concurrency=ns.concurrency)
@@ -175,6 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how often to rewrite the snapshot (also written on shutdown)")
     s.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                    help="event loop: uvloop when installed (auto, the default) or asyncio")
+    s.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="N processes on one gRPC port (SO_REUSEPORT) sharing statistics and "
+                        "health through the fleet: store; worker i's admin port is +i")
+    s.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     s.set_defaults(func=_cmd_serve)
 
     st = sub.add_parser("status", help="terminal view of a running sidecar's /state")
@@ -231,6 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="load: seconds per setup and level (default 30)")
     b.add_argument("--tokens", type=int, default=4, help="load: output tokens per request")
     b.add_argument("--no-stream", action="store_true", help="load: non-streaming requests")
+    b.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="load: the sidecar as `serve --workers N` sharing state through a "
+                        "redis-server started for the run (needs redis-server)")
     b.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                    help="load: the sidecar's event loop")
     soak = b.add_argument_group("soak (memory under steady load)")

@@ -24,6 +24,8 @@ import grpc
 from prometheus_client import Histogram
 
 from sidecar.core.config import Config
+from sidecar.fleet.link import FleetLink
+from sidecar.fleet.metrics import FleetCollector
 from sidecar.ops import genai_metrics, snapshot
 from sidecar.ops.admin import AdminServer
 from sidecar.ops.metrics import build_registry
@@ -78,15 +80,18 @@ async def _start_admin(admin: AdminServer, addr: str, setting: str) -> int:
 async def _start_grpc(
     app: App, tcp: str | None, unix: str | None, phase_hist: Histogram, tcp_setting: str,
     unix_setting: str, health: HealthService, tls: CertificateWatcher | None,
+    reuse_port: bool = False,
 ) -> tuple[grpc.aio.Server, ExtProcService, int | None]:
-    """Start the ext_proc server; a busy or invalid address is a one-line StartupError."""
-    if tcp:
+    """Start the ext_proc server; a busy or invalid address is a one-line StartupError.
+    ``reuse_port`` (``--workers``): the port is shared, so it is not probed first."""
+    if tcp and not reuse_port:
         check_bindable("ext_proc gRPC", tcp, tcp_setting)
     if unix:
         check_unix_path("ext_proc gRPC", unix, unix_setting)
     try:
         return await start_grpc(app, tcp, unix, phase_hist, register=health.register,
-                                tcp_credentials=tls.credentials() if tls else None)
+                                tcp_credentials=tls.credentials() if tls else None,
+                                reuse_port=reuse_port)
     except (OSError, RuntimeError) as exc:
         addr, setting = (tcp, tcp_setting) if tcp else (f"unix:{unix}", unix_setting)
         raise bind_error("ext_proc gRPC", addr or "", setting, exc) from None
@@ -99,6 +104,7 @@ class Snapshotter:
         self.app = app
         self.override = override
         self.errors = errors  # exported as tailroute_errors_total{kind="snapshot_*"}
+        self.writes = True  # workers other than 0 only read it (the fleet state is shared)
 
     @property
     def path(self) -> str | None:
@@ -110,7 +116,7 @@ class Snapshotter:
 
     async def save(self) -> None:
         path = self.path
-        if not path:
+        if not path or not self.writes:
             return
         loop = asyncio.get_running_loop()
         # Build on the loop thread (the router is not thread-safe); write off it.
@@ -143,11 +149,14 @@ async def serve(
     snapshot_path: str | None = None,
     snapshot_every_s: float = 30.0,
     watch_every_s: float = 1.0,
+    worker: int | None = None,
 ) -> int:
     """Serve until SIGTERM/SIGINT, then drain in-flight streams for up to ``drain_s``.
 
     ``config_path`` (default: ``config.source`` if it is a file) is watched for
     changes and re-read on SIGHUP. ``snapshot_path`` overrides ``config.snapshot_path``.
+    ``worker``: index under ``serve --workers N`` (:mod:`sidecar.fleet.workers`): the
+    gRPC port is shared (SO_REUSEPORT) and only worker 0 writes the snapshot.
     """
     loop = asyncio.get_running_loop()
     app = App.create(config, seed)
@@ -156,7 +165,14 @@ async def serve(
     reloader = ConfigReloader(app, config_path) if config_path else None
     ops_errors: Counter[str] = Counter()
     snap = Snapshotter(app, snapshot_path, ops_errors)
-    snap.load(loop.time())  # before serving, so the first decisions are already informed
+    snap.writes = not worker  # None (no workers) or worker 0
+    # Before serving, so the first decisions are already informed: from the fleet
+    # if there is one and it answers (it holds what a snapshot would), else the snapshot.
+    fleet = FleetLink.create(app)
+    if fleet is None or not await fleet.warm_start():
+        snap.load(loop.time())
+        if fleet is not None:
+            fleet.sync.mark_baseline(loop.time())  # fleet-merged already: never re-pushed
 
     def shell_counters() -> dict[str, int]:
         out = app.shell_counters()
@@ -170,6 +186,8 @@ async def serve(
 
     registry, phase_hist = build_registry(lambda: app.router, loop.time, shell_counters)
     app.on_observation = genai_metrics.attach(registry, lambda: app.router.config)
+    if fleet is not None:
+        registry.register(FleetCollector(fleet))
     tcp = grpc_addr if grpc_addr is not None else config.listen.grpc
     unix_arg = unix
     unix = unix if unix is not None else config.listen.grpc_unix
@@ -187,7 +205,7 @@ async def serve(
         app, tcp or None, unix, phase_hist,
         tcp_setting="--grpc" if grpc_addr is not None else "listen.grpc",
         unix_setting="--unix" if unix_arg is not None else "listen.grpc_unix", health=health,
-        tls=tls)
+        tls=tls, reuse_port=worker is not None)
     health.set_serving(True)  # config loaded, listeners up
     serving = True
     stop, hup = asyncio.Event(), asyncio.Event()
@@ -201,6 +219,8 @@ async def serve(
              asyncio.create_task(snap.loop(stop, snapshot_every_s))]
     if reloader is not None:
         tasks.append(asyncio.create_task(watch_loop(reloader, stop, hup, watch_every_s)))
+    if fleet is not None:
+        tasks.append(asyncio.create_task(fleet.run(stop)))
     log.info("tailroute serving ext_proc on %s%s; admin on %s:%d",
              f"{tcp.rpartition(':')[0]}:{port}" if port and tcp else "",
              f" unix:{unix}" if unix else "", admin_at.rpartition(":")[0] or "127.0.0.1",
@@ -220,5 +240,7 @@ async def serve(
     await _drain(server, service, app, drain_s)
     await asyncio.gather(*tasks)
     await snap.save()  # again after the drain, so the last observations are in it
+    if fleet is not None:
+        await fleet.close()
     await admin.stop()
     return 0

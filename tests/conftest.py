@@ -31,7 +31,8 @@ def config() -> Config:
 # Debian packages some tests need. `.ci/install-test-tools` installs them (CI and
 # `make test`); CI also sets TAILROUTE_REQUIRE_TOOLS=1, so a missing one fails there
 # instead of skipping silently.
-TOOL_PACKAGES = {"promtool": "prometheus", "chromium": "chromium"}
+TOOL_PACKAGES = {"promtool": "prometheus", "chromium": "chromium",
+                 "redis-server": "redis-server"}
 
 
 def need_tool(tool: str) -> str:
@@ -47,3 +48,12 @@ def need_tool(tool: str) -> str:
             pytest.fail(why)
         pytest.skip(why)
     return path
+
+
+@pytest.fixture
+def redis_tool() -> None:
+    """A real redis-server (or valkey-server) for the fleet-mode tests, else skip/fail."""
+    from sidecar.devtools.redis_server import redis_binary
+
+    if redis_binary() is None:
+        need_tool("redis-server")

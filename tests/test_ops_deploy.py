@@ -195,3 +195,26 @@ def test_alert_rules_pass_promtool() -> None:
     out = subprocess.run([promtool, "check", "rules", str(DEPLOY / "prometheus" / "alerts.yaml")],
                          capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_fleet_store_is_wired_in_compose_and_kubernetes() -> None:
+    from urllib.parse import urlsplit
+
+    compose = _load(DEPLOY / "docker-compose.yaml")["services"]
+    fleet = load_config(DEPLOY / "compose" / "tailroute.yaml").fleet
+    assert fleet is not None
+    url = urlsplit(fleet.url)
+    assert url.hostname == compose["redis"]["networks"]["tailroute"]["ipv4_address"]
+    assert url.port == 6379 and "redis" in compose["sidecar"]["depends_on"]
+    assert not compose["redis"].get("ports")  # the store is not published on the host
+    kfleet = load_config(DEPLOY / "k8s" / "tailroute.yaml").fleet
+    assert kfleet is not None
+    kurl = urlsplit(kfleet.url)
+    docs = [d for d in yaml.safe_load_all((DEPLOY / "k8s" / "redis.yaml").read_text()) if d]
+    svc = next(d for d in docs if d["kind"] == "Service")
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    assert "redis.yaml" in _load(DEPLOY / "k8s" / "kustomization.yaml")["resources"]
+    assert kurl.hostname == svc["metadata"]["name"]
+    assert kurl.port in [p["port"] for p in svc["spec"]["ports"]]
+    assert svc["spec"]["selector"] == dep["spec"]["template"]["metadata"]["labels"]
+    assert _load(DEPLOY / "k8s" / "deployment.yaml")["spec"]["replicas"] >= 2

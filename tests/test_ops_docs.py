@@ -27,6 +27,7 @@ SECTIONS: dict[str, tuple[type, ...]] = {
     "`limits`": (c.LimitsConfig,),
     "`envoy` (used by `tailroute envoy-config`)": (c.EnvoyConfig, SidecarTlsConfig),
     "`timing`": (c.TimingConfig,),
+    "`fleet`": (c.FleetConfig,),
 }
 _INTERNAL = {"source"}  # set by the loader, not a YAML field
 

@@ -213,6 +213,22 @@ class TimingConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class FleetConfig:
+    """Fleet mode: replicas share statistics and health through Redis/Valkey.
+
+    Absent from the config (``Config.fleet is None``): standalone, nothing shared.
+    """
+
+    backend: Literal["redis"] = "redis"
+    url: str = "redis://127.0.0.1:6379/0"  # redis://, rediss:// or unix://
+    key_prefix: str = "tailroute"  # every key is "{<prefix>}:...": one Redis Cluster slot
+    push_interval_s: float = 1.0  # how often a replica pushes its sub-windows and pulls others'
+    stats_ttl_s: float = 60.0  # a replica's pushed statistics expire this long after its last push
+    lease_ttl_s: float = 3.0  # a route's decision owner must renew within this
+    timeout_ms: float = 500.0  # per store round trip; slower counts as the store being down
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole sidecar configuration. Build with :func:`parse_config`."""
 
@@ -230,6 +246,7 @@ class Config:
     envoy: EnvoyConfig = EnvoyConfig()
     timing: TimingConfig = TimingConfig()
     snapshot_path: str | None = None
+    fleet: FleetConfig | None = None  # None: standalone
     source: str = "<memory>"
     _by_cluster: dict[str, ClusterConfig] = field(default_factory=dict, compare=False, repr=False)
     _by_model: dict[str, ModelConfig] = field(default_factory=dict, compare=False, repr=False)

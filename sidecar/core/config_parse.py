@@ -23,6 +23,7 @@ from sidecar.core.config import (
     Compat,
     Config,
     EnvoyConfig,
+    FleetConfig,
     HealthConfig,
     LatencyAwareConfig,
     LimitsConfig,
@@ -342,6 +343,36 @@ def _timing(r: ConfigReader) -> TimingConfig:
     return cfg
 
 
+_FLEET_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def _fleet(r: ConfigReader, stats: StatsConfig) -> FleetConfig | None:
+    """The ``fleet:`` section (absent or null: standalone, the default)."""
+    d = FleetConfig()
+    window_s = stats.subwindow_s * stats.subwindows
+    cfg = FleetConfig(
+        backend=r.choice("backend", d.backend, ("redis",)),
+        url=r.str_("url", required=True),
+        key_prefix=r.str_("key_prefix", d.key_prefix),
+        push_interval_s=r.num("push_interval_s", d.push_interval_s, lo=0.05, hi=60),
+        stats_ttl_s=r.num("stats_ttl_s", window_s, lo=1, hi=86400),
+        lease_ttl_s=r.num("lease_ttl_s", d.lease_ttl_s, lo=0.1, hi=600),
+        timeout_ms=r.num("timeout_ms", d.timeout_ms, lo=10, hi=60000),
+    )
+    r.done()
+    if not cfg.url.startswith(_FLEET_SCHEMES):
+        r.fail(f"must start with {', '.join(_FLEET_SCHEMES)}; got {cfg.url!r}", "url")
+    if not all(c.isalnum() or c in "-_." for c in cfg.key_prefix) or not cfg.key_prefix:
+        r.fail(f"letters, digits, '-', '_' and '.' only; got {cfg.key_prefix!r}", "key_prefix")
+    if cfg.lease_ttl_s < 2 * cfg.push_interval_s:
+        r.fail(f"must be >= 2 x push_interval_s ({2 * cfg.push_interval_s:g}) so an owner "
+               f"renews before it expires; got {cfg.lease_ttl_s:g}", "lease_ttl_s")
+    if cfg.stats_ttl_s < stats.subwindow_s:
+        r.fail(f"must be >= stats.subwindow_s ({stats.subwindow_s:g}); got "
+               f"{cfg.stats_ttl_s:g}", "stats_ttl_s")
+    return cfg
+
+
 def parse_config(data: Any, source: str = "<memory>") -> Config:
     """Validate a mapping (parsed YAML) into a frozen :class:`Config`.
 
@@ -405,6 +436,11 @@ def _parse(root: ConfigReader, source: str) -> Config:
     def section(read: Callable[[ConfigReader], T], key: str, fallback: T) -> T:
         return root.attempt(lambda: read(root.sub(key)), fallback)
 
+    def fleet_section(stats: StatsConfig) -> FleetConfig | None:
+        if not root.has("fleet"):
+            return root.raw("fleet")  # type: ignore[no-any-return]  # absent or null
+        return root.attempt(lambda: _fleet(root.sub("fleet"), stats), None)
+
     cfg = Config(
         clusters=tuple(clusters.values()),
         models=tuple(models),
@@ -412,7 +448,7 @@ def _parse(root: ConfigReader, source: str) -> Config:
         default_cluster=default_cluster,
         default_class=default_class,
         picker=root.choice("picker", "weighted_random", ("weighted_random", "lowest_score")),
-        stats=section(_stats, "stats", StatsConfig()),
+        stats=(stats := section(_stats, "stats", StatsConfig())),
         health=section(_health, "health", HealthConfig()),
         admission=section(_admission, "admission", AdmissionConfig()),
         listen=section(_listen, "listen", ListenConfig()),
@@ -420,6 +456,7 @@ def _parse(root: ConfigReader, source: str) -> Config:
         envoy=section(_envoy, "envoy", EnvoyConfig()),
         timing=section(_timing, "timing", TimingConfig()),
         snapshot_path=root.opt_str("snapshot_path"),
+        fleet=fleet_section(stats),
         source=source,
     )
     root.done()

@@ -96,6 +96,9 @@ class Router:
         self.stats = StatsStore(config.stats)
         self.board = HealthBoard(config.health, config.stats)
         self._inflight: Counter[str] = Counter()
+        # Fleet mode: other replicas' in-flight counts (sidecar.fleet), so capacity and
+        # load see the provider's whole load; empty when standalone.
+        self.peer_inflight: dict[str, int] = {}
         self.counters: Counter[tuple[str, str]] = Counter()  # (kind, label) -> count
         self.decisions: Counter[tuple[str, str, str]] = Counter()  # (cluster, class, reason)
         self.recent: deque[RecentDecision] = deque(maxlen=recent)
@@ -186,7 +189,8 @@ class Router:
         )
 
     def inflight(self, cluster: str) -> int:
-        return self._inflight[cluster]
+        n = self._inflight[cluster]
+        return n + self.peer_inflight.get(cluster, 0) if self.peer_inflight else n
 
     # ------------------------------------------------------------ decisions
 

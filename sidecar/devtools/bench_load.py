@@ -15,6 +15,7 @@ Bounded (duration and a request cap per level), 127.0.0.1 only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -88,21 +89,29 @@ def _settle(st: Stack, timeout_s: float = 10.0) -> None:
 
 def run_load_bench(concurrency: tuple[int, ...] = (1, 16, 64, 256), duration_s: float = 30.0,
                    stream: bool = True, tokens: int = 4, loop: str = "auto",
-                   warmup_s: float = 2.0) -> int:
+                   warmup_s: float = 2.0, workers: int = 1) -> int:
     levels: list[Level] = []
-    with Stack() as st:
+    with Stack() as st, contextlib.ExitStack() as store:
         pport = st.start_provider("p", ttft_ms="2", tpot_ms="1", seed=1,
                                   extra=["--max-tokens", str(max(tokens, 1))])
         sport = free_port()
-        path = st.write_config(_config(pport, sport))
+        cfg = _config(pport, sport)
+        worker_args: list[str] = []
+        if workers > 1:  # serve --workers N shares state through a real redis-server
+            from sidecar.devtools.redis_server import RedisServer
+
+            cfg["fleet"] = {"url": store.enter_context(RedisServer()).url}
+            worker_args = ["--workers", str(workers)]
+        path = st.write_config(cfg)
         loop_args = [] if loop == "auto" else ["--loop", loop]
-        st.start_sidecar(path, extra=[*loop_args, "--grpc", f"127.0.0.1:{sport}"])
+        st.start_sidecar(path, extra=[*loop_args, *worker_args, "--grpc", f"127.0.0.1:{sport}"])
         routed_port = st.start_envoy()
         routed_admin = st.ports["envoy_admin"]
         routed_envoy = st.procs.pop("envoy")
         st.procs["envoy_routed"] = routed_envoy
         alone_port = st.start_envoy(with_sidecar=False)
         pid = st.procs["sidecar"].pid
+        pids = _worker_pids(pid) if workers > 1 else [pid]
 
         def drive(port: int, c: int, seconds: float) -> load_client.ClientResult:
             return asyncio.run(load_client.run(port, c, seconds, stream, tokens,
@@ -114,15 +123,32 @@ def run_load_bench(concurrency: tuple[int, ...] = (1, 16, 64, 256), duration_s: 
             print(f"-- c={c}: envoy alone", file=sys.stderr, flush=True)
             alone = drive(alone_port, c, duration_s)
             print(f"-- c={c}: envoy + tailroute", file=sys.stderr, flush=True)
-            e0, s0, c0 = envoy_counters(routed_admin), _sidecar_outcomes(st), cpu_seconds(pid)
+            e0, s0 = envoy_counters(routed_admin), _sidecar_outcomes(st)
+            c0 = sum(cpu_seconds(p) for p in pids)
             routed = drive(routed_port, c, duration_s)
-            c1 = cpu_seconds(pid)
+            c1 = sum(cpu_seconds(p) for p in pids)
+            if workers > 1:
+                print(f"   cpu per worker (cumulative s): "
+                      f"{[round(cpu_seconds(p), 2) for p in pids]}", file=sys.stderr)
             _settle(st)
             levels.append(Level(c, alone, routed, c1 - c0,
                                 _delta(envoy_counters(routed_admin), e0),
                                 _delta(_sidecar_outcomes(st), s0)))
     _print(levels, duration_s, stream, tokens, loop)
+    if workers > 1:
+        print(f"(sidecar: serve --workers {workers}, state shared through redis-server; "
+              "cpu/req sums every worker; the outcome columns are worker 0's)")
     return 0
+
+
+def _worker_pids(supervisor: int) -> list[int]:
+    """The worker processes of ``serve --workers N`` (children of the supervisor)."""
+    try:
+        with open(f"/proc/{supervisor}/task/{supervisor}/children") as f:
+            text = f.read()
+    except OSError:
+        return [supervisor]
+    return [int(x) for x in text.split()] or [supervisor]
 
 
 def _print(levels: list[Level], duration_s: float, stream: bool, tokens: int, loop: str) -> None:

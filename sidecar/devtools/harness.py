@@ -120,23 +120,27 @@ class Stack:
 
     # ------------------------------------------------------------ sidecar
 
-    def write_config(self, data: dict[str, Any]) -> Path:
-        path = self.workdir / "tailroute.yaml"
+    def write_config(self, data: dict[str, Any], name: str = "tailroute") -> Path:
+        """Write ``<name>.yaml``; it is also the config the next :meth:`start_envoy` renders."""
+        path = self.workdir / f"{name}.yaml"
         path.write_text(yaml.safe_dump(data, sort_keys=False))
         self.config = parse_config(data, str(path))
         return path
 
     def start_sidecar(self, config_path: Path, unix: str | None = None,
-                      extra: list[str] | None = None, launcher: list[str] | None = None) -> int:
-        """Start (or restart) the sidecar; returns its gRPC port.
+                      extra: list[str] | None = None, launcher: list[str] | None = None,
+                      name: str = "sidecar") -> int:
+        """Start (or restart) ``tailroute serve``; returns its gRPC port.
 
-        The first start binds a free port; a restart binds the *same* port again,
-        because the running Envoy's bootstrap points there (a restart on a new
-        port would leave Envoy failing open for good, which is not a restart).
-        ``extra`` comes last, so an explicit ``--grpc`` in it wins. ``launcher``
-        replaces ``python -m sidecar.cli`` (e.g. a tracemalloc wrapper).
+        Ports land in ``ports[name]`` and ``ports[name + "_admin"]`` (several
+        sidecars: give each a name). The first start binds a free port; a restart
+        binds the *same* port again, because the running Envoy's bootstrap points
+        there (a restart on a new port would leave Envoy failing open for good,
+        which is not a restart). ``extra`` comes last, so an explicit ``--grpc`` in
+        it wins. ``launcher`` replaces ``python -m sidecar.cli`` (e.g. a
+        tracemalloc wrapper).
         """
-        ready = self.workdir / "sidecar.port"
+        ready = self.workdir / f"{name}.port"
         ready.unlink(missing_ok=True)
         argv = [*(launcher or [sys.executable, "-m", "sidecar.cli"]), "serve",
                 "--config", str(config_path),
@@ -144,27 +148,28 @@ class Stack:
         if unix:
             argv += ["--unix", unix, "--grpc", ""]
         else:
-            argv += ["--grpc", f"127.0.0.1:{self.ports.get('sidecar', 0)}"]
+            argv += ["--grpc", f"127.0.0.1:{self.ports.get(name, 0)}"]
         argv += extra or []
-        proc = self._spawn("sidecar", argv)
-        grpc_port, admin_port = (int(x) for x in _wait_file(ready, proc, 30, "sidecar").split())
-        self.ports["sidecar"] = grpc_port
-        self.ports["sidecar_admin"] = admin_port
+        proc = self._spawn(name, argv)
+        grpc_port, admin_port = (int(x) for x in _wait_file(ready, proc, 30, name).split())
+        self.ports[name] = grpc_port
+        self.ports[f"{name}_admin"] = admin_port
         return grpc_port
 
-    def sidecar_state(self) -> Any:
-        return http_json(f"http://127.0.0.1:{self.ports['sidecar_admin']}/state")
+    def sidecar_state(self, name: str = "sidecar") -> Any:
+        return http_json(f"http://127.0.0.1:{self.ports[f'{name}_admin']}/state")
 
-    def stop_sidecar(self) -> None:
-        self._stop("sidecar")
+    def stop_sidecar(self, name: str = "sidecar") -> None:
+        self._stop(name)
 
-    def stop_envoy(self) -> None:
-        self._stop("envoy")
+    def stop_envoy(self, name: str = "envoy") -> None:
+        self._stop(name)
 
     # ------------------------------------------------------------ envoy
 
     def start_envoy(self, unix: str | None = None, sidecar_port: int | None = None,
-                    with_sidecar: bool = True,
+                    with_sidecar: bool = True, name: str = "envoy",
+                    envoy_concurrency: int = 1,
                     edit: Callable[[dict[str, Any]], None] | None = None) -> int:
         """Render the bootstrap from the config and start Envoy; ``edit`` may change
         the rendered bootstrap first (tests of setups the renderer never makes)."""
@@ -181,15 +186,16 @@ class Stack:
         )
         if edit is not None:
             edit(boot)
-        path = self.workdir / "envoy.yaml"
+        path = self.workdir / f"{name}.yaml"
         path.write_text(to_yaml(boot))
-        argv = [envoy_binary(), "-c", str(path), "--use-dynamic-base-id", "--concurrency", "1",
+        argv = [envoy_binary(), "-c", str(path), "--use-dynamic-base-id",
+                "--concurrency", str(envoy_concurrency),
                 "--log-level", "warn", "--disable-hot-restart"]
-        proc = self._spawn("envoy", argv)
+        proc = self._spawn(name, argv)
         deadline = time.monotonic() + 30
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"envoy exited {proc.returncode}:\n{self.log('envoy')[-3000:]}")
+                raise RuntimeError(f"envoy exited {proc.returncode}:\n{self.log(name)[-3000:]}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{admin}/ready", timeout=1) as r:
                     if r.status == 200:
@@ -199,14 +205,18 @@ class Stack:
             if time.monotonic() > deadline:
                 raise TimeoutError("envoy not ready after 30s")
             time.sleep(0.05)
-        self.ports["envoy"] = listen
-        self.ports["envoy_pid"] = proc.pid
-        self.ports["envoy_admin"] = admin
+        self.ports[name] = listen
+        self.ports[f"{name}_pid"] = proc.pid
+        self.ports[f"{name}_admin"] = admin
         return listen
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.ports['envoy']}/v1"
+        return self.url("envoy")
+
+    def url(self, envoy: str) -> str:
+        """The OpenAI base URL through the Envoy started as ``envoy``."""
+        return f"http://127.0.0.1:{self.ports[envoy]}/v1"
 
     # ------------------------------------------------------------ teardown
 

@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 from sidecar.core.health import HealthState
 from sidecar.core.router import Router
 from sidecar.core.stats import METRICS
+from sidecar.fleet.metrics import FLEET_METRIC_NAMES
 from sidecar.ops.genai_metrics import FAMILIES, exported_name
 
 STATES = [s.value for s in HealthState]
@@ -55,6 +56,7 @@ METRIC_NAMES = (
     "tailroute_access_log_wait_seconds",
     *_QUANTILE_METRICS.values(),
     *(exported_name(f) for f in FAMILIES),
+    *FLEET_METRIC_NAMES,  # only with a fleet: section (sidecar.fleet.metrics)
 )
 # The histograms among them (exposed as <name>_bucket, _sum and _count).
 HISTOGRAM_NAMES = ("tailroute_extproc_phase_seconds", *(exported_name(f) for f in FAMILIES))

@@ -44,7 +44,7 @@ def fingerprint(path: Path) -> Fingerprint:
 
 
 # Sections the running process reads only at start: a change is logged, not applied.
-_RESTART_ONLY = ("listen", "limits", "envoy")
+_RESTART_ONLY = ("listen", "limits", "envoy", "fleet")
 
 
 class ConfigReloader:

@@ -51,6 +51,9 @@ KEEPALIVE_OPTIONS = [
     ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
     ("grpc.http2.max_ping_strikes", 0),
 ]
+# serve --workers: connection age (gRPC adds +-10 % jitter) and drain grace, in ms.
+REUSEPORT_OPTIONS = (("grpc.max_connection_age_ms", 5_000),
+                     ("grpc.max_connection_age_grace_ms", 120_000))
 
 
 class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -166,19 +169,27 @@ async def start_grpc(
     app: App, tcp: str | None, unix: str | None, phase_hist: Histogram | None = None,
     register: Callable[[grpc.aio.Server], None] | None = None,
     tcp_credentials: grpc.ServerCredentials | None = None,
+    reuse_port: bool = False,
 ) -> tuple[grpc.aio.Server, ExtProcService, int | None]:
     """Start the gRPC server on a TCP address (``host:port``, port 0 = any) and/or a Unix socket.
 
     Serves ext_proc and the access-log service (``service.access_log``);
     ``register`` adds further services (the health service), ``tcp_credentials``
-    makes the TCP listener TLS (:mod:`sidecar.shell.tls`). Returns the server,
-    the ext_proc service and the bound TCP port (None when TCP is off).
+    makes the TCP listener TLS (:mod:`sidecar.shell.tls`). ``reuse_port``:
+    SO_REUSEPORT, so ``serve --workers N`` processes share one port (off otherwise:
+    a second sidecar on a taken port must fail, not split traffic). Returns the
+    server, the ext_proc service and the bound TCP port (None when TCP is off).
     """
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", grpc_receive_limit(app.config)),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
             *KEEPALIVE_OPTIONS,
+            # Workers: Envoy multiplexes every stream onto one HTTP/2 connection per
+            # worker thread, and SO_REUSEPORT places connections, not streams. Aged
+            # connections are closed gracefully (GOAWAY: streams in flight finish), so
+            # Envoy reconnects from a new port and the kernel re-spreads them.
+            *(REUSEPORT_OPTIONS if reuse_port else ()),
         ]
     )
     service = ExtProcService(app, phase_hist)

@@ -82,7 +82,13 @@ class Simulation:
                            keyed=f"{noise}:service:{name}", horizon=self.horizon)
             for name, spec in sc.providers.items()
         }
-        self.policy: Policy = make_policy(policy, PolicyContext(sc.config, self.providers))
+        ctx = PolicyContext(sc.config, self.providers)
+        replicated = None
+        if sc.replicas is not None:  # tailroute as k replicas splitting the traffic
+            from sidecar.sim.replicas import replicated as make_replicated
+
+            replicated = make_replicated(policy, ctx, sc.replicas, seed)
+        self.policy: Policy = replicated or make_policy(policy, ctx)
         self.policy_name = policy
         # Skip hooks a policy does not override (most baselines): calls cost time per request.
         cls_ = type(self.policy)

@@ -15,6 +15,7 @@ from sidecar.core.config import Config, ConfigError, parse_config
 from sidecar.ops.config_file import load_config, read_yaml
 from sidecar.sim.loader_dists import parse_errors, parse_latency_ms
 from sidecar.sim.loader_workloads import resolve, workload
+from sidecar.sim.replica_spec import parse_replicas
 from sidecar.sim.scenario import EventSpec, ProviderSpec, Scenario, SliceMatch, WorkloadSpec
 from sidecar.sim.validate import Reader, ScenarioError
 
@@ -92,6 +93,7 @@ def parse_scenario(
         workloads=tuple(workloads),
         policies=policies,
         tags=root.str_list("tags"),
+        replicas=parse_replicas(root),
     )
     root.done()
     return sc

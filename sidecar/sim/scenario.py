@@ -14,6 +14,7 @@ from typing import Literal
 from sidecar.core.config import Config
 from sidecar.sim.dists import TokenDist
 from sidecar.sim.heavy import Latency
+from sidecar.sim.replica_spec import ReplicaSpec
 
 StepKind = Literal["critical", "optional"]
 MaxTokens = int | Literal["output"] | None
@@ -248,3 +249,4 @@ class Scenario:
     workloads: tuple[WorkloadSpec, ...]
     policies: tuple[str, ...] = ()
     tags: tuple[str, ...] = field(default=())
+    replicas: ReplicaSpec | None = None  # tailroute as k replicas (sidecar.sim.replicas)

@@ -1,0 +1,253 @@
+"""What fleet mode reads from and writes into the core: sub-window contents and route states.
+
+Pure (no clock, no I/O): :mod:`sidecar.fleet` does the talking to the store and
+calls these with ``now``. Three pieces, each the narrowest hook into the core:
+
+* **Statistics out**: :func:`live_subwindows` copies every narrow series' live
+  sub-windows (counters and per-metric histograms) as :class:`SubWindowData`.
+* **Statistics in**: :func:`merge_subwindow` adds another replica's sub-window
+  contents into the series the local store records that slice under (the
+  admitted narrow key, as :meth:`StatsStore.admit` would choose it) *and* each
+  of its ``broader()`` slices, exactly as :meth:`StatsStore.observe` records an
+  observation. So after merging, ``lookup`` and ``window_summary`` answer from
+  the union of the local and the merged evidence::
+
+      merge_subwindow(A, B's sub-windows)  ==  A as if it had observed B's requests too
+
+  (property-tested in ``tests/test_fleet_share.py``), up to time placement: a
+  merged sub-window lands in the local sub-window of the same index.
+* **Health**: :class:`FollowerBoard` is a :class:`HealthBoard` that does not
+  evaluate, tick or take probe results for routes another replica owns (it
+  queues those probe results for the owner instead); :func:`route_state` and
+  :func:`adopt_route` move one route's state between boards through the
+  warm-restart snapshot codec of :mod:`sidecar.core.health_board`.
+
+Invariants:
+
+1. Merging never removes evidence: counters and histogram weights only grow.
+2. A merged sub-window older than the local window is dropped; one newer than
+   the local current sub-window (a peer's clock ahead) lands in the current one;
+   one the local health evaluation already judged (it arrived after the
+   sub-window closed: a push interval late) lands in the current one too, so
+   the next verdict counts it instead of no verdict ever seeing it.
+3. Merging invalidates every cached merge and quantile of the series it touches.
+4. A followed route's state changes only through :func:`adopt_route`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from sidecar.core.config import HealthConfig, Metric, StatsConfig
+from sidecar.core.health import RouteHealth
+from sidecar.core.health_board import HealthBoard, _load_route, _route_to_dict
+from sidecar.core.histogram import LogHistogram
+from sidecar.core.series import RouteStats
+from sidecar.core.stats import OVERFLOW_CLASS, StatsStore
+from sidecar.core.types import SliceKey, TransitionEvent
+
+Route = tuple[str, SliceKey]
+COUNTERS = ("ok", "error", "timeout", "cancel")
+
+
+@dataclass(slots=True)
+class SubWindowData:
+    """The contents of one sub-window of one series (``index`` = floor(start / subwindow_s))."""
+
+    index: int
+    ok: int = 0
+    error: int = 0
+    timeout: int = 0
+    cancel: int = 0
+    hists: dict[Metric, LogHistogram] = field(default_factory=dict)  # non-empty ones only
+
+    @property
+    def empty(self) -> bool:
+        return not (self.ok or self.error or self.timeout or self.cancel
+                    or any(h.count for h in self.hists.values()))  # fmt: skip
+
+    def total(self) -> float:
+        """Counters plus histogram weights: changes whenever the contents change."""
+        return (self.ok + self.error + self.timeout + self.cancel
+                + sum(h.count for h in self.hists.values()))  # fmt: skip
+
+
+def live_subwindows(store: StatsStore, now: float) -> Iterator[tuple[Route, list[SubWindowData]]]:
+    """Every non-stale narrow series with copies of its live sub-windows, oldest first."""
+    for cluster, s in store.narrow_keys():
+        rs = store.series(cluster, s)
+        if rs is None or rs.is_stale(now):
+            continue
+        subs = [
+            SubWindowData(slot.index, slot.ok, slot.error, slot.timeout, slot.cancel,
+                          {m: h.copy() for m, h in slot.hists.items() if h.count})
+            for _, slot in rs.window.live(now)
+            if slot.requests or slot.cancel or any(h.count for h in slot.hists.values())
+        ]  # fmt: skip
+        if subs:
+            yield (cluster, s), subs[::-1]
+
+
+def merge_subwindow(
+    store: StatsStore, cluster: str, slice: SliceKey, data: SubWindowData, now: float,
+    seen_at: float | None = None,
+) -> SliceKey | None:
+    """Add ``data`` into the local series of ``slice`` and its broader slices.
+
+    Returns the narrow key it was recorded under (None if ``data`` is outside the
+    local window). ``seen_at`` (the peer's newest observation, on the local
+    clock) keeps merged-only series from being judged stale.
+    """
+    return None if (got := merge_placed(store, cluster, slice, data, now, seen_at)) is None \
+        else got[0]
+
+
+def merge_placed(
+    store: StatsStore, cluster: str, slice: SliceKey, data: SubWindowData, now: float,
+    seen_at: float | None = None,
+) -> tuple[SliceKey, int] | None:
+    """:func:`merge_subwindow` that also says which local sub-window it landed in."""
+    key = _admit(store, cluster, slice)
+    narrow = store._series.get((cluster, key))
+    index = _placement(narrow, data.index, now, store.cfg)
+    if index is None:
+        return None
+    for s in (key, *key.broader()):
+        rs = store._series.get((cluster, s))
+        if rs is None:
+            rs = store._series[(cluster, s)] = RouteStats(store.cfg, store.accuracy)
+        _add(rs, data, index, now, seen_at)
+    return key, index
+
+
+def _placement(rs: RouteStats | None, index: int, now: float, cfg: StatsConfig) -> int | None:
+    """Invariant 2: where a peer's sub-window ``index`` lands locally (None: dropped)."""
+    k = math.floor(now / cfg.subwindow_s) if rs is None else rs.window.advance(now)
+    if index <= k - cfg.subwindows:
+        return None
+    if index > k:
+        return k
+    unjudged = None if rs is None else getattr(rs, "_unjudged", None)
+    return k if unjudged is not None and index < unjudged else index
+
+
+def _admit(store: StatsStore, cluster: str, slice: SliceKey) -> SliceKey:
+    """The narrow key, as ``observe`` would choose; a peer's overflow key stays one."""
+    if slice.klass == OVERFLOW_CLASS:
+        store._overflow.setdefault(cluster, set()).add(slice)
+        return slice
+    return store.admit(cluster, slice)
+
+
+def _add(rs: RouteStats, data: SubWindowData, idx: int, now: float,
+         seen_at: float | None) -> None:
+    k = rs.window.advance(now)
+    n = rs.cfg.subwindows
+    if idx <= k - n:
+        return
+    slot = rs.window._ring[idx % n]
+    if slot.index != idx:
+        slot.reset(idx)
+    for c in COUNTERS:
+        setattr(slot, c, getattr(slot, c) + getattr(data, c))
+    for m, h in data.hists.items():
+        slot.hists[m].merge(h)
+    # Invariant 3: the completed-window merge and the quantile cache are stale now.
+    rs._past.clear()
+    rs._qcache.clear()
+    rs._version += 1
+    seen = now if seen_at is None else min(seen_at, now)
+    rs.last_seen = seen if rs.last_seen is None else max(rs.last_seen, seen)
+
+
+# ---------------------------------------------------------------- health
+
+
+class FollowerBoard(HealthBoard):
+    """A :class:`HealthBoard` that leaves routes in :attr:`followed` to their owner.
+
+    For a followed route, window verdicts and cooldown ticks are ignored and
+    probe results are queued in :attr:`probe_outbox` (for the owner, which
+    counts every replica's probes toward one tally); its state changes only
+    by :func:`adopt_route`. With ``followed`` empty it is a plain board.
+    """
+
+    def __init__(self, cfg: HealthConfig, stats_cfg: StatsConfig) -> None:
+        super().__init__(cfg, stats_cfg)
+        self.followed: set[Route] = set()
+        self.probe_outbox: list[tuple[str, SliceKey, bool]] = []
+
+    @classmethod
+    def wrap(cls, board: HealthBoard) -> FollowerBoard:
+        """A follower board holding ``board``'s routes (``board`` itself is not used again)."""
+        if isinstance(board, FollowerBoard):
+            return board
+        out = cls(board.cfg, board.stats_cfg)
+        out._routes = board._routes
+        return out
+
+    def _run(self, cluster: str, slice: SliceKey, now: float, step: Any) -> list[TransitionEvent]:
+        if (cluster, slice) in self.followed:
+            return []
+        return super()._run(cluster, slice, now, step)
+
+    def next_deadline(self) -> float | None:
+        """Cooldowns of followed routes are the owner's to end: a passed one must not
+        make the caller tick again and again."""
+        times = [t for key, h in self._routes.items()
+                 if key not in self.followed and (t := h.next_deadline()) is not None]
+        return min(times) if times else None
+
+    def record_probe(
+        self, cluster: str, slice: SliceKey, ok: bool, now: float
+    ) -> list[TransitionEvent]:
+        if (cluster, slice) in self.followed:
+            if len(self.probe_outbox) < 10_000:  # bounded while the store is slow
+                self.probe_outbox.append((cluster, slice, ok))
+            return []
+        return super().record_probe(cluster, slice, ok, now)
+
+
+def route_state(board: HealthBoard, cluster: str, slice: SliceKey, now: float) -> dict[str, Any]:
+    """One route's state in the snapshot codec (times as ages before ``now``);
+    ``{}`` for a route in the default healthy state."""
+    h = board.peek(cluster, slice)
+    return {} if h is None else _route_to_dict(h, now)
+
+
+def route_signature(board: HealthBoard, cluster: str, slice: SliceKey) -> tuple[Any, ...]:
+    """Changes exactly when the route's state does (unlike :func:`route_state`'s ages)."""
+    h = board.peek(cluster, slice)
+    if h is None:
+        return ()
+    return (h.state.value, h.since, h.cooldown_until, h.offences, h.panic, h.restore_base,
+            h.restore_from_circuit, tuple(sorted(h.votes.items())), h.last_index)
+
+
+def adopt_route(
+    board: HealthBoard, cluster: str, slice: SliceKey, data: dict[str, Any], at: float,
+    now: float, reason: str,
+) -> TransitionEvent | None:
+    """Replace one route's state with ``data`` (:func:`route_state` output written at
+    local time ``at``; ``{}`` = default healthy). Returns the event if the state
+    changed; ``ValueError`` if ``data`` is malformed (the board is then unchanged)."""
+    key = (cluster, slice)
+    old = board.peek(cluster, slice)
+    old_state = "healthy" if old is None else old.state.value
+    if not data:
+        board._routes.pop(key, None)
+        new_state = "healthy"
+    else:
+        h = RouteHealth(cluster, slice, board.cfg, board.stats_cfg, at)
+        try:
+            _load_route(h, data, at)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"malformed route state: {exc!r}") from exc
+        board._routes[key] = h
+        new_state = h.state.value
+    if new_state == old_state:
+        return None
+    return TransitionEvent(now, cluster, slice.label(), old_state, new_state, reason)

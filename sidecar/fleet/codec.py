@@ -1,0 +1,218 @@
+"""Wire form of what replicas share, and the arithmetic on sub-window contents.
+
+Everything is compact JSON (bytes), versioned by the ``v`` of the replica's
+meta record. Field names are tab-separated (cluster names and slice labels
+contain no tabs; slice labels contain ``|``)::
+
+    stats field   "<cluster>\\t<slice label>\\t<sub-window midpoint, wall-clock ms>"
+    stats value   {"c": [ok, error, timeout, cancel], "h": {"ttft": [offset, zero, n0, n1, ...]}}
+    route field   "<cluster>\\t<slice label>"
+    health value  {"o": owner id, "w": wall-clock ms written, "r": route state (ages) or {}}
+    probe value   [route field, ok]
+    meta value    {"v": 1, "subwindow_s": s, "accuracy": a}
+
+Sub-windows are named by their midpoint on the wall clock so that replicas
+whose loop clocks have different origins place the same evidence in the same
+local sub-window (NTP-synced hosts: to within a clock skew).
+
+:func:`diff` and :func:`add` work on :class:`SubWindowData` as plain counts:
+``diff(a, b)`` is ``a - b`` clamped at zero bucket by bucket (contents only
+grow, so a negative part can only come from a lost or reordered write and is
+dropped rather than turned into negative evidence).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from sidecar.core.config import Metric
+from sidecar.core.fleet_share import COUNTERS, SubWindowData
+from sidecar.core.histogram import LogHistogram
+from sidecar.core.stats import METRICS
+from sidecar.core.types import SliceKey
+
+WIRE_VERSION = 1
+_SEP = "\t"
+
+
+def route_field(cluster: str, slice: SliceKey) -> str:
+    return f"{cluster}{_SEP}{slice.label()}"
+
+
+def parse_route(field: str) -> tuple[str, SliceKey]:
+    """Inverse of :func:`route_field`; ValueError if malformed."""
+    cluster, sep, label = field.rpartition(_SEP)
+    if not sep or not cluster:
+        raise ValueError(f"malformed route field {field!r}")
+    return cluster, SliceKey.parse(label)
+
+
+def stats_field(cluster: str, slice: SliceKey, mid_ms: int) -> str:
+    return f"{cluster}{_SEP}{slice.label()}{_SEP}{mid_ms}"
+
+
+def parse_stats_field(field: str) -> tuple[str, SliceKey, int]:
+    route, sep, mid = field.rpartition(_SEP)
+    if not sep:
+        raise ValueError(f"malformed stats field {field!r}")
+    cluster, slice = parse_route(route)
+    return cluster, slice, int(mid)
+
+
+def _num(x: float) -> float | int:
+    return int(x) if x.is_integer() else x
+
+
+def encode_hist(h: LogHistogram) -> list[float | int]:
+    d = h.to_dict()
+    counts = (_num(float(c)) for c in d.get("counts", []))
+    return [int(d.get("offset", 0)), _num(float(d["zero"])), *counts]
+
+
+def decode_hist(raw: Any, accuracy: float) -> LogHistogram:
+    if not isinstance(raw, list) or len(raw) < 2:
+        raise ValueError("malformed histogram")
+    return LogHistogram.from_dict({"relative_accuracy": accuracy, "offset": raw[0],
+                                   "zero": raw[1], "counts": raw[2:]})
+
+
+def encode_sub(sub: SubWindowData) -> bytes:
+    body = {"c": [getattr(sub, c) for c in COUNTERS],
+            "h": {m: encode_hist(h) for m, h in sub.hists.items() if h.count}}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def decode_sub(raw: bytes, index: int, accuracy: float) -> SubWindowData:
+    """ValueError on anything malformed (a peer's bug must not break this replica)."""
+    try:
+        d = json.loads(raw)
+        counts = [int(x) for x in d["c"]]
+        if len(counts) != len(COUNTERS) or min(counts) < 0:
+            raise ValueError("bad counters")
+        hists: dict[Metric, LogHistogram] = {}
+        for m, h in d.get("h", {}).items():
+            if m not in METRICS:
+                raise ValueError(f"unknown metric {m!r}")
+            hists[m] = decode_hist(h, accuracy)
+    except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"malformed sub-window: {exc!r}") from exc
+    ok, error, timeout, cancel = counts
+    return SubWindowData(index, ok, error, timeout, cancel, hists)
+
+
+def _dense(h: LogHistogram) -> tuple[int, list[float], float]:
+    d = h.to_dict()
+    return int(d.get("offset", 0)), [float(c) for c in d.get("counts", [])], float(d["zero"])
+
+
+def _hist_diff(a: LogHistogram, b: LogHistogram | None) -> LogHistogram:
+    if b is None or not b.count:
+        return a.copy()
+    ao, ac, az = _dense(a)
+    bo, bc, bz = _dense(b)
+    out = [max(c - (bc[i + ao - bo] if 0 <= i + ao - bo < len(bc) else 0.0), 0.0)
+           for i, c in enumerate(ac)]  # fmt: skip
+    first = next((i for i, c in enumerate(out) if c), None)
+    raw: dict[str, Any] = {"relative_accuracy": a.relative_accuracy, "zero": max(az - bz, 0.0)}
+    if first is not None:
+        last = max(i for i, c in enumerate(out) if c)
+        raw |= {"offset": ao + first, "counts": out[first : last + 1]}
+    return LogHistogram.from_dict(raw)
+
+
+def diff(a: SubWindowData, b: SubWindowData | None) -> SubWindowData:
+    """``a - b`` clamped at zero (counters and every histogram bucket)."""
+    if b is None:
+        return SubWindowData(a.index, a.ok, a.error, a.timeout, a.cancel,
+                             {m: h.copy() for m, h in a.hists.items()})  # fmt: skip
+    ok, error, timeout, cancel = (max(getattr(a, c) - getattr(b, c), 0) for c in COUNTERS)
+    hists: dict[Metric, LogHistogram] = {}
+    for m, h in a.hists.items():
+        d = _hist_diff(h, b.hists.get(m))
+        if d.count:
+            hists[m] = d
+    return SubWindowData(a.index, ok, error, timeout, cancel, hists)
+
+
+def add(acc: SubWindowData | None, d: SubWindowData) -> SubWindowData:
+    """``acc + d`` (a new object when ``acc`` is None; else ``acc`` updated in place)."""
+    if acc is None:
+        return diff(d, None)
+    for c in COUNTERS:
+        setattr(acc, c, getattr(acc, c) + getattr(d, c))
+    for m, h in d.hists.items():
+        cur = acc.hists.get(m)
+        if cur is None:
+            acc.hists[m] = h.copy()
+        else:
+            cur.merge(h)
+    return acc
+
+
+def encode_meta(subwindow_s: float, accuracy: float) -> bytes:
+    return json.dumps({"v": WIRE_VERSION, "subwindow_s": subwindow_s,
+                       "accuracy": accuracy}).encode()
+
+
+def decode_meta(raw: bytes | None) -> tuple[float, float] | None:
+    """``(subwindow_s, accuracy)`` of a peer, or None if absent or another wire version."""
+    if raw is None:
+        return None
+    try:
+        d = json.loads(raw)
+        if d.get("v") != WIRE_VERSION:
+            return None
+        s, a = float(d["subwindow_s"]), float(d["accuracy"])
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return (s, a) if s > 0 and 0 < a < 1 and math.isfinite(s) else None
+
+
+def encode_health(owner: str, wall_ms: int, state: dict[str, Any]) -> bytes:
+    return json.dumps({"o": owner, "w": wall_ms, "r": state}, separators=(",", ":")).encode()
+
+
+def decode_health(raw: bytes) -> tuple[str, int, dict[str, Any]]:
+    try:
+        d = json.loads(raw)
+        owner, wall, state = str(d["o"]), int(d["w"]), d["r"]
+        if not isinstance(state, dict):
+            raise ValueError("state is not a mapping")
+    except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"malformed health entry: {exc!r}") from exc
+    return owner, wall, state
+
+
+LOAD_FIELD = "_load"  # a replica's in-flight requests per cluster, in its stats hash
+
+
+def encode_load(wall_ms: int, counts: dict[str, int]) -> bytes:
+    """``{"n": {cluster: in flight}, "w": wall-clock ms}``, rewritten every push (``w``
+    tells peers how fresh it is)."""
+    return json.dumps({"n": counts, "w": wall_ms}, separators=(",", ":"),
+                      sort_keys=True).encode()
+
+
+def decode_load(raw: bytes) -> tuple[int, dict[str, int]]:
+    try:
+        d = json.loads(raw)
+        counts = {str(c): int(n) for c, n in d["n"].items() if int(n) > 0}
+        return int(d["w"]), counts
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"malformed load record: {exc!r}") from exc
+
+
+def encode_probe(route: str, ok: bool) -> bytes:
+    return json.dumps([route, ok]).encode()
+
+
+def decode_probe(raw: bytes) -> tuple[str, bool]:
+    try:
+        route, ok = json.loads(raw)
+        if not isinstance(route, str) or not isinstance(ok, bool):
+            raise ValueError("bad probe types")
+    except (TypeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"malformed probe result: {exc!r}") from exc
+    return route, ok

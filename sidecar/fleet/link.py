@@ -1,0 +1,164 @@
+"""The asyncio side of fleet mode: push/pull every ``push_interval_s``, off the request path.
+
+:class:`FleetLink` runs :class:`~sidecar.fleet.sync.FleetSync` against a store.
+Every cycle is one store round trip bounded by ``fleet.timeout_ms``; the
+router keeps deciding on its local state meanwhile (decisions never wait for
+the store). When the store is down, slow or answers nonsense:
+
+* one WARNING line when it goes away, one INFO line when it is back (with how
+  long it was gone); ``tailroute_fleet_store_up`` is 0 meanwhile and
+  ``tailroute_fleet_syncs_total{result="error"}`` counts the failed cycles;
+* every route is decided locally (:meth:`FleetSync.disconnected`);
+* reconnect attempts back off exponentially (0.5 s doubling to 30 s, +-20 %
+  jitter) so a fleet does not hammer a recovering server;
+* on return the replica re-pushes its whole live window, re-takes or follows
+  leases, and adopts the owners' states: the fleet converges within one cycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import socket
+import time
+from typing import Protocol
+
+from redis.exceptions import RedisError
+
+from sidecar.core.config import FleetConfig
+from sidecar.core.types import TransitionEvent
+from sidecar.fleet.redis_store import RedisStore
+from sidecar.fleet.sync import Exchange, FleetSync, Reply
+from sidecar.shell.app import App
+
+log = logging.getLogger("tailroute.fleet")
+
+BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 30.0
+
+
+class Store(Protocol):
+    async def exchange(self, ex: Exchange, now_ms: float) -> Reply: ...
+
+    async def close(self) -> None: ...
+
+
+def replica_id() -> str:
+    """Unique per process start (a restarted replica is a new one: no double counting)."""
+    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname())
+    return f"{host or 'host'}-{os.getpid()}-{random.getrandbits(24):06x}"
+
+
+class FleetLink:
+    def __init__(self, app: App, cfg: FleetConfig, store: Store | None = None,
+                 rid: str | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        self.app = app
+        self.cfg = cfg
+        self.rid = rid or replica_id()
+        self.store: Store = store or RedisStore(cfg.url, cfg.key_prefix, cfg.timeout_ms / 1000)
+        # Fixed for the process lifetime: sub-window names must not drift with NTP slew.
+        offset = time.time() - loop.time()
+        self.sync = FleetSync(app.router, self.rid, cfg.stats_ttl_s, cfg.lease_ttl_s, offset)
+        self.up: bool | None = None  # None until the first cycle
+        self.syncs_ok = 0
+        self.syncs_failed = 0
+        self.last_cycle_s = 0.0
+        self._down_since: float | None = None
+        self._failures = 0
+        self._rng = random.Random()
+
+    @classmethod
+    def create(cls, app: App) -> FleetLink | None:
+        return None if app.config.fleet is None else cls(app, app.config.fleet)
+
+    # ------------------------------------------------------------ one cycle
+
+    async def cycle(self) -> None:
+        """One push/pull; raises on any store failure (the caller counts it)."""
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        ex = self.sync.outgoing(t0)
+        try:
+            reply = await asyncio.wait_for(self.store.exchange(ex, time.time() * 1000.0),
+                                           self.cfg.timeout_ms / 1000.0)
+        except BaseException:
+            self.sync.disconnected()
+            raise
+        now = loop.time()
+        self._record(self.sync.incoming(reply, now))
+        self.last_cycle_s = now - t0
+
+    def _record(self, events: list[TransitionEvent]) -> None:
+        router = self.app.router
+        for e in events:
+            router.transitions.append(e)
+            router.counters[("transition", e.new)] += 1
+            log.info("health %s %s: %s -> %s (%s)", e.cluster, e.slice, e.old, e.new, e.reason)
+
+    async def _attempt(self) -> bool:
+        try:
+            await self.cycle()
+        except (RedisError, OSError, TimeoutError, ValueError) as exc:
+            self._went_down(exc)
+            return False
+        except Exception as exc:  # a bug here must not stop the sidecar, nor the loop
+            log.exception("fleet sync failed unexpectedly; continuing on local state")
+            self._went_down(exc)
+            return False
+        self._came_up()
+        return True
+
+    def _went_down(self, exc: BaseException) -> None:
+        self.syncs_failed += 1
+        self._failures += 1
+        if self.up is not False:
+            self._down_since = time.monotonic()
+            log.warning("fleet store %s unreachable (%s); continuing on local state, "
+                        "retrying with backoff", self.cfg.url, _describe(exc))
+        self.up = False
+
+    def _came_up(self) -> None:
+        self.syncs_ok += 1
+        if self.up is False and self._down_since is not None:
+            log.info("fleet store %s back after %.1fs; state resynced", self.cfg.url,
+                     time.monotonic() - self._down_since)
+        elif self.up is None:
+            log.info("fleet mode: replica %s sharing through %s (%d peers)", self.rid,
+                     self.cfg.url, len([p for p in self.sync.peers if p != self.rid]))
+        self.up, self._failures, self._down_since = True, 0, None
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def warm_start(self) -> bool:
+        """Before serving: two cycles (discover peers, then fetch their statistics
+        and the owners' states), so the first request already routes on fleet
+        evidence. False (logged once) if the store does not answer."""
+        return await self._attempt() and await self._attempt()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            ok = self.up is True
+            if ok:
+                delay = self.cfg.push_interval_s
+            else:
+                delay = min(BACKOFF_MIN_S * 2 ** max(self._failures - 1, 0), BACKOFF_MAX_S)
+                delay *= 1.0 + 0.2 * (2.0 * self._rng.random() - 1.0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+            if not stop.is_set():
+                await self._attempt()
+
+    async def close(self) -> None:
+        """Final push (so peers have our last observations), then disconnect."""
+        if self.up:
+            await self._attempt()
+        with contextlib.suppress(RedisError, OSError):
+            await self.store.close()
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text if len(text) < 200 else text[:200] + "..."

@@ -1,0 +1,77 @@
+"""An in-process store with the Redis store's semantics, on a given clock.
+
+The policy lab shares state between simulated replicas through it (virtual
+time, no I/O), and unit tests of :mod:`sidecar.fleet.sync` use it as the
+fake. It carries out an :class:`~sidecar.fleet.sync.Exchange` exactly as
+:class:`~sidecar.fleet.redis_store.RedisStore` does (the Lua lease script
+included), so both are exercised by the same sync code; the Redis store is
+tested against a real ``redis-server``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sidecar.fleet.sync import Exchange, Reply
+
+
+@dataclass
+class _Expiring:
+    fields: dict[str, bytes] = field(default_factory=dict)
+    expires_ms: float = float("inf")
+
+
+@dataclass
+class MemoryStore:
+    stats: dict[str, _Expiring] = field(default_factory=dict)  # rid -> its hash
+    metas: dict[str, bytes] = field(default_factory=dict)
+    replicas: dict[str, float] = field(default_factory=dict)  # rid -> last push (ms)
+    leases: dict[str, tuple[str, float]] = field(default_factory=dict)  # route -> holder, exp
+    health: _Expiring = field(default_factory=_Expiring)
+    probes: dict[str, list[bytes]] = field(default_factory=dict)
+    commands: int = 0  # what the Redis store would have sent, for sizing in the lab
+
+    def flush(self) -> None:
+        """Lose everything, as FLUSHALL or a restart without persistence does."""
+        self.stats.clear()
+        self.metas.clear()
+        self.replicas.clear()
+        self.leases.clear()
+        self.health = _Expiring()
+        self.probes.clear()
+
+    def exchange(self, ex: Exchange, now_ms: float) -> Reply:
+        self._expire(now_ms)
+        mine = self.stats.setdefault(ex.rid, _Expiring())
+        stored = len(mine.fields)
+        holders = []
+        for rf in ex.routes:
+            holder = self.leases.get(rf)
+            if holder is None or holder[1] <= now_ms or holder[0] == ex.rid:
+                self.leases[rf] = (ex.rid, now_ms + ex.lease_ttl_ms)
+                holders.append(ex.rid)
+            else:
+                holders.append(holder[0])
+        mine.fields.update(ex.stats_set)
+        for f in ex.stats_del:
+            mine.fields.pop(f, None)
+        mine.expires_ms = now_ms + ex.stats_ttl_ms
+        self.metas[ex.rid] = ex.meta
+        self.replicas[ex.rid] = now_ms
+        self.health.fields.update(ex.health_set)
+        self.health.expires_ms = now_ms + ex.health_ttl_ms
+        for owner, values in ex.probes.items():
+            self.probes.setdefault(owner, []).extend(values)
+        inbox = self.probes.pop(ex.rid, [])
+        live = sorted(r for r, t in self.replicas.items() if t >= now_ms - ex.stats_ttl_ms)
+        stats = {p: dict(self.stats[p].fields) for p in ex.fetch if p in self.stats}
+        self.commands += 9 + len(ex.fetch) + bool(ex.probes) + bool(ex.stats_del)
+        return Reply(holders, live, stats, {p: self.metas.get(p) for p in ex.fetch},
+                     dict(self.health.fields), inbox, stored)
+
+    def _expire(self, now_ms: float) -> None:
+        for rid in [r for r, h in self.stats.items() if h.expires_ms <= now_ms]:
+            del self.stats[rid]
+            self.metas.pop(rid, None)
+        if self.health.expires_ms <= now_ms:
+            self.health = _Expiring()

@@ -1,0 +1,48 @@
+"""Prometheus view of fleet mode, read at scrape time (nothing on the request path)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from sidecar.fleet.link import FleetLink
+
+FLEET_METRIC_NAMES = (
+    "tailroute_fleet_store_up",
+    "tailroute_fleet_syncs_total",
+    "tailroute_fleet_peers",
+    "tailroute_fleet_routes",
+    "tailroute_fleet_sync_seconds",
+)
+
+
+class FleetCollector(Collector):
+    def __init__(self, link: FleetLink) -> None:
+        self.link = link
+
+    def collect(self) -> Iterator[Metric]:
+        link = self.link
+        yield GaugeMetricFamily("tailroute_fleet_store_up",
+                                "1 while the fleet store answered the last push/pull",
+                                value=1.0 if link.up else 0.0)
+        syncs = CounterMetricFamily("tailroute_fleet_syncs", "Push/pull cycles by result",
+                                    labels=["result"])
+        syncs.add_metric(["ok"], link.syncs_ok)
+        syncs.add_metric(["error"], link.syncs_failed)
+        yield syncs
+        yield GaugeMetricFamily("tailroute_fleet_peers",
+                                "Other replicas that pushed within fleet.stats_ttl_s",
+                                value=len([p for p in link.sync.peers if p != link.rid]))
+        routes = GaugeMetricFamily("tailroute_fleet_routes",
+                                   "Routes whose health this replica owns or follows",
+                                   labels=["role"])
+        routes.add_metric(["owned"], len(link.sync.owned))
+        routes.add_metric(["followed"], link.sync.followed)
+        yield routes
+        yield GaugeMetricFamily("tailroute_fleet_sync_seconds",
+                                "Duration of the last push/pull cycle",
+                                value=link.last_cycle_s)

@@ -1,0 +1,145 @@
+"""The Redis/Valkey store: one :class:`~sidecar.fleet.sync.Exchange` = one pipelined round trip.
+
+Keys (``P`` = ``fleet.key_prefix``; the braces are a Redis Cluster hash tag, so
+every key lives in one slot and the lease script may touch several)::
+
+    {P}:replicas          ZSET  replica id -> wall-clock ms of its last push
+    {P}:stats:<replica>   HASH  one field per live sub-window of each of its narrow
+                                series (codec.stats_field), plus "_meta"; PEXPIRE stats_ttl
+    {P}:leases            HASH  route field -> "<holder> <expiry ms on the server clock>"
+    {P}:health            HASH  route field -> the owner's published state
+    {P}:probes:<replica>  LIST  probe results forwarded to that owner
+
+Commands per exchange: EVALSHA (leases), HLEN, HSET, HDEL (when sub-windows left
+the window), PEXPIRE x3, ZADD, ZREMRANGEBYSCORE, HSET (health, when changed),
+RPUSH + PEXPIRE per owner with forwarded probes, LPOP, ZRANGEBYSCORE, HGETALL
+(health), and one HGETALL per peer. That is about 13 + peers commands per push
+interval per replica, whatever the request rate.
+
+Key count: 4 + 2 x replicas. Fields: series x sub-windows per replica (series
+are capped by ``stats.max_slices``), routes in the lease and health hashes.
+
+The lease script uses the server's clock (``TIME``), so hosts whose clocks
+disagree still agree on who holds a lease. Scripts replicate by effects (the
+default since Redis 5; Valkey likewise).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError, ResponseError
+
+from sidecar.fleet.sync import Exchange, Reply
+
+META_FIELD = "_meta"
+
+# KEYS[1] = the lease hash; ARGV = me, ttl_ms, route fields... -> holder per route.
+_LEASE_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local me, ttl = ARGV[1], tonumber(ARGV[2])
+local out = {}
+for i = 3, #ARGV do
+  local v = redis.call('HGET', KEYS[1], ARGV[i])
+  local holder, exp = nil, 0
+  if v then
+    local sep = string.find(v, ' ', 1, true)
+    holder, exp = string.sub(v, 1, sep - 1), tonumber(string.sub(v, sep + 1))
+  end
+  if (not v) or exp <= now or holder == me then
+    redis.call('HSET', KEYS[1], ARGV[i], me .. ' ' .. (now + ttl))
+    holder = me
+  end
+  out[#out + 1] = holder
+end
+redis.call('PEXPIRE', KEYS[1], ttl * 10)
+return out
+"""
+
+
+class RedisStore:
+    """Carries out exchanges against one Redis/Valkey (``redis.asyncio``)."""
+
+    def __init__(self, url: str, prefix: str, timeout_s: float) -> None:
+        self.url = url
+        self.prefix = prefix
+        self.client: aioredis.Redis = aioredis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+            health_check_interval=0, retry_on_timeout=False,
+        )
+        self._lease_sha = hashlib.sha1(_LEASE_LUA.encode()).hexdigest()
+        self.commands_sent = 0  # client-issued commands (the lease script's inner calls aside)
+
+    def key(self, *parts: str) -> str:
+        return ":".join((f"{{{self.prefix}}}", *parts))
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    async def exchange(self, ex: Exchange, now_ms: float) -> Reply:
+        k_replicas, k_mine = self.key("replicas"), self.key("stats", ex.rid)
+        k_leases, k_health = self.key("leases"), self.key("health")
+        p = self.client.pipeline(transaction=False)
+        lease_args: list[str | int] = [k_leases, ex.rid, ex.lease_ttl_ms, *ex.routes]
+        if ex.routes:
+            p.evalsha(self._lease_sha, 1, *lease_args)
+        p.hlen(k_mine)
+        mine = {META_FIELD: ex.meta, **ex.stats_set}
+        p.hset(k_mine, mapping=mine)  # type: ignore[arg-type]
+        if ex.stats_del:
+            p.hdel(k_mine, *ex.stats_del)
+        p.pexpire(k_mine, ex.stats_ttl_ms)
+        p.zadd(k_replicas, {ex.rid: now_ms})
+        p.zremrangebyscore(k_replicas, "-inf", now_ms - ex.stats_ttl_ms)
+        p.pexpire(k_replicas, ex.stats_ttl_ms)
+        if ex.health_set:
+            p.hset(k_health, mapping=ex.health_set)  # type: ignore[arg-type]
+        p.pexpire(k_health, ex.health_ttl_ms)
+        for owner, values in ex.probes.items():
+            p.rpush(self.key("probes", owner), *values)
+            p.pexpire(self.key("probes", owner), ex.lease_ttl_ms * 4)
+        p.lpop(self.key("probes", ex.rid), 10_000)
+        p.zrangebyscore(k_replicas, now_ms - ex.stats_ttl_ms, "+inf")
+        p.hgetall(k_health)
+        for peer in ex.fetch:
+            p.hgetall(self.key("stats", peer))
+        self.commands_sent += len(p.command_stack)
+        res: list[Any] = await p.execute(raise_on_error=False)
+        if ex.routes and isinstance(res[0], NoScriptError):
+            # First use, or the server restarted: load the script and take the leases
+            # alone (the rest of the round trip went through and must not be repeated).
+            await self.client.script_load(_LEASE_LUA)
+            res[0] = await self.client.evalsha(self._lease_sha, 1, *lease_args)
+        for r in res:
+            if isinstance(r, Exception):
+                raise r if isinstance(r, ResponseError) else ResponseError(str(r))
+        return self._reply(ex, res)
+
+    @staticmethod
+    def _reply(ex: Exchange, res: list[Any]) -> Reply:
+        i = 0
+        holders: list[str] = []
+        if ex.routes:
+            holders = [_text(h) for h in res[0]]
+            i = 1
+        stored = max(int(res[i]) - 1, 0)  # minus the meta field
+        peers_raw = res[len(res) - len(ex.fetch):] if ex.fetch else []
+        health_raw = res[len(res) - len(ex.fetch) - 1]
+        replicas_raw = res[len(res) - len(ex.fetch) - 2]
+        probes_raw = res[len(res) - len(ex.fetch) - 3] or []
+        stats: dict[str, dict[str, bytes]] = {}
+        metas: dict[str, bytes | None] = {}
+        for peer, fields in zip(ex.fetch, peers_raw, strict=True):
+            decoded = {_text(f): bytes(v) for f, v in fields.items()}
+            metas[peer] = decoded.pop(META_FIELD, None)
+            stats[peer] = decoded
+        health = {_text(f): bytes(v) for f, v in health_raw.items()}
+        return Reply(holders, [_text(r) for r in replicas_raw], stats, metas, health,
+                     [bytes(v) for v in probes_raw], stored)
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)

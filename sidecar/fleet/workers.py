@@ -1,0 +1,159 @@
+"""`tailroute serve --workers N`: N sidecar processes on one gRPC port, one fleet.
+
+One Python process decides on one core. The supervisor starts N ordinary
+``serve`` processes that bind the same gRPC port with SO_REUSEPORT (the kernel
+spreads Envoy's connections over them) and share statistics and health
+through the configured ``fleet:`` store, exactly as replicas on different hosts
+do. So ``--workers`` requires a ``fleet:`` section and TCP gRPC (a Unix socket
+cannot be shared this way).
+
+* **Admin**: worker ``i`` serves its admin endpoints on ``listen.admin``'s port
+  ``+ i`` (each worker's ``/metrics`` counts its own requests; ``/state`` shows
+  the same fleet-wide statistics and health in every worker). With port 0 each
+  picks a free one; the supervisor logs them.
+* **Snapshot**: every worker reads it at start (when the store does not answer),
+  only worker 0 writes it (all workers hold the same fleet-merged state).
+* **Signals**: SIGTERM/SIGINT/SIGHUP are forwarded to every worker (drain,
+  reload). A worker that dies is restarted after a second, at most 5 times a
+  minute; beyond that the supervisor stops the rest and exits 1.
+* ``--ready-file``: written once every worker is serving, as
+  ``<grpc port> <admin port of worker 0>``; ``<ready-file>.workers`` lists every
+  worker's admin port, one per line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from sidecar.core.config import Config, ConfigError
+from sidecar.devtools.harness import free_port
+
+log = logging.getLogger("tailroute.workers")
+_RESTARTS_PER_MINUTE = 5
+
+
+def _split(addr: str, what: str) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"{what}: must be host:port, got {addr!r}")
+    return host or "127.0.0.1", int(port)
+
+
+def check_workers(config: Config, n: int, grpc: str, unix: str | None) -> None:
+    """ConfigError (naming the file) unless ``n`` workers can share state and a port."""
+    if n < 1:
+        raise ConfigError(f"--workers must be >= 1, got {n}")
+    if config.fleet is None:
+        raise ConfigError(f"{config.source}: fleet: --workers {n} needs a fleet: section "
+                          "(workers share statistics and health through Redis/Valkey)")
+    if unix or not grpc:
+        raise ConfigError(f"{config.source}: listen: --workers needs TCP gRPC "
+                          "(listen.grpc / --grpc); a Unix socket cannot be shared by processes")
+
+
+class Supervisor:
+    def __init__(self, ns: argparse.Namespace, config: Config, n: int) -> None:
+        grpc = ns.grpc if ns.grpc is not None else config.listen.grpc
+        check_workers(config, n, grpc, ns.unix if ns.unix is not None else
+                      config.listen.grpc_unix)
+        host, port = _split(grpc, "--grpc")
+        self.grpc = f"{host}:{port or free_port()}"
+        self.admin_host, self.admin_port = _split(
+            ns.admin if ns.admin is not None else config.listen.admin, "--admin")
+        self.ns, self.n = ns, n
+        self.dir = Path(tempfile.mkdtemp(prefix="tailroute-workers-"))
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.restarts: list[float] = []
+        self.stopping = False
+
+    def argv(self, i: int) -> list[str]:
+        ns = self.ns
+        admin = self.admin_port + i if self.admin_port else 0
+        out = [sys.executable, "-m", "sidecar.cli", *(["-v"] if ns.verbose else []), "serve",
+               "--config", ns.config, "--grpc", self.grpc, "--worker-index", str(i),
+               "--admin", f"{self.admin_host}:{admin}", "--ready-file", str(self.ready(i)),
+               "--snapshot-every", str(ns.snapshot_every)]
+        if ns.snapshot:
+            out += ["--snapshot", ns.snapshot]
+        if ns.seed is not None:
+            out += ["--seed", str(ns.seed + i)]
+        return out
+
+    def ready(self, i: int) -> Path:
+        return self.dir / f"worker-{i}.ready"
+
+    def spawn(self, i: int) -> None:
+        self.ready(i).unlink(missing_ok=True)
+        self.procs[i] = subprocess.Popen(self.argv(i), stdin=subprocess.DEVNULL)
+
+    def forward(self, sig: int, _frame: object = None) -> None:
+        if sig in (signal.SIGTERM, signal.SIGINT):
+            self.stopping = True
+        for p in self.procs.values():
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.send_signal(sig)
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self.forward)
+        for i in range(self.n):
+            self.spawn(i)
+        announced = False
+        while True:
+            if not announced and all(self.ready(i).exists() for i in range(self.n)):
+                announced = True
+                self._announce()
+            for i, p in list(self.procs.items()):
+                if p.poll() is None or self.stopping:
+                    continue
+                if not self._may_restart():
+                    log.error("worker %d exited %s; too many restarts, stopping", i,
+                              p.returncode)
+                    self.forward(signal.SIGTERM)
+                    break
+                log.warning("worker %d exited %s; restarting it", i, p.returncode)
+                time.sleep(1.0)
+                self.spawn(i)
+            if all(p.poll() is not None for p in self.procs.values()):
+                break
+            time.sleep(0.1)
+        codes = [p.returncode for p in self.procs.values()]
+        return 0 if self.stopping and all(c == 0 for c in codes) else max(codes) or 1
+
+    def _may_restart(self) -> bool:
+        now = time.monotonic()
+        self.restarts = [t for t in self.restarts if now - t < 60.0] + [now]
+        return len(self.restarts) <= _RESTARTS_PER_MINUTE
+
+    def _announce(self) -> None:
+        ports = [self.ready(i).read_text().split() for i in range(self.n)]
+        admins = ", ".join(f"{self.admin_host}:{p[1]}" for p in ports)
+        log.info("%d workers serving ext_proc on %s (SO_REUSEPORT); admin on %s", self.n,
+                 self.grpc, admins)
+        if self.ns.ready_file:
+            Path(self.ns.ready_file + ".workers").write_text("".join(f"{p[1]}\n"
+                                                                    for p in ports))
+            tmp = Path(self.ns.ready_file + ".tmp")
+            tmp.write_text(f"{ports[0][0]} {ports[0][1]}\n")
+            tmp.replace(self.ns.ready_file)
+
+
+def run_workers(ns: argparse.Namespace, config: Config, n: int) -> int:
+    return Supervisor(ns, config, n).run()
+
+
+def worker_log_format(index: int) -> None:
+    """Prefix a worker's log lines with its index (they share the supervisor's stderr)."""
+    fmt = f"%(asctime)s %(levelname)s [w{index} pid {os.getpid()}] %(name)s: %(message)s"
+    for h in logging.getLogger().handlers:
+        h.setFormatter(logging.Formatter(fmt))

@@ -1,0 +1,197 @@
+"""The Redis store and the asyncio link against a real redis-server on 127.0.0.1:
+the same semantics as the in-process store, a bounded number of commands and keys
+whatever the request rate, and a store that dies, comes back empty or answers slowly
+never stops a replica from deciding."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from sidecar.core.config import Config, parse_config
+from sidecar.core.router import Router
+from sidecar.core.types import Observation, SliceKey
+from sidecar.devtools.redis_server import RedisServer
+from sidecar.fleet.link import FleetLink
+from sidecar.fleet.metrics import FLEET_METRIC_NAMES, FleetCollector
+from sidecar.fleet.redis_store import RedisStore
+from sidecar.fleet.sync import FleetSync
+from sidecar.shell.app import App
+from tests.conftest import base_config_dict
+
+pytestmark = pytest.mark.usefixtures("redis_tool")
+
+SL = SliceKey("m", "interactive", "short", True)
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    with RedisServer() as srv:
+        yield srv
+
+
+def _config(url: str, **fleet: Any) -> Config:
+    return parse_config(base_config_dict(
+        stats={"subwindow_s": 10, "subwindows": 6, "min_samples": 5},
+        fleet={"url": url, "push_interval_s": 0.2, "lease_ttl_s": 1.0, "timeout_ms": 300,
+               **fleet}), "t.yaml")
+
+
+def _samples(r: Router, now: float, cluster: str = "a") -> int:
+    rs = r.stats.series(cluster, SL)
+    return 0 if rs is None else rs.count("ttft", now)
+
+
+def _commands(client: redis.Redis) -> int:
+    stats: dict[str, Any] = client.info("commandstats")  # type: ignore[assignment]
+    return sum(int(v["calls"]) for k, v in stats.items()
+               if k not in ("cmdstat_info", "cmdstat_config", "cmdstat_flushall"))
+
+
+def test_exchanges_share_statistics_once_with_a_bounded_command_count(
+    server: RedisServer,
+) -> None:
+    cfg = _config(server.url)
+    client = redis.Redis(port=server.port)
+
+    async def main() -> None:
+        routers = [Router(cfg), Router(cfg)]
+        syncs = [FleetSync(r, f"r{i}", 60.0, 1.0) for i, r in enumerate(routers)]
+        store = RedisStore(server.url, "t", 0.5)
+        now = 1000.0
+
+        async def cycle(t: float) -> None:
+            for s in syncs:
+                s.incoming(await store.exchange(s.outgoing(t), t * 1000.0), t)
+
+        await cycle(now)
+
+        async def burst(per_cycle: int, t0: float) -> tuple[float, float]:
+            client.config_resetstat()
+            t = t0
+            for step in range(10):  # 10 cycles, 2 x per_cycle requests each
+                for i, r in enumerate(routers):
+                    for j in range(per_cycle):
+                        t = t0 + step * 0.5 + j * 0.2 / per_cycle
+                        r.observe(Observation("a", SL, "ok", ttft_s=0.1 * (i + 1)), t)
+                await cycle(t)
+            return _commands(client) / (10 * 2), t
+
+        slow, now = await burst(5, 1000.0)
+        fast, now = await burst(100, 1005.0)
+        print(f"commands per replica per cycle: {slow:.1f} at 5 req, {fast:.1f} at 100 req")
+        # Never a write per request: 20x the rate, the same commands (up to an HDEL
+        # when a sub-window leaves the window); ~13 per cycle plus 3 per route (lease script).
+        assert abs(slow - fast) <= 0.5 and fast <= 20
+        await cycle(now + 0.1)
+        assert [_samples(r, now + 0.1) for r in routers] == [2100, 2100]
+        client.flushall()  # the store loses everything: re-pushed, never counted twice
+        for k in range(3):
+            await cycle(now + 0.2 + k * 0.1)
+        assert [_samples(r, now + 0.5) for r in routers] == [2100, 2100]
+        assert client.hlen("{t}:stats:r0") == 1 + 2  # one live sub-window + meta + load
+        keys = sorted(k.decode() for k in client.keys("*"))
+        assert keys == ["{t}:health", "{t}:leases", "{t}:replicas", "{t}:stats:r0",
+                        "{t}:stats:r1"]
+        holders = {v.decode().split()[0] for v in client.hvals("{t}:leases")}
+        assert len(holders) == 1  # one owner for the one route
+        await store.close()
+
+    asyncio.run(main())
+
+
+def test_link_keeps_deciding_through_a_killed_store_and_resyncs(
+    server: RedisServer, caplog: pytest.LogCaptureFixture,
+) -> None:
+    cfg = _config(server.url)
+    caplog.set_level(logging.INFO, logger="tailroute.fleet")
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        apps = [App.create(cfg, seed=i) for i in range(2)]
+        links = [FleetLink(app, cfg.fleet, rid=f"r{i}") for i, app in  # type: ignore[arg-type]
+                 enumerate(apps)]
+        assert all([await link.warm_start() for link in links])
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(link.run(stop)) for link in links]
+        for i in range(20):
+            apps[0].router.observe(Observation("a", SL, "ok", ttft_s=0.2), loop.time())
+            await asyncio.sleep(0.02 if i else 0)
+        await _until(lambda: _samples(apps[1].router, loop.time()) == 20)
+        server.kill()
+        await _until(lambda: all(link.up is False for link in links))
+        assert _exported(links[0])["tailroute_fleet_store_up"] == 0.0
+        # Decisions go on (they never touch the store); observations still count locally.
+        for app in apps:
+            d = app.router.decide(_request(), loop.time(), app.rng)
+            assert d.cluster in ("a", "b", "c")
+        apps[0].router.observe(Observation("a", SL, "ok", ttft_s=0.2), loop.time())
+        assert all(link.sync.followed == 0 for link in links)  # every route local now
+        server.start()  # back, empty
+        await _until(lambda: all(link.up for link in links), timeout=15.0)
+        await _until(lambda: _samples(apps[1].router, loop.time()) == 21)
+        assert _samples(apps[0].router, loop.time()) == 21
+        await _until(lambda: _exported(links[0])["tailroute_fleet_peers"] == 1.0)
+        got = _exported(links[0])
+        assert set(got) == {n.removesuffix("_total") for n in FLEET_METRIC_NAMES}
+        assert got["tailroute_fleet_store_up"] == 1.0 and got["tailroute_fleet_syncs"] > 0
+        stop.set()
+        await asyncio.gather(*tasks)
+        for link in links:
+            await link.close()
+
+    asyncio.run(main())
+    down = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    back = [r for r in caplog.records if "back after" in r.getMessage()]
+    assert len(down) == 2 and len(back) == 2  # one line each per replica, not per retry
+
+
+def test_warm_start_fails_fast_without_a_store() -> None:
+    from sidecar.devtools.harness import free_port
+
+    cfg = _config(f"redis://127.0.0.1:{free_port()}/0")
+
+    async def main() -> None:
+        app = App.create(cfg)
+        link = FleetLink(app, cfg.fleet)  # type: ignore[arg-type]
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        assert not await link.warm_start()
+        assert loop.time() - t0 < 5.0  # bounded by timeout_ms, not a hang
+        assert link.up is False and link.syncs_failed == 1
+        await link.close()
+
+    asyncio.run(main())
+
+
+def _exported(link: FleetLink) -> dict[str, float]:
+    """Family name -> first sample value, as a Prometheus scrape would see them."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    reg = CollectorRegistry()
+    reg.register(FleetCollector(link))
+    text = generate_latest(reg).decode()
+    return {f.name: float(f.samples[0].value) for f in text_string_to_metric_families(text)}
+
+
+def _request() -> Any:
+    from sidecar.core.types import RequestInfo
+
+    return RequestInfo(api="chat", model="m", stream=True, max_tokens=16, input_tokens=10,
+                       klass="interactive", priority=10, tenant=None, slice=SL)
+
+
+async def _until(probe: Any, timeout: float = 10.0) -> None:
+    """Readiness wait (bounds a broken run; not a timing assertion)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not probe():
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.02)

@@ -1,0 +1,183 @@
+"""The core's fleet hooks: merging another replica's sub-windows is the same as having
+observed its requests; followed routes are left to their owner; states move intact."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar.core.config import Config, parse_config
+from sidecar.core.fleet_share import (
+    FollowerBoard,
+    adopt_route,
+    live_subwindows,
+    merge_subwindow,
+    route_signature,
+    route_state,
+)
+from sidecar.core.health import HealthState
+from sidecar.core.router import Router
+from sidecar.core.stats import StatsStore
+from sidecar.core.types import Observation, SliceKey
+from sidecar.fleet import codec
+from tests.conftest import base_config_dict
+
+SLICES = [SliceKey("m", "interactive", "short", True), SliceKey("m", "interactive", "long", True),
+          SliceKey("m", "batch", "short", False)]
+
+
+def _config(**stats: Any) -> Config:
+    return parse_config(base_config_dict(stats={"subwindow_s": 10, "subwindows": 6,
+                                                "min_samples": 3, **stats}), "t.yaml")
+
+
+obs_strategy = st.tuples(
+    st.sampled_from(["a", "b"]), st.integers(0, len(SLICES) - 1),
+    st.sampled_from(["ok", "ok", "ok", "error", "timeout", "cancel"]),
+    st.floats(0.01, 5.0), st.floats(0.0, 59.0),
+)
+
+
+def _feed(store: StatsStore, items: list[tuple[str, int, str, float, float]], t0: float) -> None:
+    for cluster, si, outcome, v, dt in sorted(items, key=lambda x: x[4]):
+        store.observe(Observation(cluster, SLICES[si], outcome,  # type: ignore[arg-type]
+                                  ttft_s=v, e2e_s=2 * v), t0 + dt)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(obs_strategy, max_size=60), st.lists(obs_strategy, max_size=60))
+def test_merging_a_peers_subwindows_equals_observing_its_requests(
+    mine: list[Any], theirs: list[Any]
+) -> None:
+    cfg = _config().stats
+    t0, now = 1000.0, 1059.5
+    local, peer, both = StatsStore(cfg), StatsStore(cfg), StatsStore(cfg)
+    _feed(local, mine, t0)
+    _feed(peer, theirs, t0)
+    _feed(both, mine + theirs, t0)
+    for (cluster, s), subs in live_subwindows(peer, now):
+        for sub in subs:
+            merge_subwindow(local, cluster, s, sub, now, seen_at=now)
+    for cluster in ("a", "b"):
+        for s in [*SLICES, *{b for x in SLICES for b in x.broader()}]:
+            for metric in ("ttft", "e2e"):
+                got, want = (st_.lookup(cluster, s, metric, 0.95, now) for st_ in (local, both))
+                assert (got.value, got.samples) == (want.value, want.samples)
+            if both.series(cluster, s) is not None:
+                assert local.series(cluster, s) is not None
+                assert local.window_summary(cluster, s, "ttft", 0.95, now) == \
+                    both.window_summary(cluster, s, "ttft", 0.95, now)
+
+
+def test_merge_invalidates_cached_quantiles_and_places_by_index() -> None:
+    cfg = _config().stats
+    local, peer = StatsStore(cfg), StatsStore(cfg)
+    s = SLICES[0]
+    for i in range(10):
+        local.observe(Observation("a", s, "ok", ttft_s=0.1), 1000.0 + i)
+        peer.observe(Observation("a", s, "ok", ttft_s=3.0), 1000.0 + i)
+    before = local.lookup("a", s, "ttft", 0.95, 1011.0)  # cached now
+    for _, subs in live_subwindows(peer, 1011.0):
+        for sub in subs:
+            merge_subwindow(local, "a", s, sub, 1011.0)
+    after = local.lookup("a", s, "ttft", 0.95, 1011.0)
+    assert before.value is not None and before.value < 0.2
+    assert after.value is not None and after.value > 2.5 and after.samples == 20
+
+
+def test_merge_outside_the_window_is_dropped_and_future_lands_in_current() -> None:
+    cfg = _config().stats
+    store, peer = StatsStore(cfg), StatsStore(cfg)
+    peer.observe(Observation("a", SLICES[0], "ok", ttft_s=0.5), 100.0)
+    (_, [sub]), = list(live_subwindows(peer, 100.0))
+    assert merge_subwindow(store, "a", SLICES[0], sub, 1000.0) is None
+    sub.index = 10_000  # a peer whose clock runs ahead
+    assert merge_subwindow(store, "a", SLICES[0], sub, 1000.0) == SLICES[0]
+    rs = store.series("a", SLICES[0])
+    assert rs is not None and rs.count("ttft", 1000.0) == 1
+
+
+def test_a_peers_overflow_key_stays_an_overflow_key() -> None:
+    cfg = _config(max_slices=1).stats
+    peer, local = StatsStore(cfg), StatsStore(cfg)
+    peer.observe(Observation("a", SLICES[0], "ok", ttft_s=0.5), 100.0)
+    peer.observe(Observation("a", SLICES[1], "ok", ttft_s=0.5), 100.0)  # folds to overflow
+    for (c, s), subs in live_subwindows(peer, 100.0):
+        for sub in subs:
+            merge_subwindow(local, c, s, sub, 100.0)
+    assert sorted(local.narrow_keys()) == sorted(peer.narrow_keys())
+
+
+def _quarantined_router(cfg: Config) -> tuple[Router, float]:
+    r = Router(cfg)
+    now = 1000.0
+    for i in range(10):
+        now = 1000.0 + i * 0.5
+        r.observe(Observation("a", SLICES[0], "error", status=500), now)
+    r.tick(1010.01)
+    h = r.board.peek("a", SLICES[0])
+    assert h is not None and h.state is HealthState.QUARANTINED
+    return r, 1012.0
+
+
+def test_route_state_moves_between_boards_and_signature_tracks_it() -> None:
+    cfg = _config()
+    src, now = _quarantined_router(cfg)
+    dst = Router(cfg)
+    state = route_state(src.board, "a", SLICES[0], now)
+    event = adopt_route(dst.board, "a", SLICES[0], state, now - 1.0, now, "fleet: test")
+    assert event is not None and (event.old, event.new) == ("healthy", "quarantined")
+    h_src, h_dst = src.board.peek("a", SLICES[0]), dst.board.peek("a", SLICES[0])
+    assert h_src is not None and h_dst is not None
+    # Written one second before ``now``: every time is one second earlier here.
+    assert h_dst.cooldown_until is not None and h_src.cooldown_until is not None
+    assert abs((h_src.cooldown_until - now) - (h_dst.cooldown_until - (now - 1.0))) < 1e-6
+    assert route_signature(dst.board, "a", SLICES[0]) != ()
+    assert adopt_route(dst.board, "a", SLICES[0], {}, now, now, "fleet: test") is not None
+    assert dst.board.peek("a", SLICES[0]) is None and route_signature(dst.board, "a",
+                                                                       SLICES[0]) == ()
+
+
+def test_follower_board_leaves_followed_routes_to_the_owner() -> None:
+    cfg = _config()
+    r = Router(cfg)
+    board = FollowerBoard.wrap(r.board)
+    r.board = board
+    board.followed = {("a", SLICES[0])}
+    for i in range(10):
+        r.observe(Observation("a", SLICES[0], "error", status=500), 1000.0 + i * 0.5)
+        r.observe(Observation("b", SLICES[0], "error", status=500), 1000.0 + i * 0.5)
+    r.tick(1010.01)
+    assert board.peek("a", SLICES[0]) is None  # followed: no local verdict
+    hb = board.peek("b", SLICES[0])
+    assert hb is not None and hb.state is HealthState.QUARANTINED  # not followed: local
+    assert board.record_probe("a", SLICES[0], True, 1011.0) == []
+    assert board.probe_outbox == [("a", SLICES[0], True)]
+
+
+def test_codec_roundtrip_and_diff() -> None:
+    cfg = _config().stats
+    store = StatsStore(cfg)
+    for i in range(30):
+        store.observe(Observation("a", SLICES[0], "ok" if i % 5 else "error",
+                                  ttft_s=0.1 * (1 + i % 7), e2e_s=1.0), 1000.0 + i * 0.1)
+    (_, [sub]), = list(live_subwindows(store, 1003.0))
+    back = codec.decode_sub(codec.encode_sub(sub), sub.index, 0.02)
+    assert codec.diff(back, sub).empty and codec.diff(sub, back).empty
+    assert back.total() == sub.total()
+    half = codec.diff(sub, None)
+    half.ok -= 3
+    d = codec.diff(sub, half)
+    assert d.ok == 3 and not d.hists
+    assert codec.add(codec.diff(half, None), d).total() == sub.total()
+
+
+def test_a_followed_routes_cooldown_is_no_deadline_here() -> None:
+    cfg = _config()
+    r, _ = _quarantined_router(cfg)
+    board = FollowerBoard.wrap(r.board)
+    assert board.next_deadline() is not None
+    board.followed = {("a", SLICES[0])}
+    assert board.next_deadline() is None  # the owner ends it; we adopt its answer

@@ -1,0 +1,230 @@
+"""The per-replica sync state machine against the in-process store (same semantics as
+Redis, checked against a real redis-server in test_fleet_redis.py): every replica
+sees the fleet's evidence once, one owner decides a route, the others follow, probes
+count in one tally, and a flushed or unreachable store heals without double counting."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sidecar.core.config import Config, parse_config
+from sidecar.core.router import Router
+from sidecar.core.types import Observation, SliceKey, TransitionEvent
+from sidecar.fleet.memory import MemoryStore
+from sidecar.fleet.sync import FleetSync
+from tests.conftest import base_config_dict
+
+SL = SliceKey("m", "interactive", "short", True)
+
+
+def _config(**stats: Any) -> Config:
+    return parse_config(base_config_dict(stats={"subwindow_s": 10, "subwindows": 6,
+                                                "min_samples": 5, **stats}), "t.yaml")
+
+
+class Fleet:
+    """k routers sharing through one MemoryStore, on one virtual clock."""
+
+    def __init__(self, k: int, cfg: Config | None = None, offsets: list[float] | None = None):
+        self.cfg = cfg or _config()
+        self.store = MemoryStore()
+        self.routers = [Router(self.cfg) for _ in range(k)]
+        offsets = offsets or [0.0] * k
+        self.syncs = [FleetSync(r, f"r{i}", 60.0, 3.0, offsets[i])
+                      for i, r in enumerate(self.routers)]
+        self.events: list[list[TransitionEvent]] = [[] for _ in range(k)]
+
+    def cycle(self, now: float, only: list[int] | None = None) -> None:
+        for i in only if only is not None else range(len(self.syncs)):
+            s = self.syncs[i]
+            ex = s.outgoing(now)
+            reply = self.store.exchange(ex, (now + s.wall_offset) * 1000.0)
+            self.events[i] += s.incoming(reply, now)
+
+    def tick(self, now: float) -> None:
+        for i, r in enumerate(self.routers):
+            self.events[i] += r.tick(now)
+
+    def share_route(self, t: float = 999.0) -> tuple[int, int]:
+        """Every replica knows route a (a fine request each); returns (owner, another)."""
+        for i, r in enumerate(self.routers):
+            r.observe(Observation("a", SL, "ok", ttft_s=0.1), t + i * 0.1)
+        self.cycle(t + 0.5)
+        self.cycle(t + 0.6)
+        owner = next(i for i, s in enumerate(self.syncs) if s.owned)
+        return owner, next(i for i in range(len(self.syncs)) if i != owner)
+
+    def state(self, i: int, cluster: str = "a") -> str:
+        h = self.routers[i].board.peek(cluster, SL)
+        return "healthy" if h is None else h.state.value
+
+
+def _samples(r: Router, cluster: str, now: float) -> int:
+    rs = r.stats.series(cluster, SL)
+    return 0 if rs is None else rs.count("ttft", now)
+
+
+def test_every_replica_sees_every_observation_exactly_once() -> None:
+    f = Fleet(3)
+    now = 1000.0
+    for step in range(40):
+        now = 1000.0 + step * 0.5
+        for i, r in enumerate(f.routers):
+            r.observe(Observation("a", SL, "ok", ttft_s=0.1 * (i + 1), e2e_s=1.0), now)
+        if step % 2:
+            f.cycle(now)
+    f.cycle(now + 0.1)
+    f.cycle(now + 0.2)  # a second round: everyone has everyone's last push
+    for r in f.routers:
+        assert _samples(r, "a", now + 0.2) == 120
+        assert r.stats.lookup("a", SL, "ttft", 0.5, now + 0.2).value == pytest.approx(0.2, 0.03)
+    # Re-pushing the same contents (as after a flush) adds nothing.
+    f.store.flush()
+    for _ in range(3):
+        f.cycle(now + 0.3)
+    assert [_samples(r, "a", now + 0.3) for r in f.routers] == [120, 120, 120]
+
+
+def test_pushes_are_per_changed_subwindow_not_per_request() -> None:
+    f = Fleet(2)
+    for step in range(200):
+        f.routers[0].observe(Observation("a", SL, "ok", ttft_s=0.1), 1000.0 + step * 0.01)
+    ex = f.syncs[0].outgoing(1002.5)
+    # 200 requests, one sub-window: one field (plus the in-flight record, every push).
+    assert sorted(ex.stats_set) == ["_load", "a\tm|interactive|short|stream\t1005000"]
+    f.store.exchange(ex, 1002.5e3)
+    f.syncs[0].incoming(f.store.exchange(f.syncs[0].outgoing(1002.6), 1002.6e3), 1002.6)
+    assert list(f.syncs[0].outgoing(1002.7).stats_set) == ["_load"]  # nothing else changed
+
+
+@pytest.mark.parametrize(("offset", "indices"), [(120.0, [100]), (123.4, [100, 99])])
+def test_clocks_with_different_origins_place_evidence_by_wall_clock(
+    offset: float, indices: list[int]
+) -> None:
+    """Replica 1's loop clock reads ``offset`` s less for the same wall-clock instant.
+    Sub-windows travel by their wall-clock midpoint: aligned boundaries (processes on
+    one host share the monotonic clock) place them exactly, others within half of one."""
+    f = Fleet(2, offsets=[0.0, offset])
+    for step in range(10):
+        f.routers[1].observe(Observation("a", SL, "ok", ttft_s=0.3), 1000.0 - offset + step)
+    for _ in range(2):
+        f.cycle(1009.5, only=[0])
+        f.cycle(1009.5 - offset, only=[1])
+    f.cycle(1009.6, only=[0])
+    rs = f.routers[0].stats.series("a", SL)
+    assert rs is not None and rs.count("ttft", 1009.6) == 10
+    assert [s.index for _, s in rs.window.live(1009.6)] == indices
+
+
+def test_peers_in_flight_counts_join_the_local_view_while_fresh() -> None:
+    f = Fleet(2)
+    for _ in range(3):
+        f.routers[1].started("b")
+    for t in (1000.0, 1000.3, 1000.6):  # a new peer is fetched from the cycle after it appears
+        f.cycle(t)
+    assert f.routers[0].inflight("b") == 3 and f.routers[1].inflight("b") == 3
+    for t in (1001.0, 1002.0, 1003.0, 1004.5):  # replica 1 stops pushing
+        f.cycle(t, only=[0])
+    assert f.routers[0].inflight("b") == 0
+
+
+def _fail(f: Fleet, i: int, cluster: str, start: float, n: int = 10) -> float:
+    now = start
+    for j in range(n):
+        now = start + j * 0.5
+        f.routers[i].observe(Observation(cluster, SL, "error", status=500), now)
+    return now
+
+
+def test_one_owner_decides_and_the_others_follow_within_one_cycle() -> None:
+    f = Fleet(3)
+    f.cycle(999.0)
+    owner, follower = f.share_route()  # route a is known to all three
+    assert len({s.rid for s in f.syncs if any("a\t" in rf for rf in s.owned)}) == 1
+    # Only the follower sees the failures; after sharing, the owner judges and quarantines.
+    _fail(f, follower, "a", 1000.0)
+    f.cycle(1009.0)
+    f.cycle(1009.1)
+    f.tick(1010.01)
+    assert f.state(owner) == "quarantined"
+    assert f.state(follower) == "healthy"  # followers never judge a followed route
+    f.cycle(1010.5)
+    assert [f.state(i) for i in range(3)] == ["quarantined"] * 3
+    assert any("fleet: following" in e.reason for e in f.events[follower])
+
+
+def test_probe_results_from_every_replica_count_toward_the_owners_tally() -> None:
+    cfg = parse_config(base_config_dict(
+        stats={"subwindow_s": 10, "subwindows": 6, "min_samples": 5},
+        health={"cooldown_s": 5, "probe_successes": 4}), "t.yaml")
+    f = Fleet(2, cfg)
+    owner, other = f.share_route()
+    _fail(f, owner, "a", 1000.0)
+    f.cycle(1009.9)
+    f.tick(1010.01)
+    f.tick(1016.0)  # cooldown over: the owner moves to probing
+    f.cycle(1016.1)
+    f.cycle(1016.2)
+    assert [f.state(i) for i in range(2)] == ["probing", "probing"]
+    for k in range(2):  # two probes seen by each replica
+        for i in (owner, other):
+            probe = Observation("a", SL, "ok", ttft_s=0.1, e2e_s=0.2, is_probe=True)
+            f.routers[i].observe(probe, 1016.5 + k)
+    assert f.state(owner) == "probing"  # two of its own: not yet four
+    f.cycle(1018.0)
+    f.cycle(1018.1)
+    f.cycle(1018.2)
+    assert f.state(owner) == "restoring"
+    assert f.syncs[owner].counters.applied_probes == 2
+
+
+def test_a_dead_owners_lease_passes_on_without_losing_the_state() -> None:
+    f = Fleet(2)
+    owner, other = f.share_route()
+    _fail(f, owner, "a", 1000.0)
+    f.cycle(1009.9)
+    f.tick(1010.01)
+    f.cycle(1010.1)
+    f.cycle(1010.2)
+    assert f.state(other) == "quarantined"
+    # The owner stops pushing; after the lease TTL the other replica owns the route,
+    # continues from the adopted state and runs its cooldown itself.
+    for t in (1011.0, 1012.0, 1013.5):
+        f.cycle(t, only=[other])
+    assert any("a\t" in rf for rf in f.syncs[other].owned)
+    assert f.state(other) == "quarantined"
+    f.routers[other].tick(1060.0)
+    assert f.state(other) == "probing"
+
+
+def test_unreachable_store_means_local_decisions_then_convergence() -> None:
+    f = Fleet(2)
+    owner, other = f.share_route()
+    for s in f.syncs:
+        s.disconnected()  # the store went away
+    _fail(f, other, "a", 1000.0)  # only the non-owner sees the failures, and decides alone
+    f.tick(1010.01)
+    assert f.state(other) == "quarantined" and f.state(owner) == "healthy"
+    f.store.flush()  # ... and came back empty
+    f.cycle(1011.0, only=[other])  # the one that decided takes the lease first
+    f.cycle(1011.1, only=[owner])
+    f.cycle(1012.0)  # the new owner publishes on its next push; the other adopts
+    f.cycle(1013.0)
+    assert f.state(owner) == f.state(other) == "quarantined"
+
+
+def test_snapshot_contents_are_a_baseline_never_pushed_as_own() -> None:
+    """A replica that warm-started from its (fleet-merged) snapshot because the store was
+    away must not re-push the peers' evidence in it as its own."""
+    f = Fleet(1)
+    r = f.routers[0]
+    for i in range(10):
+        r.observe(Observation("a", SL, "ok", ttft_s=0.2), 1000.0 + i * 0.1)
+    f.syncs[0].mark_baseline(1001.0)
+    assert list(f.syncs[0].outgoing(1001.0).stats_set) == ["_load"]
+    r.observe(Observation("a", SL, "ok", ttft_s=0.2), 1001.5)
+    ex = f.syncs[0].outgoing(1001.6)
+    (name,) = [n for n in ex.stats_set if not n.startswith("_")]
+    assert b'"c":[1,0,0,0]' in ex.stats_set[name]  # just the new request

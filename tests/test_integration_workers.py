@@ -1,0 +1,69 @@
+"""`tailroute serve --workers N`: N processes on one gRPC port sharing state through a
+real redis-server, behind the real Envoy; misuse is a one-line config error."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sidecar.devtools.harness import Stack, http_json
+from sidecar.devtools.redis_server import RedisServer
+from tests.ops_stack import drive, ops_config, start_providers
+
+pytestmark = [pytest.mark.envoy, pytest.mark.usefixtures("redis_tool")]
+
+
+def _worker_states(stack: Stack) -> list[dict[str, object]]:
+    ports = (stack.workdir / "sidecar.port.workers").read_text().split()
+    return [http_json(f"http://127.0.0.1:{p}/state") for p in ports]
+
+
+def _samples(state: dict[str, object]) -> int:
+    return sum(r["latency"]["ttft"]["samples"] for r in state["routes"]  # type: ignore[index,union-attr]
+               if r["narrow"])  # type: ignore[index]
+
+
+def test_workers_share_one_port_and_one_fleet_state() -> None:
+    with Stack() as stack, RedisServer() as redis_srv:
+        ports = start_providers(stack)
+        path = stack.write_config(ops_config(
+            ports, fleet={"url": redis_srv.url, "push_interval_s": 0.2, "lease_ttl_s": 1.0}))
+        stack.start_sidecar(path, extra=["--workers", "2"])
+        stack.start_envoy(envoy_concurrency=2)
+        assert len(drive(stack, n=80, concurrency=8)) == 80
+        states = _worker_states(stack)
+        assert len(states) == 2
+        # Each worker counts only what it decided, but both see the fleet's evidence.
+        decided = [sum(v for k, v in s["counters"].items()  # type: ignore[attr-defined]
+                       if k.startswith("decision:")) for s in states]
+        assert sum(decided) >= 80
+        deadline = time.monotonic() + 10
+        while _samples(states[0]) != _samples(states[1]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            states = _worker_states(stack)
+        assert _samples(states[0]) == _samples(states[1]) > 0
+        sup = stack.procs["sidecar"]
+        stack.stop_sidecar()  # SIGTERM to the supervisor's group: every worker drains
+        assert sup.returncode == 0
+
+
+@pytest.mark.parametrize(("fleet", "extra", "message"), [
+    (False, [], "fleet: --workers 2 needs a fleet: section"),
+    (True, ["--unix", "/tmp/x.sock", "--grpc", ""], "listen: --workers needs TCP gRPC"),
+])
+def test_workers_misuse_is_a_config_error(tmp_path: Path, fleet: bool, extra: list[str],
+                                          message: str) -> None:
+    data = ops_config({"provider-a": 1, "provider-b": 2, "provider-c": 3})
+    if fleet:
+        data["fleet"] = {"url": "redis://127.0.0.1:1/0"}
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(data))
+    out = subprocess.run([sys.executable, "-m", "sidecar.cli", "serve", "--config", str(path),
+                          "--workers", "2", *extra], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert message in out.stderr and str(path) in out.stderr
