@@ -19,6 +19,7 @@ from sidecar.core.fields import ConfigError as ConfigError  # re-exported
 
 Metric = Literal["ttft", "tpot", "e2e"]
 PickerMode = Literal["weighted_random", "lowest_score"]
+RoutingMode = Literal["extproc", "native", "hybrid"]
 Algorithm = Literal["latency_aware", "static"]
 
 
@@ -166,6 +167,22 @@ class EnvoyConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class RoutingConfig:
+    """Who picks the cluster (docs/native-mode.md).
+
+    ``extproc``: the sidecar decides every request (ext_proc). ``native``: Envoy
+    picks from per-slice ``weighted_clusters`` whose weights the sidecar publishes
+    once per evaluation window (RTDS). ``hybrid``: requests that need a
+    per-request decision (deadline, workflow step, explain, ``per_request_classes``)
+    go through ext_proc, all others take the native path.
+    """
+
+    mode: RoutingMode = "extproc"
+    # hybrid: classes whose requests always get a per-request decision (admission, queueing).
+    per_request_classes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole sidecar configuration. Build with :func:`parse_config`."""
 
@@ -181,6 +198,7 @@ class Config:
     listen: ListenConfig = ListenConfig()
     limits: LimitsConfig = LimitsConfig()
     envoy: EnvoyConfig = EnvoyConfig()
+    routing: RoutingConfig = RoutingConfig()
     snapshot_path: str | None = None
     source: str = "<memory>"
     _by_cluster: dict[str, ClusterConfig] = field(default_factory=dict, compare=False, repr=False)

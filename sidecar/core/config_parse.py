@@ -24,6 +24,7 @@ from sidecar.core.config import (
     LimitsConfig,
     ListenConfig,
     ModelConfig,
+    RoutingConfig,
     SloConfig,
     StatsConfig,
     Weights,
@@ -236,6 +237,35 @@ def _envoy(r: ConfigReader) -> EnvoyConfig:
     return cfg
 
 
+def _routing(r: ConfigReader, classes: tuple[ClassConfig, ...]) -> RoutingConfig:
+    known = [c.name for c in classes]
+    per_request = tuple(str(x) for x in r.list_("per_request_classes"))
+    for name in per_request:
+        if name not in known:
+            r.fail(f"unknown class {name!r} (known: {', '.join(known)})", "per_request_classes")
+    cfg = RoutingConfig(
+        mode=r.choice("mode", "extproc", ("extproc", "native", "hybrid")),
+        per_request_classes=per_request,
+    )
+    r.done()
+    return cfg
+
+
+def _check_native_routing(root: ConfigReader, cfg: Config) -> None:
+    """Envoy's native path cannot rewrite the body: no cluster may rename a model."""
+    if cfg.routing.mode == "extproc":
+        return
+    for i, c in enumerate(cfg.clusters):
+        for client_name, upstream in c.models.items():
+            if client_name != upstream:
+                root.fail(
+                    f"routing.mode {cfg.routing.mode} cannot rewrite the request body, but "
+                    f"clusters[{i}].models maps {client_name!r} to {upstream!r}; serve the "
+                    "model under the name clients send, or use routing.mode extproc",
+                    "routing.mode",
+                )
+
+
 def parse_config(data: Any, source: str = "<memory>") -> Config:
     """Validate a mapping (parsed YAML) into a frozen :class:`Config`.
 
@@ -297,11 +327,13 @@ def parse_config(data: Any, source: str = "<memory>") -> Config:
         listen=_listen(root.sub("listen")),
         limits=_limits(root.sub("limits")),
         envoy=_envoy(root.sub("envoy")),
+        routing=_routing(root.sub("routing"), classes),
         snapshot_path=snapshot,
         source=source,
     )
     root.done()
     _check_queue_wait(root, cfg)
+    _check_native_routing(root, cfg)
     return cfg
 
 

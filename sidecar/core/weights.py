@@ -1,0 +1,286 @@
+"""Per-slice route weights for native mode: the policy core's selection, once per window.
+
+In native mode Envoy picks each request's cluster itself, from the slice's
+``weighted_clusters`` route, with integer weights tailroute publishes once per
+evaluation window (docs/native-mode.md). They come from the same selection
+pipeline the per-request path runs (:mod:`sidecar.core.pipeline`), for a
+representative request of the slice:
+
+1. **Route candidates** (:func:`route_candidates`): the model's candidates that
+   pass the hard filters (model served, region policy). Those depend on config
+   only, so the rendered route lists exactly these clusters.
+2. **Probes**: every candidate the per-request path would probe -- probing
+   (cooldown over), or restricted for a latency-sensitive class -- that has
+   room (in flight below ``max_concurrency``) gets ``health.probe_share`` of the
+   slice's traffic, as :meth:`Router._maybe_probe` sends it per request. Its
+   responses count as probes (:attr:`SliceWeights.probes`).
+3. **Selection** shares the rest, ``1 - probes``, by the picker's probabilities
+   over the pipeline's survivors::
+
+       weighted_random   p_i = w_i / sum_j w_j    (w = health x prod s^k, exploration floor)
+       lowest_score      p_chosen = 1
+
+   Quarantined routes never survive the quarantine filter (weight 0) -- unless
+   every candidate is excluded, when panic mode serves the least-bad tier.
+4. **Integers**: largest-remainder rounding to exactly ``scale`` (ties go to
+   candidate order); a candidate with a positive share keeps at least 1.
+
+Invariants (tests/test_weights.py, hypothesis properties):
+
+* the weights of a slice sum to ``scale`` > 0 -- never all zero: Envoy 1.40
+  answers 404 (no route) when every weight of a ``weighted_clusters`` is 0;
+* a quarantined route (circuit open, not probed) has weight 0 unless every
+  candidate is quarantined;
+* a pure function of the view, the config and ``now``.
+
+What a window cannot do: in-flight counts are the window's average
+(:class:`WindowLoad`), so the capacity filter, herding guard and load score act
+on the last window's load, not on each request's.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from sidecar.core.classify import LONG_PROFILE, TOKEN_PROFILES
+from sidecar.core.config import Config, ModelConfig
+from sidecar.core.filters import DEFAULT_FILTERS
+from sidecar.core.pickers import PICKERS
+from sidecar.core.pipeline import (
+    Candidate,
+    HealthView,
+    LatencyValue,
+    RouteView,
+    SelectionContext,
+    run_pipeline,
+)
+from sidecar.core.router import Router
+from sidecar.core.scorers import DEFAULT_SCORERS
+from sidecar.core.types import RequestInfo, SliceKey
+
+WEIGHT_SCALE = 10_000  # integer weights of one slice sum to this
+PROFILES: tuple[str, ...] = (*(p[0] for p in TOKEN_PROFILES), LONG_PROFILE)
+
+
+@dataclass(frozen=True, slots=True)
+class SliceWeights:
+    """What Envoy is told for one slice: integer weights in route-candidate order."""
+
+    slice: SliceKey
+    weights: tuple[tuple[str, int], ...]
+    probes: tuple[str, ...] = ()  # clusters whose share is the probe share
+    panic: bool = False  # every candidate was excluded: least-bad tier served
+
+    def weight(self, cluster: str) -> int:
+        return dict(self.weights).get(cluster, 0)
+
+    @property
+    def total(self) -> int:
+        return sum(w for _, w in self.weights)
+
+
+class _NoView:
+    """Hard filters read config only; a view that says so if that ever changes."""
+
+    def latency(
+        self, cluster: str, slice: SliceKey, metric: str, percentile: float, now: float
+    ) -> LatencyValue:
+        raise AssertionError("hard filters must not read statistics")
+
+    def health(self, cluster: str, slice: SliceKey) -> HealthView:
+        raise AssertionError("hard filters must not read health")
+
+    def inflight(self, cluster: str) -> int:
+        raise AssertionError("hard filters must not read load")
+
+
+def representative(config: Config, slice: SliceKey) -> RequestInfo:
+    """A first-attempt request of ``slice`` without deadline, step or explain.
+
+    Selection reads a request's model, class and slice (plus the retry,
+    deadline and step flags, which the native path never has).
+    """
+    klass = config.workload_class(slice.klass)
+    return RequestInfo(
+        api="chat", model=slice.model, stream=bool(slice.streaming), max_tokens=None,
+        input_tokens=0, klass=slice.klass, priority=klass.priority if klass else 0,
+        tenant=None, slice=slice,
+    )
+
+
+def route_candidates(config: Config, model: ModelConfig) -> tuple[str, ...]:
+    """The model's candidates that pass every hard (never relaxed) filter, in order."""
+    klass = config.workload_class(config.default_class)
+    assert klass is not None
+    some_slice = SliceKey(model.name, klass.name, PROFILES[0], False)
+    ctx = SelectionContext(config, model, klass, representative(config, some_slice),
+                           _NoView(), 0.0)
+    hard = [f for f in DEFAULT_FILTERS if not f.soft]
+    out = []
+    for name in model.candidates:
+        if not config.has_cluster(name):
+            continue
+        cand = Candidate(config.cluster(name), HealthView("healthy", 1.0, False, False))
+        if all(f(ctx, cand) is None for f in hard):
+            out.append(name)
+    return tuple(out)
+
+
+def native_slices(config: Config) -> tuple[SliceKey, ...]:
+    """Every slice native mode renders a route for: model x class x profile x stream,
+    for models with at least one route candidate."""
+    out = []
+    for model in config.models:
+        if not route_candidates(config, model):
+            continue
+        for klass in config.classes:
+            for profile in PROFILES:
+                for streaming in (True, False):
+                    out.append(SliceKey(model.name, klass.name, profile, streaming))
+    return tuple(out)
+
+
+def _probe_clusters(
+    config: Config, view: RouteView, slice: SliceKey, candidates: Iterable[str]
+) -> tuple[str, ...]:
+    """Routes the per-request path would send probes to (Router._maybe_probe)."""
+    klass = config.workload_class(slice.klass)
+    sensitive = klass.latency_sensitive if klass else True
+    out = []
+    for c in candidates:
+        state = view.health(c, slice).state
+        if (state == "probing" or (state == "restricted" and sensitive)) and (
+            view.inflight(c) < config.cluster(c).max_concurrency
+        ):
+            out.append(c)
+    return tuple(out)
+
+
+def integer_weights(shares: Mapping[str, float], order: tuple[str, ...],
+                    scale: int) -> tuple[tuple[str, int], ...]:
+    """Largest-remainder rounding of ``shares`` (any non-negative scale) to sum ``scale``.
+
+    A zero total falls back to an equal split (never all zero); each positive
+    share keeps at least 1, taken from the largest weight.
+    """
+    total = sum(max(shares.get(c, 0.0), 0.0) for c in order)
+    if not order:
+        return ()
+    if total <= 0 or not math.isfinite(total):
+        shares, total = dict.fromkeys(order, 1.0), float(len(order))
+    exact = [max(shares.get(c, 0.0), 0.0) / total * scale for c in order]
+    units = [math.floor(x) for x in exact]
+    rest = scale - sum(units)
+    by_remainder = sorted(range(len(order)), key=lambda i: (-(exact[i] - units[i]), i))
+    for i in by_remainder[:rest]:
+        units[i] += 1
+    for i, x in enumerate(exact):
+        if x > 0 and units[i] == 0:
+            biggest = max(range(len(order)), key=lambda j: (units[j], -j))
+            if units[biggest] > 1:
+                units[biggest] -= 1
+                units[i] = 1
+    return tuple(zip(order, units, strict=True))
+
+
+def slice_weights(
+    config: Config, view: RouteView, slice: SliceKey, now: float,
+    scale: int = WEIGHT_SCALE, candidates: tuple[str, ...] | None = None,
+) -> SliceWeights:
+    """One slice's published weights (module docstring, steps 2-4)."""
+    model = config.model(slice.model)
+    klass = config.workload_class(slice.klass)
+    if model is None or klass is None:
+        raise KeyError(f"slice {slice.label()} names no configured model/class")
+    order = route_candidates(config, model) if candidates is None else candidates
+    probes = _probe_clusters(config, view, slice, order)
+    probe_share = config.health.probe_share
+    shares: dict[str, float] = dict.fromkeys(order, 0.0)
+    for name in probes:
+        shares[name] += probe_share
+    rest = max(1.0 - probe_share * len(probes), 0.0)
+    ctx = SelectionContext(config, model, klass, representative(config, slice), view, now)
+    picker = PICKERS[config.picker]
+    # The picker's draw is not used (only its probabilities); a fixed RNG keeps it pure.
+    result = run_pipeline(ctx, DEFAULT_FILTERS, DEFAULT_SCORERS, picker, random.Random(0))
+    panic = False
+    if result is not None and rest > 0:
+        panic = result.panic
+        # In panic the served tier keeps its soft-filter verdicts but was scored.
+        survivors = [cand for cand in result.candidates if cand.name in shares and (
+            cand.dropped is None or (panic and cand.scores))]
+        if config.picker == "weighted_random":
+            total = sum(cand.weight for cand in survivors)
+            for cand in survivors:
+                shares[cand.name] += rest * cand.weight / total
+        elif result.chosen.name in shares:
+            shares[result.chosen.name] += rest
+    return SliceWeights(slice, integer_weights(shares, order, scale), probes, panic)
+
+
+def compute_weights(
+    config: Config, view: RouteView, now: float,
+    slices: Iterable[SliceKey] | None = None, scale: int = WEIGHT_SCALE,
+) -> dict[SliceKey, SliceWeights]:
+    """Weights of every slice (default: :func:`native_slices`) as of ``now``."""
+    cands = {m.name: route_candidates(config, m) for m in config.models}
+    return {
+        s: slice_weights(config, view, s, now, scale, cands.get(s.model))
+        for s in (native_slices(config) if slices is None else slices)
+    }
+
+
+class WindowView:
+    """A :class:`RouteView` over a router's statistics and health whose in-flight
+    counts add the last window's average from the native path (:class:`WindowLoad`).
+
+    Latency lookups go straight to the statistics (the router's own lookup
+    memoises per decision and is cleared only by ``decide``).
+    """
+
+    def __init__(self, router: Router, native_inflight: Mapping[str, float]) -> None:
+        self._router = router
+        self._extra = native_inflight
+
+    def latency(
+        self, cluster: str, slice: SliceKey, metric: str, percentile: float, now: float
+    ) -> LatencyValue:
+        lk = self._router.stats.lookup(cluster, slice, metric, percentile / 100.0, now)
+        return LatencyValue(lk.value, lk.used, lk.fell_back, lk.samples)
+
+    def health(self, cluster: str, slice: SliceKey) -> HealthView:
+        return self._router.health(cluster, slice)
+
+    def inflight(self, cluster: str) -> int:
+        return self._router.inflight(cluster) + round(self._extra.get(cluster, 0.0))
+
+
+class WindowLoad:
+    """Average requests in flight per cluster over a window, from finished requests.
+
+    Little's law, ``L = sum(durations of requests that ended in the window) / window``:
+    exact on average in steady state, one addition per request, and it needs no
+    start events (the native path only learns of a request when it is logged).
+    """
+
+    def __init__(self) -> None:
+        self._busy: defaultdict[str, float] = defaultdict(float)
+        self._since: float | None = None
+        self.last: dict[str, float] = {}
+
+    def add(self, cluster: str, duration_s: float) -> None:
+        if duration_s > 0 and math.isfinite(duration_s):
+            self._busy[cluster] += duration_s
+
+    def roll(self, now: float) -> dict[str, float]:
+        """Close the window ending at ``now``; returns (and keeps as ``last``) its averages."""
+        if self._since is not None and now > self._since:
+            span = now - self._since
+            self.last = {c: busy / span for c, busy in self._busy.items()}
+        self._since = now
+        self._busy.clear()
+        return self.last
