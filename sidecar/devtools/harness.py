@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,8 @@ from typing import Any
 import yaml
 
 from sidecar.core.config import Config, parse_config
-from sidecar.shell.bootstrap import ObserveMode, render_bootstrap, to_yaml
+from sidecar.shell.bootstrap import ObserveMode, to_yaml
+from sidecar.shell.bootstrap_native import render_for_mode
 
 
 def free_port() -> int:
@@ -149,11 +151,13 @@ class Stack:
     # ------------------------------------------------------------ envoy
 
     def start_envoy(self, observe_mode: ObserveMode | None = None, unix: str | None = None,
-                    sidecar_port: int | None = None, with_sidecar: bool = True) -> int:
+                    sidecar_port: int | None = None, with_sidecar: bool = True,
+                    adjust: Callable[[dict[str, Any]], None] | None = None) -> int:
+        """Render the bootstrap for the config's routing mode; ``adjust`` may edit it."""
         assert self.config is not None, "write_config first"
         listen, admin = free_port(), free_port()
         port = sidecar_port or self.ports.get("sidecar") or free_port()
-        boot = render_bootstrap(
+        boot = render_for_mode(
             self.config,
             grpc_target=None if unix else f"127.0.0.1:{port}",
             unix_socket=unix,
@@ -162,6 +166,8 @@ class Stack:
             observe_mode=observe_mode,
             with_sidecar=with_sidecar,
         )
+        if adjust is not None:
+            adjust(boot)
         path = self.workdir / "envoy.yaml"
         path.write_text(to_yaml(boot))
         argv = [envoy_binary(), "-c", str(path), "--use-dynamic-base-id", "--concurrency", "1",
