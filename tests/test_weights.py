@@ -201,7 +201,8 @@ def test_window_load_is_littles_law() -> None:
     load = WindowLoad()
     load.roll(0.0)
     for _ in range(20):
-        load.add("a", 0.5)  # 20 requests of 0.5 s in 2 s: 5 in flight on average
-    load.add("b", float("nan"))
+        load.add(SLICE, "a", 0.5)  # 20 requests of 0.5 s in 2 s: 5 in flight on average
+    load.add(SLICE, "b", float("nan"))
     assert load.roll(2.0) == {"a": 5.0}
+    assert load.demand == {SLICE: {"a": 5.0}}
     assert load.roll(4.0) == {}

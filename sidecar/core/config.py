@@ -180,6 +180,9 @@ class RoutingConfig:
     mode: RoutingMode = "extproc"
     # hybrid: classes whose requests always get a per-request decision (admission, queueing).
     per_request_classes: tuple[str, ...] = ()
+    # native/hybrid: how often weights are recomputed from the live load (health and
+    # latency verdicts still change once per evaluation window, stats.subwindow_s).
+    publish_interval_s: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -237,7 +237,9 @@ def _envoy(r: ConfigReader) -> EnvoyConfig:
     return cfg
 
 
-def _routing(r: ConfigReader, classes: tuple[ClassConfig, ...]) -> RoutingConfig:
+def _routing(
+    r: ConfigReader, classes: tuple[ClassConfig, ...], stats: StatsConfig
+) -> RoutingConfig:
     known = [c.name for c in classes]
     per_request = tuple(str(x) for x in r.list_("per_request_classes"))
     for name in per_request:
@@ -246,6 +248,8 @@ def _routing(r: ConfigReader, classes: tuple[ClassConfig, ...]) -> RoutingConfig
     cfg = RoutingConfig(
         mode=r.choice("mode", "extproc", ("extproc", "native", "hybrid")),
         per_request_classes=per_request,
+        publish_interval_s=r.num("publish_interval_s", min(1.0, stats.subwindow_s), lo=0.05,
+                                 hi=stats.subwindow_s),
     )
     r.done()
     return cfg
@@ -314,6 +318,7 @@ def parse_config(data: Any, source: str = "<memory>") -> Config:
         root.fail(f"unknown cluster {default_cluster!r}", "default_cluster")
 
     snapshot = root.opt_str("snapshot_path")
+    stats = _stats(root.sub("stats"))
     cfg = Config(
         clusters=tuple(clusters.values()),
         models=tuple(models),
@@ -321,13 +326,13 @@ def parse_config(data: Any, source: str = "<memory>") -> Config:
         default_cluster=default_cluster,
         default_class=default_class,
         picker=root.choice("picker", "weighted_random", ("weighted_random", "lowest_score")),
-        stats=_stats(root.sub("stats")),
+        stats=stats,
         health=_health(root.sub("health")),
         admission=_admission(root.sub("admission")),
         listen=_listen(root.sub("listen")),
         limits=_limits(root.sub("limits")),
         envoy=_envoy(root.sub("envoy")),
-        routing=_routing(root.sub("routing"), classes),
+        routing=_routing(root.sub("routing"), classes, stats),
         snapshot_path=snapshot,
         source=source,
     )

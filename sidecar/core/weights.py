@@ -187,16 +187,21 @@ def integer_weights(shares: Mapping[str, float], order: tuple[str, ...],
     return tuple(zip(order, units, strict=True))
 
 
-def slice_weights(
-    config: Config, view: RouteView, slice: SliceKey, now: float,
-    scale: int = WEIGHT_SCALE, candidates: tuple[str, ...] | None = None,
-) -> SliceWeights:
-    """One slice's published weights (module docstring, steps 2-4)."""
+@dataclass(frozen=True, slots=True)
+class _Split:
+    """A slice's traffic split as fractions (before integer rounding)."""
+
+    shares: dict[str, float]
+    probes: tuple[str, ...]
+    panic: bool
+
+
+def _split(config: Config, view: RouteView, slice: SliceKey, now: float,
+           order: tuple[str, ...]) -> _Split:
     model = config.model(slice.model)
     klass = config.workload_class(slice.klass)
     if model is None or klass is None:
         raise KeyError(f"slice {slice.label()} names no configured model/class")
-    order = route_candidates(config, model) if candidates is None else candidates
     probes = _probe_clusters(config, view, slice, order)
     probe_share = config.health.probe_share
     shares: dict[str, float] = dict.fromkeys(order, 0.0)
@@ -219,18 +224,91 @@ def slice_weights(
                 shares[cand.name] += rest * cand.weight / total
         elif result.chosen.name in shares:
             shares[result.chosen.name] += rest
-    return SliceWeights(slice, integer_weights(shares, order, scale), probes, panic)
+    return _Split(shares, probes, panic)
+
+
+def slice_weights(
+    config: Config, view: RouteView, slice: SliceKey, now: float,
+    scale: int = WEIGHT_SCALE, candidates: tuple[str, ...] | None = None,
+) -> SliceWeights:
+    """One slice's published weights (module docstring, steps 2-4), load as the view says."""
+    model = config.model(slice.model)
+    if model is None:
+        raise KeyError(f"slice {slice.label()} names no configured model")
+    order = route_candidates(config, model) if candidates is None else candidates
+    sp = _split(config, view, slice, now, order)
+    return SliceWeights(slice, integer_weights(sp.shares, order, scale), sp.probes, sp.panic)
+
+
+class _PlannedLoad:
+    """A view whose in-flight counts are the base view's plus a planned native load."""
+
+    def __init__(self, base: RouteView, planned: Mapping[str, float]) -> None:
+        self._base, self._planned = base, planned
+
+    def latency(
+        self, cluster: str, slice: SliceKey, metric: str, percentile: float, now: float
+    ) -> LatencyValue:
+        return self._base.latency(cluster, slice, metric, percentile, now)
+
+    def health(self, cluster: str, slice: SliceKey) -> HealthView:
+        return self._base.health(cluster, slice)
+
+    def inflight(self, cluster: str) -> int:
+        return self._base.inflight(cluster) + round(self._planned.get(cluster, 0.0))
+
+
+PLAN_ROUNDS = 4
 
 
 def compute_weights(
     config: Config, view: RouteView, now: float,
     slices: Iterable[SliceKey] | None = None, scale: int = WEIGHT_SCALE,
+    demand: Mapping[SliceKey, Mapping[str, float]] | None = None,
 ) -> dict[SliceKey, SliceWeights]:
-    """Weights of every slice (default: :func:`native_slices`) as of ``now``."""
+    """Weights of every slice (default: :func:`native_slices`) as of ``now``.
+
+    Without ``demand``, each slice is split with the view's in-flight counts.
+    With ``demand`` -- each slice's average requests in flight per cluster over
+    the last window (:attr:`WindowLoad.demand`) -- the weights also plan where
+    that load lands, since one window's weights hold for the whole next window
+    (a per-request router sees every request move the load; a window does not)::
+
+        L0_c      = sum_s demand[s][c]                    what the last window saw
+        split_r   = pipeline(in-flight_c = view_c + L_{r-1,c})   for every slice
+        P_r,c     = sum_s D_s * split_r[s][c],  D_s = sum_c demand[s][c]
+        L_r,c     = (L_{r-1,c} + P_r,c) / 2               damped, r = 1..PLAN_ROUNDS
+        published = mean_r split_r
+
+    so the capacity filter, the herding guard and the load score see the load
+    the new weights would bring, not the load the old weights brought. The view's
+    own in-flight counts (per-request traffic in hybrid mode) are added as given.
+    """
     cands = {m.name: route_candidates(config, m) for m in config.models}
+    todo = native_slices(config) if slices is None else tuple(slices)
+    if not demand:
+        return {s: slice_weights(config, view, s, now, scale, cands.get(s.model)) for s in todo}
+    load: dict[str, float] = defaultdict(float)
+    for per_cluster in demand.values():
+        for c, n in per_cluster.items():
+            load[c] += n
+    total = {s: sum(demand.get(s, {}).values()) for s in todo}
+    acc: dict[SliceKey, dict[str, float]] = {s: defaultdict(float) for s in todo}
+    last: dict[SliceKey, _Split] = {}
+    for _ in range(PLAN_ROUNDS):
+        planned = _PlannedLoad(view, dict(load))
+        last = {s: _split(config, planned, s, now, cands.get(s.model, ())) for s in todo}
+        predicted: dict[str, float] = defaultdict(float)
+        for s, sp in last.items():
+            for c, share in sp.shares.items():
+                acc[s][c] += share / PLAN_ROUNDS
+                predicted[c] += total[s] * share
+        for c in set(load) | set(predicted):
+            load[c] = (load[c] + predicted[c]) / 2.0
     return {
-        s: slice_weights(config, view, s, now, scale, cands.get(s.model))
-        for s in (native_slices(config) if slices is None else slices)
+        s: SliceWeights(s, integer_weights(acc[s], cands.get(s.model, ()), scale),
+                        last[s].probes, last[s].panic)
+        for s in todo
     }
 
 
@@ -260,7 +338,7 @@ class WindowView:
 
 
 class WindowLoad:
-    """Average requests in flight per cluster over a window, from finished requests.
+    """Average requests in flight per cluster (and per slice) over a window.
 
     Little's law, ``L = sum(durations of requests that ended in the window) / window``:
     exact on average in steady state, one addition per request, and it needs no
@@ -268,19 +346,25 @@ class WindowLoad:
     """
 
     def __init__(self) -> None:
-        self._busy: defaultdict[str, float] = defaultdict(float)
+        self._busy: defaultdict[tuple[SliceKey, str], float] = defaultdict(float)
         self._since: float | None = None
-        self.last: dict[str, float] = {}
+        self.last: dict[str, float] = {}  # cluster -> average in flight
+        self.demand: dict[SliceKey, dict[str, float]] = {}  # slice -> cluster -> average
 
-    def add(self, cluster: str, duration_s: float) -> None:
+    def add(self, slice: SliceKey, cluster: str, duration_s: float) -> None:
         if duration_s > 0 and math.isfinite(duration_s):
-            self._busy[cluster] += duration_s
+            self._busy[(slice, cluster)] += duration_s
 
     def roll(self, now: float) -> dict[str, float]:
         """Close the window ending at ``now``; returns (and keeps as ``last``) its averages."""
         if self._since is not None and now > self._since:
             span = now - self._since
-            self.last = {c: busy / span for c, busy in self._busy.items()}
+            per_cluster: defaultdict[str, float] = defaultdict(float)
+            demand: dict[SliceKey, dict[str, float]] = {}
+            for (s, c), busy in self._busy.items():
+                per_cluster[c] += busy / span
+                demand.setdefault(s, {})[c] = busy / span
+            self.last, self.demand = dict(per_cluster), demand
         self._since = now
         self._busy.clear()
         return self.last

@@ -46,10 +46,14 @@ POLICY_NAMES: tuple[str, ...] = (
     "envoy_outlier",
     "tailroute",
     "tailroute_no_admission",
+    "tailroute_native",
+    "tailroute_hybrid",
     "oracle",
 )
 #: What ``simulate`` runs when neither the CLI nor the scenario names policies.
-DEFAULT_POLICIES: tuple[str, ...] = tuple(p for p in POLICY_NAMES if p != "tailroute_no_admission")
+#: Variants of tailroute (admission off, routing modes) run only when named.
+VARIANTS: tuple[str, ...] = ("tailroute_no_admission", "tailroute_native", "tailroute_hybrid")
+DEFAULT_POLICIES: tuple[str, ...] = tuple(p for p in POLICY_NAMES if p not in VARIANTS)
 #: Policies compared against tailroute in the summary (everything real that is not tailroute).
 BASELINES: tuple[str, ...] = tuple(
     p for p in POLICY_NAMES if not p.startswith("tailroute") and p != "oracle"
@@ -121,6 +125,7 @@ def _factories() -> dict[str, Callable[[PolicyContext], Policy]]:
     from sidecar.sim.policies.oracle import Oracle
     from sidecar.sim.policies.simple import LeastInflight, P50Only, RandomPick, RoundRobin
     from sidecar.sim.policies.tailroute import Tailroute, TailrouteNoAdmission
+    from sidecar.sim.policies.tailroute_native import TailrouteHybrid, TailrouteNative
 
     return {
         "round_robin": RoundRobin,
@@ -133,5 +138,7 @@ def _factories() -> dict[str, Callable[[PolicyContext], Policy]]:
         "envoy_outlier": EnvoyOutlier,
         "tailroute": Tailroute,
         "tailroute_no_admission": TailrouteNoAdmission,
+        "tailroute_native": TailrouteNative,
+        "tailroute_hybrid": TailrouteHybrid,
         "oracle": Oracle,
     }
