@@ -7,62 +7,23 @@ in native mode is exercised in tests/test_integration_native.py.
 
 from __future__ import annotations
 
-import asyncio
 import http.client
 import json
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-import grpc
 import pytest
 
 from sidecar.core.classify import api_for_path, classify, parse_body
 from sidecar.core.types import SliceKey
 from sidecar.core.weights import SliceWeights, native_slices
+from sidecar.devtools.bench_native import RtdsThread
 from sidecar.devtools.harness import Stack, free_port, http_json
 from sidecar.shell.bootstrap_native import route_slices
 from sidecar.shell.native_keys import runtime_key
-from sidecar.shell.rtds import WeightLayer, add_to_server
 
 pytestmark = pytest.mark.envoy
-
-
-class RtdsThread:
-    """A grpc.aio server with the RTDS service, on a private event loop thread."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.layer = WeightLayer()
-        self.loop = asyncio.new_event_loop()
-        self.server: grpc.aio.Server | None = None
-        threading.Thread(target=self.loop.run_forever, daemon=True).start()
-        self.start()
-
-    def _run(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
-
-    def start(self) -> None:
-        async def go() -> None:
-            self.server = grpc.aio.server()
-            self.service = add_to_server(self.server, self.layer)
-            self.server.add_insecure_port(f"127.0.0.1:{self.port}")
-            await self.server.start()
-        self._run(go())
-
-    def stop(self) -> None:
-        assert self.server is not None
-        self._run(self.server.stop(0))
-
-    def publish(self, weights: dict[SliceKey, SliceWeights]) -> None:
-        async def go() -> None:
-            self.layer.publish(weights, self.loop.time())
-        self._run(go())
-
-    def close(self) -> None:
-        self.stop()
-        self.loop.call_soon_threadsafe(self.loop.stop)
 
 
 def _route_header(boot: dict[str, Any]) -> None:
@@ -156,25 +117,17 @@ def _split(st: Stack, n: int) -> Counter[str]:
                    (_send(st, "/v1/chat/completions", body, conn=conn) for _ in range(n)))
 
 
-def _wait_acked(rtds: RtdsThread, version: int) -> None:
-    for _ in range(200):
-        if any(s["acked_version"] >= version for s in rtds.service.state()):
-            return
-        threading.Event().wait(0.02)
-    raise AssertionError(f"version {version} never acked: {rtds.service.state()}")
-
-
 def test_published_weights_route_and_survive_a_dead_sidecar(
     native: tuple[Stack, RtdsThread],
 ) -> None:
     st, rtds = native
     rtds.publish(_weights(st, 10_000, 0))
-    _wait_acked(rtds, rtds.layer.version)
+    rtds.wait_acked(rtds.layer.version)
     assert _split(st, 30) == {"200:a": 30}
     s = SliceKey("m", "interactive", "short", False)
     assert _layer(st)[runtime_key(s, "b")] == "0"
     rtds.publish(_weights(st, 0, 10_000))
-    _wait_acked(rtds, rtds.layer.version)
+    rtds.wait_acked(rtds.layer.version)
     assert _split(st, 30) == {"200:b": 30}
     # The sidecar dies: the stream drops, Envoy keeps serving on the last weights.
     rtds.stop()
@@ -183,5 +136,5 @@ def test_published_weights_route_and_survive_a_dead_sidecar(
     # It comes back with other weights: Envoy reconnects and applies them.
     rtds.publish(_weights(st, 10_000, 0))
     rtds.start()
-    _wait_acked(rtds, rtds.layer.version)
+    rtds.wait_acked(rtds.layer.version)
     assert _split(st, 30) == {"200:a": 30}

@@ -91,7 +91,8 @@ def test_weights_sum_to_scale_never_all_zero_and_respect_quarantine(
     assert all(x >= 0 for _, x in w.weights)
     assert w.total == scale
     open_circuit = [c for c in "abc" if view.states.get(c) == "quarantined"]
-    if len(open_circuit) < 3:
+    probing = [c for c in "abc" if view.states.get(c) == "probing"]
+    if len(open_circuit) + len(probing) < 3:  # else panic serves the open circuits
         assert all(w.weight(c) == 0 for c in open_circuit), w
     # Deterministic for a state: the same inputs give the same weights.
     assert slice_weights(cfg, view, s, now=10.0, scale=scale) == w

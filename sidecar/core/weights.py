@@ -30,7 +30,8 @@ Invariants (tests/test_weights.py, hypothesis properties):
 * the weights of a slice sum to ``scale`` > 0 -- never all zero: Envoy 1.40
   answers 404 (no route) when every weight of a ``weighted_clusters`` is 0;
 * a quarantined route (circuit open, not probed) has weight 0 unless every
-  candidate is quarantined;
+  candidate's circuit is open (quarantined or probing): then panic mode
+  serves them all, as it does per request;
 * a pure function of the view, the config and ``now``.
 
 What a window cannot do: in-flight counts are the window's average
@@ -197,7 +198,7 @@ class _Split:
 
 
 def _split(config: Config, view: RouteView, slice: SliceKey, now: float,
-           order: tuple[str, ...]) -> _Split:
+           order: tuple[str, ...], rng: random.Random | None = None) -> _Split:
     model = config.model(slice.model)
     klass = config.workload_class(slice.klass)
     if model is None or klass is None:
@@ -210,8 +211,10 @@ def _split(config: Config, view: RouteView, slice: SliceKey, now: float,
     rest = max(1.0 - probe_share * len(probes), 0.0)
     ctx = SelectionContext(config, model, klass, representative(config, slice), view, now)
     picker = PICKERS[config.picker]
-    # The picker's draw is not used (only its probabilities); a fixed RNG keeps it pure.
-    result = run_pipeline(ctx, DEFAULT_FILTERS, DEFAULT_SCORERS, picker, random.Random(0))
+    # The picker's draw is not used (only its probabilities): any RNG state gives the
+    # same weights, so one generator serves a whole computation.
+    result = run_pipeline(ctx, DEFAULT_FILTERS, DEFAULT_SCORERS, picker,
+                          rng or random.Random(0))
     panic = False
     if result is not None and rest > 0:
         panic = result.panic
@@ -286,8 +289,15 @@ def compute_weights(
     """
     cands = {m.name: route_candidates(config, m) for m in config.models}
     todo = native_slices(config) if slices is None else tuple(slices)
+    rng = random.Random(0)
     if not demand:
-        return {s: slice_weights(config, view, s, now, scale, cands.get(s.model)) for s in todo}
+        out = {}
+        for s in todo:
+            order = cands.get(s.model, ())
+            sp = _split(config, view, s, now, order, rng)
+            out[s] = SliceWeights(s, integer_weights(sp.shares, order, scale), sp.probes,
+                                  sp.panic)
+        return out
     load: dict[str, float] = defaultdict(float)
     for per_cluster in demand.values():
         for c, n in per_cluster.items():
@@ -297,7 +307,7 @@ def compute_weights(
     last: dict[SliceKey, _Split] = {}
     for _ in range(PLAN_ROUNDS):
         planned = _PlannedLoad(view, dict(load))
-        last = {s: _split(config, planned, s, now, cands.get(s.model, ())) for s in todo}
+        last = {s: _split(config, planned, s, now, cands.get(s.model, ()), rng) for s in todo}
         predicted: dict[str, float] = defaultdict(float)
         for s, sp in last.items():
             for c, share in sp.shares.items():
@@ -310,6 +320,28 @@ def compute_weights(
                         last[s].probes, last[s].panic)
         for s in todo
     }
+
+
+def refresh_weights(
+    config: Config, view: RouteView, now: float, previous: Mapping[SliceKey, SliceWeights],
+    demand: Mapping[SliceKey, Mapping[str, float]], full: bool, scale: int = WEIGHT_SCALE,
+) -> dict[SliceKey, SliceWeights]:
+    """Recompute the slices that carried load in the last interval; all of them if ``full``.
+
+    Between evaluation windows only load changes, and only slices with traffic
+    are affected by where their own load lands; an idle slice keeps its weights
+    until the next full refresh (at every window boundary and on any health
+    transition). That bounds the work per interval by the active slices, not by
+    models x classes x profiles x streams.
+    """
+    every = native_slices(config)
+    if full or not previous:
+        return compute_weights(config, view, now, every, scale, demand)
+    active = [s for s in every if s in demand or s not in previous]
+    out = {s: previous[s] for s in every if s in previous}
+    if active:
+        out.update(compute_weights(config, view, now, active, scale, demand))
+    return out
 
 
 class WindowView:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import random
 
 from sidecar.core.types import Decision, SliceKey
-from sidecar.core.weights import SliceWeights, WindowLoad, WindowView, compute_weights
+from sidecar.core.weights import SliceWeights, WindowLoad, WindowView, refresh_weights
 from sidecar.sim.policies import PolicyContext
 from sidecar.sim.policies.tailroute import Tailroute, _ticket
 from sidecar.sim.records import Attempt
@@ -49,14 +49,21 @@ class TailrouteNative(Tailroute):
         self.window_s = self.config.routing.publish_interval_s
         self.load = WindowLoad()
         self.load.roll(0.0)
-        self.weights: dict[SliceKey, SliceWeights] = self._compute(0.0)
+        self.weights: dict[SliceKey, SliceWeights] = {}
+        self._window = 0
+        self.weights = self._compute(0.0, full=True)
         self._next_window = self.window_s
         self.publications = 1
         self._per_request: set[int] = set()  # ids of attempts decided per request
 
-    def _compute(self, now: float) -> dict[SliceKey, SliceWeights]:
-        return compute_weights(self.config, WindowView(self.router, {}), now,
-                               demand=self.load.demand)
+    def _compute(self, now: float, full: bool) -> dict[SliceKey, SliceWeights]:
+        """As the sidecar: every slice at a new evaluation window or after a health
+        transition, else the slices with traffic in the last interval."""
+        window = int(now / self.config.stats.subwindow_s)
+        full = full or window != self._window
+        self._window = window
+        return refresh_weights(self.config, WindowView(self.router, {}), now, self.weights,
+                               self.load.demand, full)
 
     def wants_per_request(self, att: Attempt) -> bool:
         return False
@@ -104,7 +111,7 @@ class TailrouteNative(Tailroute):
             while self._next_window <= now:
                 self._next_window += self.window_s
         if window_over or events:
-            self.weights = self._compute(now)
+            self.weights = self._compute(now, full=bool(events))
             self.publications += 1
 
     def next_deadline(self) -> float | None:
