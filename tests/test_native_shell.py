@@ -107,3 +107,20 @@ def test_loop_publishes_at_start_and_after_transitions() -> None:
 
     asyncio.run(run())
     assert native.weights[S].weight("a") == 0
+
+
+def test_metrics_show_weights_publications_and_envoys() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from sidecar.ops.native_metrics import NativeCollector
+
+    cfg = _config()
+    router = Router(cfg)
+    native = NativeRouting(cfg, lambda: router)
+    native.publish(0.0, force=True)
+    reg = CollectorRegistry()
+    reg.register(NativeCollector(native))
+    text = generate_latest(reg).decode()
+    assert f'tailroute_native_weight{{cluster="a",slice="{S.label()}"}} 5000.0' in text
+    assert "tailroute_native_publications_total 1.0" in text
+    assert 'tailroute_native_envoys{acked="false"} 0.0' in text
