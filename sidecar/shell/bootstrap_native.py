@@ -222,17 +222,34 @@ def per_request_predicate(config: Config) -> dict[str, Any]:
     return {"or_matcher": {"predicate": preds}}
 
 
+_MATCHED = _TYPE + "envoy.extensions.common.matching.v3.ExtensionWithMatcher"
+_SKIP = _TYPE + "envoy.extensions.filters.common.matcher.action.v3.SkipFilter"
+
+
 def _only_per_request(config: Config, flt: dict[str, Any]) -> dict[str, Any]:
-    skip = {"name": "skip", "typed_config": {
-        "@type": _TYPE + "envoy.extensions.filters.common.matcher.action.v3.SkipFilter"}}
+    """Skip ``flt`` unless the request needs a per-request decision.
+
+    A filter that is already an ``ExtensionWithMatcher`` with one skip rule keeps
+    it: it is then skipped when its own rule matches *or* the request is native.
+    """
+    native = {"not_matcher": per_request_predicate(config)}
+    tc = flt["typed_config"]
+    if tc.get("@type") == _MATCHED:
+        matchers = tc["xds_matcher"]["matcher_list"]["matchers"]
+        if len(matchers) != 1 or matchers[0]["on_match"]["action"]["typed_config"].get(
+                "@type") != _SKIP:
+            raise RuntimeError(f"cannot combine the matcher of filter {flt['name']!r}")
+        own = matchers[0]["predicate"]
+        matchers[0] = {**matchers[0], "predicate": {"or_matcher": {"predicate": [own, native]}}}
+        return flt
+    skip = {"name": "skip", "typed_config": {"@type": _SKIP}}
     return {
         "name": flt["name"],
         "typed_config": {
-            "@type": _TYPE + "envoy.extensions.common.matching.v3.ExtensionWithMatcher",
+            "@type": _MATCHED,
             "extension_config": flt,
             "xds_matcher": {"matcher_list": {"matchers": [{
-                "predicate": {"not_matcher": per_request_predicate(config)},
-                "on_match": {"action": skip},
+                "predicate": native, "on_match": {"action": skip},
             }]}},
         },
     }
