@@ -6,7 +6,8 @@ import argparse
 import asyncio
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from sidecar.core.config import ConfigError
 
@@ -16,11 +17,30 @@ def _cmd_serve(ns: argparse.Namespace) -> int:
     from sidecar.serve import serve
 
     config = load_config(ns.config)
-    return asyncio.run(
+    return run_on_loop(
         serve(config, grpc_addr=ns.grpc, unix=ns.unix, admin_addr=ns.admin,
               ready_file=ns.ready_file, seed=ns.seed, config_path=ns.config,
-              snapshot_path=ns.snapshot, snapshot_every_s=ns.snapshot_every)
+              snapshot_path=ns.snapshot, snapshot_every_s=ns.snapshot_every),
+        ns.loop,
     )
+
+
+def run_on_loop(main: Coroutine[Any, Any, int], kind: str) -> int:
+    """Run ``main`` on uvloop (``auto``: when installed) or the standard asyncio loop.
+
+    uvloop measured cheaper per request (docs/response-timing.md); it is an optional
+    dependency (``pip install 'tailroute[uvloop]'``), so ``auto`` falls back quietly.
+    """
+    if kind in ("auto", "uvloop"):
+        try:
+            import uvloop
+        except ImportError:
+            if kind == "uvloop":
+                raise ConfigError("--loop uvloop: uvloop is not installed "
+                                  "(pip install 'tailroute[uvloop]')") from None
+        else:
+            return uvloop.run(main)
+    return asyncio.run(main)
 
 
 def _cmd_check_config(ns: argparse.Namespace) -> int:
@@ -39,8 +59,7 @@ def _cmd_envoy_config(ns: argparse.Namespace) -> int:
     from sidecar.shell.bootstrap import render_bootstrap, to_yaml
 
     cfg = load_config(ns.config)
-    text = to_yaml(render_bootstrap(cfg, grpc_target=ns.grpc, unix_socket=ns.unix,
-                                    observe_mode=ns.observe_mode))
+    text = to_yaml(render_bootstrap(cfg, grpc_target=ns.grpc, unix_socket=ns.unix))
     if ns.output:
         with open(ns.output, "w", encoding="utf-8") as f:
             f.write(text)
@@ -68,6 +87,12 @@ def _cmd_demo(ns: argparse.Namespace) -> int:
 
 
 def _cmd_bench(ns: argparse.Namespace) -> int:
+    if ns.what == "load":
+        from sidecar.devtools.bench_load import run_load_bench
+
+        levels = tuple(int(x) for x in (ns.levels or "1,16,64,256").split(","))
+        return run_load_bench(levels, duration_s=ns.duration, stream=not ns.no_stream,
+                              tokens=ns.tokens, loop=ns.loop)
     from sidecar.devtools.bench import run_bench
 
     return run_bench(ns.what, requests=ns.requests, concurrency=ns.concurrency)
@@ -90,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="warm-restart snapshot file (default: snapshot_path from the config)")
     s.add_argument("--snapshot-every", type=float, default=30.0, metavar="SECONDS",
                    help="how often to rewrite the snapshot (also written on shutdown)")
+    s.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
+                   help="event loop: uvloop when installed (auto, the default) or asyncio")
     s.set_defaults(func=_cmd_serve)
 
     st = sub.add_parser("status", help="terminal view of a running sidecar's /state")
@@ -109,7 +136,6 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--config", required=True)
     e.add_argument("--grpc", default=None, help="sidecar host:port (default: listen.grpc)")
     e.add_argument("--unix", default=None, help="reach the sidecar over this Unix socket")
-    e.add_argument("--observe-mode", choices=["observability", "streamed", "headers_only"])
     e.add_argument("-o", "--output", default=None)
     e.set_defaults(func=_cmd_envoy_config)
 
@@ -125,9 +151,19 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_cmd_demo)
 
     b = sub.add_parser("bench", help="benchmarks (print figures; not tests)")
-    b.add_argument("what", choices=["overhead"])
-    b.add_argument("--requests", type=int, default=400)
-    b.add_argument("--concurrency", type=int, default=8)
+    b.add_argument("what", choices=["overhead", "load"],
+                   help="overhead: added latency and CPU per request, per setup; "
+                        "load: Envoy alone vs Envoy + tailroute at rising concurrency")
+    b.add_argument("--requests", type=int, default=400, help="overhead: requests per setup")
+    b.add_argument("--concurrency", type=int, default=8, help="overhead: concurrent clients")
+    b.add_argument("--levels", default=None, metavar="C1,C2,...",
+                   help="load: concurrency levels (default 1,16,64,256)")
+    b.add_argument("--duration", type=float, default=30.0, metavar="SECONDS",
+                   help="load: seconds per setup and level (default 30)")
+    b.add_argument("--tokens", type=int, default=4, help="load: output tokens per request")
+    b.add_argument("--no-stream", action="store_true", help="load: non-streaming requests")
+    b.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
+                   help="load: the sidecar's event loop")
     b.set_defaults(func=_cmd_bench)
     return p
 

@@ -28,7 +28,7 @@ from sidecar.ops.admin import AdminServer
 from sidecar.ops.metrics import build_registry
 from sidecar.ops.reload import ConfigReloader, watch_loop
 from sidecar.shell.app import App
-from sidecar.shell.server import start_grpc, tick_loop
+from sidecar.shell.server import ExtProcService, start_grpc, tick_loop
 
 log = logging.getLogger("tailroute")
 
@@ -40,24 +40,24 @@ async def _sample_loop(admin: AdminServer, stop: asyncio.Event, every_s: float) 
             await asyncio.wait_for(stop.wait(), timeout=every_s)
 
 
-async def _drain(server: grpc.aio.Server, app: App, drain_s: float) -> None:
-    """Stop taking streams; let in-flight requests finish for up to ``drain_s``.
+async def _drain(server: grpc.aio.Server, service: ExtProcService, app: App,
+                 drain_s: float) -> None:
+    """Let in-flight requests finish and their access-log entries arrive, for up to ``drain_s``.
 
-    Waiting for every gRPC stream to close would always take the full ``drain_s``:
-    Envoy keeps observing streams open for a while after the response ended. So
-    once no routed request has been pending for two checks in a row, the streams
-    left are idle and are closed at once.
+    New routing streams are refused at once (Envoy fails open to the default
+    route); access-log streams are still accepted, because a request's outcome
+    arrives after the request, on a stream Envoy may only open then. Once no
+    request has been pending for two checks in a row, the server stops.
     """
     loop = asyncio.get_running_loop()
-    stopping = asyncio.ensure_future(server.stop(grace=drain_s))
+    service.draining = True
     deadline, idle = loop.time() + drain_s, 0
-    while not stopping.done() and loop.time() < deadline:
+    while loop.time() < deadline:
         idle = idle + 1 if not app.pending else 0
         if idle >= 2:
-            await server.stop(grace=0.05)  # the most restrictive grace applies
             break
-        await asyncio.wait({stopping}, timeout=0.05)
-    await stopping
+        await asyncio.sleep(0.05)
+    await server.stop(grace=0.05)
 
 
 class Snapshotter:
@@ -171,7 +171,7 @@ async def serve(
     await snap.save()
     log.info("shutting down: draining %d streams, %d requests in flight",
              service.active_streams, len(app.pending))
-    await _drain(server, app, drain_s)
+    await _drain(server, service, app, drain_s)
     await asyncio.gather(*tasks)
     await snap.save()  # again after the drain, so the last observations are in it
     await admin.stop()

@@ -49,3 +49,45 @@ def sse(obj: object) -> bytes:
 
 def token(text: str) -> bytes:
     return sse({"choices": [{"index": 0, "delta": {"content": text}}]})
+
+
+def metadata(resp: pb.ProcessingResponse) -> dict[str, str]:
+    """The ``tailroute`` dynamic metadata an answer writes (route, rid, slice)."""
+    ns = resp.dynamic_metadata.fields.get("tailroute")
+    if ns is None:
+        return {}
+    return {k: v.string_value for k, v in ns.struct_value.fields.items()}
+
+
+def routed_cluster(resp: pb.ProcessingResponse) -> str:
+    """The cluster the answer routes to (the first part of the route key)."""
+    return metadata(resp)["route"].rsplit("|", 2)[0]
+
+
+def body_only_msg(body: bytes, headers: dict[str, str] | None = None) -> pb.ProcessingRequest:
+    """The one-message path: the body, with headers as ext_proc request attributes."""
+    from sidecar.shell.envoy_contract import ATTRIBUTE_HEADERS, ATTRIBUTES_NS
+
+    by_name = {v: k for k, v in ATTRIBUTE_HEADERS.items()}
+    msg = pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
+    attrs = msg.attributes[ATTRIBUTES_NS]
+    for name, value in {":path": "/v1/chat/completions", **(headers or {})}.items():
+        if name in by_name:
+            attrs.fields[by_name[name]].string_value = value
+    return msg
+
+
+def observe_msg(kind: str, meta: dict[str, str], headers: dict[str, str] | None = None,
+                body: bytes = b"", eos: bool = False) -> pb.ProcessingRequest:
+    """A message of the observing filter, carrying the forwarded tailroute metadata."""
+    msg = pb.ProcessingRequest(observability_mode=True)
+    fields = msg.metadata_context.filter_metadata["tailroute"].fields
+    for k, v in meta.items():
+        fields[k].string_value = v
+    if kind == "response_headers":
+        hm = base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode())
+                                         for k, v in (headers or {}).items()])
+        msg.response_headers.CopyFrom(pb.HttpHeaders(headers=hm, end_of_stream=eos))
+    else:
+        msg.response_body.CopyFrom(pb.HttpBody(body=body, end_of_stream=eos))
+    return msg

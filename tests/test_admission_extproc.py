@@ -8,10 +8,16 @@ from sidecar.core.config import parse_config
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from sidecar.shell.admission import Hold
 from sidecar.shell.app import App
-from sidecar.shell.bootstrap import ROUTE_HEADER
 from sidecar.shell.extproc import Phase, RouteStream
 from tests.conftest import base_config_dict
-from tests.streamharness import POST_CHAT, body_msg, chat_request, headers_msg, set_headers
+from tests.streamharness import (
+    POST_CHAT,
+    body_msg,
+    chat_request,
+    headers_msg,
+    routed_cluster,
+    set_headers,
+)
 
 
 def make_app(conc: int = 64) -> App:
@@ -90,7 +96,7 @@ def test_queued_request_is_held_then_routed_when_capacity_frees() -> None:
     out = s.resume(10.2)
     assert isinstance(out, pb.ProcessingResponse)
     hdrs = set_headers(out)
-    assert hdrs[ROUTE_HEADER] == "b"
+    assert routed_cluster(out) == "b"
     # 200 ms of the 5000 ms budget were spent waiting.
     assert hdrs["x-envoy-upstream-rq-timeout-ms"] == "4800"
     assert app.router.inflight("b") == 1 and len(app.pending) == 1

@@ -1,4 +1,4 @@
-"""The ext_proc stream handlers, driven in memory (no gRPC, no Envoy)."""
+"""The ext_proc stream handlers and the access-log feed, driven in memory (no gRPC, no Envoy)."""
 
 from __future__ import annotations
 
@@ -6,96 +6,142 @@ import json
 
 import pytest
 
-from sidecar.core.config import Config, parse_config
+from sidecar.core.config import parse_config
+from sidecar.core.envoy_log import LogRecord
 from sidecar.core.types import SliceKey
-from sidecar.shell.app import App
-from sidecar.shell.bootstrap import REQUEST_ID_HEADER, ROUTE_HEADER
+from sidecar.shell.app import LOG_GRACE_S, App
+from sidecar.shell.envoy_contract import ROUTE_HEADER
 from sidecar.shell.extproc import ObserveStream, RouteStream
+from sidecar.shell.outcomes import OutcomeFeed
 from tests.conftest import base_config_dict
 from tests.streamharness import (
     POST_CHAT,
     body_msg,
+    body_only_msg,
     chat_request,
     headers_msg,
+    metadata,
+    observe_msg,
+    routed_cluster,
     set_headers,
     sse,
     token,
 )
 
+SLICE = SliceKey("m", "interactive", "short", True)
+SSE_HEADERS = {":status": "200", "content-type": "text/event-stream"}
+
+
+def make_app(share: float = 0.0, min_samples: int = 0) -> App:
+    """Percentiles from the first sample; no first-token sampling unless asked for."""
+    data = base_config_dict(stats={"min_samples": 1},
+                            timing={"token_sample_share": share, "token_sample_min": min_samples})
+    return App.create(parse_config(data, "t.yaml"), seed=1)
+
 
 @pytest.fixture
-def app(config: Config) -> App:
-    return App.create(config, seed=1)
+def app() -> App:
+    return make_app()
 
 
-def route(app: App, body: bytes, headers: dict[str, str] | None = None,
-          now: float = 0.0) -> tuple[RouteStream, list[object]]:
+def fast(app: App, body: bytes, headers: dict[str, str] | None = None,
+         now: float = 0.0) -> tuple[RouteStream, object]:
+    s = RouteStream(app)
+    return s, s.on_message(body_only_msg(body, headers), now)
+
+
+def rich(app: App, body: bytes, headers: dict[str, str] | None = None,
+         now: float = 0.0) -> tuple[RouteStream, list[object]]:
     s = RouteStream(app)
     out = [s.on_message(headers_msg({**POST_CHAT, **(headers or {})}), now),
            s.on_message(body_msg(body), now)]
     return s, out
 
 
-def test_post_is_routed_with_header_and_clear_route_cache(app: App) -> None:
-    _s, (r1, r2) = route(app, chat_request())
+def entry(rid: str | None, status: int = 200, first_body_s: float | None = 0.1,
+          end_s: float | None = 0.3, tokens: int | None = 5, flags: frozenset[str] = frozenset(),
+          route: str | None = None, slice_label: str | None = None,
+          details: str = "via_upstream", path: str = "/v1/chat/completions") -> LogRecord:
+    return LogRecord(status=status, flags=flags, details=details, method="POST", path=path,
+                     duration_s=0.35, upstream_tx_s=0.01, first_body_s=first_body_s,
+                     end_s=end_s, tokens=tokens, rid=rid, route_key=route,
+                     slice_label=slice_label)
+
+
+def test_one_message_path_routes_by_metadata(app: App) -> None:
+    s, resp = fast(app, chat_request(), {"x-tailroute-class": "batch"})
+    assert resp.WhichOneof("response") == "request_body"  # type: ignore[attr-defined]
+    meta = metadata(resp)  # type: ignore[arg-type]
+    cluster, klass, sampled = meta["route"].split("|")
+    assert cluster in {"a", "b", "c"} and klass == "batch" and sampled in {"n", "s"}
+    assert meta["slice"] == "m|batch|short|stream" and meta["rid"] == s.rid
+    common = resp.request_body.response  # type: ignore[attr-defined]
+    # Envoy re-picks the route only after an answer with a header mutation.
+    assert list(common.header_mutation.remove_headers) == [ROUTE_HEADER]
+    assert not common.header_mutation.set_headers
+    assert app.router.inflight(cluster) == 1 and s.rid in app.pending
+
+
+def test_rich_path_sets_the_deadline_as_upstream_timeout(app: App) -> None:
+    _s, (r1, r2) = rich(app, chat_request(), {"x-tailroute-deadline-ms": "750"})
     assert r1.WhichOneof("response") == "request_headers"  # type: ignore[attr-defined]
-    assert r2.WhichOneof("response") == "request_body"  # type: ignore[attr-defined]
-    hdrs = set_headers(r2)  # type: ignore[arg-type]
-    assert hdrs[ROUTE_HEADER] in {"a", "b", "c"}
-    assert REQUEST_ID_HEADER in hdrs
-    assert r2.request_body.response.clear_route_cache  # type: ignore[attr-defined]
-    opt = r2.request_body.response.header_mutation.set_headers[0]  # type: ignore[attr-defined]
-    assert opt.append_action == opt.OVERWRITE_IF_EXISTS_OR_ADD
-    assert app.router.inflight(hdrs[ROUTE_HEADER]) == 1
+    assert set_headers(r2)["x-envoy-upstream-rq-timeout-ms"] == "750"  # type: ignore[arg-type]
+    assert routed_cluster(r2) in {"a", "b", "c"}  # type: ignore[arg-type]
 
 
 def test_get_without_body_goes_to_default_route(app: App) -> None:
     s = RouteStream(app)
     r = s.on_message(headers_msg({":method": "GET", ":path": "/v1/models"}, eos=True), 0.0)
-    assert r is not None and set_headers(r)[ROUTE_HEADER] == "a"
+    assert r is not None and routed_cluster(r) == "a"  # type: ignore[arg-type]
     assert app.router.counters[("decision", "unknown_model")] == 1
 
 
 @pytest.mark.parametrize("body", [b"{not json", b"[]", b'{"model": 1}', b'{"stream": "x"}'])
 def test_malformed_body_gets_400(app: App, body: bytes) -> None:
-    _, (_, r2) = route(app, body)
-    assert r2.WhichOneof("response") == "immediate_response"  # type: ignore[attr-defined]
-    ir = r2.immediate_response  # type: ignore[attr-defined]
+    _, r = fast(app, body)
+    assert r.WhichOneof("response") == "immediate_response"  # type: ignore[attr-defined]
+    ir = r.immediate_response  # type: ignore[attr-defined]
     assert ir.status.code == 400
     assert json.loads(ir.body)["error"]["type"] == "invalid_request_error"
-    assert not app.pending
+    assert metadata(r)["rid"] and not app.pending  # type: ignore[arg-type]
 
 
 def test_unknown_model_continues_to_default_route(app: App) -> None:
-    _, (_, r2) = route(app, chat_request(model="who-knows"))
-    assert set_headers(r2)[ROUTE_HEADER] == "a"  # type: ignore[arg-type]
+    _, r = fast(app, chat_request(model="who-knows"))
+    assert routed_cluster(r) == "a"  # type: ignore[arg-type]
 
 
 def test_oversized_body_is_not_parsed_and_goes_default(app: App) -> None:
     big = b'{"model": "m", "x": "' + b"y" * (app.config.limits.max_body_bytes + 1) + b'"}'
-    _, (_, r2) = route(app, big)
-    assert set_headers(r2)[ROUTE_HEADER] == "a"  # type: ignore[arg-type]
+    _, r = fast(app, big)
+    assert routed_cluster(r) == "a"  # type: ignore[arg-type]
     assert app.errors["body_too_large"] == 1
 
 
-def test_model_rewritten_for_cluster_with_other_name() -> None:
-    data = base_config_dict()
+def _solo_c() -> App:
+    data = base_config_dict(timing={"token_sample_min": 0, "token_sample_share": 0.0})
     data["models"][0]["candidates"] = ["c"]
-    app = App.create(parse_config(data, "t.yaml"), seed=1)
-    _, (_, r2) = route(app, chat_request())
+    return App.create(parse_config(data, "t.yaml"), seed=1)
+
+
+def test_model_rewritten_for_cluster_with_other_name_on_both_paths() -> None:
+    app = _solo_c()
+    _, r = fast(app, chat_request())
+    common = r.request_body.response  # type: ignore[attr-defined]
+    assert json.loads(common.body_mutation.body)["model"] == "m-upstream"
+    _, (_, r2) = rich(app, chat_request(), {"x-tailroute-explain": "1"})
     common = r2.request_body.response  # type: ignore[attr-defined]
-    new = json.loads(common.body_mutation.body)
-    assert new["model"] == "m-upstream"
+    assert json.loads(common.body_mutation.body)["model"] == "m-upstream"
     assert set_headers(r2)["content-length"] == str(len(common.body_mutation.body))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
     "msgs",
     [
-        [body_msg(b"x")],  # body before headers
         [headers_msg({"x": "y"}, response=True)],  # response headers first
         [body_msg(b"x", response=True)],
         [headers_msg(POST_CHAT), headers_msg(POST_CHAT)],  # headers twice
+        [body_only_msg(chat_request()), body_msg(b"x")],  # body twice
     ],
 )
 def test_unexpected_order_never_raises(app: App, msgs: list[object]) -> None:
@@ -105,108 +151,159 @@ def test_unexpected_order_never_raises(app: App, msgs: list[object]) -> None:
     s.close(1.0, cancelled=True)
 
 
-def _observe(app: App, rid: str, events: list[tuple[float, object]]) -> ObserveStream:
-    o = ObserveStream(app)
-    o.on_message(headers_msg({**POST_CHAT, REQUEST_ID_HEADER: rid}, observe=True), 0.0)
-    for now, m in events:
-        assert o.on_message(m, now) is None  # type: ignore[arg-type]
-    return o
+def test_access_log_entry_becomes_the_observation(app: App) -> None:
+    s, r = fast(app, chat_request(), now=10.0)
+    cluster = routed_cluster(r)  # type: ignore[arg-type]
+    s.close(10.4, cancelled=False)  # the request is over: no longer in flight
+    assert app.router.inflight(cluster) == 0 and s.rid in app.pending
+    OutcomeFeed(app)(entry(s.rid, first_body_s=0.2, end_s=0.5, tokens=4), 10.5)
+    assert not app.pending and app.router.counters[("outcome", "ok")] == 1
+    series = app.router.stats.series(cluster, SLICE)
+    assert series is not None and series.count("ttft", 10.5) == 1
+    assert series.quantile("ttft", 0.5, 10.5) == pytest.approx(0.2, rel=0.03)
+    assert series.quantile("tpot", 0.5, 10.5) == pytest.approx(0.1, rel=0.03)
+    assert series.quantile("e2e", 0.5, 10.5) == pytest.approx(0.5, rel=0.03)
 
 
-def test_observer_times_stream_and_feeds_stats(app: App) -> None:
-    s, (_, r2) = route(app, chat_request(), now=10.0)
-    hdrs = set_headers(r2)  # type: ignore[arg-type]
-    cluster, rid = hdrs[ROUTE_HEADER], hdrs[REQUEST_ID_HEADER]
-    o = _observe(app, rid, [
-        (10.05, headers_msg({":status": "200", "content-type": "text/event-stream"},
-                            response=True, observe=True)),
-        (10.2, body_msg(token("a"), eos=False, response=True, observe=True)),
-        (10.22, body_msg(token("b"), eos=False, response=True, observe=True)),
-        (10.24, body_msg(token("c") + sse({"choices": [], "usage": {"completion_tokens": 3}})
-                         + b"data: [DONE]\n\n", eos=True, response=True, observe=True)),
-    ])
-    # The end of the body finalizes the observation (Envoy closes observability
-    # streams only after a deferred-close delay).
-    assert rid not in app.pending
-    assert app.router.inflight(cluster) == 0
-    assert app.router.counters[("outcome", "ok")] == 1
-    s.close(10.3, cancelled=False)
-    o.close(15.3, cancelled=False)
-    assert app.router.counters[("outcome", "ok")] == 1
-    series = app.router.stats.series(cluster, SliceKey("m", "interactive", "short", True))
-    assert series is not None and series.count("ttft", 10.3) == 1
-
-
-def test_route_close_before_observer_end_waits_a_grace() -> None:
-    """The two gRPC streams are unordered: the end may arrive after the route closes."""
-    app = App.create(parse_config(base_config_dict(), "t.yaml"), seed=1)
-    s, (_, r2) = route(app, chat_request(), now=0.0)
-    rid = set_headers(r2)[REQUEST_ID_HEADER]  # type: ignore[arg-type]
-    o = _observe(app, rid, [
-        (0.1, headers_msg({":status": "200", "content-type": "text/event-stream"},
-                          response=True, observe=True)),
-    ])
+def test_entry_before_stream_close_releases_the_slot_once(app: App) -> None:
+    s, r = fast(app, chat_request())
+    cluster = routed_cluster(r)  # type: ignore[arg-type]
+    app.router.started(cluster)  # another request in flight on the same cluster
+    OutcomeFeed(app)(entry(s.rid), 0.4)
     s.close(0.5, cancelled=False)
-    assert rid in app.pending and app.pending[rid].released
-    o.on_message(body_msg(token("a") + b"data: [DONE]\n\n", eos=True, response=True,
-                          observe=True), 0.6)
-    assert app.router.counters[("outcome", "ok")] == 1 and not app.pending
+    assert app.router.inflight(cluster) == 1
 
 
-def test_observer_that_never_ends_is_cancel_after_grace(app: App) -> None:
-    s, (_, r2) = route(app, chat_request(), now=0.0)
-    rid = set_headers(r2)[REQUEST_ID_HEADER]  # type: ignore[arg-type]
-    _observe(app, rid, [(0.1, headers_msg({":status": "200"}, response=True, observe=True))])
-    s.close(0.5, cancelled=True)
-    app.tick(1.0)
-    assert rid in app.pending
-    app.tick(3.0)
-    # No token after 3 s (over the 1 s interactive budget): a client-side timeout.
-    assert not app.pending and app.router.counters[("outcome", "timeout")] == 1
-
-
-def test_client_cancel_mid_stream_counts_cancel(app: App) -> None:
-    s, (_, r2) = route(app, chat_request(), now=0.0)
-    rid = set_headers(r2)[REQUEST_ID_HEADER]  # type: ignore[arg-type]
-    o = _observe(app, rid, [
-        (0.1, headers_msg({":status": "200", "content-type": "text/event-stream"},
-                          response=True, observe=True)),
-        (0.2, body_msg(token("a"), eos=False, response=True, observe=True)),
-    ])
-    s.close(0.3, cancelled=True)
-    o.close(0.3, cancelled=True)
-    assert app.router.counters[("outcome", "cancel")] == 1
-    assert not app.pending
-
-
-def test_upstream_timeout_504_counts_timeout(app: App) -> None:
-    s, (_, r2) = route(app, chat_request(), now=0.0)
-    rid = set_headers(r2)[REQUEST_ID_HEADER]  # type: ignore[arg-type]
-    o = _observe(app, rid, [
-        (5.0, headers_msg({":status": "504", "content-type": "text/plain"}, response=True,
-                          observe=True)),
-        (5.0, body_msg(b"upstream request timeout", eos=True, response=True, observe=True)),
-    ])
-    o.close(5.0, cancelled=False)
-    s.close(5.0, cancelled=False)
-    assert app.router.counters[("outcome", "timeout")] == 1
-
-
-@pytest.mark.parametrize(("closed_at", "outcome"), [(0.5, "cancel"), (5.0, "timeout")])
-def test_sidecar_stream_closed_by_envoy_before_response(
-    app: App, closed_at: float, outcome: str
+@pytest.mark.parametrize(("flags", "status", "outcome"), [
+    (frozenset({"downstream_connection_termination"}), 200, "cancel"),
+    (frozenset({"downstream_remote_reset"}), 0, "cancel"),
+    (frozenset({"upstream_request_timeout"}), 504, "timeout"),
+    (frozenset({"upstream_connection_failure"}), 503, "error"),
+    (frozenset(), 500, "error"),
+    (frozenset(), 200, "ok"),
+])
+def test_outcome_comes_from_status_and_response_flags(
+    app: App, flags: frozenset[str], status: int, outcome: str
 ) -> None:
-    """Given up before the 1 s interactive budget: a cancel, no evidence. After it:
-    the caller waited longer than the SLO allows, a client-side timeout."""
-    s, _ = route(app, chat_request())
-    s.close(closed_at, cancelled=True)
-    assert not app.pending and app.router.counters[("outcome", outcome)] == 1
+    s, _ = fast(app, chat_request())
+    s.close(0.1, cancelled=False)
+    OutcomeFeed(app)(entry(s.rid, status=status, flags=flags, end_s=None), 0.2)
+    assert app.router.counters[("outcome", outcome)] == 1
 
 
-def test_explain_header_on_request(app: App) -> None:
-    s, _ = route(app, chat_request(), headers={"x-tailroute-explain": "1"})
+def _sampled_app() -> App:
+    return make_app(share=1.0, min_samples=1)
+
+
+def _observe(app: App, meta: dict[str, str], events: list[tuple[float, object]]) -> list[bool]:
+    o = ObserveStream(app)
+    return [o.on_message(m, now) for now, m in events]  # type: ignore[arg-type]
+
+
+def test_sampled_request_gets_its_exact_first_token_time() -> None:
+    app = _sampled_app()
+    s, r = fast(app, chat_request(), now=0.0)
+    meta = metadata(r)  # type: ignore[arg-type]
+    assert meta["route"].endswith("|s")
+    role_only = sse({"choices": [{"index": 0, "delta": {"role": "assistant"}}]})
+    stops = _observe(app, meta, [
+        (0.01, observe_msg("response_headers", meta, SSE_HEADERS)),
+        (0.02, observe_msg("response_body", meta, body=role_only)),
+        (0.07, observe_msg("response_body", meta, body=token("a"))),
+    ])
+    assert stops == [False, False, True]  # the stream is closed at the first token
+    s.close(0.3, cancelled=False)
+    # Envoy saw the first body byte (the role-only event) 20 ms after t0.
+    OutcomeFeed(app)(entry(s.rid, first_body_s=0.02, end_s=0.3, tokens=6), 0.4)
+    cluster = routed_cluster(r)  # type: ignore[arg-type]
+    series = app.router.stats.series(cluster, SLICE)
+    assert series is not None
+    assert series.quantile("ttft", 0.5, 0.4) == pytest.approx(0.07, rel=0.03)
+    assert app.offsets.offset(cluster, SLICE) == pytest.approx(0.05)
+
+
+def test_entry_waits_for_a_sampled_observer_then_uses_its_offset() -> None:
+    app = _sampled_app()
+    s, r = fast(app, chat_request(), now=0.0)
+    meta = metadata(r)  # type: ignore[arg-type]
+    s.close(0.3, cancelled=False)
+    OutcomeFeed(app)(entry(s.rid, first_body_s=0.02), 0.35)
+    assert s.rid in app.pending  # held: the first-token time may still come
+    _observe(app, meta, [
+        (0.36, observe_msg("response_headers", meta, SSE_HEADERS)),
+        (0.37, observe_msg("response_body", meta, body=token("a"))),
+    ])
+    assert not app.pending and app.router.counters[("outcome", "ok")] == 1
+
+
+def _known_offsets(offset_s: float) -> App:
+    app = _sampled_app()
+    for c in ("a", "b", "c"):
+        app.offsets.add(c, SLICE, offset_s)
+    app.offsets.reconfigure(share=0.0, min_samples=1, blind_share=0.0)
+    return app
+
+
+def test_small_offset_corrects_unsampled_requests_of_the_route() -> None:
+    app = _known_offsets(0.001)  # e.g. a preamble event just before the first token
+    s, r = fast(app, chat_request())
+    assert metadata(r)["route"].endswith("|n")  # type: ignore[arg-type]
+    s.close(0.3, cancelled=False)
+    OutcomeFeed(app)(entry(s.rid, first_body_s=0.02), 0.4)
+    series = app.router.stats.series(routed_cluster(r), SLICE)  # type: ignore[arg-type]
+    assert series is not None
+    assert series.quantile("ttft", 0.5, 0.4) == pytest.approx(0.021, rel=0.03)
+
+
+def test_blind_route_takes_ttft_from_sampled_requests_only() -> None:
+    """A role-only event first: the first body byte says nothing about the token, and a
+    median offset would flatten the tail; unsampled requests give e2e and TPOT only."""
+    app = _known_offsets(0.05)
+    assert app.offsets.blind("a", SLICE)
+    s, r = fast(app, chat_request())
+    s.close(0.3, cancelled=False)
+    OutcomeFeed(app)(entry(s.rid, first_body_s=0.02, end_s=0.3, tokens=6), 0.4)
+    series = app.router.stats.series(routed_cluster(r), SLICE)  # type: ignore[arg-type]
+    assert series is not None
+    assert series.count("ttft", 0.4) == 0 and series.count("e2e", 0.4) == 1
+    assert series.quantile("tpot", 0.5, 0.4) == pytest.approx((0.3 - 0.07) / 5, rel=0.03)
+
+
+def test_missing_entry_is_swept_and_counted(app: App) -> None:
+    s, _ = fast(app, chat_request())
+    s.close(1.0, cancelled=False)
+    app.tick(1.0 + LOG_GRACE_S - 1)
+    assert s.rid in app.pending
+    app.tick(1.0 + LOG_GRACE_S + 1)
+    assert not app.pending and app.errors["access_log_missing"] == 1
+    assert sum(v for (k, _), v in app.router.counters.items() if k == "outcome") == 0
+
+
+def test_entries_tailroute_never_decided_are_counted_as_envoy_fail_open(app: App) -> None:
+    feed = OutcomeFeed(app)
+    feed(entry(None), 0.0)
+    feed(LogRecord(status=200, method="GET", path="/healthz"), 0.0)
+    assert app.envoy["fail_open"] == 1 and app.envoy["not_routed"] == 1
+    assert app.shell_counters()["failopen:envoy"] == 1
+
+
+def test_orphan_entry_is_observed_from_its_own_metadata(app: App) -> None:
+    """Another process decided it (or this one restarted): the entry still says enough."""
+    OutcomeFeed(app)(entry("other-1", route="b|interactive|n", slice_label=SLICE.label()), 0.0)
+    assert app.envoy["orphan"] == 1 and app.router.counters[("outcome", "ok")] == 1
+    assert app.router.stats.series("b", SLICE) is not None
+
+
+def test_admission_answer_entries_are_not_route_evidence(app: App) -> None:
+    OutcomeFeed(app)(entry("x-1", status=429, details="tailroute_defer_overload"), 0.0)
+    assert app.envoy["decided"] == 1 and not app.router.counters
+
+
+def test_explain_header_on_the_rich_path(app: App) -> None:
+    s, (r1, _) = rich(app, chat_request(), headers={"x-tailroute-explain": "1"})
+    assert r1.mode_override.response_header_mode == r1.mode_override.SEND  # type: ignore[attr-defined]
     r = s.on_message(headers_msg({":status": "200"}, response=True), 0.1)
     assert r is not None
-    ex = json.loads(set_headers(r)["x-tailroute-explain-result"])
+    ex = json.loads(set_headers(r)["x-tailroute-explain-result"])  # type: ignore[arg-type]
     assert {c["c"] for c in ex["candidates"]} == {"a", "b", "c"}
     assert ex["slice"] == "m|interactive|short|stream"

@@ -413,3 +413,20 @@ def test_main_ready_file_and_sigterm(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
         proc.communicate()  # reaps the child and closes the stderr pipe
+
+
+@async_test
+async def test_role_first_option_opens_with_a_role_only_event_and_reports_its_writes() -> None:
+    profile = Profile(ttft=LatencyDist(30.0), tpot=LatencyDist(1.0), role_first=True)
+    async with serving(profile=profile) as (provider, client):
+        stream = await client.chat.completions.create(
+            model="m", messages=MSGS, max_tokens=3, stream=True)
+        chunks = [c async for c in stream]
+    first = chunks[0].choices[0].delta
+    assert first.role == "assistant" and not first.content
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    record = provider.recent[-1]
+    # The role-only event went out at once; the first token one (30 ms) TTFT later.
+    assert record["first_byte_ms"] < record["first_token_ms"]
+    assert record["first_token_ms"] >= 30.0
+    assert Profile().role_first is False  # the default is unchanged

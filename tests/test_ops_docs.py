@@ -25,6 +25,7 @@ SECTIONS: dict[str, tuple[type, ...]] = {
     "`listen`": (c.ListenConfig,),
     "`limits`": (c.LimitsConfig,),
     "`envoy` (used by `tailroute envoy-config`)": (c.EnvoyConfig,),
+    "`timing`": (c.TimingConfig,),
 }
 _INTERNAL = {"source"}  # set by the loader, not a YAML field
 

@@ -159,11 +159,27 @@ class EnvoyConfig:
     listen: str = "127.0.0.1:10000"
     admin: str = "127.0.0.1:9901"
     route_buffer_bytes: int = 16 * 1024 * 1024
-    observe_mode: Literal["observability", "streamed", "headers_only"] = "observability"
-    # Envoy sends the request body without waiting for the headers answer: one
-    # round trip less before routing, but no per-request mode override (so no
-    # opt-in explain response header in observability mode).
-    overlap_headers: bool = False
+    # Circuit breaker of the sidecar cluster (gRPC streams Envoy may hold open to it
+    # at once). None: derived from the config, see sidecar.shell.bootstrap.
+    sidecar_max_requests: int | None = None
+    # How often Envoy flushes its batched access-log entries to the sidecar.
+    access_log_flush_ms: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class TimingConfig:
+    """How responses are timed (see docs/response-timing.md).
+
+    Every response's outcome and timing come from Envoy's access log; a sampled
+    share of streamed responses is also timed at its first content token, which
+    measures the first-body-byte to first-token offset per (cluster, slice).
+    """
+
+    token_sample_share: float = 0.05
+    token_sample_min: int = 8  # sample every streamed response until a route has this many
+    # Routes whose first body byte comes well before the first token (a role-only
+    # event first): their TTFT comes from sampled responses only, sampled at this share.
+    role_first_share: float = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +217,7 @@ class Config:
     listen: ListenConfig = ListenConfig()
     limits: LimitsConfig = LimitsConfig()
     envoy: EnvoyConfig = EnvoyConfig()
+    timing: TimingConfig = TimingConfig()
     routing: RoutingConfig = RoutingConfig()
     snapshot_path: str | None = None
     source: str = "<memory>"

@@ -27,6 +27,7 @@ from sidecar.core.config import (
     RoutingConfig,
     SloConfig,
     StatsConfig,
+    TimingConfig,
     Weights,
 )
 from sidecar.core.fields import ConfigReader
@@ -228,10 +229,23 @@ def _envoy(r: ConfigReader) -> EnvoyConfig:
         listen=r.str_("listen", "127.0.0.1:10000"),
         admin=r.str_("admin", "127.0.0.1:9901"),
         route_buffer_bytes=r.num("route_buffer_bytes", 16 * 1024 * 1024, lo=1024, integer=True),
-        observe_mode=r.choice(
-            "observe_mode", "observability", ("observability", "streamed", "headers_only")
-        ),
-        overlap_headers=r.bool_("overlap_headers", False),
+        sidecar_max_requests=None if r.raw("sidecar_max_requests") is None else r.num(
+            "sidecar_max_requests", 1024, lo=16, hi=1_000_000, integer=True),
+        access_log_flush_ms=r.num("access_log_flush_ms", 100, lo=10, hi=10_000, integer=True),
+    )
+    for gone in ("observe_mode", "overlap_headers"):
+        if gone in r.data:
+            r.fail("removed: responses are timed from Envoy's access log now "
+                   "(see docs/response-timing.md); delete this field", gone)
+    r.done()
+    return cfg
+
+
+def _timing(r: ConfigReader) -> TimingConfig:
+    cfg = TimingConfig(
+        token_sample_share=r.num("token_sample_share", 0.05, lo=0.0, hi=1.0),
+        token_sample_min=r.num("token_sample_min", 8, lo=0, hi=10_000, integer=True),
+        role_first_share=r.num("role_first_share", 0.25, lo=0.0, hi=1.0),
     )
     r.done()
     return cfg
@@ -332,6 +346,7 @@ def parse_config(data: Any, source: str = "<memory>") -> Config:
         listen=_listen(root.sub("listen")),
         limits=_limits(root.sub("limits")),
         envoy=_envoy(root.sub("envoy")),
+        timing=_timing(root.sub("timing")),
         routing=_routing(root.sub("routing"), classes, stats),
         snapshot_path=snapshot,
         source=source,

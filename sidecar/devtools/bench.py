@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.devtools.harness import Stack
-from sidecar.shell.bootstrap import ObserveMode
+from sidecar.devtools.load_client import pct
 
 _CLK = os.sysconf("SC_CLK_TCK")
 
@@ -55,10 +55,10 @@ class LoadResult:
 
 
 def _worker(port: int, n: int, stream: bool, max_tokens: int, out: LoadResult,
-            lock: threading.Lock) -> None:
+            lock: threading.Lock, headers: dict[str, str]) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     body = _body(stream, max_tokens)
-    hdrs = {"content-type": "application/json"}
+    hdrs = {"content-type": "application/json", **headers}
     for _ in range(n):
         t0 = time.perf_counter()
         conn.request("POST", "/v1/chat/completions", body=body, headers=hdrs)
@@ -90,11 +90,12 @@ def _worker(port: int, n: int, stream: bool, max_tokens: int, out: LoadResult,
 
 
 def run_load(port: int, requests: int, concurrency: int, stream: bool = False,
-             max_tokens: int = 1) -> LoadResult:
+             max_tokens: int = 1, headers: dict[str, str] | None = None) -> LoadResult:
     out = LoadResult([], 0.0, 0, [])
     lock = threading.Lock()
     per = max(requests // concurrency, 1)
-    threads = [threading.Thread(target=_worker, args=(port, per, stream, max_tokens, out, lock))
+    threads = [threading.Thread(target=_worker,
+                                args=(port, per, stream, max_tokens, out, lock, headers or {}))
                for _ in range(concurrency)]
     t0 = time.perf_counter()
     for t in threads:
@@ -105,31 +106,31 @@ def run_load(port: int, requests: int, concurrency: int, stream: bool = False,
     return out
 
 
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
-
-
-def _config(port: int, mode: ObserveMode, overlap: bool = False,
-            share: float = 1.0) -> dict[str, Any]:
+def _config(port: int, extra: dict[str, Any]) -> dict[str, Any]:
     return {
         "default_cluster": "p",
         "clusters": [{"name": "p", "address": f"127.0.0.1:{port}", "models": ["bench-model"],
                       "max_concurrency": 1000}],
         "models": [{"name": "bench-model", "candidates": ["p"]}],
-        "envoy": {"observe_mode": mode, "overlap_headers": overlap},
-        "stats": {"observe_share": share},
+        **extra,
     }
 
 
-Setup = tuple[str, ObserveMode | None, bool, float]
+@dataclass(frozen=True)
+class Setup:
+    label: str
+    sidecar: bool
+    config: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+
+
 SETUPS: tuple[Setup, ...] = (
-    ("envoy alone", None, False, 1.0),
-    ("sidecar: observability filter (default)", "observability", False, 1.0),
-    ("sidecar: observability, observe_share 0.1", "observability", False, 0.1),
-    ("sidecar: observability + overlap_headers", "observability", True, 1.0),
-    ("sidecar: STREAMED response body", "streamed", False, 1.0),
-    ("sidecar: headers only (no TTFT)", "headers_only", False, 1.0),
+    Setup("envoy alone", False),
+    Setup("sidecar: one-message path (default)", True),
+    Setup("sidecar: every stream timed at 1st token", True,
+          {"timing": {"token_sample_share": 1.0}}),
+    Setup("sidecar: rich path (deadline header)", True,
+          headers={"x-tailroute-deadline-ms": "30000"}),
 )
 
 
@@ -141,39 +142,41 @@ def run_bench(what: str, requests: int = 400, concurrency: int = 8) -> int:
     with Stack() as stack:
         port = stack.start_provider("p", ttft_ms="2", tpot_ms="5", seed=1,
                                     extra=["--max-tokens", "64"])
-        for label, mode, overlap, share in SETUPS:
-            print(f"-- {label}", file=sys.stderr, flush=True)
-            path = stack.write_config(_config(port, mode or "observability", overlap, share))
-            if mode is not None:
+        for setup in SETUPS:
+            print(f"-- {setup.label}", file=sys.stderr, flush=True)
+            path = stack.write_config(_config(port, setup.config))
+            if setup.sidecar:
                 stack.start_sidecar(path)
-            eport = stack.start_envoy(observe_mode=mode, with_sidecar=mode is not None)
-            pid = stack.procs["sidecar"].pid if mode is not None else None
-            run_load(eport, 50, 2)  # warm-up: connections, JIT-free but caches
+            eport = stack.start_envoy(with_sidecar=setup.sidecar)
+            pid = stack.procs["sidecar"].pid if setup.sidecar else None
+            hdrs = setup.headers
+            run_load(eport, 50, 2, headers=hdrs)  # warm-up: connections, caches
             c0 = cpu_seconds(pid) if pid else 0.0
-            serial = run_load(eport, requests // 2, 1)
+            serial = run_load(eport, requests // 2, 1, headers=hdrs)
             c1 = cpu_seconds(pid) if pid else 0.0
-            conc = run_load(eport, requests, concurrency)
+            conc = run_load(eport, requests, concurrency, headers=hdrs)
             c2 = cpu_seconds(pid) if pid else 0.0
-            streamed = run_load(eport, max(requests // 8, 20), 4, stream=True, max_tokens=48)
+            streamed = run_load(eport, max(requests // 8, 20), 4, stream=True, max_tokens=48,
+                                headers=hdrs)
             c3 = cpu_seconds(pid) if pid else 0.0
             n_routed = len(serial.latencies) + len(conc.latencies)
             rows.append({
-                "setup": label,
-                "serial_p50_ms": _pct(serial.latencies, 0.5) * 1e3,
-                "serial_p99_ms": _pct(serial.latencies, 0.99) * 1e3,
-                "conc_p50_ms": _pct(conc.latencies, 0.5) * 1e3,
-                "conc_p99_ms": _pct(conc.latencies, 0.99) * 1e3,
+                "setup": setup.label,
+                "serial_p50_ms": pct(serial.latencies, 0.5) * 1e3,
+                "serial_p99_ms": pct(serial.latencies, 0.99) * 1e3,
+                "conc_p50_ms": pct(conc.latencies, 0.5) * 1e3,
+                "conc_p99_ms": pct(conc.latencies, 0.99) * 1e3,
                 "rps": conc.rps,
                 "cpu_per_req_ms": (c2 - c0) / n_routed * 1e3 if pid else 0.0,
                 "tpot_ms": statistics.median(streamed.tpots) * 1e3 if streamed.tpots else 0.0,
-                "ttft_ms": _pct(streamed.ttfts, 0.5) * 1e3,
-                "gap_p99_ms": _pct(streamed.gaps, 0.99) * 1e3,
+                "ttft_ms": pct(streamed.ttfts, 0.5) * 1e3,
+                "gap_p99_ms": pct(streamed.gaps, 0.99) * 1e3,
                 "cpu_per_chunk_ms": ((c3 - c2) - (c2 - c1) / max(len(conc.latencies), 1)
                                      * len(streamed.latencies)) / max(streamed.chunks, 1) * 1e3
                 if pid else 0.0,
             })
             stack.stop_envoy()
-            if mode is not None:
+            if setup.sidecar:
                 stack.stop_sidecar()
     base = rows[0]
     print(f"\noverhead benchmark: {requests // 2} serial + {requests} concurrent "

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from sidecar.core.config import Config, parse_config
-from sidecar.shell.bootstrap import ObserveMode, to_yaml
+from sidecar.shell.bootstrap import to_yaml
 from sidecar.shell.bootstrap_native import render_for_mode
 
 
@@ -150,8 +150,8 @@ class Stack:
 
     # ------------------------------------------------------------ envoy
 
-    def start_envoy(self, observe_mode: ObserveMode | None = None, unix: str | None = None,
-                    sidecar_port: int | None = None, with_sidecar: bool = True,
+    def start_envoy(self, unix: str | None = None, sidecar_port: int | None = None,
+                    with_sidecar: bool = True,
                     adjust: Callable[[dict[str, Any]], None] | None = None) -> int:
         """Render the bootstrap for the config's routing mode; ``adjust`` may edit it."""
         assert self.config is not None, "write_config first"
@@ -163,7 +163,6 @@ class Stack:
             unix_socket=unix,
             listen=f"127.0.0.1:{listen}",
             admin=f"127.0.0.1:{admin}",
-            observe_mode=observe_mode,
             with_sidecar=with_sidecar,
         )
         if adjust is not None:

@@ -31,6 +31,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--tpot-ms", metavar="MEDIAN[:P99]", help="time per output token")
     p.add_argument("--error-rate", type=float, help="fraction of requests answered with 500")
     p.add_argument("--stall-ms", type=float, help="pause after the first token")
+    p.add_argument("--role-first", action="store_true", default=None,
+                   help="streamed chat opens with a role-only event at once (first body "
+                        "byte one prefill before the first token)")
     p.add_argument("--seed", type=int, help="RNG seed (default: derived from --name)")
     p.add_argument("--max-tokens", type=int, default=64, help="cap on output tokens")
     p.add_argument("--default-tokens", type=int, default=16, help="tokens if request sets none")
@@ -44,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_arg_parser()
     args = parser.parse_args(argv)
     settings = {"ttft_ms": args.ttft_ms, "tpot_ms": args.tpot_ms, "error_rate": args.error_rate,
-                "stall_ms": args.stall_ms}
+                "stall_ms": args.stall_ms, "role_first": args.role_first}
     from .server import FakeProvider  # late: that module re-exports this one's main
 
     try:

@@ -23,6 +23,7 @@ OUTAGE_MODES = ("close", "503")
 #: Control fields that change a :class:`Profile`; the rest are flags.
 PROFILE_FIELDS = (
     "ttft_ms", "tpot_ms", "error_rate", "error_status", "stall_ms", "outage", "outage_mode",
+    "role_first",
 )
 CONTROL_FLAGS = ("streaming_only", "reset", "clear_streaming_override")
 
@@ -116,6 +117,9 @@ class Profile:
     outage: bool = False
     #: "close": drop the connection without a response; "503": answer 503.
     outage_mode: str = "close"
+    #: Streamed chat: open with a role-only event at once (as many servers do), so the
+    #: first body byte comes about one prefill before the first token.
+    role_first: bool = False
 
     def updated(self, changes: Mapping[str, Any]) -> Profile:
         """Return a copy with control-JSON ``changes`` applied (see ``PROFILE_FIELDS``)."""
@@ -137,9 +141,9 @@ class Profile:
                 if not (math.isfinite(stall) and stall >= 0):
                     raise ConfigError(f"stall_ms must be >= 0, got {stall}")
                 kw[key] = stall
-            elif key == "outage":
+            elif key in ("outage", "role_first"):
                 if not isinstance(value, bool):
-                    raise ConfigError(f"outage must be a boolean, got {value!r}")
+                    raise ConfigError(f"{key} must be a boolean, got {value!r}")
                 kw[key] = value
             elif key == "outage_mode":
                 if value not in OUTAGE_MODES:
@@ -159,6 +163,7 @@ class Profile:
             "stall_ms": self.stall_ms,
             "outage": self.outage,
             "outage_mode": self.outage_mode,
+            "role_first": self.role_first,
         }
 
 

@@ -100,6 +100,12 @@ class Reply:
         self._seq += 1
         return f"event: {type_}\ndata: {json.dumps(payload)}\n\n".encode()
 
+    def role_event(self) -> bytes:
+        """A role-only chat chunk (no token), for providers that open with one."""
+        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                  "finish_reason": None}
+        return _sse(self._envelope("chat.completion.chunk", [choice]))
+
     def token_events(self, i: int) -> list[bytes]:
         """SSE events carrying token ``i``."""
         if self.kind != "response":

@@ -12,11 +12,15 @@ Control JSON (every field optional; an invalid payload is rejected whole)::
     {"ttft_ms": {"median": 50, "p99": 80} | {"fixed": 50} | 50 | "50:80",
      "tpot_ms": <same forms>, "error_rate": 0.0, "error_status": 500,
      "stall_ms": 0, "outage": false, "outage_mode": "close" | "503",
+     "role_first": false,                # streamed chat opens with a role-only event
      "streaming_only": false,            # fields above go to the streaming override
      "clear_streaming_override": false,  # drop the override first
      "reset": false}                     # back to the startup profile first
 
-``GET /control`` returns the settings and counters; ``GET /healthz`` is always 200.
+``GET /control`` returns the settings and counters; ``GET /control/requests`` the
+last requests as received, with the provider's own write times (``first_byte_ms``,
+``first_token_ms`` from arrival: ground truth for timing tests); ``GET /healthz``
+is always 200.
 Every response carries ``x-fake-provider: <name>``.
 
 The connection layer lives in :mod:`sidecar.fake_provider.connection`, the reply
@@ -306,6 +310,9 @@ class FakeProvider:
             "request_id": req.headers.get("x-request-id"),
             "headers": {k: v for k, v in req.headers.items() if k.startswith("x-")},
             "sent_sha256": None, "sent_len": 0,
+            # Ground truth for timing tests: ms from the request's arrival to the write
+            # of the first body byte and of the first content token (streamed only).
+            "first_byte_ms": None, "first_token_ms": None,
         }
         self.recent.append(record)
         prof = self.streaming_profile if stream else self._base
@@ -339,8 +346,19 @@ class FakeProvider:
                     ("transfer-encoding", "chunked")]
             await conn.write(response_head(200, self.name, hdrs, req.keep_alive))
             sent = hashlib.sha256()
+            loop = asyncio.get_running_loop()
+            if prof.role_first and kind == "chat":
+                event = reply.role_event()
+                record["first_byte_ms"] = (loop.time() - t0) * 1000.0
+                await conn.write(chunk(event))
+                sent.update(event)
+                record["sent_len"] += len(event)
             for i in range(n):
                 await conn.sleep_until(due[i])
+                if i == 0:
+                    record["first_token_ms"] = (loop.time() - t0) * 1000.0
+                    if record["first_byte_ms"] is None:
+                        record["first_byte_ms"] = record["first_token_ms"]
                 for event in reply.token_events(i):
                     await conn.write(chunk(event))  # one chunk per event, flushed
                     sent.update(event)

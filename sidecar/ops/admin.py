@@ -87,6 +87,7 @@ class AdminServer:
 
     def _state(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
         data = state_json(self.app.router, self._now())
+        data["envoy"] = self.app.envoy_view()
         if "history" in q:
             data["history"] = list(self.history)
         return 200, "application/json", json.dumps(data).encode()

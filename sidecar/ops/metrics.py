@@ -45,6 +45,8 @@ METRIC_NAMES = (
     "tailroute_fail_open_total",
     "tailroute_admission_total",
     "tailroute_extproc_phase_seconds",
+    "tailroute_access_log_entries_total",
+    "tailroute_access_log_streams",
     *(f"{n}" for n in _QUANTILE_METRICS.values()),
 )
 
@@ -138,6 +140,18 @@ class RouterCollector(Collector):
             if k.startswith("failopen:"):
                 fo.add_metric([k[9:]], v)
         yield fo
+        # Envoy's access log, as the sidecar received it (sidecar.shell.outcomes).
+        entries = CounterMetricFamily(
+            "tailroute_access_log_entries",
+            "Envoy access-log entries by kind: decided, fail_open (an LLM request Envoy "
+            "served without a decision), not_routed, orphan", labels=["kind"])
+        for kind in ("decided", "fail_open", "not_routed", "orphan"):
+            entries.add_metric([kind], shell.get(f"envoy:{kind}", 0))
+        yield entries
+        streams = GaugeMetricFamily("tailroute_access_log_streams",
+                                    "Envoy access-log streams currently connected")
+        streams.add_metric([], shell.get("envoy:log_streams_open", 0))
+        yield streams
 
 
 def build_registry(router: Callable[[], Router], now: Callable[[], float],

@@ -87,14 +87,13 @@ class ConfigReloader:
             return False
         old = self.app.config
         try:
-            self.app.router.reload(new)
+            self.app.reload(new)
         except Exception as exc:  # a bug in reload must not take down a serving sidecar
             self.counts["invalid"] += 1
             self.last_ok = False
             log.exception("config reload (%s) failed to apply, keeping the last good config: "
                           "%r", why, exc)
             return False
-        self.app.config = new
         self.counts["ok"] += 1
         self.last_ok = True
         changed = [s for s in _RESTART_ONLY if getattr(old, s) != getattr(new, s)]

@@ -1,7 +1,21 @@
-"""Shell-side state shared by all ext_proc streams: the router, the RNG and the
-requests in flight between the routing stream and the observing stream.
+"""Shell-side state shared by all streams: the router, the RNG, the first-token
+offsets and the requests between their decision and their access-log entry.
 
 Lives on the asyncio loop thread; nothing here blocks.
+
+A routed request's life, by event (each arrives on its own gRPC stream, in
+any order between the last two)::
+
+    decision (routing stream)  -> Pending registered, in-flight slot taken
+    routing stream closed      -> slot released (Envoy closes it when the HTTP
+                                  request is over); the entry has LOG_GRACE_S to come
+    [sampled] first token      -> first-token time recorded (observing stream)
+    access-log entry           -> Observation from the entry (+ first-token time),
+                                  Pending removed
+
+Invariants: a Pending releases its slot exactly once (``released``); it is
+removed exactly once (:meth:`App.finalize` pops it); a Pending without its
+entry after its deadline is swept and counted (``access_log_missing``).
 """
 
 from __future__ import annotations
@@ -13,50 +27,71 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from sidecar.core.config import Config
+from sidecar.core.envoy_log import LogRecord, observation_from_log
 from sidecar.core.router import Router
-from sidecar.core.timing import ResponseTimer
-from sidecar.core.types import Decision, TransitionEvent
+from sidecar.core.ttft_offset import OffsetBook
+from sidecar.core.types import Decision, SliceKey, TransitionEvent
 
 log = logging.getLogger("tailroute")
 
-# A request whose streams never closed (Envoy crashed mid-request) is swept after this.
+# A request whose routing stream never closed (Envoy crashed mid-request) is swept after
+# its timeout plus this.
 _PENDING_GRACE_S = 60.0
-# How long after the routing stream closes the observing stream may still deliver the end.
-_OBSERVER_GRACE_S = 2.0
+# After the request is over, how long its access-log entry may take to arrive.
+LOG_GRACE_S = 30.0
+# After the entry arrived, how long a sampled request's first-token timing may still come.
+OBSERVER_GRACE_S = 1.0
 
 
 @dataclass(slots=True)
 class Pending:
-    """One routed request between decision and final observation."""
+    """One routed request between its decision and its access-log entry."""
 
     rid: str
     decision: Decision
-    timer: ResponseTimer
+    slice: SliceKey
+    streaming: bool
     deadline: float
-    observed: bool = True  # an observing stream was asked for (sampled)
-    observer_attached: bool = False
-    released: bool = False  # in-flight slot given back (the routing stream closed)
+    is_retry: bool = False
+    observed: bool = True  # recorded as an observation (stats.observe_share)
+    sampled: bool = False  # also timed at the first content token (observing stream)
+    released: bool = False  # in-flight slot given back
+    token_offset: float | None = None  # sampled: first token - first body byte (s)
+    observer_done: bool = False
+    record: LogRecord | None = None  # entry held while the observer may still report
 
 
 @dataclass(slots=True)
 class App:
-    """The sidecar's live state. ``observe_mode`` mirrors the rendered Envoy config."""
+    """The sidecar's live state."""
 
     config: Config
     router: Router
     rng: random.Random = field(default_factory=random.Random)
-    observe_mode: str = "observability"
+    offsets: OffsetBook = field(default_factory=lambda: OffsetBook(0.05, 8))
     pending: dict[str, Pending] = field(default_factory=dict)
     errors: Counter[str] = field(default_factory=Counter)
+    envoy: Counter[str] = field(default_factory=Counter)  # access-log view of Envoy
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     _prefix: str = field(default_factory=lambda: f"{random.getrandbits(32):08x}")
 
     @classmethod
     def create(cls, config: Config, seed: int | None = None) -> App:
-        return cls(config, Router(config), random.Random(seed), config.envoy.observe_mode)
+        t = config.timing
+        return cls(config, Router(config), random.Random(seed),
+                   OffsetBook(t.token_sample_share, t.token_sample_min,
+                              max_keys=config.stats.max_slices,
+                              blind_share=t.role_first_share))
+
+    def reload(self, config: Config) -> None:
+        self.config = config
+        self.router.reload(config)
+        t = config.timing
+        self.offsets.reconfigure(t.token_sample_share, t.token_sample_min, t.role_first_share)
 
     def shell_counters(self) -> dict[str, int]:
-        """Shell-side counters for metrics: ``error:<kind>`` and ``failopen:<reason>``."""
+        """Shell-side counters for metrics: ``error:<kind>``, ``failopen:<reason>``
+        and ``envoy:<what>`` (the access-log view of Envoy)."""
         out = {f"error:{k}": v for k, v in self.errors.items()}
         # Requests the sidecar itself sent to the default route without a decision.
         for reason in ("body_too_large", "handler_exception"):
@@ -66,7 +101,29 @@ class App:
             n = self.router.counters[("decision", reason)]
             if n:
                 out[f"failopen:{reason}"] = n
+        # Requests Envoy served without asking (sidecar down, slow or overflowing).
+        if self.envoy["fail_open"]:
+            out["failopen:envoy"] = self.envoy["fail_open"]
+        out.update({f"envoy:{k}": v for k, v in self.envoy.items()})
         return out
+
+    def envoy_view(self) -> dict[str, object]:
+        """The access-log view of Envoy for /state: what it logged, how much of it
+        tailroute decided, and the measured first-token offsets."""
+        env = self.envoy
+        llm = env["decided"] + env["fail_open"]
+        return {
+            "log_streams_open": env["log_streams_open"],
+            "entries": env["entries"],
+            "decided": env["decided"],
+            "fail_open": env["fail_open"],
+            "not_routed": env["not_routed"],
+            "orphan": env["orphan"],
+            "decided_share": round(env["decided"] / llm, 6) if llm else None,
+            "access_log_missing": self.errors["access_log_missing"],
+            "pending": len(self.pending),
+            "first_token_offsets": self.offsets.summary(),
+        }
 
     def new_rid(self) -> str:
         return f"{self._prefix}-{next(self._ids)}"
@@ -75,33 +132,59 @@ class App:
         self.pending[pending.rid] = pending
         self.router.started(pending.decision.cluster)
 
-    def route_closed(self, rid: str, now: float, cancelled: bool) -> None:
-        """The routing stream ended, which Envoy does when the HTTP request is over.
-
-        Unobserved requests end here. An observed one is normally finalized by
-        its observing stream at end of body; the two gRPC streams are not
-        ordered, so a missing end gets a short grace before it counts as cancel.
-        """
+    def route_closed(self, rid: str, now: float) -> None:
+        """The routing stream ended, which Envoy does when the HTTP request is over:
+        the request no longer counts as in flight; its entry has LOG_GRACE_S to come."""
         p = self.pending.get(rid)
         if p is None:
             return
-        self.release_pending(p)  # over for capacity purposes, measured or not
-        if not p.observer_attached or p.timer.ended_at is not None:
-            self.finalize(rid, now, cancelled=cancelled or p.timer.status is None)
-        else:
-            p.deadline = min(p.deadline, now + _OBSERVER_GRACE_S)
+        self.release_pending(p)
+        p.deadline = min(p.deadline, now + LOG_GRACE_S)
 
-    def finalize(self, rid: str, now: float, cancelled: bool) -> None:
-        """Turn a request's timer into an observation; idempotent (pops the request)."""
-        p = self.pending.pop(rid, None)
-        if p is None:
+    def on_record(self, p: Pending, rec: LogRecord, now: float) -> None:
+        """The request's access-log entry arrived."""
+        self.release_pending(p)  # normally done already at stream close
+        if p.sampled and not p.observer_done:
+            p.record = rec  # the first-token timing may still be on its way
+            p.deadline = min(p.deadline, now + OBSERVER_GRACE_S)
+            return
+        self.finalize(p, rec, now)
+
+    def first_token_timed(self, rid: str, cluster: str, slice: SliceKey,
+                          offset: float | None, now: float) -> None:
+        """An observing stream is done: ``offset`` = first token - first body byte
+        (None: no token seen). The offset counts even when another process decided
+        the request; the request itself, if pending here, gets its exact TTFT."""
+        if offset is not None and self.config.has_cluster(cluster):
+            self.offsets.add(cluster, slice, offset)
+        p = self.pending.get(rid)
+        if p is None or p.observer_done:
+            return
+        p.observer_done = True
+        p.token_offset = offset
+        if p.record is not None:
+            self.finalize(p, p.record, now)
+
+    def finalize(self, p: Pending, rec: LogRecord, now: float) -> None:
+        """Turn the entry (and a sampled first-token time) into an observation; once."""
+        if self.pending.pop(p.rid, None) is None:
             return
         self.release_pending(p)
-        if not p.observed and p.timer.status is None:
-            return  # not sampled for timing: nothing was measured
-        obs = p.timer.observation(now, cancelled=cancelled)
+        if not p.observed:
+            return
+        cluster = p.decision.cluster
+        first_token_s = None
+        if p.token_offset is not None and rec.first_body_s is not None:
+            first_token_s = rec.first_body_s + p.token_offset
+        obs = observation_from_log(
+            rec, cluster, p.slice, p.streaming,
+            ttft_offset_s=self.offsets.offset(cluster, p.slice),
+            first_token_s=first_token_s,
+            ttft_from_log=not self.offsets.blind(cluster, p.slice),
+            is_retry=p.is_retry or p.decision.is_retry, is_probe=p.decision.is_probe,
+        )
         if obs is not None:
-            self._log_events(self.router.observe(obs, now))
+            self.log_events(self.router.observe(obs, now))
 
     def release_pending(self, p: Pending) -> None:
         """Give the request's in-flight slot back once."""
@@ -110,19 +193,24 @@ class App:
             self.router.finished(p.decision.cluster)
 
     def tick(self, now: float) -> None:
-        """Periodic work: health evaluation and sweeping abandoned requests."""
-        self._log_events(self.router.tick(now))
-        stale = [rid for rid, p in self.pending.items() if now > p.deadline]
-        for rid in stale:
-            self.errors["abandoned"] += 1
-            self.finalize(rid, now, cancelled=True)
+        """Periodic work: health evaluation and sweeping requests whose entry never came."""
+        self.log_events(self.router.tick(now))
+        stale = [p for p in self.pending.values() if now > p.deadline]
+        for p in stale:
+            if p.record is not None:  # the observer never finished: the entry alone
+                p.observer_done = True
+                self.finalize(p, p.record, now)
+                continue
+            self.errors["access_log_missing"] += 1
+            self.pending.pop(p.rid, None)
+            self.release_pending(p)
 
     def deadline_for(self, decision: Decision, now: float) -> float:
         timeout_s = (decision.timeout_ms or 300_000) / 1000.0
         return now + timeout_s + _PENDING_GRACE_S
 
     @staticmethod
-    def _log_events(events: list[TransitionEvent]) -> None:
+    def log_events(events: list[TransitionEvent]) -> None:
         for e in events:
             log.info(
                 "health %s %s: %s -> %s (%s)", e.cluster, e.slice, e.old, e.new, e.reason

@@ -3,51 +3,43 @@
 The rendered bootstrap (see ``envoy/envoy.yaml`` for a readable copy) has:
 
 * an HTTP connection manager early header mutation that removes any
-  client-supplied ``x-tailroute-cluster`` *before routing* (Envoy computes and
-  caches the route before HTTP filters run; with the sidecar down, nothing
-  else would clear a spoofed choice);
-* a listener with an HTTP connection manager whose filter chain is
-  1. ``header_mutation`` that strips any client-supplied ``x-tailroute-cluster``
-     (a client must never choose its own cluster) and our internal headers;
-  2. ``ext_proc`` "tailroute-route": request headers + BUFFERED body, response
-     headers; it sets ``x-tailroute-cluster`` and clears the route cache.
-     ``failure_mode_allow: true`` so a dead sidecar means the default route,
-     an explicit ``message_timeout`` (the 200 ms default turns a slow decision
-     into a 504), ``allow_mode_override`` for per-request modes;
-  3. ``ext_proc`` "tailroute-observe" in ``observability_mode``: it streams the
-     response body to the sidecar without waiting for answers, so token
-     timing costs the client nothing (see docs/response-timing.md);
-  4. the router.
-* routes: ``cluster_header: x-tailroute-cluster`` when the header is present,
-  else the configured default cluster (fail-open never yields a 503
-  no_cluster); a per-route buffer limit above Envoy's 1 MiB default so long
-  prompts can be buffered for classification;
+  client-supplied ``x-tailroute-cluster`` / ``x-tailroute-rid`` *before routing*
+  (Envoy computes and caches the route before HTTP filters run);
+* the HTTP filters of :mod:`sidecar.shell.bootstrap_filters` (strip, the
+  one-message routing filter, the rich routing filter, buffer, usage lifting,
+  the sampled first-token observer, router);
+* routes that match the ``tailroute.route`` dynamic metadata the sidecar's
+  answer writes: one per cluster x class x {unsampled, sampled}, each with the
+  class's upstream timeout, the observing filter switched off unless sampled;
+  then the default route (the configured default cluster), which is where a
+  request without a decision goes (fail-open never yields a 503 no_cluster);
+  a per-route buffer limit above Envoy's 1 MiB default so long prompts fit;
+* an access log (gRPC Access Log Service) to the sidecar: every request's
+  outcome and Envoy-side timing, batched over one stream per Envoy worker;
 * the upstream clusters from the sidecar config and an HTTP/2 gRPC cluster for
-  the sidecar over TCP or a Unix socket.
+  the sidecar over TCP or a Unix socket, with explicit circuit breakers
+  (:func:`sidecar_max_requests`): Envoy's default of 1024 streams would make it
+  fail open under load.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
 from sidecar.core.config import Config
+from sidecar.shell import bootstrap_filters as bf
+from sidecar.shell import envoy_contract as ec
+from sidecar.shell.bootstrap_filters import SIDECAR_CLUSTER
+from sidecar.shell.envoy_contract import REQUEST_ID_HEADER as REQUEST_ID_HEADER
+from sidecar.shell.envoy_contract import ROUTE_HEADER as ROUTE_HEADER
 
-ROUTE_HEADER = "x-tailroute-cluster"
-REQUEST_ID_HEADER = "x-tailroute-rid"
-SIDECAR_CLUSTER = "tailroute_sidecar"
-ObserveMode = Literal["observability", "streamed", "headers_only"]
-
-_TYPE = "type.googleapis.com/"
-_EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+_TYPE = bf.TYPE
 _HCM = (
     "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3"
     ".HttpConnectionManager"
-)
-_HEADER_MUTATION = (
-    "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation"
 )
 _HTTP_OPTS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
@@ -98,70 +90,58 @@ def _cluster(
     return c
 
 
-def _ext_proc(
-    name: str, timeout_ms: int, mode: dict[str, str], observe: bool, overlap: bool = False
-) -> dict[str, Any]:
-    cfg: dict[str, Any] = {
-        "@type": _EXT_PROC,
-        "grpc_service": {
-            "envoy_grpc": {"cluster_name": SIDECAR_CLUSTER},
-            "timeout": "5s",
-        },
-        "failure_mode_allow": True,
-        "message_timeout": f"{timeout_ms / 1000:.3f}s",
-        "processing_mode": mode,
-    }
-    if observe:
-        cfg["observability_mode"] = True
-    else:
-        if overlap:
-            cfg["send_body_without_waiting_for_header_response"] = True
-        else:
-            cfg["allow_mode_override"] = True
-        # Let the sidecar set headers the route table matches on; x-envoy-* stays forbidden
-        # except the per-request upstream timeout.
-        cfg["mutation_rules"] = {"allow_all_routing": True, "allow_envoy": True}
-    return {"name": name, "typed_config": cfg}
+def sidecar_max_requests(config: Config) -> int:
+    """Streams Envoy may hold open to the sidecar at once (its circuit breaker).
 
-
-def _only_with_rid(flt: dict[str, Any]) -> dict[str, Any]:
-    """Skip the wrapped filter unless the request carries ``x-tailroute-rid``.
-
-    The sidecar sets that header only on requests it wants timed, so the
-    observing stream (and its CPU) exists only for sampled requests.
+    Each request in flight holds at most two (routing + a sampled observer) and
+    Envoy holds requests beyond the clusters' capacity while admission answers
+    them, so: ``4 x (sum of max_concurrency + admission.queue_max)``, at least
+    1024 (Envoy's default), unless ``envoy.sidecar_max_requests`` says otherwise.
     """
-    has_rid = {
-        "single_predicate": {
-            "input": {
-                "name": "rid",
-                "typed_config": {
-                    "@type": _TYPE + "envoy.type.matcher.v3.HttpRequestHeaderMatchInput",
-                    "header_name": REQUEST_ID_HEADER,
-                },
-            },
-            "value_match": {"contains": "-"},  # every rid is "<prefix>-<n>"
-        }
+    if config.envoy.sidecar_max_requests is not None:
+        return config.envoy.sidecar_max_requests
+    capacity = sum(c.max_concurrency for c in config.clusters) + config.admission.queue_max
+    return max(1024, 4 * capacity)
+
+
+def _circuit_breakers(limit: int) -> dict[str, Any]:
+    return {"thresholds": [{"priority": "DEFAULT", "max_connections": limit,
+                            "max_pending_requests": limit, "max_requests": limit,
+                            "max_retries": 3}]}
+
+
+def _routes(config: Config) -> list[dict[str, Any]]:
+    common = {
+        "request_headers_to_remove": list(ec.STRIPPED_HEADERS),
+        "request_body_buffer_limit": config.envoy.route_buffer_bytes,
     }
-    skip = {
-        "name": "skip",
-        "typed_config": {
-            "@type": _TYPE + "envoy.extensions.filters.common.matcher.action.v3.SkipFilter"
-        },
-    }
-    return {
-        "name": flt["name"],
-        "typed_config": {
-            "@type": _TYPE + "envoy.extensions.common.matching.v3.ExtensionWithMatcher",
-            "extension_config": flt,
-            "xds_matcher": {
-                "matcher_list": {
-                    "matchers": [
-                        {"predicate": {"not_matcher": has_rid}, "on_match": {"action": skip}}
-                    ]
+    routes: list[dict[str, Any]] = []
+    for cluster in config.cluster_names:
+        for klass in config.classes:
+            timeout = f"{klass.slo.timeout_ms / 1000.0:g}s"
+            for sampled in (False, True):
+                key = ec.route_key(cluster, klass.name, sampled)
+                route: dict[str, Any] = {
+                    "name": f"tailroute|{key}",
+                    "match": {"prefix": "/", "dynamic_metadata": [{
+                        "filter": ec.METADATA_NS, "path": [{"key": ec.ROUTE_KEY}],
+                        "value": {"string_match": {"exact": key}},
+                    }]},
+                    "route": {"cluster": cluster, "timeout": timeout, "idle_timeout": timeout},
+                    **common,
                 }
-            },
-        },
-    }
+                if not sampled:
+                    route["typed_per_filter_config"] = bf.observe_disabled()
+                routes.append(route)
+    longest = f"{max(c.slo.timeout_ms for c in config.classes) / 1000.0:g}s"
+    routes.append({
+        "name": "tailroute_default",
+        "match": {"prefix": "/"},
+        "route": {"cluster": config.default_cluster, "timeout": longest, "idle_timeout": longest},
+        "typed_per_filter_config": bf.observe_disabled(),
+        **common,
+    })
+    return routes
 
 
 def render_bootstrap(
@@ -170,94 +150,34 @@ def render_bootstrap(
     unix_socket: str | None = None,
     listen: str | None = None,
     admin: str | None = None,
-    observe_mode: ObserveMode | None = None,
     with_sidecar: bool = True,
 ) -> dict[str, Any]:
     """Build the bootstrap as a plain mapping (serialise with :func:`to_yaml`).
 
     ``grpc_target`` (host:port) or ``unix_socket`` selects how Envoy reaches the
     sidecar; default is the config's ``listen.grpc`` (or ``listen.grpc_unix``).
-    ``with_sidecar=False`` renders the same proxy without ext_proc (the
-    overhead benchmark's baseline).
+    ``with_sidecar=False`` renders the same proxy without tailroute's filters,
+    routes and access log (the benchmarks' baseline).
     """
-    mode = observe_mode or config.envoy.observe_mode
-    timeout_ms = config.limits.decision_timeout_ms
     if unix_socket is None and grpc_target is None:
         unix_socket = config.listen.grpc_unix
         grpc_target = None if unix_socket else config.listen.grpc
     sidecar_addr = (
         {"pipe": {"path": unix_socket}} if unix_socket else _addr(grpc_target or "")
     )
-    route_mode = {
-        "request_header_mode": "SEND",
-        "request_body_mode": "BUFFERED",
-        # With the observing filter, status and timing come from it: the routing
-        # stream skips response headers (one synchronous round trip less per request).
-        "response_header_mode": "SKIP" if mode == "observability" else "SEND",
-        "response_body_mode": "STREAMED" if mode == "streamed" else "NONE",
-        "request_trailer_mode": "SKIP",
-        "response_trailer_mode": "SKIP",
-    }
-    filters: list[dict[str, Any]] = [
-        {
-            "name": "tailroute.strip_client_routing",
-            "typed_config": {
-                "@type": _HEADER_MUTATION,
-                "mutations": {
-                    "request_mutations": [
-                        {"remove": ROUTE_HEADER},
-                        {"remove": REQUEST_ID_HEADER},
-                    ]
-                },
-            },
-        },
-        _ext_proc("tailroute.route", timeout_ms, route_mode, observe=False,
-                  overlap=config.envoy.overlap_headers),
-    ]
-    if not with_sidecar:
-        filters = filters[:1]
-    if mode == "observability" and with_sidecar:
-        observe_pm = {
-            "request_header_mode": "SEND",
-            "request_body_mode": "NONE",
-            "response_header_mode": "SEND",
-            "response_body_mode": "STREAMED",
-            "request_trailer_mode": "SKIP",
-            "response_trailer_mode": "SKIP",
-        }
-        filters.append(_only_with_rid(
-            _ext_proc("tailroute.observe", timeout_ms, observe_pm, observe=True)
-        ))
-    filters.append(
-        {
-            "name": "envoy.filters.http.router",
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
-            },
-        }
-    )
-    max_timeout_s = max(c.slo.timeout_ms for c in config.classes) / 1000.0
-    route_common = {
-        "timeout": f"{max_timeout_s:g}s",
-        "idle_timeout": f"{max_timeout_s:g}s",
-    }
-    routes = [
-        {
-            "name": "tailroute_routed",
-            "match": {"prefix": "/", "headers": [{"name": ROUTE_HEADER, "present_match": True}]},
-            "route": {"cluster_header": ROUTE_HEADER, **route_common},
-            "request_headers_to_remove": [REQUEST_ID_HEADER, ROUTE_HEADER],
-            "request_body_buffer_limit": config.envoy.route_buffer_bytes,
-        },
-        {
-            "name": "tailroute_default",
-            "match": {"prefix": "/"},
-            "route": {"cluster": config.default_cluster, **route_common},
-            "request_headers_to_remove": [REQUEST_ID_HEADER, ROUTE_HEADER],
-            "request_body_buffer_limit": config.envoy.route_buffer_bytes,
-        },
-    ]
-    hcm = {
+    longest_s = max(c.slo.timeout_ms for c in config.classes) / 1000.0
+    if with_sidecar:
+        filters = [bf.strip_filter(), *bf.route_filters(config.limits.decision_timeout_ms),
+                   bf.buffer_filter(config.envoy.route_buffer_bytes), bf.usage_filter(),
+                   bf.observe_filter(), bf.router_filter()]
+        routes = _routes(config)
+    else:
+        filters = [bf.strip_filter(), bf.router_filter()]
+        routes = [{"name": "default", "match": {"prefix": "/"},
+                   "route": {"cluster": config.default_cluster, "timeout": f"{longest_s:g}s",
+                             "idle_timeout": f"{longest_s:g}s"},
+                   "request_body_buffer_limit": config.envoy.route_buffer_bytes}]
+    hcm: dict[str, Any] = {
         "@type": _HCM,
         "stat_prefix": "tailroute",
         # Envoy picks (and caches) the route before any HTTP filter runs, so a
@@ -269,15 +189,12 @@ def render_bootstrap(
                 "typed_config": {
                     "@type": _TYPE + "envoy.extensions.http.early_header_mutation"
                     ".header_mutation.v3.HeaderMutation",
-                    "mutations": [
-                        {"remove": ROUTE_HEADER},
-                        {"remove": REQUEST_ID_HEADER},
-                    ],
+                    "mutations": [{"remove": h} for h in ec.STRIPPED_HEADERS],
                 },
             }
         ],
         "codec_type": "AUTO",
-        "stream_idle_timeout": f"{max_timeout_s:g}s",
+        "stream_idle_timeout": f"{longest_s:g}s",
         "request_timeout": "0s",
         "route_config": {
             "name": "tailroute",
@@ -285,11 +202,16 @@ def render_bootstrap(
         },
         "http_filters": filters,
     }
+    if with_sidecar:
+        hcm["access_log"] = bf.access_log(config.envoy.access_log_flush_ms)
     clusters = [
         _cluster(c.name, _addr(c.address), http2=False, timeout_s=2.0, tls=c.tls)
         for c in config.clusters
     ]
-    clusters.append(_cluster(SIDECAR_CLUSTER, sidecar_addr, http2=True, timeout_s=0.25))
+    if with_sidecar:
+        sidecar = _cluster(SIDECAR_CLUSTER, sidecar_addr, http2=True, timeout_s=0.25)
+        sidecar["circuit_breakers"] = _circuit_breakers(sidecar_max_requests(config))
+        clusters.append(sidecar)
     return {
         "admin": {"address": _addr(admin or config.envoy.admin)},
         "static_resources": {
@@ -315,7 +237,14 @@ def render_bootstrap(
     }
 
 
+class _PlainDumper(yaml.SafeDumper):
+    """Spell shared sub-mappings out in full: a bootstrap is read by people too."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 def to_yaml(bootstrap: dict[str, Any]) -> str:
     """Serialise a bootstrap mapping with a header comment."""
     head = "# Rendered by `tailroute envoy-config`; edit the sidecar config, not this file.\n"
-    return head + yaml.safe_dump(bootstrap, sort_keys=False, width=100)
+    return head + yaml.dump(bootstrap, Dumper=_PlainDumper, sort_keys=False, width=100)

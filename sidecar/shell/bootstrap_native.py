@@ -45,12 +45,9 @@ from sidecar.core.classify import API_PATHS, CHARS_PER_TOKEN, DEFAULT_MAX_TOKENS
 from sidecar.core.config import Config
 from sidecar.core.types import SliceKey
 from sidecar.core.weights import WEIGHT_SCALE, native_slices, route_candidates
-from sidecar.shell.bootstrap import (
-    ROUTE_HEADER,
-    SIDECAR_CLUSTER,
-    ObserveMode,
-    render_bootstrap,
-)
+from sidecar.shell import envoy_contract as ec
+from sidecar.shell.bootstrap import render_bootstrap
+from sidecar.shell.bootstrap_filters import SIDECAR_CLUSTER
 from sidecar.shell.native_keys import METADATA_NS, RUNTIME_LAYER, route_name, runtime_prefix
 
 _TYPE = "type.googleapis.com/"
@@ -62,7 +59,6 @@ _JSON_TYPES = ("application/json", "application/json; charset=utf-8",
                "application/json;charset=utf-8", "application/json; charset=UTF-8",
                "application/json;charset=UTF-8")
 WEIGHTS_FETCH_TIMEOUT = "1s"  # Envoy start-up waits at most this long for the first weights
-_ROUTE_FILTER = "tailroute.route"
 _STRIP_FILTER = "tailroute.strip_client_routing"
 
 
@@ -130,6 +126,7 @@ def slice_route(config: Config, s: SliceKey, default_class: bool,
     cands = route_candidates(config, model)
     static = [{"name": c, "weight": max(WEIGHT_SCALE // len(cands), 1)} for c in cands]
     timeout = f"{klass.slo.timeout_ms / 1000:g}s"
+    common = {**common, "timeout": timeout, "idle_timeout": timeout}
     routes = []
     for profile, out_cap, in_bytes, with_length in _profile_variants():
         if profile != s.profile:
@@ -156,7 +153,7 @@ def slice_route(config: Config, s: SliceKey, default_class: bool,
             "route": {
                 "weighted_clusters": {"runtime_key_prefix": runtime_prefix(s),
                                       "clusters": static},
-                **common, "timeout": timeout,
+                **common,
             },
         }
         if headers:
@@ -285,39 +282,43 @@ def _hcm(boot: dict[str, Any]) -> dict[str, Any]:
     return hcm
 
 
+_EXT_PROC_FILTERS = (ec.ROUTE_FILTER, ec.RICH_FILTER, ec.OBSERVE_FILTER)
+
+
 def render_native_bootstrap(
     config: Config,
     grpc_target: str | None = None,
     unix_socket: str | None = None,
     listen: str | None = None,
     admin: str | None = None,
-    observe_mode: ObserveMode | None = None,
 ) -> dict[str, Any]:
     """The native or hybrid bootstrap (``config.routing.mode``), as a plain mapping."""
     mode = config.routing.mode
     if mode == "extproc":
         raise ValueError("routing.mode is extproc: use sidecar.shell.bootstrap.render_bootstrap")
     boot = render_bootstrap(config, grpc_target=grpc_target, unix_socket=unix_socket,
-                            listen=listen, admin=admin, observe_mode=observe_mode,
-                            with_sidecar=mode == "hybrid")
+                            listen=listen, admin=admin)
     hcm = _hcm(boot)
     filters: list[dict[str, Any]] = []
     for f in hcm["http_filters"]:
-        if f["name"] == _ROUTE_FILTER:
+        if f["name"] in _EXT_PROC_FILTERS and mode == "native":
+            continue  # native: no ext_proc at all
+        if f["name"] == ec.ROUTE_FILTER:
+            # hybrid: the one-message path only for requests that need a decision
+            # (the rich path already runs only for deadline / explain requests).
             f = _only_per_request(config, f)
         filters.append(f)
         if f["name"] == _STRIP_FILTER:
             filters.append(json_to_metadata_filter())
     hcm["http_filters"] = filters
     vhost = hcm["route_config"]["virtual_hosts"][0]
-    old = {r["name"]: r for r in vhost["routes"]}
-    default = old["tailroute_default"]
-    common = {k: v for k, v in default["route"].items() if k in ("idle_timeout",)}
+    decided = [r for r in vhost["routes"] if r["name"] != "tailroute_default"]
+    default = next(r for r in vhost["routes"] if r["name"] == "tailroute_default")
+    if mode == "native":
+        default.pop("typed_per_filter_config", None)  # no observing filter to configure
     extra = {k: v for k, v in default.items() if k not in ("name", "match", "route")}
-    routes = native_routes(config, common, extra)
-    if mode == "hybrid":
-        routes.insert(0, old["tailroute_routed"])
-    vhost["routes"] = [*routes, default]
+    routes = native_routes(config, {}, extra)
+    vhost["routes"] = [*(decided if mode == "hybrid" else []), *routes, default]
     boot["layered_runtime"] = _runtime_layers()
     boot.setdefault("node", {"id": "tailroute-envoy", "cluster": "tailroute"})
     return boot
@@ -332,4 +333,4 @@ def render_for_mode(config: Config, **kw: Any) -> dict[str, Any]:
     return render_native_bootstrap(config, **kw)
 
 
-__all__ = ["ROUTE_HEADER", "render_for_mode", "render_native_bootstrap", "route_slices"]
+__all__ = ["render_for_mode", "render_native_bootstrap", "route_slices"]

@@ -1,33 +1,49 @@
 """Per-stream ext_proc handlers with explicit per-request state.
 
 One handler object per gRPC stream; ``on_message(msg, now)`` returns the
-ProcessingResponse to send (or None in observability mode). No I/O here, so
-unit tests drive these with in-memory message lists.
+ProcessingResponse to send. No I/O here, so unit tests drive these with
+in-memory message lists.
 
-Routing stream (filter ``tailroute.route``), states and the messages each accepts::
+Two routing paths, chosen per request by Envoy (see
+:mod:`sidecar.shell.bootstrap_filters`), one handler::
 
-    EXPECT_HEADERS --request_headers(eos)--> ROUTED        (GET / no body)
-    EXPECT_HEADERS --request_headers-------> EXPECT_BODY
-    EXPECT_BODY    --request_body(eos)-----> ROUTED
-    EXPECT_BODY    --request_body(eos)-----> QUEUED        (admission "queue": Hold)
-    QUEUED         --resume (server)-------> QUEUED | ROUTED
-    ROUTED         --response_headers------> RESPONSE      (status recorded)
-    RESPONSE       --response_body*--------> RESPONSE      (only in "streamed" mode)
-    any            --unexpected message----> answered with an empty CONTINUE, counted
+    START       --request_body(eos)----------> ROUTED     one-message path (tailroute.route):
+                                                          headers came as request attributes
+    START       --request_headers(eos)-------> ROUTED     rich path, GET / no body
+    START       --request_headers------------> EXPECT_BODY  rich path (tailroute.route_rich)
+    EXPECT_BODY --request_body(eos)----------> ROUTED
+    EXPECT_BODY/START --body-----------------> QUEUED     (admission "queue": Hold)
+    QUEUED      --resume (server)------------> QUEUED | ROUTED
+    ROUTED      --response_headers-----------> RESPONSE   rich path with explain only
+    any         --unexpected message---------> answered with an empty CONTINUE, counted
 
-What the request gets (also the table in README.md, "Running it beside your Envoy"):
+Which path has which feature (also in README.md, "Running it beside your Envoy"):
 
-* valid OpenAI-style request: CONTINUE with ``x-tailroute-cluster`` set
-  (OVERWRITE_IF_EXISTS_OR_ADD, raw_value) and ``clear_route_cache``; the
-  ``model`` field is rewritten when the chosen cluster serves it under another name;
-  ``x-envoy-upstream-rq-timeout-ms`` is the remaining budget (class timeout or
-  the caller's deadline);
+=================================  ==============  ==========================
+feature                            one message     rich (deadline / explain)
+=================================  ==============  ==========================
+routing, class/priority/tenant/    yes             yes
+step headers, model rewrite
+class upstream timeout             yes (route)     yes (route)
+deadline -> upstream timeout       --              yes (header)
+admission answers (429/503/412),   yes             yes
+queueing, 400 for bad bodies
+``x-tailroute-explain-result``     --              yes
+=================================  ==============  ==========================
+
+What the request gets on either path:
+
+* valid OpenAI-style request: CONTINUE with dynamic metadata
+  ``tailroute.route`` (selects the Envoy route: cluster, class timeout,
+  sampled or not), ``tailroute.rid`` and ``tailroute.slice`` (match the
+  access-log entry); the ``model`` field is rewritten when the chosen cluster
+  serves it under another name; on the rich path
+  ``x-envoy-upstream-rq-timeout-ms`` is the remaining budget;
 * not admitted (defer 429, shed/reject 503, skip 412) or held (queue): see
   :mod:`sidecar.shell.admission` and docs/admission.md;
 * body that is not JSON / not an object / has mistyped fields on an LLM API
-  path: 400 ImmediateResponse with an OpenAI-style error JSON (the request
-  itself is invalid, every upstream would refuse it);
-* GET, no body, non-LLM path, unknown model, body over ``limits.max_body_bytes``:
+  path: 400 ImmediateResponse with an OpenAI-style error JSON;
+* no body, non-LLM path, unknown model, body over ``limits.max_body_bytes``:
   CONTINUE to the default route (counted; the upstream answers for itself).
 """
 
@@ -38,15 +54,17 @@ import logging
 from dataclasses import replace
 from enum import Enum
 
+from google.protobuf import struct_pb2
+
 from sidecar.core.classify import BadRequest, ParsedBody, api_for_path, classify, parse_body
 from sidecar.core.timing import ResponseTimer
-from sidecar.core.types import Decision, RequestInfo
+from sidecar.core.types import Decision, RequestInfo, SliceKey
 from sidecar.pb.envoy.config.core.v3 import base_pb2
 from sidecar.pb.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm_pb2
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from sidecar.shell import envoy_contract as ec
 from sidecar.shell.admission import Hold, admission_response, timeout_header
 from sidecar.shell.app import App, Pending
-from sidecar.shell.bootstrap import REQUEST_ID_HEADER, ROUTE_HEADER
 
 log = logging.getLogger("tailroute.extproc")
 
@@ -61,10 +79,14 @@ _EXPLAIN_MODE = _PM(
     request_trailer_mode=_PM.SKIP,
     response_trailer_mode=_PM.SKIP,
 )
+# On the one-message path Envoy clears the route cache after the body answer only if
+# that answer carries a header mutation, and drops header changes there (the headers
+# have gone on already): removing a header that never reaches the upstream anyway
+# satisfies the first and harms nothing.
 
 
 class Phase(Enum):
-    EXPECT_HEADERS = "expect_headers"
+    START = "start"
     EXPECT_BODY = "expect_body"
     QUEUED = "queued"  # held by an admission "queue" answer; the server re-asks (resume)
     ROUTED = "routed"
@@ -79,6 +101,18 @@ def header_map(hm: base_pb2.HeaderMap) -> dict[str, str]:
     return out
 
 
+def attribute_headers(msg: pb.ProcessingRequest) -> dict[str, str]:
+    """The headers the one-message path sends as request attributes (absent when unset)."""
+    if ec.ATTRIBUTES_NS not in msg.attributes:
+        return {}
+    out: dict[str, str] = {}
+    for expr, value in msg.attributes[ec.ATTRIBUTES_NS].fields.items():
+        name = ec.ATTRIBUTE_HEADERS.get(expr)
+        if name is not None and value.WhichOneof("kind") == "string_value":
+            out[name] = value.string_value
+    return out
+
+
 def _set(key: str, value: str) -> base_pb2.HeaderValueOption:
     return base_pb2.HeaderValueOption(
         header=base_pb2.HeaderValue(key=key, raw_value=value.encode("latin-1", "replace")),
@@ -86,14 +120,10 @@ def _set(key: str, value: str) -> base_pb2.HeaderValueOption:
     )
 
 
-def _continue_headers() -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(request_headers=pb.HeadersResponse())
-
-
 def continue_unchanged(kind: str | None) -> pb.ProcessingResponse:
     """The do-nothing answer matching a request message kind (unknown: response body)."""
     if kind == "request_headers":
-        return _continue_headers()
+        return pb.ProcessingResponse(request_headers=pb.HeadersResponse())
     if kind == "request_body":
         return pb.ProcessingResponse(request_body=pb.BodyResponse())
     if kind == "response_headers":
@@ -120,16 +150,28 @@ def immediate(status: int, message: str, kind: str, headers: dict[str, str] | No
     )
 
 
+def _write_metadata(out: struct_pb2.Struct, rid: str, route: str | None,
+                    slice_label: str | None) -> None:
+    """``{tailroute: {rid, route, slice}}``: route selection and access-log correlation."""
+    fields = out.fields[ec.METADATA_NS].struct_value.fields
+    fields[ec.RID_KEY].string_value = rid
+    if route is not None:
+        fields[ec.ROUTE_KEY].string_value = route
+    if slice_label is not None:
+        fields[ec.SLICE_KEY].string_value = slice_label
+
+
 class RouteStream:
-    """Handles the routing filter's stream for one HTTP request."""
+    """Handles one HTTP request's routing stream, on either path."""
 
     def __init__(self, app: App) -> None:
         self.app = app
-        self.phase = Phase.EXPECT_HEADERS
+        self.phase = Phase.START
         self.headers: dict[str, str] = {}
         self.rid: str | None = None
         self.info: RequestInfo | None = None
         self.decision: Decision | None = None
+        self.rich = False  # request headers were sent (tailroute.route_rich)
         self._parsed: ParsedBody | None = None
         self._is_body = False
         self._arrived = 0.0
@@ -141,17 +183,19 @@ class RouteStream:
         self, msg: pb.ProcessingRequest, now: float
     ) -> pb.ProcessingResponse | Hold | None:
         kind = msg.WhichOneof("request")
-        if kind == "request_headers" and self.phase is Phase.EXPECT_HEADERS:
+        phase = self.phase
+        if kind == "request_body" and phase is Phase.START:
+            self.headers = attribute_headers(msg)
+            return self._route(msg.request_body.body, now, is_body=True)
+        if kind == "request_headers" and phase is Phase.START:
             return self._on_request_headers(msg.request_headers, now)
-        if kind == "request_body" and self.phase is Phase.EXPECT_BODY:
-            return self._on_request_body(msg.request_body, now)
-        if kind == "response_headers" and self.phase in (Phase.ROUTED, Phase.EXPECT_BODY):
-            return self._on_response_headers(msg.response_headers, now)
-        if kind == "response_body":
-            return self._on_response_body(msg.response_body, now)
-        return self._unexpected(kind, now)
+        if kind == "request_body" and phase is Phase.EXPECT_BODY:
+            return self._route(msg.request_body.body, now, is_body=True)
+        if kind == "response_headers" and phase is Phase.ROUTED and self.rich:
+            return self._on_response_headers()
+        return self._unexpected(kind)
 
-    def _unexpected(self, kind: str | None, now: float) -> pb.ProcessingResponse:
+    def _unexpected(self, kind: str | None) -> pb.ProcessingResponse:
         """Out-of-order or unknown message: answer harmlessly, never crash the stream."""
         self.app.errors[f"unexpected_{kind}_in_{self.phase.value}"] += 1
         log.warning("unexpected %s in phase %s", kind, self.phase.value)
@@ -162,23 +206,18 @@ class RouteStream:
     def _on_request_headers(
         self, msg: pb.HttpHeaders, now: float
     ) -> pb.ProcessingResponse | Hold:
+        self.rich = True
         self.headers = header_map(msg.headers)
         if msg.end_of_stream:
             return self._route(None, now, is_body=False)
         self.phase = Phase.EXPECT_BODY
-        if self.app.observe_mode == "observability" and self.headers.get(
-            "x-tailroute-explain", ""
-        ).strip() == "1":
-            # Response headers are skipped in this mode; a debugging caller who asks
+        if self.headers.get("x-tailroute-explain", "").strip() == "1":
+            # Response headers are skipped by default; a debugging caller who asks
             # for the explain header gets them back for this one request.
             return pb.ProcessingResponse(
                 request_headers=pb.HeadersResponse(), mode_override=_EXPLAIN_MODE
             )
-        return _continue_headers()
-
-    def _on_request_body(self, msg: pb.HttpBody, now: float) -> pb.ProcessingResponse | Hold:
-        # BUFFERED mode: the whole body arrives in one message with end_of_stream set.
-        return self._route(msg.body, now, is_body=True)
+        return pb.ProcessingResponse(request_headers=pb.HeadersResponse())
 
     def _route(
         self, body: bytes | None, now: float, is_body: bool
@@ -187,6 +226,7 @@ class RouteStream:
         cfg = app.config
         api = api_for_path(self.headers.get(":path", "/"))
         parsed = None
+        self.rid = app.new_rid()  # also the admission queue ticket
         if body is not None and api != "other":
             if len(body) > cfg.limits.max_body_bytes:
                 app.errors["body_too_large"] += 1
@@ -197,9 +237,10 @@ class RouteStream:
                 except BadRequest as exc:
                     app.errors["bad_request"] += 1
                     self.phase = Phase.ROUTED
-                    return immediate(400, str(exc), "invalid_request_error")
+                    resp = immediate(400, str(exc), "invalid_request_error")
+                    _write_metadata(resp.dynamic_metadata, self.rid, None, None)
+                    return resp
         info = classify(cfg, self.headers, parsed, api)
-        self.rid = app.new_rid()  # also the admission queue ticket
         self.info, self._parsed, self._is_body = info, parsed, is_body
         self._classified = info
         self._arrived = now
@@ -224,51 +265,50 @@ class RouteStream:
         app = self.app
         info, parsed, is_body = self.info, self._parsed, self._is_body
         assert info is not None and self.rid is not None
+        rid = self.rid
         self.decision = decision
         if decision.admission == "queue":
             self.phase = Phase.QUEUED
-            return Hold(app.router.queue_until(self.rid) or now)
+            return Hold(app.router.queue_until(rid) or now)
         self.phase = Phase.ROUTED
+        label = info.slice.label()
         if decision.admission != "admit":
-            return admission_response(decision, info)
-        sets = [_set(ROUTE_HEADER, decision.cluster)]
-        timeout = timeout_header(decision)
-        if timeout is not None:
-            sets.append(timeout)
-        rid = self.rid
-        observed = app.router.wants_observation(decision.cluster, info.slice, now, app.rng)
-        if app.observe_mode == "observability" and observed:
-            # The rid header both correlates the observing stream and switches the
-            # observing filter on for this request (Envoy skips it without the header).
-            sets.append(_set(REQUEST_ID_HEADER, rid))
-        common = pb.CommonResponse(
-            header_mutation=pb.HeaderMutation(set_headers=sets), clear_route_cache=True
-        )
+            resp = admission_response(decision, info)
+            _write_metadata(resp.dynamic_metadata, rid, None, label)
+            return resp
+        cluster = decision.cluster
+        sampled = info.stream and app.offsets.wants_sample(cluster, info.slice, app.rng)
+        resp = pb.ProcessingResponse()
+        # Built in place (no sub-message copies): this is the per-request hot path.
+        common = (resp.request_body if is_body else resp.request_headers).response
+        common.clear_route_cache = True
+        if self.rich:
+            timeout = timeout_header(decision)
+            if timeout is not None:
+                common.header_mutation.set_headers.append(timeout)
+        else:
+            common.header_mutation.remove_headers.append(ec.ROUTE_HEADER)
         if parsed is not None and decision.upstream_model:
             new_body = _rewrite_model(parsed, decision.upstream_model)
             common.body_mutation.body = new_body
-            common.header_mutation.set_headers.append(_set("content-length", str(len(new_body))))
-        timer = ResponseTimer(
-            decision.cluster, info.slice, now, info.stream,
-            is_retry=info.retry_attempt > 0 or decision.is_retry, is_probe=decision.is_probe,
-        )
-        app.register(Pending(rid, decision, timer, app.deadline_for(decision, now),
-                             observed=observed))
-        if is_body:
-            return pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
-        return pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=common))
+            if self.rich:
+                common.header_mutation.set_headers.append(
+                    _set("content-length", str(len(new_body))))
+        _write_metadata(resp.dynamic_metadata, rid, ec.route_key(cluster, info.klass, sampled),
+                        label)
+        app.register(Pending(
+            rid, decision, info.slice, info.stream, app.deadline_for(decision, now),
+            is_retry=info.retry_attempt > 0,
+            observed=app.router.wants_observation(cluster, info.slice, now, app.rng),
+            sampled=sampled,
+        ))
+        return resp
 
     # -------------------------------------------------------------- response
 
-    def _on_response_headers(self, msg: pb.HttpHeaders, now: float) -> pb.ProcessingResponse:
+    def _on_response_headers(self) -> pb.ProcessingResponse:
+        """Rich path with explain: say where the request went and why."""
         self.phase = Phase.RESPONSE
-        headers = header_map(msg.headers)
-        pending = self.app.pending.get(self.rid or "")
-        if pending is not None and not pending.observer_attached:
-            status = int(headers.get(":status", "0") or 0)
-            pending.timer.on_headers(status, headers.get("content-type", ""), now)
-            if msg.end_of_stream:
-                pending.timer.on_end(now)
         sets = []
         if self.decision is not None:
             sets.append(_set("x-tailroute-route", self.decision.cluster))
@@ -280,70 +320,83 @@ class RouteStream:
             )
         )
 
-    def _on_response_body(self, msg: pb.HttpBody, now: float) -> pb.ProcessingResponse:
-        pending = self.app.pending.get(self.rid or "")
-        if pending is not None and not pending.observer_attached:
-            pending.timer.on_body(msg.body, now, end=msg.end_of_stream)
-        return pb.ProcessingResponse(response_body=pb.BodyResponse())
-
     def close(self, now: float, cancelled: bool) -> None:
         """The gRPC stream ended: Envoy closes it when the HTTP request is over."""
         if self.phase is Phase.QUEUED and self.rid is not None:
             self.app.router.withdraw(self.rid)  # client gone or Envoy gave up while held
             return
-        pending = self.app.pending.get(self.rid or "")
-        if pending is None:
-            return
-        timer = pending.timer
-        if (not pending.observer_attached and timer.ended_at is None
-                and timer.status is not None and not cancelled):
-            # headers_only mode: no body seen; end-to-end is measured to the end of
-            # the request (Envoy closes this stream then), documented as such.
-            timer.on_end(now)
-        self.app.route_closed(pending.rid, now, cancelled)
+        if self.rid is not None:
+            self.app.route_closed(self.rid, now)
 
 
 class ObserveStream:
-    """Handles the observability-mode filter's stream: never answers, only times."""
+    """The sampled observing filter's stream: times the first content token against
+    the first body byte, then asks the server to close the stream (``on_message``
+    returns True). Never answers. Works from the forwarded metadata alone, so it
+    does not matter which sidecar process decided the request."""
 
     def __init__(self, app: App) -> None:
         self.app = app
-        self.rid: str | None = None
+        self.rid = ""
+        self.cluster = ""
+        self.slice: SliceKey | None = None
+        self.timer: ResponseTimer | None = None
+        self.first_body_at: float | None = None
+        self.finished = False
 
-    def on_message(self, msg: pb.ProcessingRequest, now: float) -> None:
+    def _start(self, msg: pb.ProcessingRequest, now: float) -> bool:
+        meta = msg.metadata_context.filter_metadata.get(ec.METADATA_NS)
+        if meta is None:
+            return False
+        f = meta.fields
+        route = f[ec.ROUTE_KEY].string_value if ec.ROUTE_KEY in f else ""
+        label = f[ec.SLICE_KEY].string_value if ec.SLICE_KEY in f else ""
+        try:
+            self.slice = SliceKey.parse(label)
+        except ValueError:
+            return False
+        self.rid = f[ec.RID_KEY].string_value if ec.RID_KEY in f else ""
+        self.cluster = route.rsplit("|", 2)[0]
+        self.timer = ResponseTimer(self.cluster, self.slice, now, True)
+        return True
+
+    def on_message(self, msg: pb.ProcessingRequest, now: float) -> bool:
+        """Feed one message; True means "close this stream now"."""
+        if self.finished:
+            return True
+        if self.timer is None and not self._start(msg, now):
+            self.finished = True
+            return True  # not a request tailroute routed: nothing to time
+        timer = self.timer
+        assert timer is not None
         kind = msg.WhichOneof("request")
-        if kind == "request_headers":
-            for h in msg.request_headers.headers.headers:
-                if h.key == REQUEST_ID_HEADER:
-                    rid = (h.raw_value or h.value.encode()).decode("latin-1")
-                    p = self.app.pending.get(rid)
-                    if p is not None:
-                        p.observer_attached = True
-                        self.rid = rid
-                    break
-            return
-        p = self.app.pending.get(self.rid) if self.rid else None
-        if p is None:
-            return
         if kind == "response_headers":
-            headers = header_map(msg.response_headers.headers)
-            p.timer.on_headers(int(headers.get(":status", "0") or 0),
-                               headers.get("content-type", ""), now)
+            h = header_map(msg.response_headers.headers)
+            timer.on_headers(int(h.get(":status", "0") or 0), h.get("content-type", ""), now)
             if msg.response_headers.end_of_stream:
-                p.timer.on_end(now)
+                return self._done(now)
         elif kind == "response_body":
-            p.timer.on_body(msg.response_body.body, now, end=msg.response_body.end_of_stream)
+            if self.first_body_at is None and msg.response_body.body:
+                self.first_body_at = now
+            timer.on_body(msg.response_body.body, now)
+            if timer.first_token_at is not None or msg.response_body.end_of_stream:
+                return self._done(now)
         elif kind == "response_trailers":
-            p.timer.on_end(now)
-        if p.timer.ended_at is not None:
-            self.app.finalize(p.rid, now, cancelled=False)
+            return self._done(now)
+        return False
+
+    def _done(self, now: float) -> bool:
+        if not self.finished and self.slice is not None and self.timer is not None:
+            self.finished = True
+            token_at, body_at = self.timer.first_token_at, self.first_body_at
+            offset = token_at - body_at if token_at is not None and body_at is not None else None
+            self.app.first_token_timed(self.rid, self.cluster, self.slice, offset, now)
+        self.finished = True
+        return True
 
     def close(self, now: float, cancelled: bool) -> None:
-        """Envoy closes observability streams late (deferred close); the end of the
-        body already finalized a complete response, so only a cut-off one is left."""
-        p = self.app.pending.get(self.rid) if self.rid else None
-        if p is not None and p.released:
-            self.app.finalize(p.rid, now, cancelled=True)
+        """The stream ended (by us, by Envoy, or cut off): the observer has said all."""
+        self._done(now)
 
 
 def _rewrite_model(parsed: ParsedBody, model: str) -> bytes:

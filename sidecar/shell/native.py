@@ -70,25 +70,31 @@ def material_change(old: dict[SliceKey, SliceWeights],
 class NativeRouting:
     """Learning from logged native requests and publishing weights (module docstring)."""
 
-    def __init__(self, config: Config, router: Callable[[], Router]) -> None:
+    def __init__(self, config: Config | Callable[[], Config],
+                 router: Callable[[], Router]) -> None:
+        """``config`` may be a callable (the live config: a reload takes effect at the
+        next publication) and ``router`` is one (a reload may replace the router)."""
+        self._config = config if callable(config) else (lambda: config)
         self._router = router
         self.layer = WeightLayer()
         self.rtds: RtdsService | None = None
         self.load = WindowLoad()
         self.computed_at: float | None = None
         self._window: int | None = None  # evaluation window of the last full refresh
-        self.counters: dict[str, int] = {"logged": 0, "not_slice_route": 0, "probes": 0}
-        self.reconfigure(config)
+        self.counters: dict[str, int] = {"logged": 0, "probes": 0}
+        self._routes: dict[str, SliceKey] = {}
+        self._routes_of: Config | None = None
 
-    def reconfigure(self, config: Config) -> None:
-        """A (re)loaded config: new slices and routes take effect at the next publication.
-
-        Envoy's routes come from its bootstrap: re-render it (``tailroute
-        envoy-config``) when models, classes or candidates change.
-        """
-        self.config = config
-        self.routes = route_slices(config)
-        self._window = None  # the next publication recomputes every slice
+    @property
+    def config(self) -> Config:
+        """The live config. After a reload, new slices and routes take effect at the
+        next publication; Envoy's routes come from its bootstrap, so re-render it
+        (``tailroute envoy-config``) when models, classes or candidates change."""
+        cfg = self._config()
+        if cfg is not self._routes_of:
+            self._routes, self._routes_of = route_slices(cfg), cfg
+            self._window = None  # the next publication recomputes every slice
+        return cfg
 
     @property
     def weights(self) -> dict[SliceKey, SliceWeights]:
@@ -97,7 +103,10 @@ class NativeRouting:
     # ------------------------------------------------------------ learning
 
     def slice_of_route(self, route_name: str) -> SliceKey | None:
-        return self.routes.get(route_name)
+        """The slice of a rendered slice route (None for any other route)."""
+        if self._routes_of is not self._config():
+            _ = self.config
+        return self._routes.get(route_name)
 
     def on_logged(self, slice: SliceKey, cluster: str, duration_s: float | None) -> bool:
         """A logged request of ``slice`` served by ``cluster``: count its load.
@@ -120,10 +129,11 @@ class NativeRouting:
         """Recompute the weights (every slice at a new evaluation window or when
         ``force``d, else the slices with traffic); push them if they changed materially."""
         self.load.roll(now)
-        window = int(now / self.config.stats.subwindow_s)
+        config = self.config
+        window = int(now / config.stats.subwindow_s)
         full = force or window != self._window
         self._window = window
-        new = refresh_weights(self.config, WindowView(self._router(), {}), now,
+        new = refresh_weights(config, WindowView(self._router(), {}), now,
                               self.layer.weights, self.load.demand, full)
         self.computed_at = now
         if not force and self.layer.version and not material_change(self.layer.weights, new):

@@ -116,6 +116,7 @@ class StreamInfo:
 
     peer: str
     opened_at: float
+    node: str = ""
     sent_version: int = 0
     acked_version: int = 0
     acked_at: float | None = None
@@ -124,7 +125,7 @@ class StreamInfo:
     _nonce: str = field(default="", repr=False)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"peer": self.peer, "opened_at": self.opened_at,
+        return {"node": self.node, "peer": self.peer, "opened_at": self.opened_at,
                 "sent_version": self.sent_version, "acked_version": self.acked_version,
                 "acked_at": self.acked_at, "nacks": self.nacks}
 
@@ -172,6 +173,7 @@ class RtdsService(r_grpc.RuntimeDiscoveryServiceServicer):  # type: ignore[misc]
             first = await requests.get()
             if first is None:
                 return
+            info.node = first.node.id if first.HasField("node") else ""
             names = set(first.resource_names)
             if names and RUNTIME_LAYER not in names:
                 log.warning("Envoy %s asked for runtime layers %s; tailroute serves only %s",

@@ -1,7 +1,9 @@
-"""The grpc.aio ext_proc server: a thin adapter between gRPC streams and the core.
+"""The grpc.aio server: ext_proc streams and Envoy's access-log streams.
 
-Each stream's first message says which filter opened it: the observability
-filter sets ``observability_mode``; everything else is a routing stream. The
+Each ext_proc stream's first message says which filter opened it: the
+observing filter sets ``observability_mode``; everything else is a routing
+stream (one message on the common path, headers first on the rich path). The
+access-log service (:mod:`sidecar.shell.access_log`) shares the server. The
 loop's clock (``loop.time()``) is the only time source, handed to the core.
 
 Handlers answer synchronously (the fast path). The one exception is an
@@ -23,11 +25,14 @@ from typing import Any
 import grpc
 from prometheus_client import Histogram
 
+from sidecar.pb.envoy.service.accesslog.v3 import als_pb2_grpc
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from sidecar.shell.access_log import AccessLogService
 from sidecar.shell.admission import CapacitySignal, Hold
 from sidecar.shell.app import App
 from sidecar.shell.extproc import ObserveStream, RouteStream, continue_unchanged
+from sidecar.shell.outcomes import OutcomeFeed
 
 log = logging.getLogger("tailroute.server")
 
@@ -38,8 +43,18 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(self, app: App, phase_hist: Histogram | None = None) -> None:
         self.app = app
         self.active_streams = 0
+        self.access_log: AccessLogService | None = None  # set by start_grpc
+        self.draining = False  # shutting down: new streams are refused (Envoy fails open)
         self._phase = phase_hist
+        self._phase_by_kind: dict[str, Any] = {}  # histogram children, looked up once
         self.capacity = CapacitySignal()
+
+    def _observe_phase(self, kind: str, seconds: float) -> None:
+        child = self._phase_by_kind.get(kind)
+        if child is None:
+            assert self._phase is not None
+            child = self._phase_by_kind[kind] = self._phase.labels(kind)
+        child.observe(seconds)
 
     def _load(self) -> int:
         router = self.app.router
@@ -69,6 +84,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         loop = asyncio.get_running_loop()
         handler: RouteStream | ObserveStream | None = None
         cancelled = True
+        if self.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "tailroute is shutting down")
         self.active_streams += 1
         try:
             async for msg in request_iterator:
@@ -77,20 +94,28 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     handler = ObserveStream(self.app) if msg.observability_mode else RouteStream(
                         self.app
                     )
+                if isinstance(handler, ObserveStream):
+                    try:
+                        stop = handler.on_message(msg, now)
+                    except Exception:
+                        log.exception("observer error; closing its stream")
+                        self.app.errors["handler_exception"] += 1
+                        stop = True
+                    if stop:
+                        break  # closing the stream tells Envoy no more messages are needed
+                    continue
                 t0 = time.perf_counter()
                 try:
                     resp = handler.on_message(msg, now)
                 except Exception:  # a bug must not take the stream loop down with it
                     log.exception("handler error; answering CONTINUE")
                     self.app.errors["handler_exception"] += 1
-                    resp = None if isinstance(handler, ObserveStream) else _safe_continue(msg)
+                    resp = _safe_continue(msg)
                 if self._phase is not None:
-                    self._phase.labels(msg.WhichOneof("request") or "unknown").observe(
-                        time.perf_counter() - t0
-                    )
+                    self._observe_phase(msg.WhichOneof("request") or "unknown",
+                                        time.perf_counter() - t0)
                 if isinstance(resp, Hold):
-                    resp = (await self._hold(handler, resp, msg)
-                            if isinstance(handler, RouteStream) else None)
+                    resp = await self._hold(handler, resp, msg)
                 elif self.capacity.waiting:
                     self.capacity.observe_load(self._load())
                 if resp is not None:
@@ -118,7 +143,8 @@ async def start_grpc(
 ) -> tuple[grpc.aio.Server, ExtProcService, int | None]:
     """Start the gRPC server on a TCP address (``host:port``, port 0 = any) and/or a Unix socket.
 
-    Returns the server, the service and the bound TCP port (None when TCP is off).
+    Serves ext_proc and the access-log service (``service.access_log``). Returns
+    the server, the ext_proc service and the bound TCP port (None when TCP is off).
     """
     server = grpc.aio.server(
         options=[
@@ -128,6 +154,8 @@ async def start_grpc(
     )
     service = ExtProcService(app, phase_hist)
     pb_grpc.add_ExternalProcessorServicer_to_server(service, server)
+    service.access_log = AccessLogService(OutcomeFeed(app), app.envoy)
+    als_pb2_grpc.add_AccessLogServiceServicer_to_server(service.access_log, server)
     port: int | None = None
     if tcp:
         port = server.add_insecure_port(tcp)

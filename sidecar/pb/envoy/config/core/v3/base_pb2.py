@@ -27,7 +27,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import wrappers_pb2 as google_dot_protobuf_dot_wrappers__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x65nvoy/config/core/v3/base.proto\x12\x14\x65nvoy.config.core.v3\x1a\x19google/protobuf/any.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1egoogle/protobuf/wrappers.proto\"\xd1\x02\n\x08Metadata\x12K\n\x0f\x66ilter_metadata\x18\x01 \x03(\x0b\x32\x32.envoy.config.core.v3.Metadata.FilterMetadataEntry\x12V\n\x15typed_filter_metadata\x18\x02 \x03(\x0b\x32\x37.envoy.config.core.v3.Metadata.TypedFilterMetadataEntry\x1aN\n\x13\x46ilterMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct:\x02\x38\x01\x1aP\n\x18TypedFilterMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12#\n\x05value\x18\x02 \x01(\x0b\x32\x14.google.protobuf.Any:\x02\x38\x01\"<\n\x0bHeaderValue\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x11\n\traw_value\x18\x03 \x01(\x0c\"\xe2\x02\n\x11HeaderValueOption\x12\x31\n\x06header\x18\x01 \x01(\x0b\x32!.envoy.config.core.v3.HeaderValue\x12.\n\x06\x61ppend\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.BoolValueB\x02\x18\x01\x12Q\n\rappend_action\x18\x03 \x01(\x0e\x32:.envoy.config.core.v3.HeaderValueOption.HeaderAppendAction\x12\x18\n\x10keep_empty_value\x18\x04 \x01(\x08\"}\n\x12HeaderAppendAction\x12\x1b\n\x17\x41PPEND_IF_EXISTS_OR_ADD\x10\x00\x12\x11\n\rADD_IF_ABSENT\x10\x01\x12\x1e\n\x1aOVERWRITE_IF_EXISTS_OR_ADD\x10\x02\x12\x17\n\x13OVERWRITE_IF_EXISTS\x10\x03\"?\n\tHeaderMap\x12\x32\n\x07headers\x18\x01 \x03(\x0b\x32!.envoy.config.core.v3.HeaderValueb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x65nvoy/config/core/v3/base.proto\x12\x14\x65nvoy.config.core.v3\x1a\x19google/protobuf/any.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1egoogle/protobuf/wrappers.proto\"#\n\x04Node\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x63luster\x18\x02 \x01(\t\"\xd1\x02\n\x08Metadata\x12K\n\x0f\x66ilter_metadata\x18\x01 \x03(\x0b\x32\x32.envoy.config.core.v3.Metadata.FilterMetadataEntry\x12V\n\x15typed_filter_metadata\x18\x02 \x03(\x0b\x32\x37.envoy.config.core.v3.Metadata.TypedFilterMetadataEntry\x1aN\n\x13\x46ilterMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct:\x02\x38\x01\x1aP\n\x18TypedFilterMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12#\n\x05value\x18\x02 \x01(\x0b\x32\x14.google.protobuf.Any:\x02\x38\x01\"<\n\x0bHeaderValue\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x11\n\traw_value\x18\x03 \x01(\x0c\"\xe2\x02\n\x11HeaderValueOption\x12\x31\n\x06header\x18\x01 \x01(\x0b\x32!.envoy.config.core.v3.HeaderValue\x12.\n\x06\x61ppend\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.BoolValueB\x02\x18\x01\x12Q\n\rappend_action\x18\x03 \x01(\x0e\x32:.envoy.config.core.v3.HeaderValueOption.HeaderAppendAction\x12\x18\n\x10keep_empty_value\x18\x04 \x01(\x08\"}\n\x12HeaderAppendAction\x12\x1b\n\x17\x41PPEND_IF_EXISTS_OR_ADD\x10\x00\x12\x11\n\rADD_IF_ABSENT\x10\x01\x12\x1e\n\x1aOVERWRITE_IF_EXISTS_OR_ADD\x10\x02\x12\x17\n\x13OVERWRITE_IF_EXISTS\x10\x03\"?\n\tHeaderMap\x12\x32\n\x07headers\x18\x01 \x03(\x0b\x32!.envoy.config.core.v3.HeaderValue*\x89\x01\n\rRequestMethod\x12\x16\n\x12METHOD_UNSPECIFIED\x10\x00\x12\x07\n\x03GET\x10\x01\x12\x08\n\x04HEAD\x10\x02\x12\x08\n\x04POST\x10\x03\x12\x07\n\x03PUT\x10\x04\x12\n\n\x06\x44\x45LETE\x10\x05\x12\x0b\n\x07\x43ONNECT\x10\x06\x12\x0b\n\x07OPTIONS\x10\x07\x12\t\n\x05TRACE\x10\x08\x12\t\n\x05PATCH\x10\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,18 +40,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_METADATA_TYPEDFILTERMETADATAENTRY']._serialized_options = b'8\001'
   _globals['_HEADERVALUEOPTION'].fields_by_name['append']._loaded_options = None
   _globals['_HEADERVALUEOPTION'].fields_by_name['append']._serialized_options = b'\030\001'
-  _globals['_METADATA']._serialized_start=147
-  _globals['_METADATA']._serialized_end=484
-  _globals['_METADATA_FILTERMETADATAENTRY']._serialized_start=324
-  _globals['_METADATA_FILTERMETADATAENTRY']._serialized_end=402
-  _globals['_METADATA_TYPEDFILTERMETADATAENTRY']._serialized_start=404
-  _globals['_METADATA_TYPEDFILTERMETADATAENTRY']._serialized_end=484
-  _globals['_HEADERVALUE']._serialized_start=486
-  _globals['_HEADERVALUE']._serialized_end=546
-  _globals['_HEADERVALUEOPTION']._serialized_start=549
-  _globals['_HEADERVALUEOPTION']._serialized_end=903
-  _globals['_HEADERVALUEOPTION_HEADERAPPENDACTION']._serialized_start=778
-  _globals['_HEADERVALUEOPTION_HEADERAPPENDACTION']._serialized_end=903
-  _globals['_HEADERMAP']._serialized_start=905
-  _globals['_HEADERMAP']._serialized_end=968
+  _globals['_REQUESTMETHOD']._serialized_start=1008
+  _globals['_REQUESTMETHOD']._serialized_end=1145
+  _globals['_NODE']._serialized_start=146
+  _globals['_NODE']._serialized_end=181
+  _globals['_METADATA']._serialized_start=184
+  _globals['_METADATA']._serialized_end=521
+  _globals['_METADATA_FILTERMETADATAENTRY']._serialized_start=361
+  _globals['_METADATA_FILTERMETADATAENTRY']._serialized_end=439
+  _globals['_METADATA_TYPEDFILTERMETADATAENTRY']._serialized_start=441
+  _globals['_METADATA_TYPEDFILTERMETADATAENTRY']._serialized_end=521
+  _globals['_HEADERVALUE']._serialized_start=523
+  _globals['_HEADERVALUE']._serialized_end=583
+  _globals['_HEADERVALUEOPTION']._serialized_start=586
+  _globals['_HEADERVALUEOPTION']._serialized_end=940
+  _globals['_HEADERVALUEOPTION_HEADERAPPENDACTION']._serialized_start=815
+  _globals['_HEADERVALUEOPTION_HEADERAPPENDACTION']._serialized_end=940
+  _globals['_HEADERMAP']._serialized_start=942
+  _globals['_HEADERMAP']._serialized_end=1005
 # @@protoc_insertion_point(module_scope)

@@ -10,6 +10,37 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class RequestMethod(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    METHOD_UNSPECIFIED: _ClassVar[RequestMethod]
+    GET: _ClassVar[RequestMethod]
+    HEAD: _ClassVar[RequestMethod]
+    POST: _ClassVar[RequestMethod]
+    PUT: _ClassVar[RequestMethod]
+    DELETE: _ClassVar[RequestMethod]
+    CONNECT: _ClassVar[RequestMethod]
+    OPTIONS: _ClassVar[RequestMethod]
+    TRACE: _ClassVar[RequestMethod]
+    PATCH: _ClassVar[RequestMethod]
+METHOD_UNSPECIFIED: RequestMethod
+GET: RequestMethod
+HEAD: RequestMethod
+POST: RequestMethod
+PUT: RequestMethod
+DELETE: RequestMethod
+CONNECT: RequestMethod
+OPTIONS: RequestMethod
+TRACE: RequestMethod
+PATCH: RequestMethod
+
+class Node(_message.Message):
+    __slots__ = ("id", "cluster")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    cluster: str
+    def __init__(self, id: _Optional[str] = ..., cluster: _Optional[str] = ...) -> None: ...
+
 class Metadata(_message.Message):
     __slots__ = ("filter_metadata", "typed_filter_metadata")
     class FilterMetadataEntry(_message.Message):

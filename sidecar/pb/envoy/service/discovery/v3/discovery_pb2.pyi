@@ -1,3 +1,4 @@
+from sidecar.pb.envoy.config.core.v3 import base_pb2 as _base_pb2
 from google.protobuf import any_pb2 as _any_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -8,16 +9,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DiscoveryRequest(_message.Message):
-    __slots__ = ("version_info", "resource_names", "type_url", "response_nonce")
+    __slots__ = ("version_info", "node", "resource_names", "type_url", "response_nonce")
     VERSION_INFO_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_NAMES_FIELD_NUMBER: _ClassVar[int]
     TYPE_URL_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_NONCE_FIELD_NUMBER: _ClassVar[int]
     version_info: str
+    node: _base_pb2.Node
     resource_names: _containers.RepeatedScalarFieldContainer[str]
     type_url: str
     response_nonce: str
-    def __init__(self, version_info: _Optional[str] = ..., resource_names: _Optional[_Iterable[str]] = ..., type_url: _Optional[str] = ..., response_nonce: _Optional[str] = ...) -> None: ...
+    def __init__(self, version_info: _Optional[str] = ..., node: _Optional[_Union[_base_pb2.Node, _Mapping]] = ..., resource_names: _Optional[_Iterable[str]] = ..., type_url: _Optional[str] = ..., response_nonce: _Optional[str] = ...) -> None: ...
 
 class DiscoveryResponse(_message.Message):
     __slots__ = ("version_info", "resources", "canary", "type_url", "nonce")

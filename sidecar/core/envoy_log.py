@@ -1,0 +1,164 @@
+"""Outcome and timing of one request from Envoy's access-log entry (pure).
+
+The shell turns each ``envoy.data.accesslog.v3.HTTPAccessLogEntry`` it receives
+over the gRPC Access Log Service into a :class:`LogRecord` (plain values, no
+protobuf) and asks this module what the entry says about the route. Nothing
+here reads a clock: every time is a duration Envoy measured for that request.
+
+Time base (all seconds, from Envoy's own timestamps):
+
+* ``t0``       — first byte sent to the upstream (``US_TX_BEG``). The sidecar's
+  decision and Envoy's buffering come before it and are never counted; so is
+  a new upstream connection's handshake (Envoy sends nothing before it).
+* TTFT     — first upstream *body* byte (``US_TX_BEG:US_RX_BODY_BEG``) plus the
+  first-token offset the caller passes in: for a provider whose first SSE event
+  already carries a token the offset is ~0; for one that sends a role-only
+  event first it is the measured gap between that event and the first token
+  (the shell measures it on a sampled share of requests, see
+  :mod:`sidecar.core.ttft_offset`). A caller that timed this very request at
+  its first token passes ``first_token_s`` instead, which wins. On a *blind*
+  route (``ttft_from_log=False``) the entry gives no TTFT at all unless
+  ``first_token_s`` is known: a median offset would flatten the tail.
+* TPOT     — (end - first token) / (tokens - 1), tokens from the response's
+  ``usage`` (lifted into dynamic metadata by Envoy's ``sse_to_metadata``) or
+  from the caller's own count. Undefined with fewer than two tokens.
+* e2e      — last upstream byte (``US_TX_BEG:US_RX_END``).
+
+Outcome (first matching row wins)::
+
+    answered by tailroute itself (details "tailroute_*")    -> None (not route evidence)
+    downstream reset / downstream connection terminated    -> cancel   (the client went away)
+    upstream request timeout, stream idle timeout,
+      max stream duration, 408 / 504 from the upstream     -> timeout
+    upstream reset / connect failure / overflow /
+      no healthy upstream / 5xx / 429                       -> error
+    2xx with the response complete                          -> ok
+    other 4xx                                               -> None (the caller's fault)
+    no response and no flag                                 -> cancel
+
+Timeouts and cancels are *censored* exactly as in :mod:`sidecar.core.timing`:
+their TTFT/e2e are the time waited since ``t0`` (lower bounds) and the router
+decides whether a cancel is evidence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sidecar.core.timing import outcome_for_status
+from sidecar.core.types import Observation, Outcome, SliceKey
+
+# ResponseFlags field names (envoy.data.accesslog.v3.ResponseFlags) by meaning.
+CANCEL_FLAGS = frozenset({"downstream_remote_reset", "downstream_connection_termination"})
+TIMEOUT_FLAGS = frozenset({
+    "upstream_request_timeout", "stream_idle_timeout", "duration_timeout",
+    "upstream_max_stream_duration_reached",
+})
+ERROR_FLAGS = frozenset({
+    "upstream_remote_reset", "upstream_connection_failure", "upstream_connection_termination",
+    "upstream_overflow", "no_healthy_upstream", "upstream_retry_limit_exceeded",
+    "upstream_protocol_error", "no_cluster_found", "dns_resolution_failure", "local_reset",
+    "overload_manager",
+})
+TAILROUTE_DETAILS_PREFIX = "tailroute_"
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    """What tailroute reads from one HTTP access-log entry (durations in seconds)."""
+
+    status: int  # 0: no response was sent
+    flags: frozenset[str] = frozenset()
+    details: str = ""  # response_code_details ("via_upstream", "tailroute_defer_...")
+    method: str = ""
+    path: str = ""
+    upstream_cluster: str = ""
+    route_name: str = ""
+    duration_s: float | None = None  # downstream start to end of the exchange
+    upstream_tx_s: float | None = None  # downstream start to first upstream byte sent (t0)
+    first_body_s: float | None = None  # t0 to first upstream body byte
+    end_s: float | None = None  # t0 to last upstream byte
+    tokens: int | None = None  # usage.completion_tokens / output_tokens, if logged
+    rid: str | None = None  # tailroute's request id from dynamic metadata (None: undecided)
+    route_key: str | None = None  # the route tailroute chose ("<cluster>|<class>|<n|s>")
+    slice_label: str | None = None  # the slice tailroute classified the request into
+    stream_id: str = ""
+
+
+def outcome_of(rec: LogRecord) -> Outcome | None:
+    """The outcome table above; None means "not evidence about the route"."""
+    if rec.details.startswith(TAILROUTE_DETAILS_PREFIX):
+        return None
+    flags = rec.flags
+    if flags & CANCEL_FLAGS:
+        return "cancel"
+    if flags & TIMEOUT_FLAGS:
+        return "timeout"
+    if flags & ERROR_FLAGS:
+        return "error"
+    if rec.status == 0:
+        return "cancel"
+    return outcome_for_status(rec.status)
+
+
+def waited_s(rec: LogRecord) -> float | None:
+    """Time since ``t0`` until Envoy gave up or the client left (None: never sent upstream)."""
+    if rec.upstream_tx_s is None or rec.duration_s is None:
+        return None
+    return max(rec.duration_s - rec.upstream_tx_s, 0.0)
+
+
+def observation_from_log(
+    rec: LogRecord,
+    cluster: str,
+    slice: SliceKey,
+    streaming: bool,
+    *,
+    ttft_offset_s: float = 0.0,
+    first_token_s: float | None = None,
+    ttft_from_log: bool = True,
+    tokens: int | None = None,
+    is_retry: bool = False,
+    is_probe: bool = False,
+) -> Observation | None:
+    """The :class:`Observation` an entry gives, or None when it is not evidence.
+
+    ``first_token_s`` (time from ``t0`` to the first token, measured on this very
+    request) beats ``first_body_s + ttft_offset_s``; ``tokens`` (the caller's own
+    count) is used when the entry carries no usage.
+    """
+    outcome = outcome_of(rec)
+    if outcome is None:
+        return None
+    n = rec.tokens if rec.tokens is not None else tokens
+    first = first_token_s
+    if first is None and rec.first_body_s is not None and streaming:
+        first = rec.first_body_s + ttft_offset_s
+    ttft = tpot = e2e = None
+    censored = outcome in ("timeout", "cancel")
+    if outcome == "ok":
+        e2e = rec.end_s
+        if streaming and first is not None:
+            if e2e is not None:
+                first = min(first, e2e)
+            if first_token_s is not None or ttft_from_log:
+                ttft = first
+            if n is not None and n >= 2 and e2e is not None:
+                tpot = max(e2e - first, 0.0) / (n - 1)
+    elif censored:
+        e2e = waited_s(rec)
+        if streaming:
+            ttft = first if first is not None else e2e
+    return Observation(
+        cluster=cluster,
+        slice=slice,
+        outcome=outcome,
+        status=rec.status or None,
+        ttft_s=ttft,
+        tpot_s=tpot,
+        e2e_s=e2e,
+        output_tokens=n if n else None,
+        is_retry=is_retry,
+        is_probe=is_probe,
+        censored=censored,
+    )

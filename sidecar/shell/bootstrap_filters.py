@@ -1,0 +1,205 @@
+"""The HTTP filters and the access log of the rendered Envoy bootstrap.
+
+Filter chain (in this order, before the router), and why each is there:
+
+1. ``tailroute.strip_client_routing`` (header_mutation): a client never sends
+   tailroute's internal headers upstream.
+2. ``tailroute.route`` (ext_proc, the common path): ``request_header_mode: SKIP``
+   and a BUFFERED body, so one message and one answer per request. The request
+   headers the classifier reads arrive as ext_proc *request attributes* (CEL
+   ``request.headers['…']``, sent with that first message). The answer writes
+   dynamic metadata (``metadata_options.receiving_namespaces``) that the route
+   table matches; ``route_cache_action: CLEAR`` makes Envoy pick the route again.
+   Skipped (``ExtensionWithMatcher``) when the request carries a rich header.
+3. ``tailroute.route_rich`` (ext_proc, only for requests with
+   ``x-tailroute-deadline-ms`` or ``x-tailroute-explain``): request headers +
+   body, so the answer can set the upstream-timeout header, and response
+   headers on request (explain), through ``allow_mode_override``.
+4. ``envoy.filters.http.buffer``: holds the request until the whole body is in,
+   so the route is chosen *after* the body answer (without it Envoy routes on
+   the headers alone, before ext_proc has decided).
+5. ``tailroute.usage`` (sse_to_metadata): lifts the stream's final
+   ``usage.completion_tokens`` (Chat/Completions) or ``response.usage.output_tokens``
+   (Responses API) into dynamic metadata, which the access log carries.
+6. ``tailroute.observe`` (ext_proc in observability mode): disabled on every
+   route but the sampled ones; streams the response to the sidecar without
+   waiting for answers, and the sidecar closes it at the first content token.
+
+Every ext_proc filter has ``failure_mode_allow: true``: a dead, slow or
+overflowing sidecar means the default route, never a 5xx; the access log then
+shows a request without tailroute metadata, which the sidecar counts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sidecar.shell import envoy_contract as ec
+
+TYPE = "type.googleapis.com/"
+_EXT_PROC = TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+_HEADER_MUTATION = TYPE + "envoy.extensions.filters.http.header_mutation.v3.HeaderMutation"
+_MATCHED = TYPE + "envoy.extensions.common.matching.v3.ExtensionWithMatcher"
+_SKIP = TYPE + "envoy.extensions.filters.common.matcher.action.v3.SkipFilter"
+_HEADER_INPUT = TYPE + "envoy.type.matcher.v3.HttpRequestHeaderMatchInput"
+EXT_PROC_PER_ROUTE = TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
+SIDECAR_CLUSTER = "tailroute_sidecar"
+
+_ROUTE_ONLY = {"request_trailer_mode": "SKIP", "response_trailer_mode": "SKIP",
+               "response_header_mode": "SKIP", "response_body_mode": "NONE"}
+
+
+def _grpc() -> dict[str, Any]:
+    return {"envoy_grpc": {"cluster_name": SIDECAR_CLUSTER}, "timeout": "5s"}
+
+
+def strip_filter() -> dict[str, Any]:
+    return {
+        "name": "tailroute.strip_client_routing",
+        "typed_config": {
+            "@type": _HEADER_MUTATION,
+            "mutations": {"request_mutations": [{"remove": h} for h in ec.STRIPPED_HEADERS]},
+        },
+    }
+
+
+def _rich_predicate() -> dict[str, Any]:
+    """True when the request carries any of the rich-path headers (any value)."""
+    present = [
+        {"single_predicate": {
+            "input": {"name": h, "typed_config": {"@type": _HEADER_INPUT, "header_name": h}},
+            "value_match": {"safe_regex": {"google_re2": {}, "regex": ".*"}},
+        }}
+        for h in ec.RICH_HEADERS
+    ]
+    return {"or_matcher": {"predicate": present}}
+
+
+def _skip_when(name: str, inner: dict[str, Any], predicate: dict[str, Any]) -> dict[str, Any]:
+    """Wrap a filter so that Envoy skips it for requests matching ``predicate``."""
+    return {
+        "name": name,
+        "typed_config": {
+            "@type": _MATCHED,
+            "extension_config": {"name": name, "typed_config": inner},
+            "xds_matcher": {"matcher_list": {"matchers": [
+                {"predicate": predicate,
+                 "on_match": {"action": {"name": "skip", "typed_config": {"@type": _SKIP}}}},
+            ]}},
+        },
+    }
+
+
+def route_filters(timeout_ms: int) -> list[dict[str, Any]]:
+    """The two routing filters: the one-message path and the rich path."""
+    common = {
+        "@type": _EXT_PROC,
+        "grpc_service": _grpc(),
+        "failure_mode_allow": True,
+        "message_timeout": f"{timeout_ms / 1000:.3f}s",
+        "route_cache_action": "CLEAR",
+        "metadata_options": {"receiving_namespaces": {"untyped": [ec.METADATA_NS]}},
+    }
+    fast = {
+        **common,
+        "stat_prefix": "tailroute_route",
+        "request_attributes": list(ec.ATTRIBUTE_HEADERS),
+        "processing_mode": {"request_header_mode": "SKIP", "request_body_mode": "BUFFERED",
+                            **_ROUTE_ONLY},
+    }
+    rich = {
+        **common,
+        "stat_prefix": "tailroute_route_rich",
+        "allow_mode_override": True,
+        # The upstream-timeout header is an x-envoy-* header: allowed explicitly.
+        "mutation_rules": {"allow_all_routing": True, "allow_envoy": True},
+        "processing_mode": {"request_header_mode": "SEND", "request_body_mode": "BUFFERED",
+                            **_ROUTE_ONLY},
+    }
+    rich_request = _rich_predicate()
+    return [
+        _skip_when(ec.ROUTE_FILTER, fast, rich_request),
+        _skip_when(ec.RICH_FILTER, rich, {"not_matcher": rich_request}),
+    ]
+
+
+def buffer_filter(max_bytes: int) -> dict[str, Any]:
+    return {
+        "name": "envoy.filters.http.buffer",
+        "typed_config": {"@type": TYPE + "envoy.extensions.filters.http.buffer.v3.Buffer",
+                         "max_request_bytes": max_bytes},
+    }
+
+
+def usage_filter() -> dict[str, Any]:
+    """Token counts from the stream's final usage object into dynamic metadata."""
+    def rule(*path: str) -> dict[str, Any]:
+        return {"rule": {
+            "selectors": [{"key": k} for k in path],
+            "on_present": {"metadata_namespace": ec.USAGE_NS, "key": ec.TOKENS_KEY,
+                           "type": "NUMBER"},
+        }}
+
+    return {
+        "name": "tailroute.usage",
+        "typed_config": {
+            "@type": TYPE + "envoy.extensions.filters.http.sse_to_metadata.v3.SseToMetadata",
+            "response_rules": {"content_parser": {
+                "name": "envoy.content_parsers.json",
+                "typed_config": {
+                    "@type": TYPE + "envoy.extensions.content_parsers.json.v3.JsonContentParser",
+                    "rules": [rule("usage", "completion_tokens"),
+                              rule("response", "usage", "output_tokens")],
+                },
+            }},
+        },
+    }
+
+
+def observe_filter() -> dict[str, Any]:
+    return {
+        "name": ec.OBSERVE_FILTER,
+        "typed_config": {
+            "@type": _EXT_PROC,
+            "grpc_service": _grpc(),
+            "failure_mode_allow": True,
+            "observability_mode": True,
+            "stat_prefix": "tailroute_observe",
+            # The sidecar closes the stream itself at the first token; this only
+            # bounds a stream whose close got lost.
+            "deferred_close_timeout": "1s",
+            "metadata_options": {"forwarding_namespaces": {"untyped": [ec.METADATA_NS]}},
+            "processing_mode": {"request_header_mode": "SKIP", "request_body_mode": "NONE",
+                                "response_header_mode": "SEND",
+                                "response_body_mode": "STREAMED",
+                                "request_trailer_mode": "SKIP",
+                                "response_trailer_mode": "SKIP"},
+        },
+    }
+
+
+def observe_disabled() -> dict[str, Any]:
+    """Per-route config that turns the observing filter off (all unsampled routes)."""
+    return {ec.OBSERVE_FILTER: {"@type": EXT_PROC_PER_ROUTE, "disabled": True}}
+
+
+def router_filter() -> dict[str, Any]:
+    return {"name": "envoy.filters.http.router",
+            "typed_config": {"@type": TYPE + "envoy.extensions.filters.http.router.v3.Router"}}
+
+
+def access_log(flush_ms: int) -> list[dict[str, Any]]:
+    """One gRPC Access Log Service stream per Envoy worker to the sidecar, batched."""
+    return [{
+        "name": "tailroute.access_log",
+        "typed_config": {
+            "@type": TYPE + "envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
+            "common_config": {
+                "log_name": ec.ACCESS_LOG_NAME,
+                "transport_api_version": "V3",
+                "grpc_service": {"envoy_grpc": {"cluster_name": SIDECAR_CLUSTER}},
+                "buffer_flush_interval": f"{flush_ms / 1000:.3f}s",
+                "custom_tags": [{"tag": k, "value": v} for k, v in ec.CUSTOM_TAGS.items()],
+            },
+        },
+    }]

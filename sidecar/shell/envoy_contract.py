@@ -1,0 +1,73 @@
+"""Names shared by the rendered Envoy config and the sidecar's handlers.
+
+The bootstrap renderer (:mod:`sidecar.shell.bootstrap`) and the stream and
+access-log handlers must agree on every one of these; keeping them in one
+module is what makes a mismatch impossible.
+
+Per request, the routing answer writes the dynamic metadata namespace
+:data:`METADATA_NS`::
+
+    tailroute: {rid: "<prefix>-<n>", route: "<cluster>|<class>|<n|s>", slice: "<slice label>"}
+
+* ``route`` selects the Envoy route (one per cluster x class x sampled): the
+  cluster, the class's upstream timeout and whether the observing filter runs;
+* ``rid`` matches the access-log entry (which logs the metadata) to the decision;
+* ``slice`` lets an access-log entry be understood without the sidecar's
+  in-memory state (after a restart, or for a reader that never decided it).
+"""
+
+from __future__ import annotations
+
+import functools
+
+METADATA_NS = "tailroute"
+USAGE_NS = "tailroute.usage"  # written by Envoy's sse_to_metadata filter
+RID_KEY = "rid"
+ROUTE_KEY = "route"
+SLICE_KEY = "slice"
+TOKENS_KEY = "output_tokens"
+
+ROUTE_FILTER = "tailroute.route"  # one message per request: the buffered body
+RICH_FILTER = "tailroute.route_rich"  # headers + body (+ response headers on request)
+OBSERVE_FILTER = "tailroute.observe"  # sampled: times the first content token
+ACCESS_LOG_NAME = "tailroute"
+
+# Headers a client may never set (stripped before routing and before the upstream).
+ROUTE_HEADER = "x-tailroute-cluster"
+REQUEST_ID_HEADER = "x-tailroute-rid"
+STRIPPED_HEADERS = (ROUTE_HEADER, REQUEST_ID_HEADER)
+
+# A request carrying any of these takes the rich path (it needs the request
+# headers answered or the response headers seen): the deadline becomes the
+# upstream timeout header, explain comes back as a response header.
+RICH_HEADERS = ("x-tailroute-deadline-ms", "x-tailroute-explain")
+
+# What the one-message path sends instead of the request headers: ext_proc
+# request attributes (CEL expressions, keyed by the expression text, in the
+# ``ProcessingRequest.attributes`` entry :data:`ATTRIBUTES_NS`).
+ATTRIBUTES_NS = "envoy.filters.http.ext_proc"
+CLASSIFY_HEADERS = (
+    "x-tailroute-class", "x-tailroute-priority", "x-tailroute-tenant", "x-tailroute-step",
+    "x-request-id", "x-envoy-attempt-count", "x-stainless-retry-count",
+)
+ATTRIBUTE_HEADERS: dict[str, str] = {
+    "request.path": ":path",
+    **{f"request.headers['{h}']": h for h in CLASSIFY_HEADERS},
+}
+
+# Access-log custom tags (Envoy substitution formatters), microseconds from US_TX_BEG.
+TAG_FIRST_BODY_US = "tr_first_body_us"
+TAG_END_US = "tr_end_us"
+CUSTOM_TAGS = {
+    TAG_FIRST_BODY_US: "%COMMON_DURATION(US_TX_BEG:US_RX_BODY_BEG:us)%",
+    TAG_END_US: "%COMMON_DURATION(US_TX_BEG:US_RX_END:us)%",
+}
+
+SAMPLED, UNSAMPLED = "s", "n"
+
+
+@functools.lru_cache(maxsize=4096)
+def route_key(cluster: str, klass: str, sampled: bool) -> str:
+    """The ``route`` metadata value that selects one rendered Envoy route (cached: the
+    set of routes is small and fixed by the config, and this runs per request)."""
+    return f"{cluster}|{klass}|{SAMPLED if sampled else UNSAMPLED}"

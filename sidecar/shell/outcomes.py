@@ -1,0 +1,101 @@
+"""What tailroute does with each access-log entry: outcomes and fail-open accounting.
+
+Every entry Envoy logs lands here (:class:`OutcomeFeed` is the access-log sink):
+
+==============================================  =========================================
+entry                                           action
+==============================================  =========================================
+carries ``tailroute.rid`` of a pending request  the request's observation (App.on_record)
+carries ``tailroute.rid``, answered by          nothing (admission answer or 400: not
+tailroute itself (details ``tailroute_*``)      evidence about a route)
+carries ``tailroute.rid``, request not pending  observation from the entry's own metadata
+(sidecar restarted, another worker decided it,  (route -> cluster, slice label), counted
+entry later than LOG_GRACE_S)                   ``orphan``
+no tailroute metadata, POST to an LLM API path  Envoy served it without a decision: counted
+                                                ``fail_open`` (metric, /state, alert), and
+                                                handed to ``resolve`` if one is set
+no tailroute metadata, anything else            counted ``not_routed`` (GET, health checks)
+==============================================  =========================================
+
+``resolve`` is the hook for a reader that learns from requests nobody decided
+(native mode, where Envoy routes by weights alone): it maps an entry to
+``(cluster, slice)`` or None, and the entry is then observed like any other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sidecar.core.classify import api_for_path
+from sidecar.core.envoy_log import TAILROUTE_DETAILS_PREFIX, LogRecord, observation_from_log
+from sidecar.core.types import SliceKey
+from sidecar.shell.app import App
+
+Resolver = Callable[[LogRecord], tuple[str, SliceKey] | None]
+
+
+def is_llm_request(rec: LogRecord) -> bool:
+    """A request tailroute would have decided (POST to an OpenAI-style API path)."""
+    return rec.method == "POST" and api_for_path(rec.path) != "other"
+
+
+def _cluster_of(rec: LogRecord) -> str | None:
+    if rec.route_key:
+        return rec.route_key.rsplit("|", 2)[0]
+    return rec.upstream_cluster or None
+
+
+def _slice_of(label: str | None) -> SliceKey | None:
+    if not label:
+        return None
+    try:
+        return SliceKey.parse(label)
+    except ValueError:
+        return None
+
+
+class OutcomeFeed:
+    """The access-log sink: matches entries to decisions and counts Envoy's own."""
+
+    def __init__(self, app: App, resolve: Resolver | None = None) -> None:
+        self.app = app
+        self.resolve = resolve
+
+    def __call__(self, rec: LogRecord, now: float) -> None:
+        self.on_record(rec, now)
+
+    def on_record(self, rec: LogRecord, now: float) -> None:
+        app = self.app
+        env = app.envoy
+        env["entries"] += 1
+        if rec.rid is None:
+            if is_llm_request(rec):
+                env["fail_open"] += 1
+            else:
+                env["not_routed"] += 1
+            if self.resolve is not None:
+                where = self.resolve(rec)
+                if where is not None:
+                    self._observe(rec, where[0], where[1], now)
+            return
+        env["decided"] += 1
+        p = app.pending.get(rec.rid)
+        if p is not None:
+            app.on_record(p, rec, now)
+            return
+        if rec.details.startswith(TAILROUTE_DETAILS_PREFIX):
+            return
+        env["orphan"] += 1
+        cluster, slice = _cluster_of(rec), _slice_of(rec.slice_label)
+        if cluster is not None and slice is not None:
+            self._observe(rec, cluster, slice, now)
+
+    def _observe(self, rec: LogRecord, cluster: str, slice: SliceKey, now: float) -> None:
+        app = self.app
+        if not app.config.has_cluster(cluster):
+            return
+        obs = observation_from_log(rec, cluster, slice, bool(slice.streaming),
+                                   ttft_offset_s=app.offsets.offset(cluster, slice),
+                                   ttft_from_log=not app.offsets.blind(cluster, slice))
+        if obs is not None:
+            app.log_events(app.router.observe(obs, now))

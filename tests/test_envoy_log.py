@@ -1,0 +1,133 @@
+"""Observations from Envoy access-log entries (pure core) and the wire conversion."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sidecar.core.envoy_log import (
+    CANCEL_FLAGS,
+    ERROR_FLAGS,
+    TIMEOUT_FLAGS,
+    LogRecord,
+    observation_from_log,
+    outcome_of,
+)
+from sidecar.core.ttft_offset import BLIND_OFFSET_S, OffsetBook
+from sidecar.core.types import SliceKey
+from sidecar.pb.envoy.data.accesslog.v3 import accesslog_pb2 as al
+from sidecar.shell.access_log import record_from_entry
+
+S = SliceKey("m", "interactive", "short", True)
+
+
+@pytest.mark.parametrize(("status", "flags", "details", "outcome"), [
+    (200, set(), "via_upstream", "ok"),
+    (200, {"downstream_connection_termination"}, "via_upstream", "cancel"),
+    (0, {"downstream_remote_reset"}, "", "cancel"),
+    (0, set(), "", "cancel"),
+    (504, {"upstream_request_timeout"}, "response_timeout", "timeout"),
+    (504, set(), "via_upstream", "timeout"),
+    (408, set(), "via_upstream", "timeout"),
+    (200, {"stream_idle_timeout"}, "", "timeout"),
+    (503, {"upstream_connection_failure"}, "", "error"),
+    (503, {"upstream_overflow"}, "", "error"),
+    (500, set(), "via_upstream", "error"),
+    (429, set(), "via_upstream", "error"),
+    (404, set(), "via_upstream", None),
+    (429, set(), "tailroute_defer_overload", None),
+    (400, set(), "tailroute_invalid_request_error", None),
+])
+def test_outcome_table(status: int, flags: set[str], details: str, outcome: str | None) -> None:
+    assert outcome_of(LogRecord(status=status, flags=frozenset(flags), details=details)) == outcome
+
+
+def test_flag_sets_are_disjoint() -> None:
+    assert not (CANCEL_FLAGS & TIMEOUT_FLAGS or CANCEL_FLAGS & ERROR_FLAGS
+                or TIMEOUT_FLAGS & ERROR_FLAGS)
+
+
+def test_cancel_is_censored_at_the_time_waited_since_t0() -> None:
+    rec = LogRecord(status=200, flags=frozenset({"downstream_connection_termination"}),
+                    duration_s=0.5, upstream_tx_s=0.1, first_body_s=None)
+    obs = observation_from_log(rec, "a", S, streaming=True)
+    assert obs is not None and obs.censored and obs.outcome == "cancel"
+    assert obs.e2e_s == pytest.approx(0.4) and obs.ttft_s == pytest.approx(0.4)
+
+
+def test_never_sent_upstream_gives_no_latency() -> None:
+    rec = LogRecord(status=0, flags=frozenset({"downstream_remote_reset"}), duration_s=0.2)
+    obs = observation_from_log(rec, "a", S, streaming=True)
+    assert obs is not None and obs.e2e_s is None and obs.ttft_s is None
+
+
+@given(first=st.floats(0, 10), tail=st.floats(0, 10), offset=st.floats(0, 5),
+       tokens=st.integers(0, 5000))
+def test_ok_observation_is_consistent(first: float, tail: float, offset: float,
+                                      tokens: int) -> None:
+    rec = LogRecord(status=200, first_body_s=first, end_s=first + tail, tokens=tokens)
+    obs = observation_from_log(rec, "a", S, streaming=True, ttft_offset_s=offset)
+    assert obs is not None and obs.outcome == "ok" and not obs.censored
+    assert obs.ttft_s is not None and obs.e2e_s is not None
+    assert 0 <= obs.ttft_s <= obs.e2e_s
+    if obs.tpot_s is not None:
+        assert tokens >= 2 and obs.tpot_s >= 0
+
+
+def test_exact_first_token_beats_the_offset_and_unary_has_no_ttft() -> None:
+    rec = LogRecord(status=200, first_body_s=0.01, end_s=0.5, tokens=3)
+    obs = observation_from_log(rec, "a", S, streaming=True, ttft_offset_s=0.2,
+                               first_token_s=0.1)
+    assert obs is not None and obs.ttft_s == pytest.approx(0.1)
+    unary = observation_from_log(rec, "a", S._replace(streaming=False), streaming=False)
+    assert unary is not None and unary.ttft_s is None and unary.e2e_s == pytest.approx(0.5)
+
+
+def test_offset_book_median_fallback_and_sampling() -> None:
+    book = OffsetBook(share=0.0, min_samples=3, window=5)
+    rng = random.Random(1)
+    assert [book.wants_sample("a", S, rng) for _ in range(4)] == [True, True, True, False]
+    assert book.offset("a", S) == 0.0
+    other = S._replace(klass="batch")
+    for v in (0.001, 0.003, 0.002):
+        book.add("a", other, v)
+    # Fewer than min_samples for S: the cluster's own offsets are the fallback.
+    assert book.offset("a", S) == pytest.approx(0.002)
+    for v in (0.010, 0.012, 0.011, -1.0):
+        book.add("a", S, v)
+    assert book.offset("a", S) == pytest.approx(0.0105)  # the negative one clamps to 0
+    assert book.blind("a", S) and book.offset("a", S) >= BLIND_OFFSET_S
+
+
+def test_offset_book_keeps_a_bounded_number_of_slices() -> None:
+    book = OffsetBook(share=0.0, min_samples=1, window=4, max_keys=3)
+    for i in range(10):
+        book.add("a", S._replace(model=f"m{i}"), 0.001)
+    assert sum(book.samples("a", S._replace(model=f"m{i}")) > 0 for i in range(10)) == 3
+
+
+def test_wire_entry_converts_to_a_record() -> None:
+    e = al.HTTPAccessLogEntry()
+    c = e.common_properties
+    c.time_to_first_upstream_tx_byte.FromMicroseconds(300)
+    c.duration.FromMicroseconds(9000)
+    c.custom_tags["tr_first_body_us"] = "2100"
+    c.custom_tags["tr_end_us"] = "garbled"
+    c.response_flags.downstream_connection_termination = True
+    c.upstream_cluster = "b"
+    fm = c.metadata.filter_metadata
+    fm["tailroute"].fields["rid"].string_value = "x-1"
+    fm["tailroute"].fields["route"].string_value = "b|interactive|n"
+    fm["tailroute.usage"].fields["output_tokens"].number_value = 7
+    e.response.response_code.value = 200
+    e.request.request_method = 3
+    e.request.path = "/v1/chat/completions"
+    rec = record_from_entry(al.HTTPAccessLogEntry.FromString(e.SerializeToString()))
+    assert rec == LogRecord(
+        status=200, flags=frozenset({"downstream_connection_termination"}), method="POST",
+        path="/v1/chat/completions", upstream_cluster="b", duration_s=pytest.approx(0.009),
+        upstream_tx_s=pytest.approx(0.0003), first_body_s=pytest.approx(0.0021), end_s=None,
+        tokens=7, rid="x-1", route_key="b|interactive|n")
