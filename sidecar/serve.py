@@ -26,8 +26,10 @@ from sidecar.core.config import Config
 from sidecar.ops import snapshot
 from sidecar.ops.admin import AdminServer
 from sidecar.ops.metrics import build_registry
+from sidecar.ops.native_metrics import NativeCollector
 from sidecar.ops.reload import ConfigReloader, watch_loop
 from sidecar.shell.app import App
+from sidecar.shell.native import NativeRouting
 from sidecar.shell.server import ExtProcService, start_grpc, tick_loop
 
 log = logging.getLogger("tailroute")
@@ -143,7 +145,12 @@ async def serve(
     admin = AdminServer(app, registry, ready=lambda: serving)
     admin_at = admin_addr if admin_addr is not None else config.listen.admin
     admin_port = await admin.start(admin_at)
-    server, service, port = await start_grpc(app, tcp or None, unix, phase_hist)
+    native = None
+    if config.routing.mode != "extproc":
+        native = NativeRouting(lambda: app.config, lambda: app.router)
+        registry.register(NativeCollector(native))
+        admin.extra_state["native"] = native.state
+    server, service, port = await start_grpc(app, tcp or None, unix, phase_hist, native=native)
     serving = True
     stop, hup = asyncio.Event(), asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -156,6 +163,8 @@ async def serve(
              asyncio.create_task(snap.loop(stop, snapshot_every_s))]
     if reloader is not None:
         tasks.append(asyncio.create_task(watch_loop(reloader, stop, hup, watch_every_s)))
+    if native is not None:
+        tasks.append(asyncio.create_task(native.loop(app.tick, stop)))
     log.info("tailroute serving ext_proc on %s%s; admin on %s:%d",
              f"{tcp.rpartition(':')[0]}:{port}" if port and tcp else "",
              f" unix:{unix}" if unix else "", admin_at.rpartition(":")[0] or "127.0.0.1",

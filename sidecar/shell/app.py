@@ -119,6 +119,7 @@ class App:
             "fail_open": env["fail_open"],
             "not_routed": env["not_routed"],
             "orphan": env["orphan"],
+            "native": env["native"],  # routed by Envoy's weights (routing.mode native/hybrid)
             "decided_share": round(env["decided"] / llm, 6) if llm else None,
             "access_log_missing": self.errors["access_log_missing"],
             "pending": len(self.pending),

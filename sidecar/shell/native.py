@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sidecar.core.config import Config
+from sidecar.core.envoy_log import LogRecord, observation_from_log, waited_s
 from sidecar.core.router import Router
 from sidecar.core.types import SliceKey
 from sidecar.core.weights import (
@@ -42,6 +43,8 @@ from sidecar.core.weights import (
     WindowView,
     refresh_weights,
 )
+from sidecar.shell.access_log import Sink
+from sidecar.shell.app import App
 from sidecar.shell.bootstrap_native import route_slices
 from sidecar.shell.rtds import RtdsService, WeightLayer
 
@@ -195,3 +198,47 @@ class NativeRouting:
             "envoys": self.rtds.state() if self.rtds is not None else [],
             "counters": dict(self.counters),
         }
+
+
+class NativeFeed:
+    """The access-log sink in native and hybrid mode.
+
+    Entries of a slice route without a tailroute decision are the native
+    path's: their observation goes to the router here (cluster from the entry,
+    slice from the route name, probe flag from the published weights) and they
+    count as ``envoy: native`` -- not as fail-open. Every other entry goes to
+    ``inner`` (:class:`~sidecar.shell.outcomes.OutcomeFeed`): decided requests,
+    and LLM requests Envoy served without a decision on the default route.
+    """
+
+    def __init__(self, app: App, native: NativeRouting, inner: Sink) -> None:
+        self.app = app
+        self.native = native
+        self.inner = inner
+
+    def __call__(self, rec: LogRecord, now: float) -> None:
+        if rec.rid is None:
+            s = self.native.slice_of_route(rec.route_name)
+            if s is not None:
+                self.observe(rec, s, now)
+                return
+        self.inner(rec, now)
+
+    def observe(self, rec: LogRecord, s: SliceKey, now: float) -> None:
+        app = self.app
+        app.envoy["entries"] += 1
+        app.envoy["native"] += 1
+        cluster = rec.upstream_cluster
+        if not app.config.has_cluster(cluster):
+            app.envoy["native_no_upstream"] += 1  # e.g. reset before a cluster was picked
+            return
+        busy = rec.end_s if rec.end_s is not None else waited_s(rec)
+        probe = self.native.on_logged(s, cluster, busy if busy is not None else rec.duration_s)
+        obs = observation_from_log(
+            rec, cluster, s, bool(s.streaming),
+            ttft_offset_s=app.offsets.offset(cluster, s),
+            ttft_from_log=not app.offsets.blind(cluster, s),
+            is_probe=probe,
+        )
+        if obs is not None:
+            app.log_events(app.router.observe(obs, now))

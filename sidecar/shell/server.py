@@ -28,11 +28,13 @@ from prometheus_client import Histogram
 from sidecar.pb.envoy.service.accesslog.v3 import als_pb2_grpc
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
-from sidecar.shell.access_log import AccessLogService
+from sidecar.shell.access_log import AccessLogService, Sink
 from sidecar.shell.admission import CapacitySignal, Hold
 from sidecar.shell.app import App
 from sidecar.shell.extproc import ObserveStream, RouteStream, continue_unchanged
+from sidecar.shell.native import NativeFeed, NativeRouting
 from sidecar.shell.outcomes import OutcomeFeed
+from sidecar.shell.rtds import add_to_server as add_rtds
 
 log = logging.getLogger("tailroute.server")
 
@@ -139,12 +141,15 @@ def _safe_continue(msg: pb.ProcessingRequest) -> pb.ProcessingResponse:
 
 
 async def start_grpc(
-    app: App, tcp: str | None, unix: str | None, phase_hist: Histogram | None = None
+    app: App, tcp: str | None, unix: str | None, phase_hist: Histogram | None = None,
+    native: NativeRouting | None = None,
 ) -> tuple[grpc.aio.Server, ExtProcService, int | None]:
     """Start the gRPC server on a TCP address (``host:port``, port 0 = any) and/or a Unix socket.
 
-    Serves ext_proc and the access-log service (``service.access_log``). Returns
-    the server, the ext_proc service and the bound TCP port (None when TCP is off).
+    Serves ext_proc and the access-log service (``service.access_log``), and with
+    ``native`` (routing.mode native/hybrid) the weights over RTDS, learning from
+    the native path's access-log entries. Returns the server, the ext_proc
+    service and the bound TCP port (None when TCP is off).
     """
     server = grpc.aio.server(
         options=[
@@ -154,7 +159,11 @@ async def start_grpc(
     )
     service = ExtProcService(app, phase_hist)
     pb_grpc.add_ExternalProcessorServicer_to_server(service, server)
-    service.access_log = AccessLogService(OutcomeFeed(app), app.envoy)
+    feed: Sink = OutcomeFeed(app)
+    if native is not None:
+        feed = NativeFeed(app, native, feed)
+        native.rtds = add_rtds(server, native.layer)
+    service.access_log = AccessLogService(feed, app.envoy)
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(service.access_log, server)
     port: int | None = None
     if tcp:
