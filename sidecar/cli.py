@@ -92,13 +92,15 @@ def _cmd_bench(ns: argparse.Namespace) -> int:
         from sidecar.devtools.bench_load import run_load_bench
 
         levels = tuple(int(x) for x in (ns.levels or "1,16,64,256").split(","))
+        if ns.rounds < 1:
+            raise ConfigError(f"--rounds: must be >= 1, got {ns.rounds}")
         modes = tuple(m.strip() for m in ns.modes.split(","))
         bad = [m for m in modes if m not in ("extproc", "native", "hybrid")]
         if bad:
             raise ConfigError(f"--modes: unknown routing mode(s) {', '.join(bad)} "
                               "(known: extproc, native, hybrid)")
         return run_load_bench(levels, duration_s=ns.duration, stream=not ns.no_stream,
-                              tokens=ns.tokens, loop=ns.loop, modes=modes)
+                              tokens=ns.tokens, loop=ns.loop, modes=modes, rounds=ns.rounds)
     if ns.what == "publish":
         from sidecar.devtools.bench_native import run_publish_bench
 
@@ -176,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-stream", action="store_true", help="load: non-streaming requests")
     b.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                    help="load: the sidecar's event loop")
+    b.add_argument("--rounds", type=int, default=3,
+                   help="load: alternate the setups this many times per level (drift on a "
+                        "shared machine then hits all alike)")
     b.add_argument("--modes", default="extproc", metavar="M1,M2,...",
                    help="load: routing modes to run beside Envoy alone: extproc, native, "
                         "hybrid (10 %% per-request traffic); default extproc")

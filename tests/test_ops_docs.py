@@ -11,6 +11,7 @@ import pytest
 
 from sidecar.core import config as c
 from sidecar.ops.metrics import METRIC_NAMES
+from sidecar.ops.native_metrics import METRIC_NAMES as NATIVE_METRIC_NAMES
 
 DOC = Path(__file__).resolve().parent.parent / "README.md"
 # Reference section heading -> the dataclasses whose fields it documents.
@@ -26,6 +27,7 @@ SECTIONS: dict[str, tuple[type, ...]] = {
     "`limits`": (c.LimitsConfig,),
     "`envoy` (used by `tailroute envoy-config`)": (c.EnvoyConfig,),
     "`timing`": (c.TimingConfig,),
+    "`routing`": (c.RoutingConfig,),
 }
 _INTERNAL = {"source"}  # set by the loader, not a YAML field
 
@@ -59,5 +61,5 @@ def test_every_config_field_is_in_the_reference(heading: str) -> None:
 
 def test_every_metric_is_documented() -> None:
     text = DOC.read_text()
-    missing = [m for m in METRIC_NAMES if f"`{m}`" not in text]
+    missing = [m for m in (*METRIC_NAMES, *NATIVE_METRIC_NAMES) if f"`{m}`" not in text]
     assert not missing, f"metrics missing from README.md: {missing}"

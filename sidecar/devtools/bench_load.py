@@ -6,7 +6,8 @@ each requested routing mode (``--modes``: ``extproc``, ``native``, ``hybrid``;
 the hybrid setup sends every 10th request with ``x-tailroute-class: batch``, a
 ``routing.per_request_classes`` class, so 10 % take the per-request path).
 For each concurrency all are driven by the same closed-loop client for the
-same duration, one after the other, so machine noise hits them alike. Per level it
+same duration, in alternating rounds (``--rounds``, default 3), so drift in a
+shared machine's load hits them alike. Per level it
 prints requests/s, p50/p99 and what tailroute adds to them, the sidecar's CPU
 per request (``/proc/<pid>/stat``), the share of requests tailroute decided as
 Envoy's own ext_proc and circuit-breaker stats count them, and the sidecar's
@@ -127,7 +128,8 @@ def _start_setup(st: Stack, mode: str, provider_port: int, loop_args: list[str])
 
 def run_load_bench(concurrency: tuple[int, ...] = (1, 16, 64, 256), duration_s: float = 30.0,
                    stream: bool = True, tokens: int = 4, loop: str = "auto",
-                   warmup_s: float = 2.0, modes: tuple[str, ...] = ("extproc",)) -> int:
+                   warmup_s: float = 2.0, modes: tuple[str, ...] = ("extproc",),
+                   rounds: int = 3) -> int:
     levels: list[Level] = []
     with Stack() as st:
         pport = st.start_provider("p", ttft_ms="2", tpot_ms="1", seed=1,
@@ -144,28 +146,37 @@ def run_load_bench(concurrency: tuple[int, ...] = (1, 16, 64, 256), duration_s: 
         for su in setups:
             drive(su.envoy_port, 4, warmup_s, su.mode)
         drive(alone_port, 4, warmup_s)
+        part = duration_s / rounds
         for c in concurrency:
-            print(f"-- c={c}: envoy alone", file=sys.stderr, flush=True)
-            alone = drive(alone_port, c, duration_s)
-            rows = []
-            for su in setups:
-                print(f"-- c={c}: envoy + tailroute ({su.mode})", file=sys.stderr, flush=True)
-                e0, s0 = envoy_counters(su.envoy_admin), _sidecar_outcomes(su.sidecar_admin)
-                c0 = cpu_seconds(su.sidecar_pid)
-                routed = drive(su.envoy_port, c, duration_s, su.mode)
-                c1 = cpu_seconds(su.sidecar_pid)
-                _settle(su.sidecar_admin)
-                rows.append(Row(su.mode, routed, c1 - c0,
-                                _delta(envoy_counters(su.envoy_admin), e0),
-                                _delta(_sidecar_outcomes(su.sidecar_admin), s0)))
-            levels.append(Level(c, alone, rows))
+            alone = load_client.ClientResult()
+            rows = {su.mode: Row(su.mode, load_client.ClientResult(), 0.0, Counter(), Counter())
+                    for su in setups}
+            # Rounds alternate the setups, so drift in the machine's load (shared
+            # machines) hits all of them alike instead of whichever ran last.
+            for rnd in range(rounds):
+                print(f"-- c={c} round {rnd + 1}/{rounds}: envoy alone", file=sys.stderr,
+                      flush=True)
+                alone.merge(drive(alone_port, c, part))
+                for su in setups:
+                    print(f"-- c={c} round {rnd + 1}/{rounds}: envoy + tailroute ({su.mode})",
+                          file=sys.stderr, flush=True)
+                    row = rows[su.mode]
+                    e0, s0 = envoy_counters(su.envoy_admin), _sidecar_outcomes(su.sidecar_admin)
+                    c0 = cpu_seconds(su.sidecar_pid)
+                    row.result.merge(drive(su.envoy_port, c, part, su.mode))
+                    row.cpu_s += cpu_seconds(su.sidecar_pid) - c0
+                    _settle(su.sidecar_admin)
+                    row.envoy.update(_delta(envoy_counters(su.envoy_admin), e0))
+                    row.sidecar.update(_delta(_sidecar_outcomes(su.sidecar_admin), s0))
+            levels.append(Level(c, alone, list(rows.values())))
     _print(levels, duration_s, stream, tokens, loop)
     return 0
 
 
 def _print(levels: list[Level], duration_s: float, stream: bool, tokens: int, loop: str) -> None:
     kind = f"streamed {tokens}-token" if stream else f"non-streaming {tokens}-token"
-    print(f"\nload benchmark: {kind} chat completions, {duration_s:g} s per setup and level, "
+    print(f"\nload benchmark: {kind} chat completions, {duration_s:g} s per setup and level "
+          f"(in alternating rounds), "
           f"one fake provider (TTFT 2 ms, TPOT 1 ms); sidecar event loop: {loop}")
     print(f"{'c':>4} {'setup':16} {'req/s':>7} {'ratio':>6} {'p50':>7} {'+p50':>7} {'p99':>7} "
           f"{'+p99':>7} {'cpu/req':>8} {'decided':>8} {'ovfl':>5} {'f.open':>6} "

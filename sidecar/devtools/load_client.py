@@ -28,6 +28,13 @@ class ClientResult:
     def ok(self) -> int:
         return sum(n for s, n in self.statuses.items() if 200 <= s < 300)
 
+    def merge(self, other: ClientResult) -> None:
+        """Add another run's requests (rounds of one setup); walls add up."""
+        self.latencies.extend(other.latencies)
+        self.statuses.update(other.statuses)
+        self.failures.update(other.failures)
+        self.wall += other.wall
+
     @property
     def rps(self) -> float:
         return sum(self.statuses.values()) / self.wall if self.wall else 0.0

@@ -234,6 +234,11 @@ class NativeFeed:
             return
         busy = rec.end_s if rec.end_s is not None else waited_s(rec)
         probe = self.native.on_logged(s, cluster, busy if busy is not None else rec.duration_s)
+        # stats.observe_share as on the per-request path: every response until the
+        # route's current sub-window has min_samples, then that share (uniform, so
+        # error rates stay unbiased); probes always count.
+        if not probe and not app.router.wants_observation(cluster, s, now, app.rng):
+            return
         obs = observation_from_log(
             rec, cluster, s, bool(s.streaming),
             ttft_offset_s=app.offsets.offset(cluster, s),
