@@ -105,13 +105,16 @@ def _sidecar_outcomes(admin_port: int) -> Counter[str]:
 
 
 def _settle(admin_port: int, timeout_s: float = 10.0) -> None:
-    """Wait (bounded) until the sidecar holds no request waiting for its log entry."""
+    """Wait (bounded) until the sidecar holds no request waiting for its log entry and
+    no entry arrived for 0.3 s (native requests are never pending: they are only logged)."""
     deadline = time.monotonic() + timeout_s
+    last = -1
     while time.monotonic() < deadline:
-        state = http_json(f"http://127.0.0.1:{admin_port}/state")
-        if state.get("envoy", {}).get("pending", 0) == 0:
+        envoy = http_json(f"http://127.0.0.1:{admin_port}/state").get("envoy", {})
+        if envoy.get("pending", 0) == 0 and envoy.get("entries") == last:
             return
-        time.sleep(0.1)
+        last = envoy.get("entries", -1)
+        time.sleep(0.3)
     print(f"  (sidecar still had pending requests after {timeout_s:g}s)", file=sys.stderr)
 
 
