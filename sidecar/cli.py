@@ -1,4 +1,5 @@
-"""The `tailroute` command line."""
+"""The `tailroute` command line: run the sidecar, validate and render its config, watch it,
+and run the demo, the benchmarks and the policy lab."""
 
 from __future__ import annotations
 
@@ -13,16 +14,25 @@ from sidecar.core.config import ConfigError
 
 
 def _cmd_serve(ns: argparse.Namespace) -> int:
+    from sidecar.ops import log_throttle
     from sidecar.ops.config_file import load_config
     from sidecar.serve import serve
+    from sidecar.shell.startup import StartupError
 
     config = load_config(ns.config)
-    return run_on_loop(
-        serve(config, grpc_addr=ns.grpc, unix=ns.unix, admin_addr=ns.admin,
-              ready_file=ns.ready_file, seed=ns.seed, config_path=ns.config,
-              snapshot_path=ns.snapshot, snapshot_every_s=ns.snapshot_every),
-        ns.loop,
-    )
+    throttle = log_throttle.install()  # warnings rate-limited, suppressed lines counted
+    try:
+        return run_on_loop(
+            serve(config, grpc_addr=ns.grpc, unix=ns.unix, admin_addr=ns.admin,
+                  ready_file=ns.ready_file, seed=ns.seed, config_path=ns.config,
+                  snapshot_path=ns.snapshot, snapshot_every_s=ns.snapshot_every),
+            ns.loop,
+        )
+    except StartupError as exc:
+        print(f"tailroute serve: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        throttle.flush()
 
 
 def run_on_loop(main: Coroutine[Any, Any, int], kind: str) -> int:
@@ -46,9 +56,26 @@ def run_on_loop(main: Coroutine[Any, Any, int], kind: str) -> int:
 def _cmd_check_config(ns: argparse.Namespace) -> int:
     from sidecar.ops.config_file import load_config
 
-    cfg = load_config(ns.file)
+    path = ns.config or ns.file
+    if ns.file and not ns.config:
+        print("note: `check-config FILE` is deprecated; use `check-config --config FILE`",
+              file=sys.stderr)
+    if ns.file and ns.config:
+        print("error: give the file once, as --config FILE", file=sys.stderr)
+        return 2
+    if not path:
+        print("error: check-config needs --config FILE", file=sys.stderr)
+        return 2
+    try:
+        cfg = load_config(path)
+    except ConfigError as exc:
+        for problem in exc.problems:  # every mistake, not only the first
+            print(problem, file=sys.stderr)
+        n = len(exc.problems)
+        print(f"{path}: {n} problem{'s' if n != 1 else ''}", file=sys.stderr)
+        return 2
     print(
-        f"{ns.file}: OK ({len(cfg.clusters)} clusters, {len(cfg.models)} models, "
+        f"{path}: OK ({len(cfg.clusters)} clusters, {len(cfg.models)} models, "
         f"{len(cfg.classes)} classes)"
     )
     return 0
@@ -72,7 +99,13 @@ def _cmd_envoy_config(ns: argparse.Namespace) -> int:
 def _cmd_status(ns: argparse.Namespace) -> int:
     from sidecar.ops.status_cli import run_status
 
-    return run_status(ns.admin, watch=ns.watch, interval_s=ns.interval, show_all=ns.all)
+    admin = ns.admin
+    if admin is None and ns.config:
+        from sidecar.ops.config_file import load_config
+
+        admin = load_config(ns.config).listen.admin
+    return run_status(admin or DEFAULT_ADMIN, watch=ns.watch, interval_s=ns.interval,
+                      show_all=ns.all)
 
 
 def _cmd_fake_provider(argv: list[str]) -> int:
@@ -88,6 +121,8 @@ def _cmd_demo(ns: argparse.Namespace) -> int:
 
 
 def _cmd_bench(ns: argparse.Namespace) -> int:
+    if ns.what == "soak":
+        return _cmd_bench_soak(ns)
     if ns.what == "load":
         from sidecar.devtools.bench_load import run_load_bench
 
@@ -110,17 +145,40 @@ def _cmd_bench(ns: argparse.Namespace) -> int:
     return run_bench(ns.what, requests=ns.requests, concurrency=ns.concurrency)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tailroute", description=__doc__)
-    p.add_argument("-v", "--verbose", action="store_true")
-    sub = p.add_subparsers(dest="cmd", required=True)
+def _cmd_bench_soak(ns: argparse.Namespace) -> int:
+    from sidecar.devtools.bench_soak import run_soak
 
-    s = sub.add_parser("serve", help="run the ext_proc sidecar")
-    s.add_argument("--config", required=True)
-    s.add_argument("--grpc", default=None, help="host:port (default: listen.grpc; '' = off)")
-    s.add_argument("--unix", default=None, help="Unix socket path for gRPC")
-    s.add_argument("--admin", default=None, help="admin host:port (default: listen.admin)")
-    s.add_argument("--ready-file", default=None,
+    return run_soak(minutes=ns.minutes, rate=ns.rate, concurrency=ns.concurrency,
+                    warmup_min=ns.warmup_min, distinct=ns.distinct, traced=ns.tracemalloc)
+
+
+DEFAULT_ADMIN = "127.0.0.1:9911"
+CONFIG_HELP = "the sidecar's config file (YAML; `tailroute check-config` validates it)"
+
+
+def _config_option(p: argparse.ArgumentParser, required: bool) -> None:
+    """The one spelling of the config file every subcommand uses."""
+    p.add_argument("-c", "--config", required=required, metavar="FILE", help=CONFIG_HELP)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tailroute", description=__doc__,
+        epilog="`tailroute <command> --help` describes each command's options.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="command")
+
+    s = sub.add_parser("serve", help="run the ext_proc sidecar",
+                       description="Serve Envoy's ext_proc streams and the admin endpoints "
+                       "until SIGTERM/SIGINT; SIGHUP or a changed file reloads the config.")
+    _config_option(s, required=True)
+    s.add_argument("--grpc", default=None, metavar="HOST:PORT",
+                   help="ext_proc gRPC address (default: listen.grpc; '' = off)")
+    s.add_argument("--unix", default=None, metavar="PATH",
+                   help="also serve gRPC on this Unix socket (default: listen.grpc_unix)")
+    s.add_argument("--admin", default=None, metavar="HOST:PORT",
+                   help="admin HTTP address (default: listen.admin)")
+    s.add_argument("--ready-file", default=None, metavar="PATH",
                    help="write '<grpc port> <admin port>' here once serving")
     s.add_argument("--seed", type=int, default=None, help="seed the picker's RNG")
     s.add_argument("--snapshot", default=None, metavar="PATH",
@@ -132,23 +190,31 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_serve)
 
     st = sub.add_parser("status", help="terminal view of a running sidecar's /state")
-    st.add_argument("--admin", default="127.0.0.1:9911", metavar="HOST:PORT",
-                    help="the sidecar's admin address (default: 127.0.0.1:9911)")
+    st.add_argument("--admin", default=None, metavar="HOST:PORT",
+                    help=f"the sidecar's admin address (default: listen.admin of --config, "
+                    f"else {DEFAULT_ADMIN})")
+    _config_option(st, required=False)
     st.add_argument("--watch", action="store_true", help="refresh until interrupted")
-    st.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    st.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
+                    help="seconds between refreshes with --watch (default: 2)")
     st.add_argument("--all", action="store_true",
                     help="also show aggregate (broader) slices, not only the routed ones")
     st.set_defaults(func=_cmd_status)
 
-    c = sub.add_parser("check-config", help="validate a config file")
-    c.add_argument("file")
+    c = sub.add_parser("check-config", help="validate a config file (every problem at once)")
+    _config_option(c, required=False)
+    c.add_argument("file", nargs="?", metavar="FILE",
+                   help="deprecated spelling of --config FILE")
     c.set_defaults(func=_cmd_check_config)
 
     e = sub.add_parser("envoy-config", help="render the Envoy bootstrap from a sidecar config")
-    e.add_argument("--config", required=True)
-    e.add_argument("--grpc", default=None, help="sidecar host:port (default: listen.grpc)")
-    e.add_argument("--unix", default=None, help="reach the sidecar over this Unix socket")
-    e.add_argument("-o", "--output", default=None)
+    _config_option(e, required=True)
+    e.add_argument("--grpc", default=None, metavar="HOST:PORT",
+                   help="where Envoy reaches the sidecar (default: listen.grpc)")
+    e.add_argument("--unix", default=None, metavar="PATH",
+                   help="reach the sidecar over this Unix socket instead")
+    e.add_argument("-o", "--output", default=None, metavar="FILE",
+                   help="write the bootstrap here (default: stdout)")
     e.set_defaults(func=_cmd_envoy_config)
 
     sub.add_parser("fake-provider", help="simulated OpenAI-compatible provider", add_help=False)
@@ -158,18 +224,21 @@ def build_parser() -> argparse.ArgumentParser:
                    add_help=False)
 
     d = sub.add_parser("demo", help="Envoy + sidecar + 3 simulated providers, one degrades")
-    d.add_argument("--duration", type=float, default=60.0)
-    d.add_argument("--seed", type=int, default=7)
+    d.add_argument("--duration", type=float, default=60.0, metavar="SECONDS",
+                   help="how long to drive traffic (default: 60)")
+    d.add_argument("--seed", type=int, default=7, help="seed of the traffic and the providers")
     d.set_defaults(func=_cmd_demo)
 
     b = sub.add_parser("bench", help="benchmarks (print figures; not tests)")
-    b.add_argument("what", choices=["overhead", "load", "publish"],
+    b.add_argument("what", choices=["overhead", "load", "soak", "publish"],
                    help="overhead: added latency and CPU per request, per setup; "
                         "load: Envoy alone vs Envoy + tailroute at rising concurrency; "
+                        "soak: memory under steady load (RSS slope); "
                         "publish: how fast native-mode weights reach Envoy, what a dead "
                         "sidecar leaves")
     b.add_argument("--requests", type=int, default=400, help="overhead: requests per setup")
-    b.add_argument("--concurrency", type=int, default=8, help="overhead: concurrent clients")
+    b.add_argument("--concurrency", type=int, default=8,
+                   help="overhead, soak: concurrent clients")
     b.add_argument("--levels", default=None, metavar="C1,C2,...",
                    help="load: concurrency levels (default 1,16,64,256)")
     b.add_argument("--duration", type=float, default=30.0, metavar="SECONDS",
@@ -184,6 +253,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--modes", default="extproc", metavar="M1,M2,...",
                    help="load: routing modes to run beside Envoy alone: extproc, native, "
                         "hybrid (10 %% per-request traffic); default extproc")
+    soak = b.add_argument_group("soak (memory under steady load)")
+    soak.add_argument("--minutes", type=float, default=30.0, help="soak length (bounded)")
+    soak.add_argument("--rate", type=float, default=70.0, help="requests per second")
+    soak.add_argument("--warmup-min", type=float, default=None,
+                      help="minutes before the RSS slope is fitted (default: min(5, M/5))")
+    soak.add_argument("--distinct", action="store_true",
+                      help="a distinct tenant and request id per request")
+    soak.add_argument("--tracemalloc", action="store_true",
+                      help="run the sidecar under tracemalloc and print what grew")
     b.set_defaults(func=_cmd_bench)
     return p
 
@@ -205,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return func(ns)
     except ConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"config error: {problem}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

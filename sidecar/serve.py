@@ -21,16 +21,20 @@ from collections import Counter
 from pathlib import Path
 
 import grpc
+from prometheus_client import Histogram
 
 from sidecar.core.config import Config
-from sidecar.ops import snapshot
+from sidecar.ops import genai_metrics, snapshot
 from sidecar.ops.admin import AdminServer
 from sidecar.ops.metrics import build_registry
 from sidecar.ops.native_metrics import NativeCollector
 from sidecar.ops.reload import ConfigReloader, watch_loop
 from sidecar.shell.app import App
+from sidecar.shell.health import HealthService
 from sidecar.shell.native import NativeRouting
 from sidecar.shell.server import ExtProcService, start_grpc, tick_loop
+from sidecar.shell.startup import bind_error, check_bindable, check_unix_path
+from sidecar.shell.tls import CertificateWatcher
 
 log = logging.getLogger("tailroute")
 
@@ -60,6 +64,33 @@ async def _drain(server: grpc.aio.Server, service: ExtProcService, app: App,
             break
         await asyncio.sleep(0.05)
     await server.stop(grace=0.05)
+
+
+async def _start_admin(admin: AdminServer, addr: str, setting: str) -> int:
+    check_bindable("the admin server", addr, setting)
+    try:
+        return await admin.start(addr)
+    except OSError as exc:
+        raise bind_error("the admin server", addr, setting, exc) from None
+
+
+async def _start_grpc(
+    app: App, tcp: str | None, unix: str | None, phase_hist: Histogram, tcp_setting: str,
+    unix_setting: str, health: HealthService, tls: CertificateWatcher | None,
+    native: NativeRouting | None = None,
+) -> tuple[grpc.aio.Server, ExtProcService, int | None]:
+    """Start the ext_proc server; a busy or invalid address is a one-line StartupError."""
+    if tcp:
+        check_bindable("ext_proc gRPC", tcp, tcp_setting)
+    if unix:
+        check_unix_path("ext_proc gRPC", unix, unix_setting)
+    try:
+        return await start_grpc(app, tcp, unix, phase_hist, register=health.register,
+                                tcp_credentials=tls.credentials() if tls else None,
+                                native=native)
+    except (OSError, RuntimeError) as exc:
+        addr, setting = (tcp, tcp_setting) if tcp else (f"unix:{unix}", unix_setting)
+        raise bind_error("ext_proc gRPC", addr or "", setting, exc) from None
 
 
 class Snapshotter:
@@ -134,23 +165,36 @@ async def serve(
             out[f"error:{k}"] = out.get(f"error:{k}", 0) + v
         if reloader is not None:
             out.update(reloader.counters())
+        if tls is not None:
+            out.update(tls.counters())
         return out
 
     registry, phase_hist = build_registry(lambda: app.router, loop.time, shell_counters)
+    app.on_observation = genai_metrics.attach(registry, lambda: app.router.config)
     tcp = grpc_addr if grpc_addr is not None else config.listen.grpc
+    unix_arg = unix
     unix = unix if unix is not None else config.listen.grpc_unix
     if unix and os.path.exists(unix):
         os.unlink(unix)  # a stale socket from a crashed run would block the bind
     serving = False
     admin = AdminServer(app, registry, ready=lambda: serving)
+    health = HealthService()  # grpc.health.v1 on the ext_proc server: NOT_SERVING until up
+    # TLS files are read and checked now (ConfigError naming file and field), reloaded on change.
+    tls_cfg = config.listen.tls
+    tls = CertificateWatcher(tls_cfg, config.source) if tls_cfg is not None and tcp else None
     admin_at = admin_addr if admin_addr is not None else config.listen.admin
-    admin_port = await admin.start(admin_at)
+    admin_port = await _start_admin(admin, admin_at, "--admin" if admin_addr else "listen.admin")
     native = None
     if config.routing.mode != "extproc":
         native = NativeRouting(lambda: app.config, lambda: app.router)
         registry.register(NativeCollector(native))
         admin.extra_state["native"] = native.state
-    server, service, port = await start_grpc(app, tcp or None, unix, phase_hist, native=native)
+    server, service, port = await _start_grpc(
+        app, tcp or None, unix, phase_hist,
+        tcp_setting="--grpc" if grpc_addr is not None else "listen.grpc",
+        unix_setting="--unix" if unix_arg is not None else "listen.grpc_unix", health=health,
+        tls=tls, native=native)
+    health.set_serving(True)  # config loaded, listeners up
     serving = True
     stop, hup = asyncio.Event(), asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -175,6 +219,7 @@ async def serve(
         tmp.replace(ready_file)
     await stop.wait()
     serving = False
+    health.shutdown()  # NOT_SERVING while draining: health checkers stop sending
     # Snapshot before the drain too: an orchestrator whose grace period is shorter
     # than the drain may SIGKILL us mid-drain, and a slightly older snapshot beats none.
     await snap.save()

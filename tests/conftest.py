@@ -26,3 +26,24 @@ def base_config_dict(**overrides: Any) -> dict[str, Any]:
 @pytest.fixture
 def config() -> Config:
     return parse_config(base_config_dict(), "test.yaml")
+
+
+# Debian packages some tests need. `.ci/install-test-tools` installs them (CI and
+# `make test`); CI also sets TAILROUTE_REQUIRE_TOOLS=1, so a missing one fails there
+# instead of skipping silently.
+TOOL_PACKAGES = {"promtool": "prometheus", "chromium": "chromium"}
+
+
+def need_tool(tool: str) -> str:
+    """The path of ``tool``; skips the test (fails under TAILROUTE_REQUIRE_TOOLS) if absent."""
+    import os
+    import shutil
+
+    path = shutil.which(tool)
+    if path is None:
+        package = TOOL_PACKAGES.get(tool, tool)
+        why = f"{tool} not installed (Debian: apt-get install -y {package})"
+        if os.environ.get("TAILROUTE_REQUIRE_TOOLS") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+    return path

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from sidecar.pb.envoy.config.core.v3 import base_pb2
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -91,3 +92,34 @@ def observe_msg(kind: str, meta: dict[str, str], headers: dict[str, str] | None 
     else:
         msg.response_body.CopyFrom(pb.HttpBody(body=body, end_of_stream=eos))
     return msg
+
+
+# ------------------------------------------------------------ handler interface
+# The one place that knows how the shell opens a handler for a stream, so tests
+# written against message kinds (the fuzzer) survive a rearrangement of handlers.
+
+
+def open_stream(app: Any, first: pb.ProcessingRequest) -> Any:
+    """The handler the gRPC server opens for a stream whose first message is ``first``:
+    it answers ``on_message(msg, now)``, ``close(now, cancelled)`` and, after a
+    :func:`is_hold` answer, ``resume(now)``."""
+    from sidecar.shell.extproc import ObserveStream, RouteStream
+
+    return ObserveStream(app) if first.observability_mode else RouteStream(app)
+
+
+def is_hold(answer: object) -> bool:
+    """The handler holds the request (admission queue): re-ask with ``resume``."""
+    from sidecar.shell.admission import Hold
+
+    return isinstance(answer, Hold)
+
+
+def request_kind(msg: pb.ProcessingRequest) -> str | None:
+    return msg.WhichOneof("request")
+
+
+def answers_kind(request: str | None, response: pb.ProcessingResponse) -> bool:
+    """Envoy's rule: a message is answered by the same kind or an immediate response."""
+    kind = response.WhichOneof("response")
+    return request is None or kind in (request, "immediate_response")

@@ -81,5 +81,5 @@ def test_example_config_is_valid() -> None:
 
     from sidecar.ops.config_file import load_config
 
-    cfg = load_config(Path(__file__).parents[1] / "envoy" / "tailroute.example.yaml")
+    cfg = load_config(Path(__file__).parents[1] / "deploy" / "local" / "tailroute.yaml")
     assert cfg.default_cluster == "provider-a"

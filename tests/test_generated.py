@@ -13,6 +13,7 @@ from sidecar.ops.config_file import load_config
 from sidecar.shell.bootstrap import render_bootstrap, to_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE_CONFIG = ROOT / "deploy" / "local" / "tailroute.yaml"  # envoy/envoy.yaml renders it
 
 
 def test_generated_protobuf_modules_are_fresh() -> None:
@@ -37,10 +38,10 @@ def test_method_path_matches_envoy() -> None:
 
 
 def test_committed_envoy_yaml_matches_renderer() -> None:
-    cfg = load_config(ROOT / "envoy" / "tailroute.example.yaml")
+    cfg = load_config(EXAMPLE_CONFIG)
     assert (ROOT / "envoy" / "envoy.yaml").read_text() == to_yaml(render_bootstrap(cfg)), (
         "envoy/envoy.yaml is stale: tailroute envoy-config --config "
-        "envoy/tailroute.example.yaml -o envoy/envoy.yaml"
+        "deploy/local/tailroute.yaml -o envoy/envoy.yaml"
     )
 
 
@@ -48,7 +49,7 @@ def test_committed_envoy_yaml_matches_renderer() -> None:
 @pytest.mark.parametrize("transport", ["tcp", "unix"])
 def test_rendered_bootstrap_passes_envoy_validate(tmp_path: Path, with_sidecar: bool,
                                                   transport: str) -> None:
-    cfg = load_config(ROOT / "envoy" / "tailroute.example.yaml")
+    cfg = load_config(EXAMPLE_CONFIG)
     boot = render_bootstrap(
         cfg, unix_socket=str(tmp_path / "s.sock") if transport == "unix" else None,
         with_sidecar=with_sidecar,
@@ -127,7 +128,7 @@ def test_readme_filter_snippet_matches_the_renderer() -> None:
     snippet = re.search(r"```yaml\n(.*?)```", section, flags=re.S)
     assert snippet is not None
     shown = yaml.safe_load(snippet.group(1))
-    boot = render_bootstrap(load_config(ROOT / "envoy" / "tailroute.example.yaml"))
+    boot = render_bootstrap(load_config(ROOT / "deploy" / "local" / "tailroute.yaml"))
     hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
     filters = hcm["typed_config"]["http_filters"]
     names = [f["name"] for f in filters]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.core import config as c
+from sidecar.core.tls_config import ListenTlsConfig, SidecarTlsConfig
 from sidecar.ops.metrics import METRIC_NAMES
 from sidecar.ops.native_metrics import METRIC_NAMES as NATIVE_METRIC_NAMES
 
@@ -23,9 +24,9 @@ SECTIONS: dict[str, tuple[type, ...]] = {
     "`stats`": (c.StatsConfig,),
     "`health`": (c.HealthConfig,),
     "`admission`": (c.AdmissionConfig,),
-    "`listen`": (c.ListenConfig,),
+    "`listen`": (c.ListenConfig, ListenTlsConfig),
     "`limits`": (c.LimitsConfig,),
-    "`envoy` (used by `tailroute envoy-config`)": (c.EnvoyConfig,),
+    "`envoy` (used by `tailroute envoy-config`)": (c.EnvoyConfig, SidecarTlsConfig),
     "`timing`": (c.TimingConfig,),
     "`routing`": (c.RoutingConfig,),
 }

@@ -1,9 +1,11 @@
 """Compile proto/ into sidecar/pb/ with grpcio-tools.
 
-protoc names generated imports after the .proto paths (``from envoy.config...``);
-we rewrite them to ``sidecar.pb.envoy...`` so the modules live inside our package
-without a top-level ``envoy`` package on sys.path. Run with ``--check`` to verify
-that the committed modules are up to date (used by the test suite).
+protoc names generated imports after the .proto paths (``from envoy.config...``,
+``from grpc.health.v1...``); we rewrite them to ``sidecar.pb.envoy...`` and
+``sidecar.pb.grpc.health...`` so the modules live inside our package without a
+top-level ``envoy`` package on sys.path (or one shadowing the ``grpc`` library).
+Run with ``--check`` to verify that the committed modules are up to date (used by
+the test suite).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
 OUT_DIR = ROOT / "sidecar" / "pb"
-_IMPORT = re.compile(r"^from envoy(\.[\w.]+) import", re.MULTILINE)
+# Our packages: envoy.* and grpc.health.* (not grpc itself, the runtime library).
+_IMPORT = re.compile(r"^from (envoy\.[\w.]+|grpc\.health\.[\w.]+) import", re.MULTILINE)
 
 
 def generate(out: Path) -> None:
@@ -40,7 +43,7 @@ def generate(out: Path) -> None:
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
     for path in out.rglob("*.py*"):
-        text = _IMPORT.sub(r"from sidecar.pb.envoy\1 import", path.read_text())
+        text = _IMPORT.sub(r"from sidecar.pb.\1 import", path.read_text())
         path.write_text(text)
     for d in [out, *[p for p in out.rglob("*") if p.is_dir()]]:
         (d / "__init__.py").write_text("")

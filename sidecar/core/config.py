@@ -16,11 +16,16 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sidecar.core.fields import ConfigError as ConfigError  # re-exported
+from sidecar.core.tls_config import ListenTlsConfig, SidecarTlsConfig
 
 Metric = Literal["ttft", "tpot", "e2e"]
 PickerMode = Literal["weighted_random", "lowest_score"]
 RoutingMode = Literal["extproc", "native", "hybrid"]
 Algorithm = Literal["latency_aware", "static"]
+# Routing profile of a model: tailroute's own, or semantic-router's latency_aware
+# reproduced exactly (sidecar.core.compat_sr).
+Compat = Literal["tailroute", "semantic-router"]
+SEMANTIC_ROUTER: Compat = "semantic-router"
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +40,8 @@ class ClusterConfig:
     quality: float = 1.0
     region: str = ""
     tls: bool = False
+    # gen_ai.provider.name of the OpenTelemetry GenAI conventions (a metrics label).
+    provider: str = "openai"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +62,7 @@ class ModelConfig:
     algorithm: Algorithm = "latency_aware"
     latency_aware: LatencyAwareConfig = LatencyAwareConfig(ttft_percentile=95, tpot_percentile=90)
     regions: tuple[str, ...] = ()  # data-policy constraint: allowed regions (empty = any)
+    compat: Compat = "tailroute"
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,12 +151,14 @@ class ListenConfig:
     grpc: str = "127.0.0.1:50051"
     grpc_unix: str | None = None
     admin: str = "127.0.0.1:9911"
+    tls: ListenTlsConfig | None = None  # TLS (or mutual TLS) on the gRPC TCP listener
 
 
 @dataclass(frozen=True, slots=True)
 class LimitsConfig:
     max_body_bytes: int = 8 * 1024 * 1024
     max_header_value_bytes: int = 256
+    max_json_depth: int = 128  # deeper request bodies get a 400 before parsing
     decision_timeout_ms: int = 500  # Envoy's message_timeout for the ext_proc filter
 
 
@@ -164,6 +174,9 @@ class EnvoyConfig:
     sidecar_max_requests: int | None = None
     # How often Envoy flushes its batched access-log entries to the sidecar.
     access_log_flush_ms: int = 100
+    # Envoy's active gRPC health check of the sidecar cluster (grpc.health.v1); 0 = none.
+    sidecar_health_interval_s: float = 5.0
+    sidecar_tls: SidecarTlsConfig | None = None  # how Envoy reaches a TLS sidecar
 
 
 @dataclass(frozen=True, slots=True)

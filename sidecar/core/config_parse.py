@@ -8,15 +8,19 @@ keys are errors (see :mod:`sidecar.core.fields`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import re
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any, TypeVar
 
 from sidecar.core.config import (
     DEFAULT_CLASSES,
+    SEMANTIC_ROUTER,
     AdmissionConfig,
     Algorithm,
     ClassConfig,
     ClusterConfig,
+    Compat,
     Config,
     EnvoyConfig,
     HealthConfig,
@@ -30,7 +34,12 @@ from sidecar.core.config import (
     TimingConfig,
     Weights,
 )
-from sidecar.core.fields import ConfigReader
+from sidecar.core.fields import ConfigError, ConfigReader, did_you_mean
+from sidecar.core.tls_config import check_tls_pair, parse_listen_tls, parse_sidecar_tls
+
+T = TypeVar("T")
+
+COMPATS: tuple[Compat, ...] = ("tailroute", SEMANTIC_ROUTER)
 
 
 def _percentile_or_none(r: ConfigReader, key: str) -> int | None:
@@ -50,14 +59,53 @@ def _latency_aware(r: ConfigReader) -> LatencyAwareConfig:
     return cfg
 
 
-def _algorithm(r: ConfigReader) -> tuple[Algorithm, LatencyAwareConfig]:
-    """Accept semantic-router's fragment: ``{type: latency_aware, latency_aware: {...}}``."""
+def _algorithm(r: ConfigReader, compat: Compat = "tailroute",
+               given: bool = True) -> tuple[Algorithm, LatencyAwareConfig]:
+    """Accept semantic-router's fragment: ``{type: latency_aware, latency_aware: {...}}``.
+
+    ``given``: the model (or the top level) has an ``algorithm`` at all.
+    """
     kind = r.choice("type", "latency_aware", ("latency_aware", "static"))
-    la = _latency_aware(r.sub("latency_aware")) if "latency_aware" in r.data else None
+    la: LatencyAwareConfig | None
+    if compat == SEMANTIC_ROUTER:
+        la = _sr_latency_aware(r, kind, given)
+    else:
+        la = _latency_aware(r.sub("latency_aware")) if "latency_aware" in r.data else None
     r.done()
     if la is None:
         la = LatencyAwareConfig(ttft_percentile=95, tpot_percentile=90)
     return kind, la
+
+
+def _sr_percentile(r: ConfigReader, key: str) -> int | None:
+    """semantic-router's percentile field: absent, null or 0 = unset, else 1..100."""
+    v = r.raw(key)
+    number = isinstance(v, int | float) and not isinstance(v, bool)
+    if v is None or (number and v == 0):
+        return None
+    if not number or not float(v).is_integer() or not 1 <= v <= 100:
+        r.fail(f"must be an integer between 1 and 100 (0 or absent = unset), got {v!r}", key)
+    return int(v)
+
+
+def _sr_latency_aware(r: ConfigReader, kind: Algorithm, given: bool) -> LatencyAwareConfig:
+    """The fragment as semantic-router validates it (``compat: semantic-router``)."""
+    if "latency_aware" not in r.data:
+        if kind == "latency_aware" and given:
+            r.fail("type latency_aware requires a latency_aware block (semantic-router "
+                   "rejects it too)", "latency_aware")
+        return LatencyAwareConfig()  # no percentile: semantic-router takes the first candidate
+    s = r.sub("latency_aware")
+    cfg = LatencyAwareConfig(
+        ttft_percentile=_sr_percentile(s, "ttft_percentile"),
+        tpot_percentile=_sr_percentile(s, "tpot_percentile"),
+        description=s.str_("description", ""),
+    )
+    s.done()
+    if cfg.ttft_percentile is None and cfg.tpot_percentile is None:
+        s.fail("must specify at least one of tpot_percentile (1-100) or ttft_percentile "
+               "(1-100), as semantic-router requires")
+    return cfg
 
 
 def _cluster(r: ConfigReader) -> ClusterConfig:
@@ -89,31 +137,52 @@ def _cluster(r: ConfigReader) -> ClusterConfig:
         quality=r.num("quality", 1.0, lo=0),
         region=r.str_("region", ""),
         tls=r.bool_("tls", False),
+        provider=_provider(r),
     )
     r.done()
     return cfg
 
 
-def _model(r: ConfigReader, clusters: Mapping[str, ClusterConfig]) -> ModelConfig:
+_PROVIDER = re.compile(r"^[a-z0-9][a-z0-9._]{0,63}$")
+
+
+def _provider(r: ConfigReader) -> str:
+    """``gen_ai.provider.name``: a well-known value such as ``openai``, ``anthropic``,
+    ``aws.bedrock``, ``azure.ai.openai``, ``gcp.vertex_ai``, or a custom one."""
+    v = r.str_("provider", "openai")
+    if not _PROVIDER.match(v):
+        r.fail(f"must be lower-case letters, digits, '.' or '_' (e.g. openai), got {v!r}",
+               "provider")
+    return v
+
+
+def _model(r: ConfigReader, clusters: Mapping[str, ClusterConfig],
+           compat: Compat = "tailroute", broken: set[str] | None = None) -> ModelConfig:
     name = r.str_("name", required=True)
+    compat = r.choice("compat", compat, COMPATS)
     cands = r.list_("candidates", required=True)
     if not cands:
         r.fail("must list at least one cluster", "candidates")
     for c in cands:
+        if broken and c in broken:
+            continue  # that cluster's own mistake is reported already
         if c not in clusters:
-            r.fail(f"unknown cluster {c!r} (known: {', '.join(clusters)})", "candidates")
+            known = ", ".join(clusters)
+            r.fail(f"unknown cluster {c!r}{did_you_mean(str(c), set(clusters))} "
+                   f"(known: {known})", "candidates")
         if name not in clusters[c].models:
             r.fail(f"cluster {c!r} does not list model {name!r} in its models", "candidates")
     if len(set(cands)) != len(cands):
         r.fail("lists a cluster twice", "candidates")
-    kind, la = _algorithm(r.sub("algorithm"))
+    kind, la = _algorithm(r.sub("algorithm"), compat, given="algorithm" in r.data)
     regions = tuple(str(x) for x in r.list_("regions"))
-    cfg = ModelConfig(name, tuple(cands), kind, la, regions)
+    cfg = ModelConfig(name, tuple(cands), kind, la, regions, compat)
     r.done()
     return cfg
 
 
 def _class(name: str, r: ConfigReader) -> ClassConfig:
+    mark = r.mark()
     s = r.sub("slo")
     slo = SloConfig(
         metric=s.choice("metric", "ttft", ("ttft", "tpot", "e2e")),
@@ -122,7 +191,7 @@ def _class(name: str, r: ConfigReader) -> ClassConfig:
         timeout_ms=s.num("timeout_ms", 30000, lo=1),
     )
     s.done()
-    if slo.timeout_ms < slo.budget_ms:
+    if r.clean_since(mark) and slo.timeout_ms < slo.budget_ms:
         s.fail(f"timeout_ms ({slo.timeout_ms}) must be >= budget_ms ({slo.budget_ms})")
     w = r.sub("weights")
     weights = Weights(
@@ -158,6 +227,7 @@ def _stats(r: ConfigReader) -> StatsConfig:
 
 
 def _health(r: ConfigReader) -> HealthConfig:
+    mark = r.mark()
     d = HealthConfig()
     cfg = HealthConfig(
         watch_ratio=r.num("watch_ratio", d.watch_ratio, lo=0.01, hi=10),
@@ -184,6 +254,8 @@ def _health(r: ConfigReader) -> HealthConfig:
         restore_step=r.num("restore_step", d.restore_step, lo=0.01, hi=1.0),
     )
     r.done()
+    if not r.clean_since(mark):
+        return cfg
     if not cfg.recover_ratio < cfg.watch_ratio <= cfg.restrict_ratio:
         r.fail("need recover_ratio < watch_ratio <= restrict_ratio (hysteresis)")
     if cfg.cooldown_max_s < cfg.cooldown_s:
@@ -209,6 +281,7 @@ def _listen(r: ConfigReader) -> ListenConfig:
         grpc=r.str_("grpc", "127.0.0.1:50051"),
         grpc_unix=r.opt_str("grpc_unix"),
         admin=r.str_("admin", "127.0.0.1:9911"),
+        tls=parse_listen_tls(r.sub("tls")),
     )
     r.done()
     return cfg
@@ -218,6 +291,8 @@ def _limits(r: ConfigReader) -> LimitsConfig:
     cfg = LimitsConfig(
         max_body_bytes=r.num("max_body_bytes", 8 * 1024 * 1024, lo=1024, integer=True),
         max_header_value_bytes=r.num("max_header_value_bytes", 256, lo=8, integer=True),
+        # Well below Python's recursion limit (1000): walks over the document recurse too.
+        max_json_depth=r.num("max_json_depth", 128, lo=8, hi=256, integer=True),
         decision_timeout_ms=r.num("decision_timeout_ms", 500, lo=10, hi=60000, integer=True),
     )
     r.done()
@@ -232,11 +307,16 @@ def _envoy(r: ConfigReader) -> EnvoyConfig:
         sidecar_max_requests=None if r.raw("sidecar_max_requests") is None else r.num(
             "sidecar_max_requests", 1024, lo=16, hi=1_000_000, integer=True),
         access_log_flush_ms=r.num("access_log_flush_ms", 100, lo=10, hi=10_000, integer=True),
+        sidecar_health_interval_s=r.num("sidecar_health_interval_s", 5.0, lo=0, hi=3600),
+        sidecar_tls=parse_sidecar_tls(r.sub("sidecar_tls")),
     )
     for gone in ("observe_mode", "overlap_headers"):
         if gone in r.data:
             r.fail("removed: responses are timed from Envoy's access log now "
                    "(see docs/response-timing.md); delete this field", gone)
+    if 0 < cfg.sidecar_health_interval_s < 0.1:
+        r.fail(f"must be 0 (off) or >= 0.1, got {cfg.sidecar_health_interval_s:g}",
+               "sidecar_health_interval_s")
     r.done()
     return cfg
 
@@ -258,7 +338,8 @@ def _routing(
     per_request = tuple(str(x) for x in r.list_("per_request_classes"))
     for name in per_request:
         if name not in known:
-            r.fail(f"unknown class {name!r} (known: {', '.join(known)})", "per_request_classes")
+            r.bad(f"unknown class {name!r} (known: {', '.join(known)})",
+                  "per_request_classes", None)
     cfg = RoutingConfig(
         mode=r.choice("mode", "extproc", ("extproc", "native", "hybrid")),
         per_request_classes=per_request,
@@ -287,52 +368,67 @@ def _check_native_routing(root: ConfigReader, cfg: Config) -> None:
 def parse_config(data: Any, source: str = "<memory>") -> Config:
     """Validate a mapping (parsed YAML) into a frozen :class:`Config`.
 
-    Raises :class:`ConfigError` naming ``source``, the field path and the problem.
+    Reads the whole file even after a mistake, then raises one
+    :class:`ConfigError` listing every problem (``problems``), each naming
+    ``source``, the field path and the problem.
     """
     root = ConfigReader(data, source, "")
+    root.errors = []
+    cfg = _parse(root, source)
+    problems = tuple(dict.fromkeys(root.errors))  # in order, without repeats
+    if problems:
+        raise ConfigError("\n".join(problems), problems)
+    return cfg
+
+
+def _parse(root: ConfigReader, source: str) -> Config:
     clusters: dict[str, ClusterConfig] = {}
+    broken: set[str] = set()  # clusters with a mistake: models naming them say nothing more
     for i, raw in enumerate(root.list_("clusters", required=True)):
-        c = _cluster(root.item("clusters", i, raw))
+        c: ClusterConfig | None = root.attempt(
+            partial(_cluster_item, root, i, raw), None)
+        if c is None:
+            if isinstance(raw, Mapping) and isinstance(raw.get("name"), str):
+                broken.add(raw["name"])
+            continue
         if c.name in clusters:
-            root.fail(f"duplicate cluster name {c.name!r}", f"clusters[{i}].name")
+            root.bad(f"duplicate cluster name {c.name!r}", f"clusters[{i}].name", None)
         clusters[c.name] = c
-    if not clusters:
+    if not clusters and not broken:
         root.fail("must define at least one cluster", "clusters")
 
-    # semantic-router style: a global algorithm applies to every model without its own.
+    # semantic-router style: a global algorithm (and routing profile) applies to
+    # every model without its own.
+    global_compat: Compat = root.choice("compat", "tailroute", COMPATS)
     global_alg = root.sub("algorithm") if "algorithm" in root.data else None
+    if global_alg is not None and root.attempt(
+            partial(_algorithm, global_alg, global_compat), None) is None:
+        global_alg = None  # reported once here, not again for every model
     models: list[ModelConfig] = []
     for i, raw in enumerate(root.list_("models", required=True)):
-        r = root.item("models", i, raw)
         if global_alg is not None and isinstance(raw, Mapping) and "algorithm" not in raw:
             raw = {**raw, "algorithm": dict(global_alg.data)}
-            r = root.item("models", i, raw)
-        m = _model(r, clusters)
+        m: ModelConfig | None = root.attempt(
+            partial(_model_item, root, i, raw, clusters, global_compat, broken), None)
+        if m is None:
+            continue
         if any(x.name == m.name for x in models):
-            root.fail(f"duplicate model {m.name!r}", f"models[{i}].name")
+            root.bad(f"duplicate model {m.name!r}", f"models[{i}].name", None)
         models.append(m)
-    if global_alg is not None:
-        _algorithm(global_alg)  # validate it even if every model overrides it
 
-    classes_raw = root.raw("classes")
-    if classes_raw is None:
-        classes: tuple[ClassConfig, ...] = DEFAULT_CLASSES
-    else:
-        if not isinstance(classes_raw, Mapping) or not classes_raw:
-            root.fail("must be a non-empty mapping of class name -> settings", "classes")
-        classes = tuple(
-            _class(str(k), ConfigReader(v, source, f"classes.{k}")) for k, v in classes_raw.items()
-        )
+    classes = root.attempt(lambda: _classes(root, source), DEFAULT_CLASSES)
     default_class = root.str_("default_class", classes[0].name)
     if default_class not in {c.name for c in classes}:
-        root.fail(f"unknown class {default_class!r}", "default_class")
+        root.bad(f"unknown class {default_class!r}", "default_class", None)
 
-    default_cluster = root.str_("default_cluster", next(iter(clusters)))
-    if default_cluster not in clusters:
-        root.fail(f"unknown cluster {default_cluster!r}", "default_cluster")
+    default_cluster = root.str_("default_cluster", next(iter(clusters), ""))
+    if default_cluster not in clusters and default_cluster not in broken:
+        root.bad(f"unknown cluster {default_cluster!r}", "default_cluster", None)
 
-    snapshot = root.opt_str("snapshot_path")
-    stats = _stats(root.sub("stats"))
+    def section(read: Callable[[ConfigReader], T], key: str, fallback: T) -> T:
+        return root.attempt(lambda: read(root.sub(key)), fallback)
+
+    stats = section(_stats, "stats", StatsConfig())
     cfg = Config(
         clusters=tuple(clusters.values()),
         models=tuple(models),
@@ -341,20 +437,51 @@ def parse_config(data: Any, source: str = "<memory>") -> Config:
         default_class=default_class,
         picker=root.choice("picker", "weighted_random", ("weighted_random", "lowest_score")),
         stats=stats,
-        health=_health(root.sub("health")),
-        admission=_admission(root.sub("admission")),
-        listen=_listen(root.sub("listen")),
-        limits=_limits(root.sub("limits")),
-        envoy=_envoy(root.sub("envoy")),
-        timing=_timing(root.sub("timing")),
-        routing=_routing(root.sub("routing"), classes, stats),
-        snapshot_path=snapshot,
+        health=section(_health, "health", HealthConfig()),
+        admission=section(_admission, "admission", AdmissionConfig()),
+        listen=section(_listen, "listen", ListenConfig()),
+        limits=section(_limits, "limits", LimitsConfig()),
+        envoy=section(_envoy, "envoy", EnvoyConfig()),
+        timing=section(_timing, "timing", TimingConfig()),
+        routing=section(partial(_routing, classes=classes, stats=stats), "routing",
+                        RoutingConfig()),
+        snapshot_path=root.opt_str("snapshot_path"),
         source=source,
     )
     root.done()
-    _check_queue_wait(root, cfg)
-    _check_native_routing(root, cfg)
+    if root.clean_since(0):
+        _check_queue_wait(root, cfg)
+        check_tls_pair(root, cfg.listen.tls, cfg.envoy.sidecar_tls)
+        _check_native_routing(root, cfg)
     return cfg
+
+
+def _cluster_item(root: ConfigReader, i: int, raw: Any) -> ClusterConfig:
+    return _cluster(root.item("clusters", i, raw))
+
+
+def _model_item(root: ConfigReader, i: int, raw: Any, clusters: Mapping[str, ClusterConfig],
+                compat: Compat, broken: set[str]) -> ModelConfig:
+    return _model(root.item("models", i, raw), clusters, compat, broken)
+
+
+def _classes(root: ConfigReader, source: str) -> tuple[ClassConfig, ...]:
+    classes_raw = root.raw("classes")
+    if classes_raw is None:
+        return DEFAULT_CLASSES
+    if not isinstance(classes_raw, Mapping) or not classes_raw:
+        root.fail("must be a non-empty mapping of class name -> settings", "classes")
+    out: list[ClassConfig] = []
+    for k, v in classes_raw.items():
+        r = ConfigReader(v, source, f"classes.{k}") if isinstance(v, Mapping | None) else None
+        if r is None:
+            root.bad(f"expected a mapping, got {type(v).__name__}", f"classes.{k}", None)
+            continue
+        r.errors = root.errors
+        c: ClassConfig | None = root.attempt(partial(_class, str(k), r), None)
+        if c is not None:
+            out.append(c)
+    return tuple(out) or DEFAULT_CLASSES
 
 
 QUEUE_MARGIN_MS = 50  # decision time and gRPC overhead on top of the longest queue wait

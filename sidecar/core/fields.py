@@ -4,7 +4,14 @@
 problem raises an error reading ``<source>: <field path>: <problem>``, e.g.
 ``tailroute.yaml: clusters[1].max_concurrency: must be >= 1, got 0``. Keys it
 was not asked for are reported by :meth:`FieldReader.done`: a typo must not
-silently fall back to a default.
+silently fall back to a default; the message suggests the known key a typo
+is closest to.
+
+Reporting every mistake at once: a reader whose ``errors`` is a list records
+field-level problems there (the typed readers then carry on with the field's
+default) instead of raising, and :meth:`FieldReader.attempt` recovers at a
+section boundary from a problem that makes the rest of the section
+meaningless. The children of a reader share its list.
 
 :class:`ConfigReader` adds the typed readers of the tailroute config file; the
 policy-lab scenario reader (:mod:`sidecar.sim.validate`) adds its own.
@@ -12,18 +19,36 @@ policy-lab scenario reader (:mod:`sidecar.sim.validate`) adds its own.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar, NoReturn, Self
+import difflib
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, NoReturn, Self, TypeVar
+
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
-    """A configuration mistake; the message names the file and the field path."""
+    """A configuration mistake; the message names the file and the field path.
+
+    With several mistakes, ``problems`` lists them (one ``file: field: problem``
+    each) and the message is those lines.
+    """
+
+    def __init__(self, message: str, problems: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.problems = problems or (message,)
+
+
+def did_you_mean(key: str, known: set[str]) -> str:
+    """`` (did you mean x?)`` for the closest known key, or ''."""
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 class FieldReader:
     """Walks one mapping while remembering its field path, for precise errors."""
 
     error: ClassVar[type[ConfigError]] = ConfigError  # what :meth:`fail` raises
+    errors: list[str] | None = None  # set: collect problems instead of raising (see module)
 
     def __init__(self, data: Any, source: str, path: str) -> None:
         self.source = source
@@ -44,6 +69,33 @@ class FieldReader:
     def fail(self, problem: str, key: str | None = None) -> NoReturn:
         raise self.error(f"{self.source}: {self.where(key)}: {problem}")
 
+    def bad(self, problem: str, key: str, default: T) -> T:
+        """A field-level problem: recorded (the field keeps ``default``) or raised."""
+        if self.errors is None:
+            self.fail(problem, key)
+        self.errors.append(f"{self.source}: {self.where(key)}: {problem}")
+        return default
+
+    def mark(self) -> int:
+        """How many problems are recorded so far (for :meth:`clean_since`)."""
+        return len(self.errors) if self.errors is not None else 0
+
+    def clean_since(self, mark: int) -> bool:
+        """No problem recorded since ``mark``: cross-field checks are meaningful (a
+        field that fell back to its default must not trigger a second, false one)."""
+        return self.mark() == mark
+
+    def attempt(self, read: Callable[[], T], fallback: T) -> T:
+        """Run ``read``; while collecting, a problem it raises is recorded and
+        ``fallback`` stands in for the section (the rest of the file is still read)."""
+        if self.errors is None:
+            return read()
+        try:
+            return read()
+        except ConfigError as exc:
+            self.errors.extend(exc.problems)
+            return fallback
+
     def has(self, key: str) -> bool:
         return key in self.data and self.data[key] is not None
 
@@ -55,23 +107,32 @@ class FieldReader:
         self.used.add(key)
         return self.data.get(key, default)
 
+    def _child(self, data: Any, path: str) -> Self:
+        child = type(self)(data, self.source, path)  # a non-mapping raises: structural
+        child.errors = self.errors
+        return child
+
     def sub(self, key: str) -> Self:
         self.used.add(key)
-        return type(self)(self.data.get(key), self.source, self.where(key))
+        return self._child(self.data.get(key), self.where(key))
 
     def item(self, key: str, index: int, value: Any) -> Self:
-        return type(self)(value, self.source, f"{self.where(key)}[{index}]")
+        return self._child(value, f"{self.where(key)}[{index}]")
 
     def done(self) -> None:
         extra = sorted(str(k) for k in set(self.data) - self.used)
         if extra:
-            self.fail(f"unknown field(s): {', '.join(extra)}")
+            named = ", ".join(k + did_you_mean(k, self.used) for k in extra)
+            problem = f"unknown field(s): {named}"
+            if self.errors is None:
+                self.fail(problem)
+            self.errors.append(f"{self.source}: {self.where()}: {problem}")
 
     def bool_(self, key: str, default: bool) -> bool:
         self.used.add(key)
         v = self.data.get(key, default)
         if not isinstance(v, bool):
-            self.fail(f"must be true or false, got {v!r}", key)
+            return self.bad(f"must be true or false, got {v!r}", key, default)
         return v
 
     def list_(self, key: str, required: bool = False) -> list[Any]:
@@ -82,7 +143,10 @@ class FieldReader:
             return []
         v = self.data[key]
         if not isinstance(v, list):
-            self.fail(f"must be a list, got {type(v).__name__}", key)
+            problem = f"must be a list, got {type(v).__name__}"
+            if required:
+                self.fail(problem, key)
+            return self.bad(problem, key, [])
         return v
 
 
@@ -101,14 +165,16 @@ class ConfigReader(FieldReader):
             return default
         v = self.data[key]
         if not isinstance(v, str) or (required and not v):
-            self.fail(f"must be a non-empty string, got {v!r}", key)
+            if required or default is None:
+                self.fail(f"must be a non-empty string, got {v!r}", key)
+            return self.bad(f"must be a string, got {v!r}", key, default)
         return v
 
     def opt_str(self, key: str) -> str | None:
         self.used.add(key)
         v = self.data.get(key)
         if v is not None and not isinstance(v, str):
-            self.fail(f"must be a string, got {v!r}", key)
+            return self.bad(f"must be a string, got {v!r}", key, None)
         return v
 
     def num(
@@ -121,19 +187,21 @@ class ConfigReader(FieldReader):
     ) -> Any:
         self.used.add(key)
         v = self.data.get(key, default)
+        fallback = int(default) if integer else float(default)
         if isinstance(v, bool) or not isinstance(v, int | float):
-            self.fail(f"must be a number, got {v!r}", key)
+            return self.bad(f"must be a number, got {v!r}", key, fallback)
         if integer and not float(v).is_integer():
-            self.fail(f"must be an integer, got {v!r}", key)
+            return self.bad(f"must be an integer, got {v!r}", key, fallback)
         if lo is not None and v < lo:
-            self.fail(f"must be >= {lo}, got {v!r}", key)
+            return self.bad(f"must be >= {lo}, got {v!r}", key, fallback)
         if hi is not None and v > hi:
-            self.fail(f"must be <= {hi}, got {v!r}", key)
+            return self.bad(f"must be <= {hi}, got {v!r}", key, fallback)
         return int(v) if integer else float(v)
 
     def choice(self, key: str, default: str, choices: tuple[str, ...]) -> Any:
         self.used.add(key)
         v = self.data.get(key, default)
         if v not in choices:
-            self.fail(f"must be one of {', '.join(choices)}; got {v!r}", key)
+            hint = did_you_mean(v, set(choices)) if isinstance(v, str) else ""
+            return self.bad(f"must be one of {', '.join(choices)}; got {v!r}{hint}", key, default)
         return v

@@ -12,8 +12,9 @@ import random
 from collections import Counter, deque
 from dataclasses import replace
 
+from sidecar.core import compat_sr
 from sidecar.core.admission import AdmissionControl
-from sidecar.core.config import ClassConfig, Config
+from sidecar.core.config import SEMANTIC_ROUTER, ClassConfig, Config, ModelConfig
 from sidecar.core.explain import RecentDecision, build_explain, decision_reason, fallback_kind
 from sidecar.core.filters import DEFAULT_FILTERS
 from sidecar.core.health import HealthState
@@ -56,6 +57,7 @@ class Router:
         self._picker = PICKERS[config.picker]
         self.admission = AdmissionControl(config)
         self._memo: dict[tuple[str, SliceKey, str, float, float], LatencyValue] = {}
+        self.compat_sr = compat_sr.SrLatencyBook()  # models under compat: semantic-router
 
     # ------------------------------------------------------------ config
 
@@ -71,6 +73,7 @@ class Router:
         self.config = config
         self._picker = PICKERS[config.picker]
         self.admission.reconfigure(config)
+        self.compat_sr.retain(config)
 
     def restore(
         self, stats: StatsStore, board: HealthBoard, transitions: list[TransitionEvent],
@@ -192,6 +195,8 @@ class Router:
             return Decision(cfg.default_cluster, "unknown_model", detail=str(req.model)), None
         klass = cfg.workload_class(req.klass) or cfg.workload_class(cfg.default_class)
         assert klass is not None
+        if model.compat == SEMANTIC_ROUTER:
+            return self._decide_semantic_router(req, model, klass), None
         probe = self._maybe_probe(req, klass, model.candidates, rng)
         if probe is not None:
             return self._finish(req, probe, "probe", klass, None, is_probe=True), None
@@ -204,6 +209,20 @@ class Router:
             return decision, None
         reason = decision_reason(result, model)
         return self._finish(req, result.chosen.name, reason, klass, result), result
+
+    def _decide_semantic_router(
+        self, req: RequestInfo, model: ModelConfig, klass: ClassConfig
+    ) -> Decision:
+        """semantic-router's latency_aware pick, exactly (sidecar.core.compat_sr)."""
+        candidates = compat_sr.eligible(model, self.config)
+        if not candidates:
+            return Decision(self.config.default_cluster, "no_candidate",
+                            detail="no candidate in the model's regions")
+        choice = compat_sr.select(model, candidates, self.compat_sr)
+        decision = self._finish(req, choice.cluster, choice.reason, klass, None)
+        if req.explain:
+            decision = replace(decision, explain=compat_sr.explain(req, choice, candidates))
+        return decision
 
     def _maybe_probe(
         self, req: RequestInfo, klass: ClassConfig, candidates: tuple[str, ...],
@@ -301,6 +320,7 @@ class Router:
 
     def observe(self, obs: Observation, now: float) -> list[TransitionEvent]:
         """Record one measured outcome; probes also drive the probing state."""
+        self.compat_sr.observe(obs, self.config)
         obs = self._judge_censored(obs)
         self.counters[("outcome", obs.outcome)] += 1
         if self._next_eval is None:

@@ -8,16 +8,22 @@ Definitions (seconds):
 
 * ``t0``   — the moment the routing decision was released to Envoy. The
   sidecar's own decision time is before ``t0`` and so never counted.
-* TTFT     — first non-empty SSE ``data:`` event carrying a token, minus ``t0``.
+* TTFT     — arrival of the first SSE event carrying generated output, minus
+  ``t0``. Events are framed by :mod:`sidecar.core.sse` (the WHATWG standard);
+  a role-only or empty delta, a usage-only chunk (``choices: []``), ``[DONE]``
+  and non-JSON data are not tokens.
 * TPOT     — (last token time - first token time) / (tokens - 1), tokens from
-  the final ``usage.completion_tokens`` when present, else the number of
-  token-bearing events. Undefined (None) with fewer than two tokens.
+  the last ``usage`` seen (``completion_tokens``, or ``output_tokens`` of the
+  Responses API) when present, else the number of token-bearing events.
+  Undefined (None) with fewer than two tokens.
 * e2e      — end of the response body minus ``t0``.
 
 Outcome: 2xx -> ok; 408 and 504 -> timeout; 5xx and 429 -> error (the
 provider failed or is overloaded); other 4xx -> None (the caller's fault, not
-evidence about the route); stream closed before the end -> cancel. Error
-responses are never latency samples. Non-streaming responses give e2e only.
+evidence about the route); stream closed before the end -> cancel; a 2xx
+stream that carries an error event (``event: error``, a top-level ``error``
+object, Responses ``response.failed``) -> error. Error responses are never
+latency samples. Non-streaming responses give e2e only.
 
 Timeouts and cancels are *censored*: e2e (and TTFT when no token came) is the
 time waited, a lower bound. The router keeps a cancel as evidence only when
@@ -29,10 +35,23 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
+from sidecar.core.sse import SseEvent, SseParser
 from sidecar.core.types import Observation, Outcome, SliceKey
 
-_DONE = b"[DONE]"
+_DONE = "[DONE]"
+_MAX_JSON_BODY = 1 << 20
+# Delta fields that carry generated output (role alone does not).
+_DELTA_TOKEN_KEYS = ("content", "tool_calls", "function_call", "refusal", "reasoning_content",
+                     "reasoning")
+# Responses-API event types whose ``delta`` is generated output.
+_TOKEN_TYPES = frozenset({
+    "response.output_text.delta", "response.refusal.delta",
+    "response.function_call_arguments.delta", "response.reasoning_text.delta",
+    "response.reasoning_summary_text.delta",
+})
+_ERROR_TYPES = frozenset({"error", "response.failed"})
 
 
 def outcome_for_status(status: int) -> Outcome | None:
@@ -48,8 +67,12 @@ def outcome_for_status(status: int) -> Outcome | None:
 
 @dataclass(slots=True)
 class ResponseTimer:
-    """Incremental SSE-aware timer for one response. Cheap per chunk: JSON is
-    parsed only to find the first token and the final usage object."""
+    """Incremental SSE-aware timer for one response.
+
+    Event framing is :class:`~sidecar.core.sse.SseParser`'s (the WHATWG
+    standard: CRLF, LF or CR line endings, events cut anywhere across chunks);
+    an event is timed at the arrival of the chunk that completes it.
+    """
 
     cluster: str
     slice: SliceKey
@@ -63,61 +86,62 @@ class ResponseTimer:
     token_events: int = 0
     usage_tokens: int | None = None
     ended_at: float | None = None
-    _pending: bytes = b""
-    _is_sse: bool = False
+    stream_error: bool = False  # an error event inside a 2xx stream
+    _sse: SseParser | None = None
     _body: bytearray | None = None
 
     def on_headers(self, status: int, content_type: str, now: float) -> None:
         self.status = status
-        self._is_sse = "text/event-stream" in content_type.lower()
-        if not self._is_sse:
+        if "text/event-stream" in content_type.lower():
+            self._sse = SseParser()
+        else:
             self._body = bytearray()
 
     def on_body(self, chunk: bytes, now: float, end: bool = False) -> None:
-        if self._is_sse:
-            self._feed_sse(chunk, now)
-        elif self._body is not None and len(self._body) < 1 << 20:
+        if self._sse is not None:
+            for event in self._sse.feed(chunk):
+                self._on_event(event, now)
+        elif self._body is not None and len(self._body) < _MAX_JSON_BODY:
             self._body += chunk  # bounded: usage is near the end of small JSON replies
         if end:
             self.on_end(now)
 
-    def _feed_sse(self, chunk: bytes, now: float) -> None:
-        buf = self._pending + chunk
-        *events, self._pending = buf.split(b"\n\n")
-        if len(self._pending) > 1 << 20:
-            self._pending = b""  # a runaway event without a separator: drop, don't grow
-        for ev in events:
-            for line in ev.split(b"\n"):
-                if line.startswith(b"data:"):
-                    self._on_data(line[5:].strip(), now)
-
-    def _on_data(self, data: bytes, now: float) -> None:
-        if not data or data == _DONE:
+    def _on_event(self, event: SseEvent, now: float) -> None:
+        if event.data == _DONE:
             return
-        if b'"usage"' in data and (b'"choices":[]' in data or b'"choices": []' in data):
-            self._read_usage(data)
+        try:
+            obj = json.loads(event.data)
+        except ValueError:
+            return  # not JSON: says nothing about tokens
+        if not isinstance(obj, dict):
             return
+        if event.event == "error" or obj.get("error") or obj.get("type") in _ERROR_TYPES:
+            self.stream_error = True
+            return
+        n = _usage_tokens(obj)
+        if n is not None:
+            self.usage_tokens = n
+        if not _has_token(obj):
+            return  # role-only, empty or usage-only chunk: not a token
         if self.first_token_at is None:
-            if not _has_token(data):
-                return  # role-only or empty delta: not a token yet
             self.first_token_at = now
         self.last_token_at = now
         self.token_events += 1
-        if b'"usage"' in data:
-            self._read_usage(data)
 
     def _read_usage(self, data: bytes) -> None:
         try:
-            usage = json.loads(data).get("usage") or {}
-            n = usage.get("completion_tokens", usage.get("output_tokens"))
-            if isinstance(n, int) and n >= 0:
-                self.usage_tokens = n
-        except (ValueError, AttributeError):
-            pass
+            obj = json.loads(data)
+        except ValueError:
+            return
+        n = _usage_tokens(obj) if isinstance(obj, dict) else None
+        if n is not None:
+            self.usage_tokens = n
 
     def on_end(self, now: float) -> None:
         if self.ended_at is None:
             self.ended_at = now
+            if self._sse is not None:
+                self._sse.end()  # an unterminated last event is discarded (the standard)
             if self._body is not None:
                 self._read_usage(bytes(self._body))
                 self._body = None
@@ -131,6 +155,8 @@ class ResponseTimer:
             outcome = "cancel"
         else:
             outcome = outcome_for_status(self.status)
+            if outcome == "ok" and self.stream_error:
+                outcome = "error"  # the provider failed mid-stream behind a 200
         if outcome is None:
             return None
         ttft = tpot = e2e = None
@@ -165,21 +191,33 @@ class ResponseTimer:
         )
 
 
-def _has_token(data: bytes) -> bool:
-    """True if a chunk carries generated text (chat delta, completion text, responses delta)."""
-    try:
-        obj = json.loads(data)
-    except ValueError:
+def _usage_tokens(obj: dict[str, Any]) -> int | None:
+    """Output tokens from a chunk's ``usage`` (chat/completions ``completion_tokens``;
+    the Responses API's ``output_tokens``, also nested in ``response.completed``)."""
+    usage = obj.get("usage")
+    if not isinstance(usage, dict):
+        inner = obj.get("response")
+        usage = inner.get("usage") if isinstance(inner, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    n = usage.get("completion_tokens", usage.get("output_tokens"))
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
+
+
+def _has_token(obj: dict[str, Any]) -> bool:
+    """True if a chunk carries generated output: a chat delta with content, refusal,
+    reasoning or tool/function calls, completion text, or a Responses-API output delta."""
+    kind = obj.get("type")
+    if isinstance(kind, str) and kind.startswith("response."):
+        return kind in _TOKEN_TYPES and bool(obj.get("delta"))
+    choices = obj.get("choices")
+    if not isinstance(choices, list):
         return False
-    if not isinstance(obj, dict):
-        return False
-    if obj.get("type") == "response.output_text.delta":
-        return bool(obj.get("delta"))
-    for choice in obj.get("choices") or ():
+    for choice in choices:
         if not isinstance(choice, dict):
             continue
         delta = choice.get("delta")
-        if isinstance(delta, dict) and (delta.get("content") or delta.get("tool_calls")):
+        if isinstance(delta, dict) and any(delta.get(k) for k in _DELTA_TOKEN_KEYS):
             return True
         if choice.get("text"):
             return True

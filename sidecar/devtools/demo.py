@@ -4,12 +4,14 @@ provider-a starts fastest, so it takes most interactive traffic; a third of the
 way in its streaming TTFT tail degrades (p99 several seconds); two thirds in it
 recovers. Traffic is driven through Envoy with the `openai` client. The demo
 prints progress, then a table of traffic share per provider over time and the
-client-observed TTFT p50/p99, and stops every process it started.
+client-observed TTFT p50/p99, and stops every process it started. Its output
+stays short (under 60 lines): the client libraries' request logs are off.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import sys
 import time
@@ -121,8 +123,8 @@ async def _drive(stack: Stack, duration_s: float, seed: int) -> list[Sample]:
             recent = [s for s in samples if s.at > elapsed - 5]
             share = Counter(s.route for s in recent)
             tot = sum(share.values()) or 1
-            mix = "  ".join(f"{k[-1]}:{100 * v / tot:3.0f}%" for k, v in sorted(share.items()))
-            print(f"[{elapsed:5.1f}s] {len(samples)} done  last 5s share {mix}", flush=True)
+            mix = "  ".join(f"{k} {100 * v / tot:3.0f}%" for k, v in sorted(share.items()))
+            print(f"[{elapsed:5.1f}s] {len(samples):4d} done; last 5 s: {mix}", flush=True)
         await asyncio.sleep(rng.expovariate(20.0))
     if tasks:
         await asyncio.wait(tasks, timeout=30)
@@ -140,9 +142,9 @@ def _pct(values: list[float], q: float) -> float:
 def print_table(samples: list[Sample], duration_s: float, buckets: int = 6) -> None:
     width = duration_s / buckets
     names = sorted(PROVIDERS)
-    head = f"{'window':>13} {'n':>5} " + " ".join(f"{n[-1]:>6}" for n in names)
-    print("\ninteractive traffic share per provider, client TTFT (ms)")
-    print(head + f" {'p50':>7} {'p99':>7} {'errors':>6}")
+    print("\ninteractive requests per window: share served by each provider, client TTFT")
+    print(f"{'window':>9} {'n':>5} " + " ".join(f"{n:>10}" for n in names)
+          + f" {'p50 ms':>7} {'p99 ms':>7} {'errors':>6}")
     by_bucket: dict[int, list[Sample]] = defaultdict(list)
     for s in samples:
         if s.klass == "interactive":
@@ -152,18 +154,27 @@ def print_table(samples: list[Sample], duration_s: float, buckets: int = 6) -> N
         share = Counter(s.route for s in ss if s.ok)
         tot = max(sum(share.values()), 1)
         ttfts = [s.ttft * 1000 for s in ss if s.ttft is not None]
-        cols = " ".join(f"{100 * share.get(n, 0) / tot:5.0f}%" for n in names)
-        print(f"{b * width:5.0f}-{(b + 1) * width:4.0f}s   {len(ss):>5} {cols} "
-              f"{_pct(ttfts, 0.5):7.0f} {_pct(ttfts, 0.99):7.0f} "
+        cols = " ".join(f"{100 * share.get(n, 0) / tot:9.0f}%" for n in names)
+        window = f"{b * width:.0f}-{(b + 1) * width:.0f}s"
+        print(f"{window:>9} {len(ss):>5} {cols} {_pct(ttfts, 0.5):7.0f} {_pct(ttfts, 0.99):7.0f} "
               f"{sum(not s.ok for s in ss):>6}")
+    print("p50/p99: time to first token as the client saw it (request sent to Envoy until the "
+          "first\n  content token), over all of the window's interactive requests, whichever "
+          "provider served them.")
     batch = [s for s in samples if s.klass == "batch" and s.ok]
     bshare = Counter(s.route for s in batch)
-    print("batch share overall: " + "  ".join(
-        f"{n}: {100 * bshare.get(n, 0) / max(len(batch), 1):.0f}%" for n in names))
+    print("batch requests (not latency sensitive), share overall: " + "  ".join(
+        f"{n} {100 * bshare.get(n, 0) / max(len(batch), 1):.0f}%" for n in names))
+
+
+MAX_TRANSITIONS = 10  # keep the demo's output short; the sidecar log has them all
 
 
 def run_demo(duration_s: float = 60.0, seed: int = 7) -> int:
     print(f"tailroute demo: Envoy + sidecar + 3 simulated providers, {duration_s:.0f}s", flush=True)
+    root = logging.getLogger()
+    if root.level > logging.DEBUG:  # without -v: no per-request INFO logs of the HTTP clients
+        root.setLevel(logging.WARNING)
     with Stack() as stack:
         ports = {}
         for i, (name, (ttft, tpot)) in enumerate(PROVIDERS.items()):
@@ -178,8 +189,11 @@ def run_demo(duration_s: float = 60.0, seed: int = 7) -> int:
         transitions = [ln for ln in stack.log("sidecar").splitlines() if " health " in ln]
         if transitions:
             print("\nhealth transitions seen by the sidecar:")
-            for ln in transitions[:20]:
+            for ln in transitions[:MAX_TRANSITIONS]:
                 print("  " + ln.split(" tailroute: ", 1)[-1])
+            if len(transitions) > MAX_TRANSITIONS:
+                print(f"  ... {len(transitions) - MAX_TRANSITIONS} more in "
+                      f"{stack.workdir}/sidecar.log")
     print("\nall processes stopped.")
     return 0
 

@@ -124,10 +124,12 @@ class Stack:
         return path
 
     def start_sidecar(self, config_path: Path, unix: str | None = None,
-                      extra: list[str] | None = None) -> int:
+                      extra: list[str] | None = None, launcher: list[str] | None = None) -> int:
+        """``launcher`` replaces ``python -m sidecar.cli`` (e.g. a tracemalloc wrapper)."""
         ready = self.workdir / "sidecar.port"
         ready.unlink(missing_ok=True)
-        argv = [sys.executable, "-m", "sidecar.cli", "serve", "--config", str(config_path),
+        argv = [*(launcher or [sys.executable, "-m", "sidecar.cli"]), "serve",
+                "--config", str(config_path),
                 "--ready-file", str(ready), "--admin", "127.0.0.1:0", *(extra or [])]
         if unix:
             argv += ["--unix", unix, "--grpc", ""]

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .framing import SSE_EOLS, SSE_SPLITS
 from .latency import ConfigError, Profile, parse_schedule
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tailroute fake-provider",
                                 description="Simulated OpenAI-compatible LLM upstream.")
     p.add_argument("--name", default="fake", help="reported in the x-fake-provider header")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (see --ready-file)")
     p.add_argument("--ttft-ms", metavar="MEDIAN[:P99]", help="time to first token (fixed w/o P99)")
     p.add_argument("--tpot-ms", metavar="MEDIAN[:P99]", help="time per output token")
@@ -39,6 +40,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--default-tokens", type=int, default=16, help="tokens if request sets none")
     p.add_argument("--schedule", metavar="JSON|@FILE", help='[{"at_s": 5, "set": {...}}, ...]')
     p.add_argument("--ready-file", type=Path, help="write the bound port here once listening")
+    p.add_argument("--sse-eol", choices=sorted(SSE_EOLS), default="lf",
+                   help="SSE line endings (all legal per the SSE standard)")
+    p.add_argument("--sse-split", choices=SSE_SPLITS, default="none",
+                   help="where chunk boundaries fall: after events, mid-line, or between CR and LF")
     return p
 
 
@@ -54,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         profile = Profile().updated({k: v for k, v in settings.items() if v is not None})
         schedule = parse_schedule(args.schedule) if args.schedule else []
         provider = FakeProvider(args.name, profile, seed=args.seed, max_tokens=args.max_tokens,
-                                default_tokens=args.default_tokens, schedule=schedule)
+                                default_tokens=args.default_tokens, schedule=schedule,
+                                sse_eol=args.sse_eol, sse_split=args.sse_split)
     except ConfigError as exc:
         parser.error(str(exc))
     return asyncio.run(_serve(provider, args.host, args.port, args.ready_file))

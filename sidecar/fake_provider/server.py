@@ -43,6 +43,7 @@ from typing import Any
 
 from .cli import build_arg_parser, main
 from .connection import MAX_BODY, ClientGone, Conn, HttpError, Request, chunk, response_head
+from .framing import SSE_EOLS, SSE_SPLITS, plan_writes, reframe
 from .latency import (
     ConfigError,
     Profile,
@@ -80,7 +81,13 @@ class FakeProvider:
         max_tokens: int = 64,
         default_tokens: int = 16,
         schedule: Sequence[ScheduleEntry] = (),
+        sse_eol: str = "lf",
+        sse_split: str = "none",
     ) -> None:
+        if sse_eol not in SSE_EOLS or sse_split not in SSE_SPLITS:
+            raise ConfigError(f"sse_eol must be one of {', '.join(SSE_EOLS)} and sse_split one "
+                              f"of {', '.join(SSE_SPLITS)}; got {sse_eol!r}, {sse_split!r}")
+        self.sse_eol, self.sse_split = sse_eol, sse_split
         if max_tokens < 1 or default_tokens < 1:
             raise ConfigError("max_tokens and default_tokens must be >= 1")
         if not name.isprintable() or not name.isascii():
@@ -300,7 +307,7 @@ class FakeProvider:
         self._requests += 1
         try:
             body = json.loads(req.body)
-        except ValueError:
+        except (ValueError, RecursionError):  # deeply nested JSON: refused like any bad body
             body = None
         if not isinstance(body, dict):
             return await self._answer(conn, 400, error_body("body is not a JSON object"), keep)
@@ -348,25 +355,39 @@ class FakeProvider:
             sent = hashlib.sha256()
             loop = asyncio.get_running_loop()
             if prof.role_first and kind == "chat":
-                event = reply.role_event()
+                event = reframe(reply.role_event(), self.sse_eol)
                 record["first_byte_ms"] = (loop.time() - t0) * 1000.0
                 await conn.write(chunk(event))
                 sent.update(event)
                 record["sent_len"] += len(event)
-            for i in range(n):
-                await conn.sleep_until(due[i])
-                if i == 0:
-                    record["first_token_ms"] = (loop.time() - t0) * 1000.0
-                    if record["first_byte_ms"] is None:
-                        record["first_byte_ms"] = record["first_token_ms"]
-                for event in reply.token_events(i):
-                    await conn.write(chunk(event))  # one chunk per event, flushed
+            if self.sse_eol == "lf" and self.sse_split == "none":
+                for i in range(n):
+                    await conn.sleep_until(due[i])
+                    if i == 0:
+                        record["first_token_ms"] = (loop.time() - t0) * 1000.0
+                        if record["first_byte_ms"] is None:
+                            record["first_byte_ms"] = record["first_token_ms"]
+                    for event in reply.token_events(i):
+                        await conn.write(chunk(event))  # one chunk per event, flushed
+                        sent.update(event)
+                        record["sent_len"] += len(event)
+                for event in reply.tail_events():
+                    await conn.write(chunk(event))
                     sent.update(event)
                     record["sent_len"] += len(event)
-            for event in reply.tail_events():
-                await conn.write(chunk(event))
-                sent.update(event)
-                record["sent_len"] += len(event)
+            else:  # another legal framing (sidecar.fake_provider.framing)
+                blobs = [(due[i], b"".join(reply.token_events(i))) for i in range(n)]
+                blobs.append((due[-1], b"".join(reply.tail_events())))
+                framed = [(t, reframe(b, self.sse_eol)) for t, b in blobs]
+                for j, (t, data) in enumerate(plan_writes(framed, self.sse_split)):
+                    await conn.sleep_until(t)
+                    if j == 0:
+                        record["first_token_ms"] = (loop.time() - t0) * 1000.0
+                        if record["first_byte_ms"] is None:
+                            record["first_byte_ms"] = record["first_token_ms"]
+                    await conn.write(chunk(data))
+                    sent.update(data)
+                    record["sent_len"] += len(data)
             await conn.write(b"0\r\n\r\n")
             record["sent_sha256"] = sent.hexdigest()
             return req.keep_alive

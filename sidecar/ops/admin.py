@@ -4,7 +4,8 @@ Endpoints::
 
     GET /healthz   200 while the process runs
     GET /readyz    200 only when config is loaded and the gRPC server serves, else 503
-    GET /metrics   Prometheus text format
+    GET /metrics   Prometheus text format, or OpenMetrics when the scraper asks for it
+                   (then with # UNIT lines)
     GET /state     JSON: per cluster x slice percentiles, samples, state, weight, transitions
     GET /explain   JSON: the most recent decisions with their reasons (?limit=N)
     GET /          HTML status page (routes, states, latency over time as charts)
@@ -25,12 +26,15 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 
 from sidecar.ops.state import explain_recent, state_json
 from sidecar.shell.app import App
 
 log = logging.getLogger("tailroute.admin")
+HISTORY_POINTS = 300  # status-page chart samples kept
+HISTORY_ROUTES = 32  # routes per sample: the busiest ones
 Handler = Callable[[dict[str, list[str]]], tuple[int, str, bytes]]
 
 
@@ -46,11 +50,11 @@ class AdminServer:
         # More /state sections from other parts of the shell (name -> view at ``now``).
         self.extra_state: dict[str, Callable[[float], Any]] = {}
         # Latency over time for the status page's charts: bounded ring of samples.
-        self.history: deque[dict[str, Any]] = deque(maxlen=300)
+        self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY_POINTS)
         self.routes: dict[str, Handler] = {
             "/healthz": lambda q: (200, "text/plain", b"ok\n"),
             "/readyz": self._readyz,
-            "/metrics": lambda q: (200, CONTENT_TYPE_LATEST, generate_latest(self.registry)),
+            "/metrics": lambda q: self._metrics(""),
             "/state": self._state,
             "/explain": self._explain,
             "/": self._page,
@@ -78,7 +82,10 @@ class AdminServer:
         """Record one point of per-route p50/p95 (ms) for the charts; call periodically."""
         now = self._now()
         point: dict[str, Any] = {"t": now, "routes": {}}
-        for r in state_json(self.app.router, now)["routes"]:
+        narrow = [r for r in state_json(self.app.router, now)["routes"] if r["narrow"]]
+        # Bounded: 300 points x every slice of every cluster could reach tens of MB.
+        narrow.sort(key=lambda r: -r["requests"])
+        for r in narrow[:HISTORY_ROUTES]:
             if r["narrow"]:
                 key = f"{r['cluster']} {r['slice']}"
                 metric = "ttft" if r["latency"]["ttft"]["samples"] else "e2e"
@@ -104,6 +111,10 @@ class AdminServer:
             return 400, "application/json", b'{"error": "limit must be an integer"}'
         return 200, "application/json", json.dumps(explain_recent(self.app.router, limit)).encode()
 
+    def _metrics(self, accept: str) -> tuple[int, str, bytes]:
+        encode, content_type = choose_encoder(accept)
+        return 200, content_type, encode(self.registry)
+
     def _page(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
         html = resources.files("sidecar.ops").joinpath("static/status.html").read_bytes()
         return 200, "text/html; charset=utf-8", html
@@ -123,7 +134,7 @@ class AdminServer:
                 elif line[0] not in ("GET", "HEAD"):
                     status, ctype, body = 405, "text/plain", b"method not allowed\n"
                 else:
-                    status, ctype, body = self._dispatch(line[1])
+                    status, ctype, body = self._dispatch(line[1], _header(head, b"accept"))
                 hdr = (f"HTTP/1.1 {status} {'OK' if status == 200 else 'Error'}\r\n"
                        f"content-type: {ctype}\r\ncontent-length: {len(body)}\r\n"
                        f"cache-control: no-store\r\n"
@@ -139,14 +150,24 @@ class AdminServer:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    def _dispatch(self, target: str) -> tuple[int, str, bytes]:
+    def _dispatch(self, target: str, accept: str = "") -> tuple[int, str, bytes]:
         parts = urlsplit(target)
         handler = self.routes.get(parts.path)
         if handler is None:
             return 404, "text/plain", b"not found\n"
         try:
+            if parts.path == "/metrics":  # the only content-negotiated endpoint
+                return self._metrics(accept)
             return handler(parse_qs(parts.query))
         except Exception:
             log.exception("admin handler %s failed", parts.path)
             return 500, "text/plain", b"internal error\n"
 
+
+def _header(head: bytes, name: bytes) -> str:
+    """One request header's value ('' if absent); ``name`` in lower case."""
+    for raw in head.split(b"\r\n")[1:]:
+        key, sep, value = raw.partition(b":")
+        if sep and key.strip().lower() == name:
+            return value.strip().decode("latin-1")
+    return ""

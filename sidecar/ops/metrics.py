@@ -1,14 +1,15 @@
 """Prometheus metrics, gathered at scrape time from the core's own counters.
 
-Nothing is incremented on the request hot path except the ext_proc phase
-histogram; everything else is read from the Router when Prometheus scrapes,
-so metrics cost the data path nothing. Labels are bounded: cluster, class,
-reason, state, slice label (capped by ``stats.max_slices``); never tenant ids.
+Two things are recorded as requests happen: the ext_proc phase histogram and,
+once per finished response, the OpenTelemetry GenAI client histograms
+(:mod:`sidecar.ops.genai_metrics`, ``gen_ai_client_*``). Everything else is
+read from the Router when Prometheus scrapes. Labels are bounded: cluster,
+class, reason, state, slice label (capped by ``stats.max_slices``); never
+tenant ids.
 
-Names follow the OpenTelemetry GenAI semantic conventions where they exist
-(``gen_ai_server_time_to_first_token_seconds``,
-``gen_ai_server_time_per_output_token_seconds``,
-``gen_ai_server_request_duration_seconds``) and use ``tailroute_`` otherwise.
+tailroute's own views use ``tailroute_`` names, among them the rolling-window
+percentiles the router decides on (``tailroute_route_ttft_seconds`` and
+friends: gauges with a ``quantile`` label, not histograms).
 """
 
 from __future__ import annotations
@@ -22,13 +23,17 @@ from prometheus_client.registry import Collector
 from sidecar.core.health import HealthState
 from sidecar.core.router import Router
 from sidecar.core.stats import METRICS
+from sidecar.ops.genai_metrics import FAMILIES, exported_name
 
 STATES = [s.value for s in HealthState]
+# The router's rolling-window percentiles per metric (what latency routing sees).
 _QUANTILE_METRICS = {
-    "ttft": "gen_ai_server_time_to_first_token_seconds",
-    "tpot": "gen_ai_server_time_per_output_token_seconds",
-    "e2e": "gen_ai_server_request_duration_seconds",
+    "ttft": "tailroute_route_ttft_seconds",
+    "tpot": "tailroute_route_tpot_seconds",
+    "e2e": "tailroute_route_e2e_seconds",
 }
+_QUANTILE_HELP = {"ttft": "time to first token", "tpot": "time per output token",
+                  "e2e": "end-to-end duration"}
 
 # Every metric name this module can export (the dashboard test checks against it).
 METRIC_NAMES = (
@@ -47,8 +52,11 @@ METRIC_NAMES = (
     "tailroute_extproc_phase_seconds",
     "tailroute_access_log_entries_total",
     "tailroute_access_log_streams",
-    *(f"{n}" for n in _QUANTILE_METRICS.values()),
+    *_QUANTILE_METRICS.values(),
+    *(exported_name(f) for f in FAMILIES),
 )
+# The histograms among them (exposed as <name>_bucket, _sum and _count).
+HISTOGRAM_NAMES = ("tailroute_extproc_phase_seconds", *(exported_name(f) for f in FAMILIES))
 
 
 class RouterCollector(Collector):
@@ -106,8 +114,10 @@ class RouterCollector(Collector):
 
         for metric in METRICS:
             name = _QUANTILE_METRICS[metric]
-            g = GaugeMetricFamily(name, f"Observed {metric} percentiles (rolling window)",
-                                  labels=["cluster", "slice", "quantile"])
+            g = GaugeMetricFamily(
+                name, f"Observed {_QUANTILE_HELP[metric]} of cluster x slice at quantiles "
+                "0.5/0.95/0.99 over the rolling window (what latency routing sees)",
+                labels=["cluster", "slice", "quantile"])
             for (cluster, slice), rs in r.stats.items():
                 if not r.stats.is_narrow(cluster, slice):
                     continue

@@ -24,13 +24,14 @@ import itertools
 import logging
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sidecar.core.config import Config
 from sidecar.core.envoy_log import LogRecord, observation_from_log
 from sidecar.core.router import Router
 from sidecar.core.ttft_offset import OffsetBook
-from sidecar.core.types import Decision, SliceKey, TransitionEvent
+from sidecar.core.types import Api, Decision, Observation, SliceKey, TransitionEvent
 
 log = logging.getLogger("tailroute")
 
@@ -59,6 +60,7 @@ class Pending:
     token_offset: float | None = None  # sampled: first token - first body byte (s)
     observer_done: bool = False
     record: LogRecord | None = None  # entry held while the observer may still report
+    api: Api = "chat"  # which API the request called (gen_ai.operation.name)
 
 
 @dataclass(slots=True)
@@ -72,6 +74,9 @@ class App:
     pending: dict[str, Pending] = field(default_factory=dict)
     errors: Counter[str] = field(default_factory=Counter)
     envoy: Counter[str] = field(default_factory=Counter)  # access-log view of Envoy
+    # Called with every observation the router receives (the GenAI histograms,
+    # sidecar.ops.genai_metrics); whatever produces observations calls observe().
+    on_observation: Callable[[Observation, Api], None] | None = None
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     _prefix: str = field(default_factory=lambda: f"{random.getrandbits(32):08x}")
 
@@ -94,7 +99,7 @@ class App:
         and ``envoy:<what>`` (the access-log view of Envoy)."""
         out = {f"error:{k}": v for k, v in self.errors.items()}
         # Requests the sidecar itself sent to the default route without a decision.
-        for reason in ("body_too_large", "handler_exception"):
+        for reason in ("body_too_large", "handler_exception", "stream_ended_before_body"):
             if self.errors[reason]:
                 out[f"failopen:{reason}"] = self.errors[reason]
         for reason in ("unknown_model", "no_candidate"):
@@ -185,7 +190,13 @@ class App:
             is_retry=p.is_retry or p.decision.is_retry, is_probe=p.decision.is_probe,
         )
         if obs is not None:
-            self.log_events(self.router.observe(obs, now))
+            self.observe(obs, now, p.api)
+
+    def observe(self, obs: Observation, now: float, api: Api) -> None:
+        """Hand one finished measurement to the router and the observation hook."""
+        self.log_events(self.router.observe(obs, now))
+        if self.on_observation is not None:
+            self.on_observation(obs, api)
 
     def release_pending(self, p: Pending) -> None:
         """Give the request's in-flight slot back once."""

@@ -19,7 +19,8 @@ The rendered bootstrap (see ``envoy/envoy.yaml`` for a readable copy) has:
 * the upstream clusters from the sidecar config and an HTTP/2 gRPC cluster for
   the sidecar over TCP or a Unix socket, with explicit circuit breakers
   (:func:`sidecar_max_requests`): Envoy's default of 1024 streams would make it
-  fail open under load.
+  fail open under load; health-checked with grpc.health.v1 and, with
+  ``envoy.sidecar_tls``, over TLS (:mod:`sidecar.shell.sidecar_cluster`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from sidecar.shell import envoy_contract as ec
 from sidecar.shell.bootstrap_filters import SIDECAR_CLUSTER
 from sidecar.shell.envoy_contract import REQUEST_ID_HEADER as REQUEST_ID_HEADER
 from sidecar.shell.envoy_contract import ROUTE_HEADER as ROUTE_HEADER
+from sidecar.shell.sidecar_cluster import sidecar_cluster_extras
 
 _TYPE = bf.TYPE
 _HCM = (
@@ -211,6 +213,8 @@ def render_bootstrap(
     if with_sidecar:
         sidecar = _cluster(SIDECAR_CLUSTER, sidecar_addr, http2=True, timeout_s=0.25)
         sidecar["circuit_breakers"] = _circuit_breakers(sidecar_max_requests(config))
+        # health checks and TLS (sidecar.shell.sidecar_cluster)
+        sidecar.update(sidecar_cluster_extras(config, over_unix=bool(unix_socket)))
         clusters.append(sidecar)
     return {
         "admin": {"address": _addr(admin or config.envoy.admin)},

@@ -57,6 +57,7 @@ from enum import Enum
 from google.protobuf import struct_pb2
 
 from sidecar.core.classify import BadRequest, ParsedBody, api_for_path, classify, parse_body
+from sidecar.core.input_limits import check_body, parse_status, screen_headers
 from sidecar.core.timing import ResponseTimer
 from sidecar.core.types import Decision, RequestInfo, SliceKey
 from sidecar.pb.envoy.config.core.v3 import base_pb2
@@ -185,7 +186,7 @@ class RouteStream:
         kind = msg.WhichOneof("request")
         phase = self.phase
         if kind == "request_body" and phase is Phase.START:
-            self.headers = attribute_headers(msg)
+            self.headers = self._screened(attribute_headers(msg))
             return self._route(msg.request_body.body, now, is_body=True)
         if kind == "request_headers" and phase is Phase.START:
             return self._on_request_headers(msg.request_headers, now)
@@ -194,6 +195,13 @@ class RouteStream:
         if kind == "response_headers" and phase is Phase.ROUTED and self.rich:
             return self._on_response_headers()
         return self._unexpected(kind)
+
+    def _screened(self, headers: dict[str, str]) -> dict[str, str]:
+        """Hostile values of the headers the sidecar reads are dropped (and counted)."""
+        kept, dropped = screen_headers(headers, self.app.config.limits.max_header_value_bytes)
+        if dropped:
+            self.app.errors["header_ignored"] += 1
+        return kept
 
     def _unexpected(self, kind: str | None) -> pb.ProcessingResponse:
         """Out-of-order or unknown message: answer harmlessly, never crash the stream."""
@@ -207,7 +215,7 @@ class RouteStream:
         self, msg: pb.HttpHeaders, now: float
     ) -> pb.ProcessingResponse | Hold:
         self.rich = True
-        self.headers = header_map(msg.headers)
+        self.headers = self._screened(header_map(msg.headers))
         if msg.end_of_stream:
             return self._route(None, now, is_body=False)
         self.phase = Phase.EXPECT_BODY
@@ -228,8 +236,14 @@ class RouteStream:
         parsed = None
         self.rid = app.new_rid()  # also the admission queue ticket
         if body is not None and api != "other":
-            if len(body) > cfg.limits.max_body_bytes:
-                app.errors["body_too_large"] += 1
+            refusal = check_body(body, cfg.limits)
+            if refusal is not None:
+                app.errors[refusal.reason] += 1
+                if refusal.status is not None:
+                    self.phase = Phase.ROUTED
+                    resp = immediate(refusal.status, refusal.message, "invalid_request_error")
+                    _write_metadata(resp.dynamic_metadata, self.rid, None, None)
+                    return resp
                 body = None
             else:
                 try:
@@ -300,7 +314,7 @@ class RouteStream:
             rid, decision, info.slice, info.stream, app.deadline_for(decision, now),
             is_retry=info.retry_attempt > 0,
             observed=app.router.wants_observation(cluster, info.slice, now, app.rng),
-            sampled=sampled,
+            sampled=sampled, api=info.api,
         ))
         return resp
 
@@ -325,6 +339,11 @@ class RouteStream:
         if self.phase is Phase.QUEUED and self.rid is not None:
             self.app.router.withdraw(self.rid)  # client gone or Envoy gave up while held
             return
+        if self.phase is Phase.EXPECT_BODY and not cancelled:
+            # Closed cleanly with the body still due: gRPC refused the message (over
+            # its limit, RESOURCE_EXHAUSTED) and Envoy fails open to the default route
+            # (or Envoy gave up first: grpc.aio reports most cancels as a clean end).
+            self.app.errors["stream_ended_before_body"] += 1
         if self.rid is not None:
             self.app.route_closed(self.rid, now)
 
@@ -372,7 +391,7 @@ class ObserveStream:
         kind = msg.WhichOneof("request")
         if kind == "response_headers":
             h = header_map(msg.response_headers.headers)
-            timer.on_headers(int(h.get(":status", "0") or 0), h.get("content-type", ""), now)
+            timer.on_headers(response_status(self.app, h), h.get("content-type", ""), now)
             if msg.response_headers.end_of_stream:
                 return self._done(now)
         elif kind == "response_body":
@@ -397,6 +416,15 @@ class ObserveStream:
     def close(self, now: float, cancelled: bool) -> None:
         """The stream ended (by us, by Envoy, or cut off): the observer has said all."""
         self._done(now)
+
+
+def response_status(app: App, headers: dict[str, str]) -> int:
+    """The response ``:status``; 0 (not evidence) and counted when it is not a valid status."""
+    status = parse_status(headers.get(":status"))
+    if status is None:
+        app.errors["bad_status"] += 1
+        return 0
+    return status
 
 
 def _rewrite_model(parsed: ParsedBody, model: str) -> bytes:

@@ -98,4 +98,4 @@ class OutcomeFeed:
                                    ttft_offset_s=app.offsets.offset(cluster, slice),
                                    ttft_from_log=not app.offsets.blind(cluster, slice))
         if obs is not None:
-            app.log_events(app.router.observe(obs, now))
+            app.observe(obs, now, api_for_path(rec.path))

@@ -19,12 +19,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 from prometheus_client import Histogram
 
+from sidecar.core.input_limits import grpc_receive_limit
 from sidecar.pb.envoy.service.accesslog.v3 import als_pb2_grpc
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
@@ -37,6 +38,14 @@ from sidecar.shell.outcomes import OutcomeFeed
 from sidecar.shell.rtds import add_to_server as add_rtds
 
 log = logging.getLogger("tailroute.server")
+CANCEL_SETTLE_S = 0.01  # see the end of ExtProcService.Process
+# HTTP/2 keepalive: a peer that vanished without closing (crash, partition) is found
+# within ~time + timeout and its streams are released instead of held for ever.
+KEEPALIVE_OPTIONS = [
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
 
 
 class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -134,6 +143,17 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     log.exception("error closing stream handler")
                     self.app.errors["close_exception"] += 1
                 self.capacity.notify()  # a slot or a queue place may have freed
+            elif not cancelled:
+                # Ended cleanly before its first message: gRPC refused that message
+                # (over its limit, RESOURCE_EXHAUSTED; on the one-message path it is the
+                # body) and Envoy fails open to the default route.
+                self.app.errors["stream_ended_before_body"] += 1
+        # grpc.aio ends the request iterator both at a half-close and when the peer
+        # cancels; returning now after a cancel makes it send a status on a dead call,
+        # which leaks native memory per stream (grpc/grpc#43360: ~140 B per cancelled
+        # stream here). A short wait lets the cancellation reach this task first, and
+        # grpc then sends nothing. The handler is already closed: nothing waits on this.
+        await asyncio.sleep(CANCEL_SETTLE_S)
 
 
 def _safe_continue(msg: pb.ProcessingRequest) -> pb.ProcessingResponse:
@@ -142,19 +162,24 @@ def _safe_continue(msg: pb.ProcessingRequest) -> pb.ProcessingResponse:
 
 async def start_grpc(
     app: App, tcp: str | None, unix: str | None, phase_hist: Histogram | None = None,
+    register: Callable[[grpc.aio.Server], None] | None = None,
+    tcp_credentials: grpc.ServerCredentials | None = None,
     native: NativeRouting | None = None,
 ) -> tuple[grpc.aio.Server, ExtProcService, int | None]:
     """Start the gRPC server on a TCP address (``host:port``, port 0 = any) and/or a Unix socket.
 
-    Serves ext_proc and the access-log service (``service.access_log``), and with
-    ``native`` (routing.mode native/hybrid) the weights over RTDS, learning from
-    the native path's access-log entries. Returns the server, the ext_proc
+    Serves ext_proc and the access-log service (``service.access_log``);
+    ``register`` adds further services (the health service), ``tcp_credentials``
+    makes the TCP listener TLS (:mod:`sidecar.shell.tls`). With ``native``
+    (routing.mode native/hybrid) it also serves the weights over RTDS and learns
+    from the native path's access-log entries. Returns the server, the ext_proc
     service and the bound TCP port (None when TCP is off).
     """
     server = grpc.aio.server(
         options=[
-            ("grpc.max_receive_message_length", app.config.limits.max_body_bytes + (1 << 20)),
+            ("grpc.max_receive_message_length", grpc_receive_limit(app.config)),
             ("grpc.so_reuseport", 0),
+            *KEEPALIVE_OPTIONS,
         ]
     )
     service = ExtProcService(app, phase_hist)
@@ -165,9 +190,12 @@ async def start_grpc(
         native.rtds = add_rtds(server, native.layer)
     service.access_log = AccessLogService(feed, app.envoy)
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(service.access_log, server)
+    if register is not None:
+        register(server)
     port: int | None = None
     if tcp:
-        port = server.add_insecure_port(tcp)
+        port = (server.add_secure_port(tcp, tcp_credentials) if tcp_credentials is not None
+                else server.add_insecure_port(tcp))
         if port == 0:
             raise OSError(f"cannot bind gRPC on {tcp}")
     if unix:

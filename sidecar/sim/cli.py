@@ -27,7 +27,7 @@ from typing import Any
 from sidecar.core.config import ConfigError
 from sidecar.sim.policies import POLICY_NAMES
 from sidecar.sim.runner import StderrProgress, run_suite, scenario_files
-from sidecar.sim.tables import suite_lines, text_table
+from sidecar.sim.tables import LEGEND, suite_lines, text_table
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,6 +90,7 @@ def _cmd_simulate(ns: argparse.Namespace) -> int:
     else:
         for sc in doc["scenarios"]:
             sys.stdout.write(text_table(sc) + "\n\n")
+        sys.stdout.write(LEGEND + "\n\n")
         sys.stdout.write("\n".join(suite_lines(doc["summary"])) + "\n")
     return 2 if doc.get("errors") else 0
 

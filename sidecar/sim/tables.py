@@ -58,6 +58,21 @@ def rows(sc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, out
 
 
+# Printed once under the text tables (docs/policy-lab.md has the full definitions).
+LEGEND = """\
+columns (per policy; rates are shares of scored calls):
+  <class> viol.  calls of that class that missed their SLO, count (rate)
+  timeouts, errors  over all classes
+  flips          changes of a model's majority route between time buckets (oscillation)
+  fallback sat.  peak (in service + queued) / capacity on clusters never a model's first
+                 candidate; above 1 the fallback was overloaded
+  on degraded    share of attempts served while a degradation event matched them
+  workflows      completed / started;  cost/done  cost per completed call, per class in order
+summary: SLO violation rates over all classes of the scenario together; tailroute/best =
+  tailroute's rate / the best baseline's (lower is better); gap closed = share of the
+  best-baseline -> oracle distance tailroute covers"""
+
+
 def summary_line(s: dict[str, Any]) -> str:
     if s.get("best_baseline") is None:
         return "summary: no baseline in this run"
@@ -72,7 +87,7 @@ def summary_line(s: dict[str, Any]) -> str:
         parts.append(f"tailroute/best = {rel:.2f}")
     if gap is not None:
         parts.append(f"gap closed = {gap * 100:.0f}%")
-    return "summary: " + ", ".join(parts)
+    return "summary (all classes): " + ", ".join(parts)
 
 
 def suite_lines(s: dict[str, Any]) -> list[str]:

@@ -1,7 +1,10 @@
 """The anchors' latency-based routers, as their code actually behaves.
 
 semantic-router ``latency_aware`` (vllm-project/semantic-router,
-``pkg/classification`` TTFT/TPOT caches + the ``latency_aware`` selection):
+``src/semantic-router/pkg/latency/cache.go``: the TTFT/TPOT caches;
+``src/semantic-router/pkg/selection/latency_aware.go``: the selection; the
+sidecar's ``compat: semantic-router`` profile, :mod:`sidecar.core.compat_sr`,
+follows the same facts):
 
 * per candidate (here: per model and cluster) the **last 1000** TTFT and TPOT
   samples of *successful* responses, no time decay, never expired;

@@ -1,0 +1,126 @@
+"""Hostile-input checks that run before anything parses a request (pure functions).
+
+Whatever handles the ext_proc streams calls these first, so the answers below
+stay the same however the handlers are arranged. Each problem has one
+documented answer and one counter label, ``tailroute_errors_total{kind=...}``
+(README, "Running it beside your Envoy"):
+
+* ``body_too_large`` — body over ``limits.max_body_bytes``: not parsed, default route;
+* ``body_too_deep`` — JSON nested deeper than ``limits.max_json_depth``: 400
+  ``invalid_request_error``;
+* ``bad_request`` — not JSON, not an object, mistyped fields
+  (:func:`sidecar.core.classify.parse_body`): 400 ``invalid_request_error``;
+* ``header_ignored`` — a header the sidecar reads (``x-tailroute-*``,
+  ``x-request-id``, retry counters) longer than ``limits.max_header_value_bytes``
+  or holding control characters: ignored, as if absent;
+* ``bad_status`` — a response ``:status`` that is not three digits in
+  100..599: the response is not evidence (no sample).
+
+Why a depth limit before parsing: Python's JSON decoder and every recursive
+walk over the document use the interpreter stack; a body nested a few
+thousand levels deep raises ``RecursionError`` instead of a clean answer.
+The check finds brackets outside strings with bytes methods and numpy (C
+speed: tens of milliseconds for a hostile 8 MiB body, less than parsing it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from sidecar.core.config import Config, LimitsConfig
+
+Refused = Literal["body_too_large", "body_too_deep"]
+# Headers the classifier reads (the rest pass through to the upstream untouched).
+READ_PREFIX = "x-tailroute-"
+READ_HEADERS = frozenset({"x-request-id", "x-envoy-attempt-count", "x-stainless-retry-count"})
+# gRPC framing and the request headers ride in the same message as the body.
+GRPC_HEADROOM_BYTES = 1 << 20
+
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
+_BLOCK = 1 << 20
+_STEP = np.zeros(256, dtype=np.int32)
+_STEP[list(b"[{")] = 1
+_STEP[list(b"]}")] = -1
+
+
+@dataclass(frozen=True, slots=True)
+class BodyRefusal:
+    """Why a request body is not parsed; ``status`` None means "continue to the default route"."""
+
+    reason: Refused
+    status: int | None
+    message: str
+
+
+def nests_deeper_than(body: bytes, limit: int) -> bool:
+    """True if ``[``/``{`` nesting outside JSON strings exceeds ``limit`` levels.
+
+    Exact for valid JSON; for invalid JSON it may say either, which is harmless
+    (the parser then refuses the body anyway).
+    """
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return False  # cheap and common: too few brackets to nest that deep at all
+    # Drop escaped backslashes, then escaped quotes (left to right, as JSON reads
+    # them): every quote left delimits a string. Then only quotes and brackets matter.
+    structure = body.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
+    depth, in_string = 0, 0
+    for start in range(0, len(structure), _BLOCK):  # in blocks: bounded temporaries
+        arr = np.frombuffer(structure, dtype=np.uint8, count=min(_BLOCK, len(structure) - start),
+                            offset=start)
+        steps = _STEP[arr]
+        quotes = np.cumsum(arr == 0x22, dtype=np.int32) + in_string
+        steps[(quotes & 1) == 1] = 0  # after an odd number of quotes: inside a string
+        levels = np.cumsum(steps) + depth
+        if int(levels.max()) > limit:
+            return True
+        depth, in_string = int(levels[-1]), int(quotes[-1]) & 1
+    return False
+
+
+def check_body(body: bytes, limits: LimitsConfig) -> BodyRefusal | None:
+    """The answer for a body that must not be parsed, or None if parsing is safe."""
+    if len(body) > limits.max_body_bytes:
+        return BodyRefusal("body_too_large", None,
+                           f"request body over {limits.max_body_bytes} bytes is not classified")
+    if nests_deeper_than(body, limits.max_json_depth):
+        return BodyRefusal("body_too_deep", 400,
+                           f"request body nests deeper than {limits.max_json_depth} levels")
+    return None
+
+
+def screen_headers(headers: Mapping[str, str], limit: int) -> tuple[dict[str, str], list[str]]:
+    """Drop values of headers the sidecar reads that are too long or hold control characters.
+
+    Returns the headers to classify and the names dropped (count them once per
+    request). Other headers are left alone: the sidecar never reads them.
+    """
+    dropped = [k for k, v in headers.items()
+               if (k.startswith(READ_PREFIX) or k in READ_HEADERS)
+               and (len(v) > limit or _CONTROL.search(v) is not None)]
+    if not dropped:
+        return dict(headers), []
+    return {k: v for k, v in headers.items() if k not in dropped}, dropped
+
+
+def parse_status(raw: str | None) -> int | None:
+    """An HTTP response status from ``:status``; None unless it is 3 digits in 100..599."""
+    if raw is None:
+        return None
+    raw = raw.strip()
+    if len(raw) != 3 or not raw.isascii() or not raw.isdigit():
+        return None
+    status = int(raw)
+    return status if 100 <= status <= 599 else None
+
+
+def grpc_receive_limit(config: Config) -> int:
+    """Largest gRPC message the sidecar accepts: any body the rendered Envoy may buffer
+    (``envoy.route_buffer_bytes``) must reach the handler, which then answers and counts
+    it; a smaller limit would fail the stream with RESOURCE_EXHAUSTED instead."""
+    return max(config.limits.max_body_bytes, config.envoy.route_buffer_bytes) + GRPC_HEADROOM_BYTES

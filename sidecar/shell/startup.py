@@ -1,0 +1,75 @@
+"""Start-up failures as one line naming the address and the setting, never a traceback.
+
+``tailroute serve`` prints :class:`StartupError` as ``tailroute serve: <message>``
+and exits 1. The gRPC core reports a failed bind only as ``RuntimeError`` plus
+a line of its own on stderr, so TCP addresses are tried with a plain socket
+first (:func:`check_bindable`), which gives the real reason (``EADDRINUSE``,
+``EADDRNOTAVAIL``, ``EACCES``) before gRPC is asked.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+
+_REASONS = {
+    errno.EADDRINUSE: "address already in use (another process listens there)",
+    errno.EADDRNOTAVAIL: "address not available on this host",
+    errno.EACCES: "permission denied (ports below 1024 need privileges)",
+}
+
+
+class StartupError(Exception):
+    """The serving process cannot start; the message is the whole story (one line)."""
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.errno in _REASONS:
+        return _REASONS[exc.errno]
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    return str(exc).split(";", 1)[0]  # gRPC appends advice about GRPC_VERBOSITY
+
+
+def bind_error(what: str, addr: str, setting: str, exc: BaseException) -> StartupError:
+    """``cannot listen for <what> on <addr> (<setting>): <reason>``."""
+    return StartupError(f"cannot listen for {what} on {addr} ({setting}): {_reason(exc)}")
+
+
+def split_hostport(addr: str) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"must be host:port, got {addr!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def check_bindable(what: str, addr: str, setting: str) -> None:
+    """Raise :class:`StartupError` if ``host:port`` cannot be bound right now (port 0 is fine).
+
+    gRPC binds with SO_REUSEADDR too, so a socket in TIME_WAIT does not count as busy.
+    """
+    try:
+        host, port = split_hostport(addr)
+    except ValueError as exc:
+        raise StartupError(f"cannot listen for {what} on {addr!r} ({setting}): {exc}") from None
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+    except OSError as exc:
+        raise bind_error(what, addr, setting, exc) from None
+
+
+def check_unix_path(what: str, path: str, setting: str) -> None:
+    """Raise :class:`StartupError` if the socket's directory is missing or not writable."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise StartupError(f"cannot listen for {what} on unix:{path} ({setting}): "
+                           f"directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise StartupError(f"cannot listen for {what} on unix:{path} ({setting}): "
+                           f"directory {parent} is not writable")

@@ -1,0 +1,128 @@
+"""The command line's conventions: one `--config` spelling, help on every option, and
+`check-config` reporting every problem at once with "did you mean" suggestions."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sidecar.cli import build_parser
+from sidecar.core.config import ConfigError, parse_config
+from sidecar.fake_provider.cli import build_arg_parser as fake_provider_parser
+from sidecar.sim.cli import build_parser as sim_parser
+from tests.conftest import base_config_dict
+
+
+def _parsers() -> list[tuple[str, argparse.ArgumentParser]]:
+    out = []
+    for name, top in (("tailroute", build_parser()), ("simulate/report", sim_parser()),
+                      ("fake-provider", fake_provider_parser())):
+        out.append((name, top))
+        for action in top._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                out += [(f"{name} {cmd}", p) for cmd, p in action.choices.items()]
+    return out
+
+
+@pytest.mark.parametrize(("name", "parser"), _parsers(), ids=[n for n, _ in _parsers()])
+def test_every_option_has_help(name: str, parser: argparse.ArgumentParser) -> None:
+    missing = [a.dest for a in parser._actions
+               if not isinstance(a, argparse._HelpAction | argparse._SubParsersAction)
+               and not a.help]
+    assert not missing, f"{name}: options without help text: {missing}"
+
+
+def test_config_file_is_spelled_the_same_everywhere() -> None:
+    p = build_parser()
+    for argv in (["serve", "--config", "x.yaml"], ["envoy-config", "-c", "x.yaml"],
+                 ["check-config", "--config", "x.yaml"], ["status", "-c", "x.yaml"]):
+        assert p.parse_args(argv).config == "x.yaml", argv
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sidecar.cli", *args], capture_output=True,
+                          text=True, timeout=30, check=False)
+
+
+def _write(path: Path, data: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _many_mistakes() -> dict[str, Any]:
+    data = base_config_dict()
+    data["clusters"][0]["max_concurency"] = 3  # typo
+    data["clusters"][1]["max_concurrency"] = 0  # out of range
+    data["picker"] = "lowest"  # not a choice
+    data["stats"] = {"subwindows": 0, "min_sample": 3}
+    data["helth"] = {}
+    data["models"][0]["candidates"] = ["a", "bb"]
+    return data
+
+
+EXPECTED = [
+    "clusters[0]: unknown field(s): max_concurency (did you mean max_concurrency?)",
+    "clusters[1].max_concurrency: must be >= 1, got 0",
+    "models[0].candidates: unknown cluster 'bb' (did you mean b?)",
+    "picker: must be one of weighted_random, lowest_score; got 'lowest' (did you mean "
+    "lowest_score?)",
+    "stats.subwindows: must be >= 1, got 0",
+    "stats: unknown field(s): min_sample (did you mean min_samples?)",
+    "<root>: unknown field(s): helth (did you mean health?)",
+]
+
+
+def test_parse_reports_every_problem_in_file_order() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(_many_mistakes(), "bad.yaml")
+    problems = err.value.problems
+    assert len(problems) == len(EXPECTED)
+    for got, want in zip(problems, EXPECTED, strict=True):
+        assert got.startswith("bad.yaml: ") and want in got, (got, want)
+    assert str(err.value).splitlines() == list(problems)
+
+
+def test_a_default_standing_in_for_a_mistake_raises_no_second_false_alarm() -> None:
+    data = base_config_dict(classes={"x": {"slo": {"budget_ms": -1, "timeout_ms": 500}}})
+    with pytest.raises(ConfigError) as err:  # default budget 1000 > timeout 500: not reported
+        parse_config(data, "bad.yaml")
+    assert err.value.problems == ("bad.yaml: classes.x.slo.budget_ms: must be >= 1, got -1",)
+
+
+def test_a_broken_cluster_is_reported_once_not_by_every_model() -> None:
+    data = base_config_dict()
+    data["clusters"][2]["address"] = "nowhere"
+    with pytest.raises(ConfigError) as err:
+        parse_config(data, "bad.yaml")
+    assert err.value.problems == ("bad.yaml: clusters[2].address: must be host:port, got "
+                                  "'nowhere'",)
+
+
+def test_check_config_prints_every_problem(tmp_path: Path) -> None:
+    path = _write(tmp_path / "bad.yaml", _many_mistakes())
+    out = _cli("check-config", "--config", str(path))
+    assert out.returncode == 2
+    lines = out.stderr.splitlines()
+    for want in EXPECTED:
+        assert any(ln.startswith(f"{path}: ") and want in ln for ln in lines), want
+    assert lines[-1] == f"{path}: {len(EXPECTED)} problems"
+
+
+def test_check_config_positional_file_still_works_with_a_note(tmp_path: Path) -> None:
+    path = _write(tmp_path / "ok.yaml", base_config_dict())
+    out = _cli("check-config", str(path))
+    assert out.returncode == 0 and f"{path}: OK" in out.stdout
+    assert "deprecated" in out.stderr and "--config" in out.stderr
+    assert _cli("check-config").returncode == 2
+
+
+def test_status_finds_the_admin_address_in_the_config(tmp_path: Path) -> None:
+    path = _write(tmp_path / "c.yaml", base_config_dict(listen={"admin": "127.0.0.1:1"}))
+    out = _cli("status", "--config", str(path))
+    assert out.returncode == 1 and "127.0.0.1:1" in out.stderr

@@ -1,0 +1,25 @@
+"""`make demo` stays readable: progress and the final table only (a short run here)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from sidecar.devtools.demo import PROVIDERS
+
+pytestmark = pytest.mark.envoy
+
+
+def test_demo_prints_progress_and_the_table_only() -> None:
+    out = subprocess.run([sys.executable, "-m", "sidecar.cli", "demo", "--duration", "6"],
+                         capture_output=True, text=True, timeout=180, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = (out.stdout + out.stderr).splitlines()
+    assert len(lines) <= 60, "\n".join(lines)
+    assert not [ln for ln in lines if "HTTP Request:" in ln]  # client request logs are off
+    header = next(ln for ln in lines if ln.lstrip().startswith("window"))
+    assert all(name in header for name in PROVIDERS) and "p99 ms" in header
+    assert any(ln.startswith("p50/p99: ") for ln in lines)  # what the percentiles cover
+    assert lines[-1] == "all processes stopped."

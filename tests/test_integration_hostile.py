@@ -1,0 +1,83 @@
+"""Hostile requests through the real Envoy: each gets its documented answer and counter.
+
+(README, "Running it beside your Envoy": the answers table.)
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+from typing import Any
+
+import pytest
+
+from sidecar.devtools.harness import Stack
+from tests.ops_stack import MODEL, admin_get, ops_config, start_providers
+
+pytestmark = pytest.mark.envoy
+
+MAX_BODY, ROUTE_BUFFER = 4096, 64 * 1024
+
+
+def _post(stack: Stack, body: bytes, headers: dict[str, str] | None = None
+          ) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", stack.ports["envoy"], timeout=20)
+    conn.request("POST", "/v1/chat/completions", body=body,
+                 headers={"content-type": "application/json", **(headers or {})})
+    resp = conn.getresponse()
+    data = resp.read()
+    conn.close()
+    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
+
+
+def _counter(stack: Stack, name: str, label: str) -> float:
+    for line in admin_get(stack, "/metrics").splitlines():
+        if line.startswith(f"{name}{{{label}}}"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def _chat(**extra: Any) -> bytes:
+    return json.dumps({"model": MODEL, "max_tokens": 2,
+                       "messages": [{"role": "user", "content": "hi"}], **extra}).encode()
+
+
+def test_hostile_requests_get_their_documented_answers() -> None:
+    with Stack() as stack:
+        ports = start_providers(stack)
+        # The sidecar's own config says Envoy buffers at most ROUTE_BUFFER bytes...
+        path = stack.write_config(ops_config(ports, limits={"max_body_bytes": MAX_BODY},
+                                             envoy={"route_buffer_bytes": ROUTE_BUFFER}))
+        stack.start_sidecar(path)
+        # ... but this Envoy is rendered to buffer 4 MiB (a hand-written config that
+        # disagrees), so a 2 MiB body reaches gRPC over the sidecar's message limit.
+        stack.write_config(ops_config(ports, limits={"max_body_bytes": MAX_BODY},
+                                      envoy={"route_buffer_bytes": 4 << 20}))
+        stack.start_envoy()
+        default = stack.config.default_cluster if stack.config else ""
+
+        # Deep but under max_body_bytes (a larger body is not parsed: the size rule first).
+        deep = b'{"model": "' + MODEL.encode() + b'", "messages": ' + b"[" * 1500 + b"]" * 1500
+        status, _, body = _post(stack, deep + b"}")
+        assert status == 400 and json.loads(body)["error"]["type"] == "invalid_request_error"
+        assert "nests deeper than" in json.loads(body)["error"]["message"]
+        assert _counter(stack, "tailroute_errors_total", 'kind="body_too_deep"') == 1
+
+        padded = _chat(padding="x" * (MAX_BODY * 4))
+        status, headers, _ = _post(stack, padded)
+        assert status == 200 and headers["x-fake-provider"] == default
+        assert _counter(stack, "tailroute_fail_open_total", 'reason="body_too_large"') == 1
+
+        status, headers, _ = _post(stack, _chat(padding="x" * (2 << 20)))
+        assert status == 200 and headers["x-fake-provider"] == default
+        assert _counter(stack, "tailroute_fail_open_total",
+                        'reason="stream_ended_before_body"') == 1
+
+        status, _, _ = _post(stack, _chat(padding="x" * (5 << 20)))
+        assert status == 413  # over Envoy's own buffer: Envoy answers
+
+        status, headers, _ = _post(stack, _chat(), {"x-tailroute-tenant": "t" * 5000,
+                                                    "x-tailroute-explain": "1"})
+        assert status == 200 and "x-tailroute-explain-result" in headers  # routed
+        assert _counter(stack, "tailroute_errors_total", 'kind="header_ignored"') == 1
+        assert _counter(stack, "tailroute_errors_total", 'kind="handler_exception"') == 0

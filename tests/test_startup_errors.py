@@ -1,0 +1,58 @@
+"""A busy or unusable listen address is one line naming it and the setting, no traceback."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import base_config_dict
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield int(s.getsockname()[1])
+
+
+def _serve(tmp_path: Path, listen: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "tailroute.yaml"
+    path.write_text(yaml.safe_dump(base_config_dict(listen=listen)))
+    return subprocess.run([sys.executable, "-m", "sidecar.cli", "serve", "--config", str(path),
+                           *args], capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.mark.parametrize(("which", "setting", "what"), [
+    ("admin", "listen.admin", "the admin server"),
+    ("grpc", "listen.grpc", "ext_proc gRPC"),
+])
+def test_busy_port_in_config(tmp_path: Path, busy_port: int, which: str, setting: str,
+                             what: str) -> None:
+    listen = {"grpc": "127.0.0.1:0", "admin": "127.0.0.1:0", which: f"127.0.0.1:{busy_port}"}
+    out = _serve(tmp_path, listen)
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert lines == [f"tailroute serve: cannot listen for {what} on 127.0.0.1:{busy_port} "
+                     f"({setting}): address already in use (another process listens there)"]
+
+
+def test_busy_port_given_on_the_command_line_names_the_flag(tmp_path: Path,
+                                                            busy_port: int) -> None:
+    out = _serve(tmp_path, {"grpc": "127.0.0.1:0", "admin": "127.0.0.1:0"},
+                 "--grpc", f"127.0.0.1:{busy_port}")
+    assert out.returncode == 1 and "(--grpc)" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_unix_socket_in_a_missing_directory(tmp_path: Path) -> None:
+    out = _serve(tmp_path, {"grpc": "", "admin": "127.0.0.1:0",
+                            "grpc_unix": str(tmp_path / "nope" / "x.sock")})
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "(listen.grpc_unix): directory" in out.stderr and "does not exist" in out.stderr
