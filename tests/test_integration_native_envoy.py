@@ -17,8 +17,8 @@ import pytest
 
 from sidecar.core.classify import api_for_path, classify, parse_body
 from sidecar.core.types import SliceKey
-from sidecar.core.weights import SliceWeights, native_slices
-from sidecar.devtools.bench_native import RtdsThread
+from sidecar.core.weights import SliceWeights
+from sidecar.devtools.bench_native import RtdsThread, split_weights, two_provider_native
 from sidecar.devtools.harness import Stack, free_port, http_json
 from sidecar.shell.bootstrap_native import route_slices
 from sidecar.shell.native_keys import runtime_key
@@ -36,13 +36,7 @@ def _route_header(boot: dict[str, Any]) -> None:
 @pytest.fixture(scope="module")
 def native() -> Iterator[tuple[Stack, RtdsThread]]:
     with Stack() as st:
-        ports = {n: st.start_provider(n, "1", "1", seed=i) for i, n in enumerate("ab")}
-        st.write_config({
-            "clusters": [{"name": n, "address": f"127.0.0.1:{p}", "models": ["m"]}
-                         for n, p in ports.items()],
-            "models": [{"name": "m", "candidates": ["a", "b"]}],
-            "routing": {"mode": "native"},
-        })
+        two_provider_native(st)
         rtds = RtdsThread(free_port())
         try:
             st.start_envoy(sidecar_port=rtds.port, adjust=_route_header)
@@ -107,7 +101,7 @@ def _layer(st: Stack) -> dict[str, str]:
 
 def _weights(st: Stack, a: int, b: int) -> dict[SliceKey, SliceWeights]:
     assert st.config is not None
-    return {s: SliceWeights(s, (("a", a), ("b", b))) for s in native_slices(st.config)}
+    return split_weights(st.config, {"a": a, "b": b})
 
 
 def _split(st: Stack, n: int) -> Counter[str]:

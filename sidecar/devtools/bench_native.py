@@ -28,6 +28,7 @@ from typing import Any
 
 import grpc
 
+from sidecar.core.config import Config
 from sidecar.core.types import SliceKey
 from sidecar.core.weights import SliceWeights, native_slices
 from sidecar.devtools.harness import Stack, free_port
@@ -86,7 +87,7 @@ class RtdsThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
-def split_weights(config: Any, weights: dict[str, int]) -> dict[SliceKey, SliceWeights]:
+def split_weights(config: Config, weights: dict[str, int]) -> dict[SliceKey, SliceWeights]:
     """The same cluster weights for every slice of ``config``."""
     return {s: SliceWeights(s, tuple(weights.items())) for s in native_slices(config)}
 
@@ -123,15 +124,22 @@ def _ms(xs: list[float]) -> str:
            f"max {xs[-1] * 1000:.2f} (n={len(xs)})"
 
 
+def two_provider_native(st: Stack) -> Config:
+    """Fast fake providers ``a`` and ``b`` serving model ``m``, a native-mode config."""
+    ports = {n: st.start_provider(n, "1", "1", seed=i) for i, n in enumerate("ab")}
+    st.write_config({
+        "clusters": [{"name": n, "address": f"127.0.0.1:{p}", "models": ["m"]}
+                     for n, p in ports.items()],
+        "models": [{"name": "m", "candidates": ["a", "b"]}],
+        "routing": {"mode": "native"},
+    })
+    assert st.config is not None
+    return st.config
+
+
 def run_publish_bench(flips: int = 40, requests: int = 200) -> int:
     with Stack() as st:
-        ports = {n: st.start_provider(n, "1", "1", seed=i) for i, n in enumerate("ab")}
-        st.write_config({
-            "clusters": [{"name": n, "address": f"127.0.0.1:{p}", "models": ["m"]}
-                         for n, p in ports.items()],
-            "models": [{"name": "m", "candidates": ["a", "b"]}],
-            "routing": {"mode": "native"},
-        })
+        two_provider_native(st)
         assert st.config is not None
         rtds = RtdsThread(free_port())
         rtds.publish(split_weights(st.config, {"a": 10_000, "b": 0}))
