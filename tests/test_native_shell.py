@@ -124,3 +124,29 @@ def test_metrics_show_weights_publications_and_envoys() -> None:
     assert f'tailroute_native_weight{{cluster="a",slice="{S.label()}"}} 5000.0' in text
     assert "tailroute_native_publications_total 1.0" in text
     assert 'tailroute_native_envoys{acked="false"} 0.0' in text
+
+
+def test_native_feed_observes_slice_routes_and_passes_the_rest_on() -> None:
+    from sidecar.core.envoy_log import LogRecord
+    from sidecar.shell.app import App
+    from sidecar.shell.native import NativeFeed
+
+    cfg = _config()
+    app = App.create(cfg)
+    native = NativeRouting(lambda: app.config, lambda: app.router)
+    passed: list[LogRecord] = []
+    feed = NativeFeed(app, native, lambda rec, now: passed.append(rec))
+    native.load.roll(0.0)
+    ok = LogRecord(status=200, method="POST", path="/v1/chat/completions",
+                   upstream_cluster="b", route_name=route_name(S, "len"), duration_s=0.05,
+                   upstream_tx_s=0.001, first_body_s=0.02, end_s=0.04, tokens=3)
+    feed(ok, 1.0)
+    assert app.router.counters[("outcome", "ok")] == 1 and app.envoy["native"] == 1
+    feed(LogRecord(status=200, route_name="tailroute_default", method="POST",
+                   path="/v1/chat/completions"), 1.0)
+    feed(LogRecord(status=200, rid="x-1", route_name=route_name(S, "len")), 1.0)
+    assert len(passed) == 2  # the default route and a decided request are not native
+    feed(LogRecord(status=503, route_name=route_name(S, "len"), upstream_cluster=""), 1.0)
+    assert app.envoy["native_no_upstream"] == 1
+    native.load.roll(2.0)
+    assert native.load.last == {"b": pytest.approx(0.04 / 2.0)}

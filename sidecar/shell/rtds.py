@@ -65,6 +65,7 @@ class WeightLayer:
         self.history: deque[Publication] = deque(maxlen=history)
         self.publications = 0
         self._cond: asyncio.Condition | None = None
+        self._wakeups: set[asyncio.Task[None]] = set()  # referenced until done
 
     def _condition(self) -> asyncio.Condition:
         if self._cond is None:
@@ -86,7 +87,9 @@ class WeightLayer:
         self.publications += 1
         self.history.append(Publication(now, self.version, changed, len(values)))
         with contextlib.suppress(RuntimeError):  # no running loop: nobody is waiting
-            asyncio.get_running_loop().create_task(self._notify())
+            task = asyncio.get_running_loop().create_task(self._notify())
+            self._wakeups.add(task)
+            task.add_done_callback(self._wakeups.discard)
         return True
 
     async def _notify(self) -> None:
