@@ -227,7 +227,7 @@ def test_cli_simulate_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
                "--json", "-q"])
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["schema_version"] == 1
+    assert doc["schema_version"] == 2
     sc = doc["scenarios"][0]
     assert list(sc["policies"]) == ["round_robin", "oracle"]
     assert sc["events"][0]["windows"] == [[20.0, 30.0]]
@@ -256,7 +256,7 @@ def test_report_writes_markdown_and_plots(tmp_path: Path) -> None:
     for png in ("tiny-share.png", "tiny-p99.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
-    assert doc["schema_version"] == 1
+    assert doc["schema_version"] == 2
     rc = main(["report", "--from-json", str(out / "results.json"), "--out", str(tmp_path / "r2")])
     assert rc == 0 and (tmp_path / "r2" / "report.md").exists()
 

@@ -131,7 +131,7 @@ def test_same_seed_same_json_different_seed_different() -> None:
     assert a == b
     assert a != c
     doc = json.loads(a)
-    assert doc["schema_version"] == 1
+    assert doc["schema_version"] == 2
     assert set(doc["scenarios"][0]["policies"]) == set(pols)
 
 

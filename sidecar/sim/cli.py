@@ -6,6 +6,8 @@ to ``main(["simulate", ...])``::
     simulate --scenario FILE [--scenario FILE ...] [--policy NAME ...] [--seed N]
              [--json] [--trace PATH] [--duration S] [--out FILE]
     simulate --suite [DIR]          (default: the shipped scenarios)
+    simulate --generate N [--family-seed S] [--family NAME ...] [--jobs J]
+             [--write-scenarios DIR [--write-only]] [--full]
     report   [--suite DIR] --out DIR [--policy NAME ...] [--seed N] [--trace PATH]
              [--duration S] [--from-json FILE]
 
@@ -25,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.core.config import ConfigError
-from sidecar.sim.policies import POLICY_NAMES
-from sidecar.sim.runner import StderrProgress, run_suite, scenario_files
+from sidecar.sim.gen_families import FAMILIES
+from sidecar.sim.gen_run import family_lines, generate, run_generated, write_yaml
+from sidecar.sim.policies import DEFAULT_POLICIES, POLICY_NAMES
+from sidecar.sim.runner import SCHEMA_VERSION, StderrProgress, run_suite, scenario_files
 from sidecar.sim.tables import LEGEND, suite_lines, text_table
 
 
@@ -39,9 +43,26 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--scenario", action="append", metavar="FILE", help="a scenario file")
     src.add_argument("--suite", nargs="?", const="", metavar="DIR",
                      help="every *.yaml in DIR (default: the shipped scenarios)")
+    src.add_argument("--generate", type=_positive_int, metavar="N",
+                     help="N randomized scenarios drawn from the families (docs/scenarios.md)")
     _common(s)
-    s.add_argument("--json", action="store_true", help="print the JSON document (schema 1)")
+    s.add_argument("--json", action="store_true",
+                   help=f"print the JSON document (schema {SCHEMA_VERSION})")
     s.add_argument("--out", metavar="FILE", help="also write the JSON document here")
+    g = s.add_argument_group("generated scenarios (with --generate)")
+    g.add_argument("--family-seed", type=int, default=1, metavar="S",
+                   help="seed of the draw: scenario k of a family is the same for the same S "
+                        "(default 1)")
+    g.add_argument("--family", action="extend", nargs="+", metavar="NAME",
+                   help=f"families to draw from (default: all): {', '.join(FAMILIES)}")
+    g.add_argument("--jobs", type=_positive_int, default=1, metavar="J",
+                   help="run J scenarios in parallel processes (default 1)")
+    g.add_argument("--write-scenarios", metavar="DIR",
+                   help="also write each generated scenario to DIR/<name>.yaml")
+    g.add_argument("--write-only", action="store_true",
+                   help="write the scenarios (needs --write-scenarios) without running them")
+    g.add_argument("--full", action="store_true",
+                   help="keep every run's time series in the JSON (large)")
     s.set_defaults(func=_cmd_simulate)
 
     r = sub.add_parser("report", help="write a markdown report with plots")
@@ -78,7 +99,43 @@ def _run(ns: argparse.Namespace, files: list[Path], keep_going: bool) -> dict[st
     return doc
 
 
+def _positive_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _cmd_generate(ns: argparse.Namespace) -> int:
+    items = generate(ns.generate, ns.family_seed, ns.family)
+    if ns.write_scenarios:
+        for g in items:
+            write_yaml(g, Path(ns.write_scenarios))
+        if not ns.quiet:
+            sys.stderr.write(f"{len(items)} scenario(s) written to {ns.write_scenarios}\n")
+    elif ns.write_only:
+        raise ConfigError("--write-only needs --write-scenarios DIR")
+    if ns.write_only:
+        return 0
+    policies = list(dict.fromkeys(ns.policy)) if ns.policy else list(DEFAULT_POLICIES)
+    progress = None if ns.quiet else StderrProgress()
+    doc = run_generated(items, policies, duration=ns.duration, jobs=ns.jobs, full=ns.full,
+                        progress=None if progress is None else progress.step)
+    if progress is not None:
+        progress.done()
+    text = json.dumps(doc, indent=1)
+    if ns.out:
+        Path(ns.out).write_text(text + "\n", encoding="utf-8")
+    if ns.json:
+        sys.stdout.write(text + "\n")
+    else:
+        sys.stdout.write("\n".join(family_lines(doc)) + "\n")
+    return 0
+
+
 def _cmd_simulate(ns: argparse.Namespace) -> int:
+    if ns.generate is not None:
+        return _cmd_generate(ns)
     files = ([Path(f) for f in ns.scenario] if ns.scenario
              else scenario_files(ns.suite or None))
     doc = _run(ns, files, keep_going=not ns.scenario)
@@ -100,9 +157,9 @@ def _cmd_report(ns: argparse.Namespace) -> int:
 
     if ns.from_json:
         doc = json.loads(Path(ns.from_json).read_text(encoding="utf-8"))
-        if doc.get("schema_version") != 1:
+        if doc.get("schema_version") not in (1, SCHEMA_VERSION):
             raise ConfigError(f"{ns.from_json}: unsupported schema_version "
-                              f"{doc.get('schema_version')!r} (expected 1)")
+                              f"{doc.get('schema_version')!r} (expected 1 or {SCHEMA_VERSION})")
     else:
         doc = _run(ns, scenario_files(ns.suite or None), keep_going=True)
     md = write_report(doc, Path(ns.out))

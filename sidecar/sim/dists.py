@@ -19,12 +19,10 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
-
-from sidecar.sim.validate import Reader
 
 Z99 = 2.3263478740408408
 TAIL_CAP = 10.0
@@ -50,7 +48,7 @@ class Stream:
     matters on the per-request path.
     """
 
-    __slots__ = ("_gen", "_n", "_ni", "_r", "_ri", "_u", "_ui")
+    __slots__ = ("_gen", "_n", "_ni", "_r", "_ri", "_u", "_ui", "_w", "_wi")
 
     def __init__(self, name: str) -> None:
         seed = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
@@ -61,6 +59,8 @@ class Stream:
         self._ni = 0
         self._r: list[list[float]] = []
         self._ri = 0
+        self._w: list[list[float]] = []
+        self._wi = 0
 
     def random(self) -> float:
         """Uniform in [0, 1)."""
@@ -86,15 +86,23 @@ class Stream:
         """
         i = self._ri
         if i >= len(self._r):
-            g = self._gen
-            block = np.empty((_BLOCK, 5))
-            block[:, 0:2] = g.random((_BLOCK, 2))
-            block[:, 2:4] = g.standard_normal((_BLOCK, 2))
-            block[:, 4] = g.random(_BLOCK)
-            self._r = block.tolist()
+            self._r = service_block(self._gen, 5)
             i = 0
         self._ri = i + 1
         row: list[float] = self._r[i]
+        return row
+
+    def wide_row(self) -> list[float]:
+        """Seven variates: ``[u, u, z, z, u, u, u]`` -- :meth:`row` plus two uniforms that
+        pick the part of a heavy-tailed TTFT and TPOT distribution
+        (:mod:`sidecar.sim.heavy`). Only providers that need them draw wide rows, so
+        the streams of scenarios without heavy tails are unchanged."""
+        i = self._wi
+        if i >= len(self._w):
+            self._w = service_block(self._gen, 7)
+            i = 0
+        self._wi = i + 1
+        row: list[float] = self._w[i]
         return row
 
     def normals(self, n: int) -> npt.NDArray[np.float64]:
@@ -106,6 +114,55 @@ class Stream:
 
     def randrange(self, n: int) -> int:
         return min(int(self.random() * n), n - 1)
+
+
+def service_block(g: np.random.Generator, width: int) -> list[list[float]]:
+    """``_BLOCK`` rows of service variates ``[u, u, z, z, u, ...]`` (``width`` >= 5)."""
+    arr = np.empty((_BLOCK, width))
+    arr[:, 0:2] = g.random((_BLOCK, 2))
+    arr[:, 2:4] = g.standard_normal((_BLOCK, 2))
+    arr[:, 4:width] = g.random((_BLOCK, width - 4))
+    rows: list[list[float]] = arr.tolist()
+    return rows
+
+
+class KeyedRows:
+    """Service variates addressed by a request's key instead of drawn in sequence.
+
+    Row ``k`` of ``KeyedRows("7:service:a:chat")`` is always the same, whatever
+    was drawn before: rows come in blocks of 4096, and block ``b`` is generated
+    from its own PCG64 seeded with a SHA-256 of ``f"{name}:{b}"``. A provider
+    keys each attempt by (its workload, the call's policy-independent key, the
+    attempt number), so the same request meets the same luck on a provider
+    under every policy (common random numbers for service, not only for
+    arrivals) and the oracle sees exactly the draws any policy would get.
+    Rows are :meth:`Stream.row` (5 variates) or :meth:`Stream.wide_row` (7).
+    """
+
+    __slots__ = ("_blocks", "name", "width")
+    _KEEP = 3  # blocks kept (keys arrive in order); an older one is regenerated if asked for
+
+    def __init__(self, name: str, width: int = 5) -> None:
+        self.name = name
+        self.width = width
+        self._blocks: dict[int, list[list[float]]] = {}
+
+    def row(self, key: int) -> list[float]:
+        b = key >> 12
+        blk = self._blocks.get(b)
+        if blk is None:
+            blk = self._block(b)
+        row: list[float] = blk[key & 4095]
+        return row
+
+    def _block(self, b: int) -> list[list[float]]:
+        blocks = self._blocks
+        if len(blocks) >= self._KEEP:
+            del blocks[min(blocks)]
+        seed = int.from_bytes(hashlib.sha256(f"{self.name}:{b}".encode()).digest()[:8],
+                              "little")
+        blk = blocks[b] = service_block(np.random.Generator(np.random.PCG64(seed)), self.width)
+        return blk
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,46 +224,3 @@ class TokenDist:
     @property
     def median(self) -> int:
         return max(self.lo, min(self.hi, round(self.dist.median)))
-
-
-def parse_latency_ms(r: Reader, key: str, default: float | None) -> Lognormal:
-    """``key: 300`` (fixed ms) or ``key: {median: 300, p99: 900}``; returned in seconds."""
-    raw: Any = r.raw(key)
-    if raw is None:
-        if default is None:
-            r.fail("required field is missing", key)
-        return Lognormal(float(default or 0.0) / 1000.0, float(default or 0.0) / 1000.0)
-    if isinstance(raw, int | float) and not isinstance(raw, bool):
-        ms = r.num(key, lo=0)
-        return Lognormal(ms / 1000.0, ms / 1000.0)
-    s = r.sub(key)
-    median = s.num("median", gt=0)
-    p99 = s.num("p99", median, lo=0)
-    s.done()
-    if p99 < median:
-        s.fail(f"must be >= median ({median:g}), got {p99:g}", "p99")
-    return Lognormal(median / 1000.0, p99 / 1000.0)
-
-
-def parse_tokens(r: Reader, key: str, default: int | None) -> TokenDist:
-    """``key: 200`` (fixed) or ``key: {median: 200, p99: 2000, min: 1, max: 8192}``."""
-    raw: Any = r.raw(key)
-    if raw is None:
-        if default is None:
-            r.fail("required field is missing", key)
-        d = float(default or 1)
-        return TokenDist(Lognormal(d, d))
-    if isinstance(raw, int | float) and not isinstance(raw, bool):
-        n = r.int_(key, lo=1)
-        return TokenDist(Lognormal(float(n), float(n)), n, n)
-    s = r.sub(key)
-    median = s.num("median", gt=0)
-    p99 = s.num("p99", median, lo=0)
-    lo = s.int_("min", 1, lo=1)
-    hi = s.int_("max", 1_000_000, lo=1)
-    s.done()
-    if p99 < median:
-        s.fail(f"must be >= median ({median:g}), got {p99:g}", "p99")
-    if hi < lo:
-        s.fail(f"must be >= min ({lo}), got {hi}", "max")
-    return TokenDist(Lognormal(median, p99), lo, hi)

@@ -78,7 +78,8 @@ class Simulation:
         self.rng_client = random.Random(f"{seed}:client")
         self.providers = {
             name: Provider(spec, [e for e in sc.events if e.provider == name],
-                           Stream(f"{noise}:provider:{name}"), self.push, self._attempt_end)
+                           Stream(f"{noise}:provider:{name}"), self.push, self._attempt_end,
+                           keyed=f"{noise}:service:{name}", horizon=self.horizon)
             for name, spec in sc.providers.items()
         }
         self.policy: Policy = make_policy(policy, PolicyContext(sc.config, self.providers))
@@ -91,7 +92,8 @@ class Simulation:
             else self.policy.on_result
         self._needs_tick = self.policy.needs_tick
         self._prices = {n: p.cost_per_1k_tokens for n, p in sc.providers.items()}
-        self.metrics = Metrics(sc.config, sc.warmup, sc.duration, sc.bucket, self.horizon)
+        self.metrics = Metrics(sc.config, sc.warmup, sc.duration, sc.bucket, self.horizon,
+                               [wl.name for wl in sc.workloads])
         self._slices: dict[tuple[str, str, str, bool], SliceKey] = {}
         self._candidates = {m.name: m.candidates for m in sc.config.models}
         self._ids = itertools.count()
@@ -109,6 +111,10 @@ class Simulation:
             src = Source(wl, arrivals(wl.arrival, rng, wl.start, end, sc.source), seed)
             self._sources[wl.name] = src
             self._next_arrival(src)
+        if callable(getattr(self.policy, "route_state", None)):
+            # the policy's view of each route at the end of every bucket (state series)
+            for b in range(math.ceil(sc.duration / sc.bucket)):
+                self.push(min((b + 1) * sc.bucket, sc.duration) - 1e-9, self._sample, None)
         for prov in self.providers.values():
             for ev in prov.cap_events:
                 for lo, hi in ev.windows(self.horizon):
@@ -145,6 +151,9 @@ class Simulation:
             out["policy_stats"] = stats()
         return out
 
+    def _sample(self, _: Any) -> None:
+        self.metrics.sample_states(self.now, self.policy)  # type: ignore[arg-type]
+
     def _pump(self, prov: Provider) -> None:
         prov.pump(self.now)
 
@@ -174,16 +183,20 @@ class Simulation:
         self._next_arrival(src)
         wl = src.wl
         scored = self.sc.warmup <= now < self.sc.duration
+        key = src.arrived
+        src.arrived = key + 1
         if wl.workflow is not None:
-            self.workflows.start(src, inp, out, scored)
+            self.workflows.start(src, inp, out, scored, key)
             return
         if inp is None or out is None:
             inp, out = src.tokens()
-        call = self.new_call(src, wl.klass, wl.stream, inp, out, wl.max_tokens, scored)
+        call = self.new_call(src, wl.klass, wl.stream, inp, out, wl.max_tokens, scored, key)
         self.send(call)
 
     def new_call(self, src: Source, klass: str, stream: bool, inp: int, out: int,
-                  max_spec: Any, scored: bool) -> Call:
+                  max_spec: Any, scored: bool, key: int = -1) -> Call:
+        """A new call of ``src``; ``key`` identifies it independently of the policy (its
+        arrival ordinal, or its place in its workflow) for the keyed service draws."""
         wl = src.wl
         declared: int | None
         if max_spec == "output":
@@ -194,14 +207,14 @@ class Simulation:
             declared = int(max_spec)
             out = min(out, declared)
         profile = token_profile(inp, declared)
-        key = (wl.model, klass, profile, stream)
-        sk = self._slices.get(key)
+        skey = (wl.model, klass, profile, stream)
+        sk = self._slices.get(skey)
         if sk is None:
-            sk = self._slices[key] = SliceKey(wl.model, klass, profile, stream)
+            sk = self._slices[skey] = SliceKey(wl.model, klass, profile, stream)
         cls = self.config.workload_class(klass)
         assert cls is not None
         call = Call(next(self._ids), wl, cls, wl.model, stream, inp, out, declared, sk,
-                    self._candidates[wl.model], self.now, scored)
+                    self._candidates[wl.model], self.now, scored, key)
         cr = wl.client.cancel_rate
         if cr > 0.0:
             r = src.cancel_rng

@@ -13,7 +13,7 @@ from typing import Any
 
 from sidecar.core.config import Config, ConfigError, parse_config
 from sidecar.ops.config_file import load_config, read_yaml
-from sidecar.sim.dists import parse_latency_ms
+from sidecar.sim.loader_dists import parse_errors, parse_latency_ms
 from sidecar.sim.loader_workloads import resolve, workload
 from sidecar.sim.scenario import EventSpec, ProviderSpec, Scenario, SliceMatch, WorkloadSpec
 from sidecar.sim.validate import Reader, ScenarioError
@@ -161,8 +161,12 @@ def _providers(root: Reader, cfg: Config) -> dict[str, ProviderSpec]:
             stall_rate=r.num("stall_rate", 0.0, lo=0, hi=1),
             keeps_working_on_cancel=r.bool_("keeps_working_on_cancel", False),
             cost_per_1k_tokens=cluster.cost_per_1k_tokens,
+            errors=parse_errors(r),
         )
         r.done()
+        spec = out[cluster.name]
+        if spec.error_rate + sum(e.rate for e in spec.errors) > 1.0 + 1e-9:
+            r.fail("error_rate plus the rates of errors add up to more than 1", "errors")
     return out
 
 
@@ -196,18 +200,38 @@ def _event(r: Reader, cfg: Config, providers: Mapping[str, ProviderSpec]) -> Eve
         outage=r.bool_("outage", False),
         capacity=r.opt_int("capacity", lo=0),
         label=r.str_("label", ""),
+        errors=parse_errors(r),
+        ramp_in=r.num("ramp_s", 0.0, lo=0),
+        ramp_out=r.num("ramp_out_s", 0.0, lo=0),
     )
     r.done()
+    _check_ramps(r, ev)
     if every is not None and (ev.duration is None or ev.duration >= every):
         r.fail("a repeating event needs duration_s < repeat.every_s", "duration_s")
     if match is not None and ev.capacity is not None:
         r.fail("capacity changes apply to the whole provider; remove 'match'", "capacity")
     tail = ev.tail_rate > 0 and (ev.tail_ttft_factor != 1.0 or ev.tail_tpot_factor != 1.0)
     if (ev.ttft_factor == 1.0 and ev.tpot_factor == 1.0 and ev.error_rate is None
-            and ev.stall_rate is None and not ev.outage and ev.capacity is None and not tail):
+            and ev.stall_rate is None and not ev.outage and ev.capacity is None and not tail
+            and not ev.errors):
         r.fail("event changes nothing (set ttft_factor, tpot_factor, tail_rate with a "
-               "tail factor, error_rate, stall_rate, outage or capacity)")
+               "tail factor, error_rate, errors, stall_rate, outage or capacity)")
     return ev
+
+
+def _check_ramps(r: Reader, ev: EventSpec) -> None:
+    """Ramps shape gradual changes; a capacity change or an outage is a step."""
+    if not (ev.ramp_in or ev.ramp_out):
+        return
+    key = "ramp_s" if ev.ramp_in else "ramp_out_s"
+    if ev.capacity is not None or ev.outage:
+        r.fail("capacity changes and outages are steps; remove the ramp (model a gradual "
+               "failure with a ramped error_rate)", key)
+    if ev.ramp_out and ev.duration is None:
+        r.fail("needs duration_s (a window that never ends never fades out)", "ramp_out_s")
+    if ev.duration is not None and ev.ramp_in + ev.ramp_out > ev.duration:
+        r.fail(f"ramp_s + ramp_out_s ({ev.ramp_in + ev.ramp_out:g}) must be <= duration_s "
+               f"({ev.duration:g})", key)
 
 
 def _match(r: Reader, cfg: Config) -> SliceMatch:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sidecar.core.config import Config
-from sidecar.sim.dists import parse_tokens
+from sidecar.sim.loader_dists import parse_tokens
 from sidecar.sim.scenario import (
     Arrival,
     ClientSpec,
@@ -92,7 +92,8 @@ def _arrival(r: Reader, base: Path, trace: str | Path | None) -> Arrival:
             c.done()
             if len(changes) > 1 and changes[-1][0] <= changes[-2][0]:
                 c.fail("at_s must increase from one change to the next", "at_s")
-        out = Poisson(r.num("rate_per_s", gt=0), tuple(changes))
+        shape = r.choice("interpolate", "step", ("step", "linear"))
+        out = Poisson(r.num("rate_per_s", gt=0), tuple(changes), linear=shape == "linear")
     elif kind == "onoff":
         out = OnOff(r.num("rate_on", gt=0), r.num("rate_off", 0.0, lo=0), r.num("on_s", gt=0),
                     r.num("off_s", gt=0), r.num("phase_s", 0.0, lo=0))

@@ -1,82 +1,72 @@
-"""Outcome metrics of one run (one scenario x one policy), collected on the fly.
+"""Outcome metrics of one run (one scenario x one policy), recorded on the fly.
 
-Definitions (all over calls/attempts that *start* in ``[warmup, duration)``):
+Recording is cheap on purpose (it runs per request): an attempt increments one
+counter of its (slice, cluster, time bucket); a scored call appends one tuple to
+a log. Everything else -- per class, per workload, per slice and token profile,
+percentiles, time series, route flips -- is computed once at the end by
+:mod:`sidecar.sim.metrics_summary` (definitions there and in docs/policy-lab.md).
 
-* A **call** is one logical request of the application (retries included).
-  Its outcome is ``ok``, ``timeout`` (route timeout, client timeout or workflow
-  deadline), ``error`` (5xx/429 after the client's retries), ``rejected`` (the
-  router refused it: admission shed/defer/reject), ``cancelled`` (the user
-  abandoned it) or ``skipped`` (an optional workflow step skipped for lack of
-  budget). Cancelled and skipped calls are not scored.
-* **SLO met**: outcome ``ok`` and the class's SLO metric, as the *client* sees
-  it from the call's start (so retries and queueing count), within
-  ``budget_ms``. TTFT of a non-streaming call is its end-to-end time (the first
-  token arrives with the body). **Violations** = scored calls - SLO met;
-  **attainment** = SLO met / scored. The class meets its SLO when attainment
-  >= its percentile.
-* **Route flips**: per model and time bucket, the cluster that got a strict
-  majority (> 50 %) of the attempts, if any; a flip is a change of that
-  majority cluster from one majority bucket to the next (buckets with fewer
-  than 20 attempts or no strict majority are skipped, so evenly spreading
-  policies do not count as oscillating). Oscillating policies flip often.
-* **Fallback saturation**: peak (in service + queued) / capacity over the
-  clusters that are never a model's first candidate.
-* **Off-primary share**: attempts not sent to the model's first candidate.
-  **Degraded share**: attempts served while a degradation event matched them.
-* **Cost per completed**: cost of every attempt (``cost_per_1k_tokens`` x
-  (input + generated tokens) / 1000; errors are free) of the class's calls,
-  divided by completed workflows (workflow workloads) or ok calls (others).
+All figures are over calls/attempts that *start* in ``[warmup, duration)``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
-
-import numpy as np
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from sidecar.core.config import Config
+from sidecar.core.types import SliceKey
 from sidecar.sim.records import Attempt, Call, Workflow
 
 OUTCOMES = ("ok", "timeout", "error", "rejected", "cancelled", "skipped")
-_MIN_FLIP_ATTEMPTS = 20
+KIND_INDEX = {k: i for i, k in enumerate(OUTCOMES)}
+NAN = math.nan
+
+#: One scored call: (group, outcome index, SLO metric ms, TTFT ms, e2e ms, start s, cost).
+LogRow = tuple[int, int, float, float, float, float, float]
 
 
-class ClassAcc:
-    """Accumulator for one workload class."""
+class Group:
+    """What a call is counted under: its class, workload, slice, and its workload's
+    class (cost and completions count there)."""
 
-    __slots__ = ("b", "cost", "counts", "e2e", "met", "metric_v", "ttft", "units",
-                 "wf_completed", "wf_e2e", "wf_started")
+    __slots__ = ("budget_ms", "klass", "slice", "wl_klass", "wl_name", "workflow_call")
 
-    def __init__(self) -> None:
-        self.counts = dict.fromkeys(OUTCOMES, 0)
-        self.met = 0
-        self.ttft: list[float] = []
-        self.e2e: list[float] = []
-        self.b: list[int] = []  # bucket of each ok call (for p99 over time)
-        self.metric_v: list[float] = []
-        self.wf_started = 0
-        self.wf_completed = 0
-        self.wf_e2e: list[float] = []
-        self.cost = 0.0
-        self.units = 0
+    def __init__(self, call: Call) -> None:
+        self.klass = call.klass
+        self.wl_name = call.wl.name
+        self.wl_klass = call.wl.klass
+        self.slice = call.slice
+        self.workflow_call = call.workflow is not None
+        self.budget_ms = call.cls.slo.budget_ms
+
+
+class StateSource(Protocol):
+    """A policy that can say how it sees a route (tailroute: health state and weight)."""
+
+    def route_state(self, cluster: str, slice: SliceKey) -> tuple[str, float] | None: ...
 
 
 class Metrics:
     def __init__(self, config: Config, warmup: float, duration: float, bucket: float,
-                 horizon: float) -> None:
+                 horizon: float, workloads: Sequence[str] = ()) -> None:
         self.config = config
         self.warmup = warmup
         self.duration = duration
         self.bucket = bucket
         self.n_buckets = math.ceil(horizon / bucket) + 1
-        self.classes: dict[str, ClassAcc] = {c.name: ClassAcc() for c in config.classes}
-        self.primary = {m.name: m.candidates[0] for m in config.models}
-        # attempts sent per (model, cluster) and time bucket
-        self.by_model: dict[tuple[str, str], list[int]] = {
-            (m.name, c): [0] * self.n_buckets for m in config.models for c in m.candidates
-        }
-        self.share: dict[str, list[int]] = {}  # per cluster, filled by summary()
+        self.workload_names = tuple(workloads)
+        # attempts sent per slice, cluster and time bucket
+        self.rows: dict[SliceKey, dict[str, list[int]]] = {}
+        self.groups: list[Group] = []
+        self._group_ids: dict[tuple[str, str, SliceKey, bool], int] = {}
+        self.call_log: list[LogRow] = []
+        self.wf_started: dict[str, int] = {}
+        self.wf_class: dict[str, str] = {}  # workflow workload -> its class
+        self.wf_done: dict[str, list[float]] = {}  # e2e ms of completed workflows
+        # per (slice, cluster): (bucket, state, weight) samples of the policy's view
+        self.states: dict[tuple[SliceKey, str], list[tuple[int, str, float]]] = {}
         self.attempts = 0
         self.off_primary = 0
         self.degraded = 0
@@ -89,14 +79,19 @@ class Metrics:
         if b >= self.n_buckets:
             b = self.n_buckets - 1
         c = att.call
-        key = (c.model, att.cluster)
-        row = self.by_model.get(key)
-        if row is None:  # a route outside the model's candidates (default route)
-            row = self.by_model[key] = [0] * self.n_buckets
+        rows = c.rows
+        if rows is None:
+            rows = self.rows.get(c.slice)
+            if rows is None:
+                rows = self.rows[c.slice] = {}
+            c.rows = rows
+        row = rows.get(att.cluster)
+        if row is None:  # a route outside the model's candidates (default route) included
+            row = rows[att.cluster] = [0] * self.n_buckets
         row[b] += 1
         if self.warmup <= now < self.duration:
             self.attempts += 1
-            if att.cluster != self.primary[c.model]:
+            if att.cluster != c.candidates[0]:
                 self.off_primary += 1
 
     def attempt_done(self, att: Attempt) -> None:
@@ -108,133 +103,54 @@ class Metrics:
         if not call.scored:
             return
         self.calls += 1
-        acc = self.classes[call.klass]
-        acc.counts[kind] += 1
-        wl_acc = self.classes[call.wl.klass]
-        wl_acc.cost += call.cost
-        if kind != "ok":
-            return
-        if call.workflow is None:
-            wl_acc.units += 1
-        if call.first_token_at is not None:
-            acc.ttft.append((call.first_token_at - call.start) * 1000.0)
-        if call.end_at is not None:
-            acc.e2e.append((call.end_at - call.start) * 1000.0)
-        if metric is not None:
-            if metric * 1000.0 <= call.cls.slo.budget_ms:
-                acc.met += 1
-            acc.b.append(min(int(call.start / self.bucket), self.n_buckets - 1))
-            acc.metric_v.append(metric * 1000.0)
+        g = call.group
+        if g < 0:
+            g = call.group = self._group(call)
+        if kind == "ok":
+            s = call.start
+            ft, end = call.first_token_at, call.end_at
+            self.call_log.append((
+                g, 0, NAN if metric is None else metric * 1000.0,
+                NAN if ft is None else (ft - s) * 1000.0,
+                NAN if end is None else (end - s) * 1000.0, s, call.cost))
+        else:
+            self.call_log.append((g, KIND_INDEX[kind], NAN, NAN, NAN, call.start, call.cost))
+
+    def _group(self, call: Call) -> int:
+        key = (call.klass, call.wl.name, call.slice, call.workflow is not None)
+        g = self._group_ids.get(key)
+        if g is None:
+            g = self._group_ids[key] = len(self.groups)
+            self.groups.append(Group(call))
+        return g
 
     def workflow_started(self, wf: Workflow) -> None:
         if wf.scored:
-            self.classes[wf.wl.klass].wf_started += 1
+            self.wf_started[wf.wl.name] = self.wf_started.get(wf.wl.name, 0) + 1
+            self.wf_class[wf.wl.name] = wf.wl.klass
 
     def workflow_done(self, wf: Workflow, completed: bool, now: float) -> None:
-        if not wf.scored:
-            return
-        acc = self.classes[wf.wl.klass]
-        if completed:
-            acc.wf_completed += 1
-            acc.units += 1
-            acc.wf_e2e.append((now - wf.start) * 1000.0)
+        if wf.scored and completed:
+            self.wf_done.setdefault(wf.wl.name, []).append((now - wf.start) * 1000.0)
+
+    def sample_states(self, now: float, policy: StateSource) -> None:
+        """The policy's view of every route of every slice seen so far (series)."""
+        b = min(int(now / self.bucket), self.n_buckets - 1)
+        for sk in self.rows:
+            model = self.config.model(sk.model)
+            clusters = model.candidates if model is not None else tuple(self.rows[sk])
+            for c in clusters:
+                st = policy.route_state(c, sk)
+                if st is not None:
+                    self.states.setdefault((sk, c), []).append((b, st[0], st[1]))
 
     # ------------------------------------------------------------ summary
 
     def summary(self, peaks: dict[str, float]) -> dict[str, Any]:
         """JSON-ready outcome of the run (see docs/policy-lab.md for the schema)."""
-        first_b = int(self.warmup / self.bucket)
-        last_b = max(math.ceil(self.duration / self.bucket), first_b + 1)
-        self.share = {c: [0] * self.n_buckets for c in self.config.cluster_names}
-        for (_, c), row in self.by_model.items():
-            self.share[c] = [a + b for a, b in zip(self.share[c], row, strict=True)]
-        totals = {c: sum(v[first_b:last_b]) for c, v in self.share.items()}
-        all_sent = sum(totals.values()) or 1
-        non_primary = [c for c in self.config.cluster_names if c not in self.primary.values()]
-        out: dict[str, Any] = {
-            "calls": self.calls,
-            "attempts": self.attempts,
-            "classes": {n: self._class(n, a, first_b, last_b) for n, a in self.classes.items()
-                        if sum(a.counts.values()) or a.wf_started},
-            "route_flips": self._flips(first_b, last_b),
-            "fallback_saturation": _r(max((peaks[c] for c in non_primary), default=0.0)),
-            "off_primary_share": _r(self.off_primary / max(self.attempts, 1)),
-            "degraded_share": _r(self.degraded / max(self.attempts, 1)),
-            "traffic_share": {c: _r(n / all_sent) for c, n in totals.items()},
-            "series": self._series(first_b, last_b),
-        }
-        return out
+        from sidecar.sim.metrics_summary import summarize
 
-    def _class(self, name: str, a: ClassAcc, first_b: int, last_b: int) -> dict[str, Any]:
-        slo = self.config.workload_class(name).slo  # type: ignore[union-attr]
-        n = sum(a.counts.values())
-        scored = n - a.counts["cancelled"] - a.counts["skipped"]
-        d: dict[str, Any] = {
-            "calls": n,
-            "scored": scored,
-            "slo": {"metric": slo.metric, "percentile": slo.percentile,
-                    "budget_ms": slo.budget_ms},
-            "slo_met": a.met,
-            "violations": scored - a.met,
-            "violation_rate": _r((scored - a.met) / scored) if scored else 0.0,
-            "attainment": _r(a.met / scored) if scored else None,
-            "slo_ok": bool(scored and a.met / scored * 100.0 >= slo.percentile),
-            "outcomes": dict(a.counts),
-            "timeout_rate": _r(a.counts["timeout"] / scored) if scored else 0.0,
-            "error_rate": _r((a.counts["error"] + a.counts["rejected"]) / scored)
-            if scored else 0.0,
-            "ttft_ms": _pcts(a.ttft),
-            "e2e_ms": _pcts(a.e2e),
-            "cost_per_completed": _r(a.cost / a.units) if a.units else None,
-        }
-        if a.wf_started:
-            d["workflows"] = {
-                "started": a.wf_started,
-                "completed": a.wf_completed,
-                "completion_rate": _r(a.wf_completed / a.wf_started),
-                "e2e_ms": _pcts(a.wf_e2e),
-            }
-        return d
-
-    def _flips(self, first_b: int, last_b: int) -> int:
-        flips = 0
-        models = sorted({m for m, _ in self.by_model})
-        for m in models:
-            rows = [(c, v) for (mm, c), v in sorted(self.by_model.items()) if mm == m]
-            prev: str | None = None
-            for b in range(first_b, last_b):
-                counts = [(v[b], c) for c, v in rows]
-                total = sum(n for n, _ in counts)
-                if total < _MIN_FLIP_ATTEMPTS:
-                    continue
-                n_top, top = max(counts)
-                if 2 * n_top <= total:
-                    continue  # no strict majority: traffic is spread, not pointed somewhere
-                if prev is not None and top != prev:
-                    flips += 1
-                prev = top
-        return flips
-
-    def _series(self, first_b: int, last_b: int) -> dict[str, Any]:
-        rng = range(first_b, last_b)
-        share: dict[str, list[float]] = {c: [] for c in self.share}
-        for b in rng:
-            tot = sum(v[b] for v in self.share.values())
-            for c, v in self.share.items():
-                share[c].append(_r(v[b] / tot) if tot else 0.0)
-        p99: dict[str, list[float | None]] = {}
-        for name, a in self.classes.items():
-            if not a.b:
-                continue
-            bs = np.asarray(a.b)
-            vs = np.asarray(a.metric_v)
-            row: list[float | None] = []
-            for b in rng:
-                sel = vs[bs == b]
-                row.append(_r(float(np.percentile(sel, 99))) if sel.size else None)
-            p99[name] = row
-        return {"bucket_s": self.bucket, "t": [b * self.bucket for b in rng], "share": share,
-                "p99_ms": p99}
+        return summarize(self, peaks)
 
 
 def slo_value(call: Call) -> float | None:
@@ -249,14 +165,3 @@ def slo_value(call: Call) -> float | None:
     if call.end_at is None:
         return None
     return (call.end_at - call.start) / max(call.output_tokens, 1)
-
-
-def _r(x: float) -> float:
-    return round(float(x), 4)
-
-
-def _pcts(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"p50": None, "p95": None, "p99": None}
-    p = np.percentile(np.asarray(values), [50, 95, 99])
-    return {"p50": _r(p[0]), "p95": _r(p[1]), "p99": _r(p[2])}

@@ -30,16 +30,28 @@ Model (per provider, all times in seconds):
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from sidecar.sim.dists import TAIL_CAP, Stream, Variates
+from sidecar.sim.dists import TAIL_CAP, KeyedRows, Lognormal, Stream, Variates
+from sidecar.sim.heavy import HeavyTailed, latency_value
 from sidecar.sim.records import CLIENT, DONE, QUEUED, ROUTE, SERVING, USER, Attempt
-from sidecar.sim.scenario import EventSpec, ProviderSpec
+from sidecar.sim.scenario import ErrorSpec, EventSpec, ProviderSpec
 
 Push = Callable[[float, Callable[[Any], None], Any], None]
-Draws = tuple[float, float, float, float, float]  # (u_error, u_stall, z_ttft, z_tpot, u_tail)
+#: One request's service variates (see :meth:`Provider.draw`).
+Draws = list[float]
+#: Active parts of a status mix: (rate now, spec).
+Mix = tuple[tuple[float, ErrorSpec], ...]
+
+
+#: What the active degradation events do to one request now: ``(ttft factor, tpot factor,
+#: error rate (the provider's own share: the highest active one), stall rate, outage,
+#: degraded (some event matched: the degraded-share metric), status mix parts after the
+#: error rate, in order)``. A plain tuple: it is built per request.
+Effects = tuple[float, float, float, float, bool, bool, Mix]
 
 
 class Provider:
@@ -52,7 +64,11 @@ class Provider:
         rng: Variates,
         push: Push,
         on_end: Callable[[Attempt], None],
+        keyed: str | None = None,
+        horizon: float = math.inf,
     ) -> None:
+        """``keyed``: name prefix of the keyed service draws (:class:`KeyedRows`); without
+        it (or for calls without a ``draw_key``) draws come from ``rng`` in sequence."""
         self.spec = spec
         self.name = spec.name
         self.events = events
@@ -67,14 +83,32 @@ class Provider:
         self.cap_events = [e for e in events if e.capacity is not None]
         # Events that change how a request is served (a pure capacity change does not).
         self._deg_events = [e for e in events if _degrades(e)]
+        # Their windows merged, to tell "no event active now" cheaply (most requests).
+        self._quiet_lo, self._quiet_hi = _merged_windows(self._deg_events, horizon)
         ttft, tpot = spec.ttft, spec.tpot
-        self._ttft_med, self._ttft_sigma = ttft.median, ttft.sigma
-        self._tpot_med, self._tpot_sigma = tpot.median, tpot.sigma
+        self._ttft_med = ttft.median
+        self._tpot_med = tpot.median
+        # Plain lognormals are inlined on the hot path; heavy-tailed ones draw noise(z, u).
+        self._ttft_heavy = ttft if isinstance(ttft, HeavyTailed) else None
+        self._tpot_heavy = tpot if isinstance(tpot, HeavyTailed) else None
+        self._ttft_sigma = ttft.sigma if isinstance(ttft, Lognormal) else 0.0
+        self._tpot_sigma = tpot.sigma if isinstance(tpot, Lognormal) else 0.0
         self._ttft_cap = TAIL_CAP * ttft.p99 / ttft.median if ttft.median > 0 else 1.0
         self._tpot_cap = TAIL_CAP * tpot.p99 / tpot.median if tpot.median > 0 else 1.0
         self._alpha = spec.contention
         self._per_token_prefill = spec.prefill_per_1k / 1000.0
-        self._row = rng.row if isinstance(rng, Stream) else None
+        self._base_mix: tuple[tuple[float, ErrorSpec], ...] = tuple(
+            (e.rate, e) for e in spec.errors)
+        afters = [e.after for e in spec.errors] + [x.after for e in events for x in e.errors]
+        # Rows of 7 variates when a distribution needs a uniform to pick its part.
+        self.wide = (self._ttft_heavy is not None or self._tpot_heavy is not None
+                     or any(isinstance(a, HeavyTailed) for a in afters))
+        self._row: Callable[[], list[float]] | None = None
+        if isinstance(rng, Stream):
+            self._row = rng.wide_row if self.wide else rng.row
+        self._keyed = keyed
+        # keyed draws per workload, one table per attempt number (retries have their own luck)
+        self._tables: dict[str, list[KeyedRows]] = {}
 
     # ------------------------------------------------------------ state
 
@@ -89,51 +123,105 @@ class Provider:
     def inflight(self) -> int:
         return self.busy + self.queued
 
-    def effects(self, att: Attempt, now: float, u_tail: float = 1.0
-                ) -> tuple[float, float, float, float, bool, bool]:
-        """``(f_ttft, f_tpot, error_rate, stall_rate, outage, degraded)`` for ``att`` now.
+    def effects(self, att: Attempt, now: float, u_tail: float = 1.0) -> Effects:
+        """What the active events do to ``att`` now (see :class:`Effects`).
 
         ``u_tail`` is the attempt's uniform draw for tail events (slow path when
-        below an event's ``tail_rate``).
+        below an event's ``tail_rate``). An event at ramp level ``x`` applies a
+        factor ``F`` as ``1 + x (F - 1)`` and a rate ``r`` as ``x r``.
         """
         s = self.spec
+        lo = self._quiet_lo
+        if lo is not None:
+            i = bisect_right(lo, now) - 1
+            if i < 0 or now >= self._quiet_hi[i]:  # between windows: nothing active
+                return 1.0, 1.0, s.error_rate, s.stall_rate, False, False, self._base_mix
         f1 = f2 = 1.0
         err, stall, outage, degraded = s.error_rate, s.stall_rate, False, False
+        mix = self._base_mix
         c = att.call
         for e in self._deg_events:
-            if not e.active(now):
+            lvl = e.level(now)
+            if lvl <= 0.0:
                 continue
             if e.match is not None and not e.match.matches(
                 c.klass, c.model, c.stream, c.slice.profile, c.input_tokens, c.output_tokens
             ):
                 continue
             degraded = True
-            f1 *= e.ttft_factor
-            f2 *= e.tpot_factor
-            if u_tail < e.tail_rate:
-                f1 *= e.tail_ttft_factor
-                f2 *= e.tail_tpot_factor
+            if lvl == 1.0:  # full strength (exactly the factors: no rounding)
+                f1 *= e.ttft_factor
+                f2 *= e.tpot_factor
+                if u_tail < e.tail_rate:
+                    f1 *= e.tail_ttft_factor
+                    f2 *= e.tail_tpot_factor
+            else:
+                f1 *= 1.0 + lvl * (e.ttft_factor - 1.0)
+                f2 *= 1.0 + lvl * (e.tpot_factor - 1.0)
+                if u_tail < e.tail_rate * lvl:
+                    f1 *= 1.0 + lvl * (e.tail_ttft_factor - 1.0)
+                    f2 *= 1.0 + lvl * (e.tail_tpot_factor - 1.0)
             if e.error_rate is not None:
-                err = max(err, e.error_rate)
+                err = max(err, e.error_rate * lvl)
             if e.stall_rate is not None:
-                stall = max(stall, e.stall_rate)
+                stall = max(stall, e.stall_rate * lvl)
             outage = outage or e.outage
-        return f1, f2, err, stall, outage, degraded
+            if e.errors:
+                mix = mix + tuple((x.rate * lvl, x) for x in e.errors)
+        return f1, f2, err, stall, outage, degraded, mix
 
-    def service_times(self, att: Attempt, z1: float, z2: float, k1: float,
+    def error_for(self, u_err: float, err: float, mix: Mix, z: float, u: float
+                  ) -> tuple[int, float] | None:
+        """``(status, seconds until the answer)`` if the draw ``u_err`` is an error: the
+        provider's own share ``[0, err)`` first, then each part of the status mix in turn
+        (its delay from the request's TTFT deviates ``z, u``, unused when it errors)."""
+        if u_err < err:
+            return self.spec.error_status, self.spec.error_after
+        acc = err
+        for rate, e in mix:
+            acc += rate
+            if u_err < acc:
+                return e.status, latency_value(e.after, z, u)
+        return None
+
+    def service_times(self, att: Attempt, draws: Sequence[float], k1: float,
                       k2: float) -> tuple[float, float]:
-        """``(TTFT, TPOT)`` of service for noise deviates ``z1, z2`` and multipliers ``k``."""
-        n1 = min(math.exp(self._ttft_sigma * z1), self._ttft_cap)
-        n2 = min(math.exp(self._tpot_sigma * z2), self._tpot_cap)
+        """``(TTFT, TPOT)`` of service for the attempt's draws and multipliers ``k``."""
+        z1, z2 = draws[2], draws[3]
+        h1, h2 = self._ttft_heavy, self._tpot_heavy
+        n1 = min(math.exp(self._ttft_sigma * z1), self._ttft_cap) if h1 is None \
+            else h1.noise(z1, draws[5])
+        n2 = min(math.exp(self._tpot_sigma * z2), self._tpot_cap) if h2 is None \
+            else h2.noise(z2, draws[6])
         ttft = (self._ttft_med + self._per_token_prefill * att.call.input_tokens) * n1 * k1
         return ttft, self._tpot_med * n2 * k2
 
-    def draw(self) -> Draws:
+    def draw_for(self, att: Attempt) -> list[float]:
+        """The service variates of ``att`` on this provider: the keyed row of (its workload,
+        its call's ``draw_key``, its attempt number) -- the same under every policy --
+        or the next sequential row for calls without a key."""
+        c = att.call
+        if self._keyed is None or c.draw_key < 0:
+            return self._row() if self._row is not None else self.draw()
+        tabs = self._tables.get(c.wl.name)
+        if tabs is None:
+            tabs = self._tables[c.wl.name] = []
+        n = att.n
+        while len(tabs) <= n:
+            tabs.append(KeyedRows(f"{self._keyed}:{c.wl.name}:{len(tabs)}",
+                                  7 if self.wide else 5))
+        return tabs[n].row(c.draw_key)
+
+    def draw(self) -> list[float]:
+        """One request's service variates in sequence: ``[u_error, u_stall, z_ttft, z_tpot,
+        u_tail]`` plus ``[u_ttft_part, u_tpot_part]`` when :attr:`wide`."""
+        if self._row is not None:
+            return self._row()
         r = self.rng
-        if isinstance(r, Stream):
-            u1, u2, z1, z2, u3 = r.row()
-            return (u1, u2, z1, z2, u3)
-        return (r.random(), r.random(), r.gauss(0.0, 1.0), r.gauss(0.0, 1.0), r.random())
+        out = [r.random(), r.random(), r.gauss(0.0, 1.0), r.gauss(0.0, 1.0), r.random()]
+        if self.wide:
+            out += [r.random(), r.random()]
+        return out
 
     # ------------------------------------------------------------ requests
 
@@ -176,38 +264,48 @@ class Provider:
             self.peak_inflight = self.busy + self.queued
         self.in_service.add(att)
         att.state = SERVING
-        if att.draws is not None:
-            u_err, u_stall, z1, z2, u_tail = att.draws
-        elif self._row is not None:
-            u_err, u_stall, z1, z2, u_tail = self._row()
-        else:
-            u_err, u_stall, z1, z2, u_tail = self.draw()
+        d = att.draws
+        if d is None:
+            d = self.draw_for(att)
+        u_err, z1 = d[0], d[2]
+        mix: Mix = self._base_mix
         if self._deg_events:
-            f1, f2, err, stall, outage, att.degraded = self.effects(att, now, u_tail)
+            f1, f2, err, stall, outage, att.degraded, mix = self.effects(att, now, d[4])
         else:
             f1 = f2 = 1.0
             err, stall, outage = self.spec.error_rate, self.spec.stall_rate, False
         deadline, fdl = att.deadline, att.ttft_deadline
         first_byte: float | None = None
-        if outage or u_err < err:
-            end = now + self.spec.error_after * slow
+        failed = (self.spec.error_status, self.spec.error_after) if outage else (
+            self.error_for(u_err, err, mix, z1, d[5] if self.wide else 0.5)
+            if u_err < err or mix else None)
+        if failed is not None:
+            end = now + failed[1] * slow
             if end < deadline and end <= fdl:
-                att.outcome, att.status = "error", self.spec.error_status
+                att.outcome, att.status = "error", failed[0]
                 att.end_at = end
                 self._push(end, self._on_end, att)
                 return
             natural = end
-        elif u_stall < stall:
+        elif d[1] < stall:
             natural = math.inf
         else:
             # inlined service_times() (hot path)
             c = att.call
-            n1 = math.exp(self._ttft_sigma * z1)
-            if n1 > self._ttft_cap:
-                n1 = self._ttft_cap
-            n2 = math.exp(self._tpot_sigma * z2)
-            if n2 > self._tpot_cap:
-                n2 = self._tpot_cap
+            h = self._ttft_heavy
+            if h is None:
+                n1 = math.exp(self._ttft_sigma * z1)
+                if n1 > self._ttft_cap:
+                    n1 = self._ttft_cap
+            else:
+                n1 = h.noise(z1, d[5])
+            h = self._tpot_heavy
+            if h is None:
+                n2 = math.exp(self._tpot_sigma * d[3])
+                if n2 > self._tpot_cap:
+                    n2 = self._tpot_cap
+            else:
+                n2 = h.noise(d[3], d[6])
             first = now + (self._ttft_med + self._per_token_prefill * c.input_tokens) \
                 * n1 * slow * f1
             tpot = self._tpot_med * n2 * slow * f2
@@ -314,4 +412,25 @@ def _cut_at_first_token_deadline(att: Attempt, first_byte: float | None) -> None
 
 def _degrades(e: EventSpec) -> bool:
     return (e.ttft_factor != 1.0 or e.tpot_factor != 1.0 or e.error_rate is not None
-            or e.stall_rate is not None or e.outage or e.tail_rate > 0)
+            or e.stall_rate is not None or e.outage or e.tail_rate > 0 or bool(e.errors))
+
+
+def _merged_windows(events: list[EventSpec], horizon: float
+                    ) -> tuple[list[float] | None, list[float]]:
+    """Start and end times of the union of the events' windows (sorted, disjoint), or
+    ``(None, [])`` when they cannot be listed (a window repeating forever)."""
+    spans: list[tuple[float, float]] = []
+    for e in events:
+        if e.every is not None and not math.isfinite(horizon) and e.count > 10_000:
+            return None, []
+        spans += e.windows(horizon if math.isfinite(horizon) else math.inf)
+    spans.sort()
+    lo: list[float] = []
+    hi: list[float] = []
+    for a, b in spans:
+        if lo and a <= hi[-1]:
+            hi[-1] = max(hi[-1], b)
+        else:
+            lo.append(a)
+            hi.append(b)
+    return lo, hi

@@ -15,6 +15,7 @@ from typing import Any
 
 from sidecar.ops.config_file import read_yaml
 from sidecar.sim.dists import Lognormal, Stream
+from sidecar.sim.heavy import Latency
 from sidecar.sim.scenario import Scenario, WorkloadSpec
 from sidecar.sim.traffic import Source, arrivals
 from sidecar.sim.validate import ScenarioError
@@ -37,6 +38,11 @@ def check_realtime(sc: Scenario) -> None:
             problems.append(f"providers.{name}.stall_rate: must be 0 (stalls differ)")
         if p.keeps_working_on_cancel:
             problems.append(f"providers.{name}.keeps_working_on_cancel: not modelled")
+        if p.errors:
+            problems.append(f"providers.{name}.errors: one error status only (error_rate)")
+        for key, d in (("ttft_ms", p.ttft), ("tpot_ms", p.tpot)):
+            if not isinstance(d, Lognormal):
+                problems.append(f"providers.{name}.{key}: only {{median, p99}} is expressible")
     for i, e in enumerate(sc.events):
         where = f"events[{i}]"
         if e.tail_rate:
@@ -45,6 +51,10 @@ def check_realtime(sc: Scenario) -> None:
             problems.append(f"{where}.stall_rate: not expressible")
         if e.capacity is not None:
             problems.append(f"{where}.capacity: not expressible (no queueing model)")
+        if e.errors:
+            problems.append(f"{where}.errors: not expressible (one error status only)")
+        if e.ramp_in or e.ramp_out:
+            problems.append(f"{where}.ramp_s: ramps are not expressible (control steps only)")
         m = e.match
         if m is not None and (m.klass is not None or m.model is not None or m.profile
                               is not None or m.min_input_tokens or m.min_output_tokens
@@ -105,7 +115,7 @@ def plan_traffic(sc: Scenario) -> list[Planned]:
 # ---------------------------------------------------------------- providers and events
 
 
-def _latency(d: Lognormal, factor: float = 1.0) -> dict[str, float]:
+def _latency(d: Latency, factor: float = 1.0) -> dict[str, float]:
     return {"median": round(d.median * 1000.0 * factor, 3),
             "p99": round(d.p99 * 1000.0 * factor, 3)}
 

@@ -31,8 +31,8 @@ ROUTE, CLIENT, USER = "route", "client", "user"
 
 
 class Workflow:
-    __slots__ = ("cost", "deadline", "done", "failed", "pending", "plan", "scored", "stage",
-                 "start", "wl")
+    __slots__ = ("cost", "deadline", "done", "failed", "key", "pending", "plan", "scored",
+                 "stage", "start", "wl")
 
     def __init__(self, wl: WorkloadSpec, start: float, deadline: float, scored: bool) -> None:
         self.wl = wl
@@ -44,16 +44,18 @@ class Workflow:
         self.failed = False
         self.done = False
         self.cost = 0.0
+        self.key = 0  # draw key of its first call; the others follow in plan order
         # per stage, per parallel call: (input tokens, output tokens), drawn at arrival so
         # every policy sees the same workflow (common random numbers)
         self.plan: list[list[tuple[int, int]]] = []
 
 
 class Call:
-    __slots__ = ("attempts", "candidates", "cls", "cost", "deadline", "end_at", "first_token_at",
-                 "hold_limit", "id", "input_tokens", "klass", "max_tokens", "model",
-                 "output_tokens", "retries_left", "scored", "slice", "start", "step", "stream",
-                 "tpot_s", "user_cancel_at", "wl", "workflow")
+    __slots__ = ("attempts", "candidates", "cls", "cost", "deadline", "draw_key", "end_at",
+                 "first_token_at", "group", "hold_limit", "id", "input_tokens", "klass",
+                 "max_tokens", "model", "output_tokens", "retries_left", "rows", "scored",
+                 "slice", "start", "step", "stream", "tpot_s", "user_cancel_at", "wl",
+                 "workflow")
 
     def __init__(
         self,
@@ -69,8 +71,11 @@ class Call:
         candidates: tuple[str, ...],
         start: float,
         scored: bool,
+        draw_key: int = -1,
     ) -> None:
         self.id = cid
+        # policy-independent identity for the providers' keyed service draws (-1: none)
+        self.draw_key = draw_key
         self.wl = wl
         self.cls = cls
         self.klass = cls.name
@@ -94,6 +99,9 @@ class Call:
         self.tpot_s: float | None = None
         self.cost = 0.0
         self.hold_limit: float | None = None  # client gives up while held by "queue"
+        # the metrics' counters for this call's slice and its group (set on first use)
+        self.rows: dict[str, list[int]] | None = None
+        self.group = -1
 
 
 class Attempt:
@@ -155,25 +163,39 @@ class Attempt:
         return self.end_at - self.sent_at
 
     def observation(self) -> Observation | None:
-        """The core :class:`Observation` the server's ResponseTimer would produce."""
-        if self.outcome is None:
+        """The core :class:`Observation` the server's ResponseTimer would produce
+        (the ``ttft_s`` / ``e2e_s`` properties inlined: this runs per request)."""
+        outcome = self.outcome
+        if outcome is None:
             return None
-        ok = self.outcome == "ok"
-        ttft, e2e = self.ttft_s, self.e2e_s
-        censored = self.outcome in ("timeout", "cancel")
-        if censored and self.end_at is not None:
-            # As the ResponseTimer does: the time waited, a lower bound.
-            e2e = self.end_at - self.sent_at
-            if self.call.stream:
-                ttft = (self.first_token_at if self.first_token_at is not None
-                        else self.end_at) - self.sent_at
+        call = self.call
+        stream = call.stream
+        end, sent = self.end_at, self.sent_at
+        ttft = e2e = tpot = None
+        censored = False
+        if outcome == "ok":
+            if end is not None:
+                e2e = end - sent
+            if stream:
+                ft = self.first_token_at
+                if ft is not None:
+                    ttft = ft - sent
+                tpot = self.tpot_s
+        elif outcome != "error":  # timeout or cancel
+            censored = True
+            if end is not None:
+                # As the ResponseTimer does: the time waited, a lower bound.
+                e2e = end - sent
+                if stream:
+                    ft = self.first_token_at
+                    ttft = (ft if ft is not None else end) - sent
         return Observation(
             cluster=self.cluster,
-            slice=self.call.slice,
-            outcome=self.outcome,
+            slice=call.slice,
+            outcome=outcome,
             status=self.status,
             ttft_s=ttft,
-            tpot_s=self.tpot_s if ok and self.call.stream else None,
+            tpot_s=tpot,
             e2e_s=e2e,
             output_tokens=self.tokens_done or None,
             is_retry=self.n > 0,

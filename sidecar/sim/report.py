@@ -38,14 +38,18 @@ def write_report(doc: dict[str, Any], out: Path) -> Path:
         "",
         *[f"- **skipped** {e['file']}: {e['error']}" for e in doc.get("errors", [])],
         "",
+    ]
+    if "families" in doc:
+        from sidecar.sim.gen_run import family_lines
+
+        lines += ["## Generated scenarios by family", "", "```", *family_lines(doc), "```", ""]
+    lines += [
         "## SLO violation rate per scenario, class and policy",
         "",
         tables.markdown_suite_table(doc),
         "",
     ]
     for sc in doc["scenarios"]:
-        share_png = _plot_share(sc, out)
-        p99_png = _plot_p99(sc, out)
         lines += [
             f"## {sc['name']}",
             "",
@@ -55,11 +59,12 @@ def write_report(doc: dict[str, Any], out: Path) -> Path:
             "",
             tables.summary_line(sc["summary"]),
             "",
-            f"![traffic share per provider]({share_png.name})",
-            "",
-            f"![p99 over time]({p99_png.name})",
-            "",
         ]
+        if all("series" in r for r in sc["policies"].values()):  # generated runs drop them
+            share_png = _plot_share(sc, out)
+            p99_png = _plot_p99(sc, out)
+            lines += [f"![traffic share per provider]({share_png.name})", "",
+                      f"![p99 over time]({p99_png.name})", ""]
     md = out / "report.md"
     md.write_text("\n".join(lines), encoding="utf-8")
     return md

@@ -1,4 +1,4 @@
-"""Run scenarios x policies and summarise them (the JSON document, schema_version 1).
+"""Run scenarios x policies and summarise them (the JSON document, schema_version 2).
 
 The document is a pure function of the scenario files, seeds and policy list
 (no wall-clock values), so the same inputs give byte-identical JSON. Its
@@ -34,7 +34,7 @@ from sidecar.sim.policies import BASELINES, DEFAULT_POLICIES
 from sidecar.sim.scenario import EventSpec, Scenario, Trace
 from sidecar.sim.validate import ScenarioError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SHIPPED = Path(__file__).parent / "scenarios"
 
 

@@ -12,10 +12,20 @@ from pathlib import Path
 from typing import Literal
 
 from sidecar.core.config import Config
-from sidecar.sim.dists import Lognormal, TokenDist
+from sidecar.sim.dists import TokenDist
+from sidecar.sim.heavy import Latency
 
 StepKind = Literal["critical", "optional"]
 MaxTokens = int | Literal["output"] | None
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorSpec:
+    """One part of a status mix: share ``rate`` of requests answered ``status`` after ``after``."""
+
+    rate: float
+    status: int
+    after: Latency  # seconds (a fixed 20 ms for fast 503s, a spread for slow 504s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,15 +36,16 @@ class ProviderSpec:
     capacity: int  # concurrent generation slots
     queue_limit: int  # FIFO queue length beyond which the provider answers 429
     contention: float  # alpha: service time x (1 + alpha * busy / capacity)
-    ttft: Lognormal  # seconds, for a request with no input tokens
+    ttft: Latency  # seconds, for a request with no input tokens
     prefill_per_1k: float  # seconds added to the TTFT median per 1000 input tokens
-    tpot: Lognormal  # seconds per output token after the first
+    tpot: Latency  # seconds per output token after the first
     error_rate: float
     error_status: int
     error_after: float  # seconds until an error answer arrives
     stall_rate: float  # share of requests that never answer (held until the client gives up)
     keeps_working_on_cancel: bool  # abandoned requests keep their slot until they would end
     cost_per_1k_tokens: float
+    errors: tuple[ErrorSpec, ...] = ()  # a status mix on top of error_rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +93,9 @@ class EventSpec:
     outage: bool = False
     capacity: int | None = None
     label: str = ""
+    errors: tuple[ErrorSpec, ...] = ()  # a status mix while active (scaled by the ramp level)
+    ramp_in: float = 0.0  # seconds over which each window's effect grows from none to full
+    ramp_out: float = 0.0  # seconds over which it fades to none before the window ends
 
     def windows(self, horizon: float) -> list[tuple[float, float]]:
         """The active ``[start, end)`` windows, clipped to ``horizon``."""
@@ -105,11 +119,35 @@ class EventSpec:
             return False
         return self.duration is None or t - self.at - k * self.every < self.duration
 
+    def level(self, t: float) -> float:
+        """How much of the effect applies at ``t``: 0 outside a window, 1 at full strength,
+        linear in between during ``ramp_in`` after a window opens and ``ramp_out`` before
+        it closes. A factor ``F`` applies as ``1 + level * (F - 1)``, a rate ``r`` as
+        ``level * r``."""
+        if t < self.at:
+            return 0.0
+        x = t - self.at
+        if self.every is not None:
+            k = int(x // self.every)
+            if k >= self.count:
+                return 0.0
+            x -= k * self.every
+        d = self.duration
+        if d is not None and x >= d:
+            return 0.0
+        lvl = 1.0
+        if x < self.ramp_in:
+            lvl = x / self.ramp_in
+        if d is not None and self.ramp_out > 0.0 and d - x < self.ramp_out:
+            lvl = min(lvl, (d - x) / self.ramp_out)
+        return lvl
+
 
 @dataclass(frozen=True, slots=True)
 class Poisson:
     rate: float  # arrivals per second
     changes: tuple[tuple[float, float], ...] = ()  # (at_s, new rate), ascending
+    linear: bool = False  # the rate moves linearly from one change point to the next
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,14 +63,15 @@ LEGEND = """\
 columns (per policy; rates are shares of scored calls):
   <class> viol.  calls of that class that missed their SLO, count (rate)
   timeouts, errors  over all classes
-  flips          changes of a model's majority route between time buckets (oscillation)
+  flips          significant re-pointings of a slice's traffic between time buckets
+                 (oscillation; docs/policy-lab.md, Metrics)
   fallback sat.  peak (in service + queued) / capacity on clusters never a model's first
                  candidate; above 1 the fallback was overloaded
   on degraded    share of attempts served while a degradation event matched them
   workflows      completed / started;  cost/done  cost per completed call, per class in order
 summary: SLO violation rates over all classes of the scenario together; tailroute/best =
   tailroute's rate / the best baseline's (lower is better); gap closed = share of the
-  best-baseline -> oracle distance tailroute covers"""
+  best-baseline -> (hindsight) oracle distance tailroute covers"""
 
 
 def summary_line(s: dict[str, Any]) -> str:

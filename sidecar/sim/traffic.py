@@ -9,6 +9,8 @@ does not grow with the run length.
 Poisson, on/off and MMPP are all piecewise-constant-rate Poisson processes: an
 exponential gap is drawn at the current rate and, if it crosses the end of the
 segment, the draw restarts at the segment boundary (exact, by memorylessness).
+A Poisson process with ``interpolate: linear`` ramps its rate between change
+points instead (thinning: exact too).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ def arrivals(
     """Arrivals of ``spec`` in ``[start, end)`` (seconds of simulated time)."""
     if isinstance(spec, Trace):
         return _trace(spec, start, end, source)
+    if isinstance(spec, Poisson) and spec.linear:
+        return _linear(spec, rng, start, end)
     return _piecewise(_segments(spec, rng, start, end), rng)
 
 
@@ -83,6 +87,26 @@ def _piecewise(
         while t < hi:
             yield t, None, None
             t += expo(rate)
+
+
+def _linear(spec: Poisson, rng: Stream, start: float, end: float) -> Iterator[ArrivalItem]:
+    """A Poisson process whose rate moves linearly between change points (a load ramp),
+    constant after the last one. Exact by thinning: candidates at the segment's peak
+    rate, each kept with probability rate(t) / peak."""
+    points = [(0.0, spec.rate), *spec.changes]
+    expo, uni = rng.expovariate, rng.random
+    for i, (at, r0) in enumerate(points):
+        nxt, r1 = points[i + 1] if i + 1 < len(points) else (end, r0)
+        lo, hi = max(at, start), min(nxt, end)
+        peak = max(r0, r1)
+        if lo >= hi or peak <= 0:
+            continue
+        slope = (r1 - r0) / (nxt - at) if nxt > at else 0.0
+        t = lo + expo(peak)
+        while t < hi:
+            if uni() * peak < r0 + slope * (t - at):
+                yield t, None, None
+            t += expo(peak)
 
 
 # ---------------------------------------------------------------- traces
@@ -151,7 +175,7 @@ def _trace(spec: Trace, start: float, end: float, source: str) -> Iterator[Arriv
 class Source:
     """One workload's arrival stream and its private random streams."""
 
-    __slots__ = ("_i", "_inp", "_out", "cancel_rng", "gen", "tok_rng", "wl")
+    __slots__ = ("_i", "_inp", "_out", "arrived", "cancel_rng", "gen", "tok_rng", "wl")
 
     def __init__(self, wl: WorkloadSpec, gen: Iterator[ArrivalItem], seed: int) -> None:
         self.wl = wl
@@ -161,6 +185,7 @@ class Source:
         self._inp: list[int] = []
         self._out: list[int] = []
         self._i = 0
+        self.arrived = 0  # arrivals so far: the next one's ordinal (its draw key)
 
     def tokens(self) -> tuple[int, int]:
         """The next (input, output) token counts of the workload's distributions.

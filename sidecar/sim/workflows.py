@@ -36,13 +36,16 @@ class WorkflowRunner:
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
 
-    def start(self, src: Source, inp: int | None, out: int | None, scored: bool) -> None:
-        """A workflow arrives now; ``inp``/``out`` are trace token counts, if any."""
+    def start(self, src: Source, inp: int | None, out: int | None, scored: bool,
+              ordinal: int = 0) -> None:
+        """A workflow arrives now; ``inp``/``out`` are trace token counts, if any;
+        ``ordinal`` is its arrival ordinal (its calls' draw keys derive from it)."""
         sim = self.sim
         wl = src.wl
         spec = wl.workflow
         assert spec is not None
         wf = Workflow(wl, sim.now, sim.now + spec.deadline, scored)
+        wf.key = ordinal * sum(st.fanout for st in spec.steps)
         rng = src.tok_rng
         for st in spec.steps:
             calls = []
@@ -79,7 +82,9 @@ class WorkflowRunner:
             if remaining <= 0:
                 self._finish(wf, completed=False)
                 return
-            calls = [self._step_call(src, wf, st, i, o) for i, o in wf.plan[wf.stage]]
+            first = wf.key + sum(len(p) for p in wf.plan[:wf.stage])
+            calls = [self._step_call(src, wf, st, i, o, first + j)
+                     for j, (i, o) in enumerate(wf.plan[wf.stage])]
             if st.kind == "optional" and remaining < st.min_budget:
                 for c in calls:  # the caller skips it: counted, never sent
                     c.workflow = None
@@ -94,12 +99,13 @@ class WorkflowRunner:
                 sim.send(c)
             return
 
-    def _step_call(self, src: Source, wf: Workflow, st: StepSpec, inp: int, out: int) -> Call:
+    def _step_call(self, src: Source, wf: Workflow, st: StepSpec, inp: int, out: int,
+                   key: int) -> Call:
         wl = wf.wl
         call = self.sim.new_call(src, st.klass or wl.klass,
                                  wl.stream if st.stream is None else st.stream, inp, out,
                                  st.max_tokens if st.max_tokens is not None else wl.max_tokens,
-                                 wf.scored)
+                                 wf.scored, key)
         call.workflow, call.step, call.deadline = wf, st, wf.deadline
         return call
 

@@ -14,7 +14,10 @@ Every policy sees the same thing a router in the request path would see:
 * ``tick(now)`` at the times ``next_deadline()`` asks for (only when
   ``needs_tick``);
 * optionally ``queue_until(call)`` / ``withdraw(call)``, for policies whose
-  ``choose`` may answer ``queue`` (see :mod:`sidecar.sim.engine`).
+  ``choose`` may answer ``queue`` (see :mod:`sidecar.sim.engine`);
+* optionally ``route_state(cluster, slice) -> (state, weight) | None``: how the
+  policy sees a route (a pure read), sampled at the end of every time bucket
+  for the ``route_state`` series.
 
 Policies must draw randomness only from the ``rng`` they are given (or one
 they were built with), so a run is reproducible for a seed.
@@ -49,14 +52,17 @@ POLICY_NAMES: tuple[str, ...] = (
     "tailroute_native",
     "tailroute_hybrid",
     "oracle",
+    "oracle_routing",
 )
 #: What ``simulate`` runs when neither the CLI nor the scenario names policies.
-#: Variants of tailroute (admission off, routing modes) run only when named.
-VARIANTS: tuple[str, ...] = ("tailroute_no_admission", "tailroute_native", "tailroute_hybrid")
+#: Variants (tailroute with admission off or in another routing mode, the lab's
+#: first oracle) run only when named.
+VARIANTS: tuple[str, ...] = ("tailroute_no_admission", "tailroute_native", "tailroute_hybrid",
+                             "oracle_routing")
 DEFAULT_POLICIES: tuple[str, ...] = tuple(p for p in POLICY_NAMES if p not in VARIANTS)
 #: Policies compared against tailroute in the summary (everything real that is not tailroute).
 BASELINES: tuple[str, ...] = tuple(
-    p for p in POLICY_NAMES if not p.startswith("tailroute") and p != "oracle"
+    p for p in POLICY_NAMES if not p.startswith("tailroute") and not p.startswith("oracle")
 )
 
 
@@ -123,6 +129,7 @@ def _factories() -> dict[str, Callable[[PolicyContext], Policy]]:
     from sidecar.sim.policies.anchors import LiteLLM, LiteLLMTtftPercentile, SemanticRouter
     from sidecar.sim.policies.envoy import EnvoyOutlier
     from sidecar.sim.policies.oracle import Oracle
+    from sidecar.sim.policies.oracle_routing import RoutingOracle
     from sidecar.sim.policies.simple import LeastInflight, P50Only, RandomPick, RoundRobin
     from sidecar.sim.policies.tailroute import Tailroute, TailrouteNoAdmission
     from sidecar.sim.policies.tailroute_native import TailrouteHybrid, TailrouteNative
@@ -141,4 +148,5 @@ def _factories() -> dict[str, Callable[[PolicyContext], Policy]]:
         "tailroute_native": TailrouteNative,
         "tailroute_hybrid": TailrouteHybrid,
         "oracle": Oracle,
+        "oracle_routing": RoutingOracle,
     }

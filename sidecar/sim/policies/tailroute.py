@@ -31,7 +31,7 @@ from collections import Counter
 
 from sidecar.core.config import Config
 from sidecar.core.router import Router
-from sidecar.core.types import Decision
+from sidecar.core.types import Decision, SliceKey
 from sidecar.sim.policies import BasePolicy, PolicyContext
 from sidecar.sim.records import Attempt, Call
 
@@ -76,6 +76,11 @@ class Tailroute(BasePolicy):
 
     def next_deadline(self) -> float | None:
         return self.router.next_deadline()
+
+    def route_state(self, cluster: str, slice: SliceKey) -> tuple[str, float]:
+        """How the router sees the route now: health state and weight (the lab's series)."""
+        h = self.router.health(cluster, slice)
+        return h.state, h.weight
 
     def stats(self) -> dict[str, dict[str, int]]:
         decisions = {label: n for (kind, label), n in sorted(self.router.counters.items())
