@@ -84,7 +84,7 @@ def test_extproc_mode_and_envoy_alone_render_the_ext_proc_bootstrap() -> None:
 
 @pytest.mark.parametrize(("change", "message"), [
     ({"routing": {"mode": "native"}, "rename": True},
-     "t.yaml: routing.mode: routing.mode native cannot rewrite the request body"),
+     "t.yaml: routing.mode: native routing cannot rewrite the request body"),
     ({"routing": {"mode": "hybrid", "per_request_classes": ["nope"]}},
      "t.yaml: routing.per_request_classes: unknown class 'nope'"),
     ({"routing": {"mode": "sideways"}}, "t.yaml: routing.mode: must be one of"),

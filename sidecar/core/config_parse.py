@@ -358,7 +358,7 @@ def _check_native_routing(root: ConfigReader, cfg: Config) -> None:
         for client_name, upstream in c.models.items():
             if client_name != upstream:
                 root.fail(
-                    f"routing.mode {cfg.routing.mode} cannot rewrite the request body, but "
+                    f"{cfg.routing.mode} routing cannot rewrite the request body, but "
                     f"clusters[{i}].models maps {client_name!r} to {upstream!r}; serve the "
                     "model under the name clients send, or use routing.mode extproc",
                     "routing.mode",
