@@ -97,10 +97,11 @@ def _cmd_check_config(ns: argparse.Namespace) -> int:
 
 def _cmd_envoy_config(ns: argparse.Namespace) -> int:
     from sidecar.ops.config_file import load_config
-    from sidecar.shell.bootstrap import render_bootstrap, to_yaml
+    from sidecar.shell.bootstrap import to_yaml
+    from sidecar.shell.bootstrap_native import render_for_mode
 
     cfg = load_config(ns.config)
-    text = to_yaml(render_bootstrap(cfg, grpc_target=ns.grpc, unix_socket=ns.unix))
+    text = to_yaml(render_for_mode(cfg, grpc_target=ns.grpc, unix_socket=ns.unix))
     if ns.output:
         with open(ns.output, "w", encoding="utf-8") as f:
             f.write(text)
@@ -140,8 +141,20 @@ def _cmd_bench(ns: argparse.Namespace) -> int:
         from sidecar.devtools.bench_load import run_load_bench
 
         levels = tuple(int(x) for x in (ns.levels or "1,16,64,256").split(","))
+        if ns.rounds < 1:
+            raise ConfigError(f"--rounds: must be >= 1, got {ns.rounds}")
+        modes = tuple(m.strip() for m in ns.modes.split(","))
+        bad = [m for m in modes if m not in ("extproc", "native", "hybrid")]
+        if bad:
+            raise ConfigError(f"--modes: unknown routing mode(s) {', '.join(bad)} "
+                              "(known: extproc, native, hybrid)")
         return run_load_bench(levels, duration_s=ns.duration, stream=not ns.no_stream,
-                              tokens=ns.tokens, loop=ns.loop, workers=ns.workers)
+                              tokens=ns.tokens, loop=ns.loop, modes=modes, rounds=ns.rounds,
+                              workers=ns.workers)
+    if ns.what == "publish":
+        from sidecar.devtools.bench_native import run_publish_bench
+
+        return run_publish_bench()
     from sidecar.devtools.bench import run_bench
 
     return run_bench(ns.what, requests=ns.requests, concurrency=ns.concurrency)
@@ -236,10 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_cmd_demo)
 
     b = sub.add_parser("bench", help="benchmarks (print figures; not tests)")
-    b.add_argument("what", choices=["overhead", "load", "soak"],
+    b.add_argument("what", choices=["overhead", "load", "soak", "publish"],
                    help="overhead: added latency and CPU per request, per setup; "
                         "load: Envoy alone vs Envoy + tailroute at rising concurrency; "
-                        "soak: memory under steady load (RSS slope)")
+                        "soak: memory under steady load (RSS slope); "
+                        "publish: how fast native-mode weights reach Envoy, what a dead "
+                        "sidecar leaves")
     b.add_argument("--requests", type=int, default=400, help="overhead: requests per setup")
     b.add_argument("--concurrency", type=int, default=8,
                    help="overhead, soak: concurrent clients")
@@ -254,6 +269,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "redis-server started for the run (needs redis-server)")
     b.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                    help="load: the sidecar's event loop")
+    b.add_argument("--rounds", type=int, default=3,
+                   help="load: alternate the setups this many times per level (drift on a "
+                        "shared machine then hits all alike)")
+    b.add_argument("--modes", default="extproc", metavar="M1,M2,...",
+                   help="load: routing modes to run beside Envoy alone: extproc, native, "
+                        "hybrid (10 %% per-request traffic); default extproc")
     soak = b.add_argument_group("soak (memory under steady load)")
     soak.add_argument("--minutes", type=float, default=30.0, help="soak length (bounded)")
     soak.add_argument("--rate", type=float, default=70.0, help="requests per second")

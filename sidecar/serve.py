@@ -29,9 +29,11 @@ from sidecar.fleet.metrics import FleetCollector
 from sidecar.ops import genai_metrics, snapshot
 from sidecar.ops.admin import AdminServer
 from sidecar.ops.metrics import build_registry
+from sidecar.ops.native_metrics import NativeCollector
 from sidecar.ops.reload import ConfigReloader, watch_loop
 from sidecar.shell.app import App
 from sidecar.shell.health import HealthService
+from sidecar.shell.native import NativeRouting
 from sidecar.shell.server import ExtProcService, start_grpc, tick_loop
 from sidecar.shell.startup import bind_error, check_bindable, check_unix_path
 from sidecar.shell.tls import CertificateWatcher
@@ -81,6 +83,7 @@ async def _start_grpc(
     app: App, tcp: str | None, unix: str | None, phase_hist: Histogram, tcp_setting: str,
     unix_setting: str, health: HealthService, tls: CertificateWatcher | None,
     reuse_port: bool = False,
+    native: NativeRouting | None = None,
 ) -> tuple[grpc.aio.Server, ExtProcService, int | None]:
     """Start the ext_proc server; a busy or invalid address is a one-line StartupError.
     ``reuse_port`` (``--workers``): the port is shared, so it is not probed first."""
@@ -91,7 +94,7 @@ async def _start_grpc(
     try:
         return await start_grpc(app, tcp, unix, phase_hist, register=health.register,
                                 tcp_credentials=tls.credentials() if tls else None,
-                                reuse_port=reuse_port)
+                                reuse_port=reuse_port, native=native)
     except (OSError, RuntimeError) as exc:
         addr, setting = (tcp, tcp_setting) if tcp else (f"unix:{unix}", unix_setting)
         raise bind_error("ext_proc gRPC", addr or "", setting, exc) from None
@@ -201,11 +204,16 @@ async def serve(
     tls = CertificateWatcher(tls_cfg, config.source) if tls_cfg is not None and tcp else None
     admin_at = admin_addr if admin_addr is not None else config.listen.admin
     admin_port = await _start_admin(admin, admin_at, "--admin" if admin_addr else "listen.admin")
+    native = None
+    if config.routing.mode != "extproc":
+        native = NativeRouting(lambda: app.config, lambda: app.router)
+        registry.register(NativeCollector(native))
+        admin.extra_state["native"] = native.state
     server, service, port = await _start_grpc(
         app, tcp or None, unix, phase_hist,
         tcp_setting="--grpc" if grpc_addr is not None else "listen.grpc",
         unix_setting="--unix" if unix_arg is not None else "listen.grpc_unix", health=health,
-        tls=tls, reuse_port=worker is not None)
+        tls=tls, reuse_port=worker is not None, native=native)
     health.set_serving(True)  # config loaded, listeners up
     serving = True
     stop, hup = asyncio.Event(), asyncio.Event()
@@ -221,6 +229,8 @@ async def serve(
         tasks.append(asyncio.create_task(watch_loop(reloader, stop, hup, watch_every_s)))
     if fleet is not None:
         tasks.append(asyncio.create_task(fleet.run(stop)))
+    if native is not None:
+        tasks.append(asyncio.create_task(native.loop(app.tick, stop)))
     log.info("tailroute serving ext_proc on %s%s; admin on %s:%d",
              f"{tcp.rpartition(':')[0]}:{port}" if port and tcp else "",
              f" unix:{unix}" if unix else "", admin_at.rpartition(":")[0] or "127.0.0.1",

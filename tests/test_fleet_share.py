@@ -3,6 +3,7 @@ observed its requests; followed routes are left to their owner; states move inta
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import given, settings
@@ -18,6 +19,7 @@ from sidecar.core.fleet_share import (
     route_state,
 )
 from sidecar.core.health import HealthState
+from sidecar.core.health_board import CLUSTER_SLICE
 from sidecar.core.router import Router
 from sidecar.core.stats import StatsStore
 from sidecar.core.types import Observation, SliceKey
@@ -67,8 +69,11 @@ def test_merging_a_peers_subwindows_equals_observing_its_requests(
                 assert (got.value, got.samples) == (want.value, want.samples)
             if both.series(cluster, s) is not None:
                 assert local.series(cluster, s) is not None
-                assert local.window_summary(cluster, s, "ttft", 0.95, now) == \
-                    both.window_summary(cluster, s, "ttft", 0.95, now)
+                got_w, want_w = (st_.window_summary(cluster, s, "ttft", 0.95, now)
+                                 for st_ in (local, both))
+                assert replace(got_w, cum=None) == replace(want_w, cum=None)
+                for threshold in (0.05, 0.5, 2.0):
+                    assert got_w.samples_over(threshold) == want_w.samples_over(threshold)
 
 
 def test_merge_invalidates_cached_quantiles_and_places_by_index() -> None:
@@ -111,13 +116,14 @@ def test_a_peers_overflow_key_stays_an_overflow_key() -> None:
 
 
 def _quarantined_router(cfg: Config) -> tuple[Router, float]:
+    """Hard failures in a row quarantine cluster ``a`` cluster-wide (the fast path)."""
     r = Router(cfg)
     now = 1000.0
     for i in range(10):
         now = 1000.0 + i * 0.5
         r.observe(Observation("a", SLICES[0], "error", status=500), now)
     r.tick(1010.01)
-    h = r.board.peek("a", SLICES[0])
+    h = r.board.peek("a", CLUSTER_SLICE)
     assert h is not None and h.state is HealthState.QUARANTINED
     return r, 1012.0
 
@@ -126,17 +132,17 @@ def test_route_state_moves_between_boards_and_signature_tracks_it() -> None:
     cfg = _config()
     src, now = _quarantined_router(cfg)
     dst = Router(cfg)
-    state = route_state(src.board, "a", SLICES[0], now)
-    event = adopt_route(dst.board, "a", SLICES[0], state, now - 1.0, now, "fleet: test")
+    state = route_state(src.board, "a", CLUSTER_SLICE, now)
+    event = adopt_route(dst.board, "a", CLUSTER_SLICE, state, now - 1.0, now, "fleet: test")
     assert event is not None and (event.old, event.new) == ("healthy", "quarantined")
-    h_src, h_dst = src.board.peek("a", SLICES[0]), dst.board.peek("a", SLICES[0])
+    h_src, h_dst = src.board.peek("a", CLUSTER_SLICE), dst.board.peek("a", CLUSTER_SLICE)
     assert h_src is not None and h_dst is not None
     # Written one second before ``now``: every time is one second earlier here.
     assert h_dst.cooldown_until is not None and h_src.cooldown_until is not None
     assert abs((h_src.cooldown_until - now) - (h_dst.cooldown_until - (now - 1.0))) < 1e-6
-    assert route_signature(dst.board, "a", SLICES[0]) != ()
-    assert adopt_route(dst.board, "a", SLICES[0], {}, now, now, "fleet: test") is not None
-    assert dst.board.peek("a", SLICES[0]) is None and route_signature(dst.board, "a",
+    assert route_signature(dst.board, "a", CLUSTER_SLICE) != ()
+    assert adopt_route(dst.board, "a", CLUSTER_SLICE, {}, now, now, "fleet: test") is not None
+    assert dst.board.peek("a", CLUSTER_SLICE) is None and route_signature(dst.board, "a",
                                                                        SLICES[0]) == ()
 
 
@@ -145,16 +151,16 @@ def test_follower_board_leaves_followed_routes_to_the_owner() -> None:
     r = Router(cfg)
     board = FollowerBoard.wrap(r.board)
     r.board = board
-    board.followed = {("a", SLICES[0])}
+    board.followed = {("a", CLUSTER_SLICE)}
     for i in range(10):
         r.observe(Observation("a", SLICES[0], "error", status=500), 1000.0 + i * 0.5)
         r.observe(Observation("b", SLICES[0], "error", status=500), 1000.0 + i * 0.5)
     r.tick(1010.01)
-    assert board.peek("a", SLICES[0]) is None  # followed: no local verdict
-    hb = board.peek("b", SLICES[0])
+    assert board.peek("a", CLUSTER_SLICE) is None  # followed: no local verdict
+    hb = board.peek("b", CLUSTER_SLICE)
     assert hb is not None and hb.state is HealthState.QUARANTINED  # not followed: local
-    assert board.record_probe("a", SLICES[0], True, 1011.0) == []
-    assert board.probe_outbox == [("a", SLICES[0], True)]
+    assert board.record_probe("a", CLUSTER_SLICE, True, 1011.0) == []
+    assert board.probe_outbox == [("a", CLUSTER_SLICE, True)]
 
 
 def test_codec_roundtrip_and_diff() -> None:
@@ -179,5 +185,5 @@ def test_a_followed_routes_cooldown_is_no_deadline_here() -> None:
     r, _ = _quarantined_router(cfg)
     board = FollowerBoard.wrap(r.board)
     assert board.next_deadline() is not None
-    board.followed = {("a", SLICES[0])}
+    board.followed = {("a", CLUSTER_SLICE)}
     assert board.next_deadline() is None  # the owner ends it; we adopt its answer

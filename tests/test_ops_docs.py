@@ -12,6 +12,7 @@ import pytest
 from sidecar.core import config as c
 from sidecar.core.tls_config import ListenTlsConfig, SidecarTlsConfig
 from sidecar.ops.metrics import METRIC_NAMES
+from sidecar.ops.native_metrics import METRIC_NAMES as NATIVE_METRIC_NAMES
 
 DOC = Path(__file__).resolve().parent.parent / "README.md"
 # Reference section heading -> the dataclasses whose fields it documents.
@@ -28,6 +29,7 @@ SECTIONS: dict[str, tuple[type, ...]] = {
     "`envoy` (used by `tailroute envoy-config`)": (c.EnvoyConfig, SidecarTlsConfig),
     "`timing`": (c.TimingConfig,),
     "`fleet`": (c.FleetConfig,),
+    "`routing`": (c.RoutingConfig,),
 }
 _INTERNAL = {"source"}  # set by the loader, not a YAML field
 
@@ -61,5 +63,5 @@ def test_every_config_field_is_in_the_reference(heading: str) -> None:
 
 def test_every_metric_is_documented() -> None:
     text = DOC.read_text()
-    missing = [m for m in METRIC_NAMES if f"`{m}`" not in text]
+    missing = [m for m in (*METRIC_NAMES, *NATIVE_METRIC_NAMES) if f"`{m}`" not in text]
     assert not missing, f"metrics missing from README.md: {missing}"

@@ -39,6 +39,12 @@ _PROFILES: tuple[tuple[str, int, int], ...] = (
 )
 _LONG = "long"
 _DEFAULT_MAX_TOKENS = 256  # when the client gives none: a typical chat answer
+# Public view of the bounds above for code that buckets requests outside Python
+# (native mode's Envoy routes, sidecar.shell.bootstrap_native).
+TOKEN_PROFILES = _PROFILES
+LONG_PROFILE = _LONG
+DEFAULT_MAX_TOKENS = _DEFAULT_MAX_TOKENS
+CHARS_PER_TOKEN = 4  # approx_tokens: ceil(chars / 4)
 _NAME_OK = re.compile(r"^[A-Za-z0-9._:/@+-]{1,128}$")
 
 API_PATHS: dict[str, Api] = {

@@ -20,6 +20,7 @@ from sidecar.core.tls_config import ListenTlsConfig, SidecarTlsConfig
 
 Metric = Literal["ttft", "tpot", "e2e"]
 PickerMode = Literal["weighted_random", "lowest_score"]
+RoutingMode = Literal["extproc", "native", "hybrid"]
 Algorithm = Literal["latency_aware", "static"]
 # Routing profile of a model: tailroute's own, or semantic-router's latency_aware
 # reproduced exactly (sidecar.core.compat_sr).
@@ -229,6 +230,25 @@ class FleetConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class RoutingConfig:
+    """Who picks the cluster (docs/native-mode.md).
+
+    ``extproc``: the sidecar decides every request (ext_proc). ``native``: Envoy
+    picks from per-slice ``weighted_clusters`` whose weights the sidecar publishes
+    once per evaluation window (RTDS). ``hybrid``: requests that need a
+    per-request decision (deadline, workflow step, explain, ``per_request_classes``)
+    go through ext_proc, all others take the native path.
+    """
+
+    mode: RoutingMode = "extproc"
+    # hybrid: classes whose requests always get a per-request decision (admission, queueing).
+    per_request_classes: tuple[str, ...] = ()
+    # native/hybrid: how often weights are recomputed from the live load (health and
+    # latency verdicts still change once per evaluation window, stats.subwindow_s).
+    publish_interval_s: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole sidecar configuration. Build with :func:`parse_config`."""
 
@@ -245,6 +265,7 @@ class Config:
     limits: LimitsConfig = LimitsConfig()
     envoy: EnvoyConfig = EnvoyConfig()
     timing: TimingConfig = TimingConfig()
+    routing: RoutingConfig = RoutingConfig()
     snapshot_path: str | None = None
     fleet: FleetConfig | None = None  # None: standalone
     source: str = "<memory>"

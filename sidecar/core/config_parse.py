@@ -29,6 +29,7 @@ from sidecar.core.config import (
     LimitsConfig,
     ListenConfig,
     ModelConfig,
+    RoutingConfig,
     SloConfig,
     StatsConfig,
     TimingConfig,
@@ -373,6 +374,40 @@ def _fleet(r: ConfigReader, stats: StatsConfig) -> FleetConfig | None:
     return cfg
 
 
+def _routing(
+    r: ConfigReader, classes: tuple[ClassConfig, ...], stats: StatsConfig
+) -> RoutingConfig:
+    known = [c.name for c in classes]
+    per_request = tuple(str(x) for x in r.list_("per_request_classes"))
+    for name in per_request:
+        if name not in known:
+            r.bad(f"unknown class {name!r} (known: {', '.join(known)})",
+                  "per_request_classes", None)
+    cfg = RoutingConfig(
+        mode=r.choice("mode", "extproc", ("extproc", "native", "hybrid")),
+        per_request_classes=per_request,
+        publish_interval_s=r.num("publish_interval_s", min(1.0, stats.subwindow_s), lo=0.05,
+                                 hi=stats.subwindow_s),
+    )
+    r.done()
+    return cfg
+
+
+def _check_native_routing(root: ConfigReader, cfg: Config) -> None:
+    """Envoy's native path cannot rewrite the body: no cluster may rename a model."""
+    if cfg.routing.mode == "extproc":
+        return
+    for i, c in enumerate(cfg.clusters):
+        for client_name, upstream in c.models.items():
+            if client_name != upstream:
+                root.fail(
+                    f"{cfg.routing.mode} routing cannot rewrite the request body, but "
+                    f"clusters[{i}].models maps {client_name!r} to {upstream!r}; serve the "
+                    "model under the name clients send, or use routing.mode extproc",
+                    "routing.mode",
+                )
+
+
 def parse_config(data: Any, source: str = "<memory>") -> Config:
     """Validate a mapping (parsed YAML) into a frozen :class:`Config`.
 
@@ -441,6 +476,7 @@ def _parse(root: ConfigReader, source: str) -> Config:
             return root.raw("fleet")  # type: ignore[no-any-return]  # absent or null
         return root.attempt(lambda: _fleet(root.sub("fleet"), stats), None)
 
+    stats = section(_stats, "stats", StatsConfig())
     cfg = Config(
         clusters=tuple(clusters.values()),
         models=tuple(models),
@@ -448,13 +484,15 @@ def _parse(root: ConfigReader, source: str) -> Config:
         default_cluster=default_cluster,
         default_class=default_class,
         picker=root.choice("picker", "weighted_random", ("weighted_random", "lowest_score")),
-        stats=(stats := section(_stats, "stats", StatsConfig())),
+        stats=stats,
         health=section(_health, "health", HealthConfig()),
         admission=section(_admission, "admission", AdmissionConfig()),
         listen=section(_listen, "listen", ListenConfig()),
         limits=section(_limits, "limits", LimitsConfig()),
         envoy=section(_envoy, "envoy", EnvoyConfig()),
         timing=section(_timing, "timing", TimingConfig()),
+        routing=section(partial(_routing, classes=classes, stats=stats), "routing",
+                        RoutingConfig()),
         snapshot_path=root.opt_str("snapshot_path"),
         fleet=fleet_section(stats),
         source=source,
@@ -463,6 +501,7 @@ def _parse(root: ConfigReader, source: str) -> Config:
     if root.clean_since(0):
         _check_queue_wait(root, cfg)
         check_tls_pair(root, cfg.listen.tls, cfg.envoy.sidecar_tls)
+        _check_native_routing(root, cfg)
     return cfg
 
 

@@ -45,7 +45,7 @@ from sidecar.core.config import HealthConfig, Metric, StatsConfig
 from sidecar.core.health import RouteHealth
 from sidecar.core.health_board import HealthBoard, _load_route, _route_to_dict
 from sidecar.core.histogram import LogHistogram
-from sidecar.core.series import RouteStats
+from sidecar.core.series import RouteStats, _Decayed
 from sidecar.core.stats import OVERFLOW_CLASS, StatsStore
 from sidecar.core.types import SliceKey, TransitionEvent
 
@@ -155,10 +155,13 @@ def _add(rs: RouteStats, data: SubWindowData, idx: int, now: float,
         setattr(slot, c, getattr(slot, c) + getattr(data, c))
     for m, h in data.hists.items():
         slot.hists[m].merge(h)
-    # Invariant 3: the completed-window merge and the quantile cache are stale now.
-    rs._past.clear()
-    rs._qcache.clear()
-    rs._version += 1
+    # Invariant 3: the decayed window (when a completed sub-window changed) and the
+    # evidence cache are stale now; a fresh _Decayed is rebuilt from the ring on
+    # the next read, which also honours the route's fence.
+    if idx < k:
+        rs._past = _Decayed(rs.accuracy)
+    rs._evidence.clear()
+    rs.version += 1
     seen = now if seen_at is None else min(seen_at, now)
     rs.last_seen = seen if rs.last_seen is None else max(rs.last_seen, seen)
 
@@ -193,6 +196,16 @@ class FollowerBoard(HealthBoard):
         if (cluster, slice) in self.followed:
             return []
         return super()._run(cluster, slice, now, step)
+
+    def note_outcome(
+        self, cluster: str, slice: SliceKey, hard_failure: bool, now: float,
+        sent_at: float | None = None, part: str | None = None,
+    ) -> bool:
+        """Runs of hard failures on a followed route are the owner's to count (it
+        sees the same outage on its own traffic); no local state is kept for them."""
+        if (cluster, slice) in self.followed:
+            return False
+        return super().note_outcome(cluster, slice, hard_failure, now, sent_at, part)
 
     def next_deadline(self) -> float | None:
         """Cooldowns of followed routes are the owner's to end: a passed one must not

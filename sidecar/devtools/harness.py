@@ -26,7 +26,8 @@ from typing import Any
 import yaml
 
 from sidecar.core.config import Config, parse_config
-from sidecar.shell.bootstrap import render_bootstrap, to_yaml
+from sidecar.shell.bootstrap import to_yaml
+from sidecar.shell.bootstrap_native import render_for_mode
 
 
 def free_port() -> int:
@@ -171,12 +172,12 @@ class Stack:
                     with_sidecar: bool = True, name: str = "envoy",
                     envoy_concurrency: int = 1,
                     edit: Callable[[dict[str, Any]], None] | None = None) -> int:
-        """Render the bootstrap from the config and start Envoy; ``edit`` may change
+        """Render the bootstrap for the config's routing mode and start Envoy; ``edit`` may change
         the rendered bootstrap first (tests of setups the renderer never makes)."""
         assert self.config is not None, "write_config first"
         listen, admin = free_port(), free_port()
         port = sidecar_port or self.ports.get("sidecar") or free_port()
-        boot = render_bootstrap(
+        boot = render_for_mode(
             self.config,
             grpc_target=None if unix else f"127.0.0.1:{port}",
             unix_socket=unix,

@@ -28,6 +28,13 @@ class ClientResult:
     def ok(self) -> int:
         return sum(n for s, n in self.statuses.items() if 200 <= s < 300)
 
+    def merge(self, other: ClientResult) -> None:
+        """Add another run's requests (rounds of one setup); walls add up."""
+        self.latencies.extend(other.latencies)
+        self.statuses.update(other.statuses)
+        self.failures.update(other.failures)
+        self.wall += other.wall
+
     @property
     def rps(self) -> float:
         return sum(self.statuses.values()) / self.wall if self.wall else 0.0
@@ -69,7 +76,8 @@ async def _read_response(reader: asyncio.StreamReader) -> int:
     return status
 
 
-async def _worker(port: int, payload: bytes, until: float, cap: int, out: ClientResult) -> None:
+async def _worker(port: int, payloads: list[bytes], until: float, cap: int,
+                  out: ClientResult) -> None:
     reader = writer = None
     sent = 0
     try:
@@ -78,6 +86,7 @@ async def _worker(port: int, payload: bytes, until: float, cap: int, out: Client
                 reader, writer = await asyncio.open_connection("127.0.0.1", port)
             assert reader is not None
             t0 = time.perf_counter()
+            payload = payloads[sent % len(payloads)]
             sent += 1
             try:
                 writer.write(payload)
@@ -98,13 +107,20 @@ async def _worker(port: int, payload: bytes, until: float, cap: int, out: Client
 
 
 async def run(port: int, concurrency: int, duration_s: float, stream: bool, tokens: int,
-              headers: dict[str, str] | None = None, cap: int = 1_000_000) -> ClientResult:
+              headers: dict[str, str] | None = None, cap: int = 1_000_000,
+              every: tuple[int, dict[str, str]] | None = None) -> ClientResult:
+    """``every=(n, extra)``: every n-th request of each connection also sends ``extra``."""
     out = ClientResult()
-    payload = request_bytes(stream, tokens, headers)
+    payloads = [request_bytes(stream, tokens, headers)]
+    if every is not None:
+        n, extra = every
+        payloads = [request_bytes(stream, tokens, {**(headers or {}), **extra}),
+                    *payloads * (n - 1)]
     t0 = time.perf_counter()
     until = t0 + duration_s
     per = max(cap // concurrency, 1)
-    await asyncio.gather(*(_worker(port, payload, until, per, out) for _ in range(concurrency)))
+    await asyncio.gather(*(_worker(port, payloads, until, per, out)
+                           for _ in range(concurrency)))
     out.wall = time.perf_counter() - t0
     return out
 

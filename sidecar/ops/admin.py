@@ -47,6 +47,8 @@ class AdminServer:
         self.registry = registry
         self.ready = ready
         self._server: asyncio.Server | None = None
+        # More /state sections from other parts of the shell (name -> view at ``now``).
+        self.extra_state: dict[str, Callable[[float], Any]] = {}
         # Latency over time for the status page's charts: bounded ring of samples.
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY_POINTS)
         self.routes: dict[str, Handler] = {
@@ -93,8 +95,11 @@ class AdminServer:
         self.history.append(point)
 
     def _state(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
-        data = state_json(self.app.router, self._now())
-        data["envoy"] = self.app.envoy_view(self._now())
+        now = self._now()
+        data = state_json(self.app.router, now)
+        data["envoy"] = self.app.envoy_view(now)
+        for name, view in self.extra_state.items():
+            data[name] = view(now)
         if "history" in q:
             data["history"] = list(self.history)
         return 200, "application/json", json.dumps(data).encode()

@@ -153,6 +153,7 @@ class App:
             "fail_open": env["fail_open"],
             "not_routed": env["not_routed"],
             "orphan": env["orphan"],
+            "native": env["native"],  # routed by Envoy's weights (routing.mode native/hybrid)
             "decided_share": round(env["decided"] / llm, 6) if llm else None,
             "lost": env["lost"],
             "late": env["late"],

@@ -29,12 +29,14 @@ from sidecar.core.input_limits import grpc_receive_limit
 from sidecar.pb.envoy.service.accesslog.v3 import als_pb2_grpc
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
-from sidecar.shell.access_log import AccessLogService
+from sidecar.shell.access_log import AccessLogService, Sink
 from sidecar.shell.admission import CapacitySignal, Hold
 from sidecar.shell.app import App
 from sidecar.shell.extproc import ObserveStream, RouteStream, continue_unchanged
 from sidecar.shell.grpc_settle import settle
+from sidecar.shell.native import NativeFeed, NativeRouting
 from sidecar.shell.outcomes import OutcomeFeed
+from sidecar.shell.rtds import add_to_server as add_rtds
 
 log = logging.getLogger("tailroute.server")
 # HTTP/2 keepalive: a peer that vanished without closing (crash, partition) is found
@@ -170,6 +172,7 @@ async def start_grpc(
     register: Callable[[grpc.aio.Server], None] | None = None,
     tcp_credentials: grpc.ServerCredentials | None = None,
     reuse_port: bool = False,
+    native: NativeRouting | None = None,
 ) -> tuple[grpc.aio.Server, ExtProcService, int | None]:
     """Start the gRPC server on a TCP address (``host:port``, port 0 = any) and/or a Unix socket.
 
@@ -177,8 +180,10 @@ async def start_grpc(
     ``register`` adds further services (the health service), ``tcp_credentials``
     makes the TCP listener TLS (:mod:`sidecar.shell.tls`). ``reuse_port``:
     SO_REUSEPORT, so ``serve --workers N`` processes share one port (off otherwise:
-    a second sidecar on a taken port must fail, not split traffic). Returns the
-    server, the ext_proc service and the bound TCP port (None when TCP is off).
+    a second sidecar on a taken port must fail, not split traffic). With ``native``
+    (routing.mode native/hybrid) it also serves the weights over RTDS and learns
+    from the native path's access-log entries. Returns the server, the ext_proc
+    service and the bound TCP port (None when TCP is off).
     """
     server = grpc.aio.server(
         options=[
@@ -194,7 +199,11 @@ async def start_grpc(
     )
     service = ExtProcService(app, phase_hist)
     pb_grpc.add_ExternalProcessorServicer_to_server(service, server)
-    service.access_log = AccessLogService(OutcomeFeed(app), app.envoy)
+    feed: Sink = OutcomeFeed(app)
+    if native is not None:
+        feed = NativeFeed(app, native, feed)
+        native.rtds = add_rtds(server, native.layer)
+    service.access_log = AccessLogService(feed, app.envoy)
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(service.access_log, server)
     if register is not None:
         register(server)

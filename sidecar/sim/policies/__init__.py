@@ -49,12 +49,17 @@ POLICY_NAMES: tuple[str, ...] = (
     "envoy_outlier",
     "tailroute",
     "tailroute_no_admission",
+    "tailroute_native",
+    "tailroute_hybrid",
     "oracle",
     "oracle_routing",
 )
 #: What ``simulate`` runs when neither the CLI nor the scenario names policies.
-DEFAULT_POLICIES: tuple[str, ...] = tuple(
-    p for p in POLICY_NAMES if p not in ("tailroute_no_admission", "oracle_routing"))
+#: Variants (tailroute with admission off or in another routing mode, the lab's
+#: first oracle) run only when named.
+VARIANTS: tuple[str, ...] = ("tailroute_no_admission", "tailroute_native", "tailroute_hybrid",
+                             "oracle_routing")
+DEFAULT_POLICIES: tuple[str, ...] = tuple(p for p in POLICY_NAMES if p not in VARIANTS)
 #: Policies compared against tailroute in the summary (everything real that is not tailroute).
 BASELINES: tuple[str, ...] = tuple(
     p for p in POLICY_NAMES if not p.startswith("tailroute") and not p.startswith("oracle")
@@ -127,6 +132,7 @@ def _factories() -> dict[str, Callable[[PolicyContext], Policy]]:
     from sidecar.sim.policies.oracle_routing import RoutingOracle
     from sidecar.sim.policies.simple import LeastInflight, P50Only, RandomPick, RoundRobin
     from sidecar.sim.policies.tailroute import Tailroute, TailrouteNoAdmission
+    from sidecar.sim.policies.tailroute_native import TailrouteHybrid, TailrouteNative
 
     return {
         "round_robin": RoundRobin,
@@ -139,6 +145,8 @@ def _factories() -> dict[str, Callable[[PolicyContext], Policy]]:
         "envoy_outlier": EnvoyOutlier,
         "tailroute": Tailroute,
         "tailroute_no_admission": TailrouteNoAdmission,
+        "tailroute_native": TailrouteNative,
+        "tailroute_hybrid": TailrouteHybrid,
         "oracle": Oracle,
         "oracle_routing": RoutingOracle,
     }

@@ -1,0 +1,418 @@
+"""Per-slice route weights for native mode: the policy core's selection, once per window.
+
+In native mode Envoy picks each request's cluster itself, from the slice's
+``weighted_clusters`` route, with integer weights tailroute publishes once per
+evaluation window (docs/native-mode.md). They come from the same selection
+pipeline the per-request path runs (:mod:`sidecar.core.pipeline`), for a
+representative request of the slice:
+
+1. **Route candidates** (:func:`route_candidates`): the model's candidates that
+   pass the hard filters (model served, region policy). Those depend on config
+   only, so the rendered route lists exactly these clusters.
+2. **Probes**: every candidate the per-request path would probe -- probing
+   (cooldown over), or restricted for a latency-sensitive class -- that has
+   room (in flight below ``max_concurrency``) gets ``health.probe_share`` of the
+   slice's traffic, as :meth:`Router._maybe_probe` sends it per request. Its
+   responses count as probes (:attr:`SliceWeights.probes`).
+3. **Selection** shares the rest, ``1 - probes``, by the picker's probabilities
+   over the pipeline's survivors::
+
+       weighted_random   p_i = w_i / sum_j w_j    (w = health x prod s^k, exploration floor)
+       lowest_score      p_chosen = 1
+
+   Quarantined routes never survive the quarantine filter (weight 0) -- unless
+   every candidate is excluded, when panic mode serves the least-bad tier.
+4. **Integers**: largest-remainder rounding to exactly ``scale`` (ties go to
+   candidate order); a candidate with a positive share keeps at least 1.
+
+Invariants (tests/test_weights.py, hypothesis properties):
+
+* the weights of a slice sum to ``scale`` > 0 -- never all zero: Envoy 1.40
+  answers 404 (no route) when every weight of a ``weighted_clusters`` is 0;
+* a quarantined route (circuit open, not probed) has weight 0 unless every
+  candidate's circuit is open (quarantined or probing): then panic mode
+  serves them all, as it does per request;
+* a pure function of the view, the config and ``now``.
+
+What a window cannot do: in-flight counts are the window's average
+(:class:`WindowLoad`), so the capacity filter, herding guard and load score act
+on the last window's load, not on each request's.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from sidecar.core.classify import LONG_PROFILE, TOKEN_PROFILES
+from sidecar.core.config import Config, ModelConfig
+from sidecar.core.evidence import RouteEvidence
+from sidecar.core.filters import DEFAULT_FILTERS
+from sidecar.core.pickers import PICKERS
+from sidecar.core.pipeline import (
+    Candidate,
+    HealthView,
+    LatencyValue,
+    RouteView,
+    SelectionContext,
+    run_pipeline,
+)
+from sidecar.core.router import Router
+from sidecar.core.scorers import DEFAULT_SCORERS
+from sidecar.core.types import RequestInfo, SliceKey
+
+WEIGHT_SCALE = 10_000  # integer weights of one slice sum to this
+PROFILES: tuple[str, ...] = (*(p[0] for p in TOKEN_PROFILES), LONG_PROFILE)
+
+
+@dataclass(frozen=True, slots=True)
+class SliceWeights:
+    """What Envoy is told for one slice: integer weights in route-candidate order."""
+
+    slice: SliceKey
+    weights: tuple[tuple[str, int], ...]
+    probes: tuple[str, ...] = ()  # clusters whose share is the probe share
+    panic: bool = False  # every candidate was excluded: least-bad tier served
+
+    def weight(self, cluster: str) -> int:
+        return dict(self.weights).get(cluster, 0)
+
+    @property
+    def total(self) -> int:
+        return sum(w for _, w in self.weights)
+
+
+class _NoView:
+    """Hard filters read config only; a view that says so if that ever changes."""
+
+    def latency(
+        self, cluster: str, slice: SliceKey, metric: str, percentile: float, now: float
+    ) -> LatencyValue:
+        raise AssertionError("hard filters must not read statistics")
+
+    def evidence(
+        self, cluster: str, slice: SliceKey, metric: str, now: float
+    ) -> RouteEvidence | None:
+        raise AssertionError("hard filters must not read statistics")
+
+    def health(self, cluster: str, slice: SliceKey) -> HealthView:
+        raise AssertionError("hard filters must not read health")
+
+    def inflight(self, cluster: str) -> int:
+        raise AssertionError("hard filters must not read load")
+
+
+def representative(config: Config, slice: SliceKey) -> RequestInfo:
+    """A first-attempt request of ``slice`` without deadline, step or explain.
+
+    Selection reads a request's model, class and slice (plus the retry,
+    deadline and step flags, which the native path never has).
+    """
+    klass = config.workload_class(slice.klass)
+    return RequestInfo(
+        api="chat", model=slice.model, stream=bool(slice.streaming), max_tokens=None,
+        input_tokens=0, klass=slice.klass, priority=klass.priority if klass else 0,
+        tenant=None, slice=slice,
+    )
+
+
+def route_candidates(config: Config, model: ModelConfig) -> tuple[str, ...]:
+    """The model's candidates that pass every hard (never relaxed) filter, in order."""
+    klass = config.workload_class(config.default_class)
+    assert klass is not None
+    some_slice = SliceKey(model.name, klass.name, PROFILES[0], False)
+    ctx = SelectionContext(config, model, klass, representative(config, some_slice),
+                           _NoView(), 0.0)
+    hard = [f for f in DEFAULT_FILTERS if not f.soft]
+    out = []
+    for name in model.candidates:
+        if not config.has_cluster(name):
+            continue
+        cand = Candidate(config.cluster(name), HealthView("healthy", 1.0, False, False))
+        if all(f(ctx, cand) is None for f in hard):
+            out.append(name)
+    return tuple(out)
+
+
+def native_slices(config: Config) -> tuple[SliceKey, ...]:
+    """Every slice native mode renders a route for: model x class x profile x stream,
+    for models with at least one route candidate."""
+    out = []
+    for model in config.models:
+        if not route_candidates(config, model):
+            continue
+        for klass in config.classes:
+            for profile in PROFILES:
+                for streaming in (True, False):
+                    out.append(SliceKey(model.name, klass.name, profile, streaming))
+    return tuple(out)
+
+
+def _probe_clusters(
+    config: Config, view: RouteView, slice: SliceKey, candidates: Iterable[str]
+) -> tuple[str, ...]:
+    """Routes the per-request path would send probes to (Router._maybe_probe)."""
+    klass = config.workload_class(slice.klass)
+    sensitive = klass.latency_sensitive if klass else True
+    out = []
+    for c in candidates:
+        state = view.health(c, slice).state
+        if (state == "probing" or (state == "restricted" and sensitive)) and (
+            view.inflight(c) < config.cluster(c).max_concurrency
+        ):
+            out.append(c)
+    return tuple(out)
+
+
+def integer_weights(shares: Mapping[str, float], order: tuple[str, ...],
+                    scale: int) -> tuple[tuple[str, int], ...]:
+    """Largest-remainder rounding of ``shares`` (any non-negative scale) to sum ``scale``.
+
+    A zero total falls back to an equal split (never all zero); each positive
+    share keeps at least 1, taken from the largest weight.
+    """
+    total = sum(max(shares.get(c, 0.0), 0.0) for c in order)
+    if not order:
+        return ()
+    if total <= 0 or not math.isfinite(total):
+        shares, total = dict.fromkeys(order, 1.0), float(len(order))
+    exact = [max(shares.get(c, 0.0), 0.0) / total * scale for c in order]
+    units = [math.floor(x) for x in exact]
+    rest = scale - sum(units)
+    by_remainder = sorted(range(len(order)), key=lambda i: (-(exact[i] - units[i]), i))
+    for i in by_remainder[:rest]:
+        units[i] += 1
+    for i, x in enumerate(exact):
+        if x > 0 and units[i] == 0:
+            biggest = max(range(len(order)), key=lambda j: (units[j], -j))
+            if units[biggest] > 1:
+                units[biggest] -= 1
+                units[i] = 1
+    return tuple(zip(order, units, strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class _Split:
+    """A slice's traffic split as fractions (before integer rounding)."""
+
+    shares: dict[str, float]
+    probes: tuple[str, ...]
+    panic: bool
+
+
+def _split(config: Config, view: RouteView, slice: SliceKey, now: float,
+           order: tuple[str, ...], rng: random.Random | None = None) -> _Split:
+    model = config.model(slice.model)
+    klass = config.workload_class(slice.klass)
+    if model is None or klass is None:
+        raise KeyError(f"slice {slice.label()} names no configured model/class")
+    probes = _probe_clusters(config, view, slice, order)
+    probe_share = config.health.probe_share
+    shares: dict[str, float] = dict.fromkeys(order, 0.0)
+    for name in probes:
+        shares[name] += probe_share
+    rest = max(1.0 - probe_share * len(probes), 0.0)
+    ctx = SelectionContext(config, model, klass, representative(config, slice), view, now)
+    picker = PICKERS[config.picker]
+    # The picker's draw is not used (only its probabilities): any RNG state gives the
+    # same weights, so one generator serves a whole computation.
+    result = run_pipeline(ctx, DEFAULT_FILTERS, DEFAULT_SCORERS, picker,
+                          rng or random.Random(0))
+    panic = False
+    if result is not None and rest > 0:
+        panic = result.panic
+        # In panic the served tier keeps its soft-filter verdicts but was scored.
+        survivors = [cand for cand in result.candidates if cand.name in shares and (
+            cand.dropped is None or (panic and cand.scores))]
+        if config.picker == "weighted_random":
+            total = sum(cand.weight for cand in survivors)
+            for cand in survivors:
+                shares[cand.name] += rest * cand.weight / total
+        elif result.chosen.name in shares:
+            shares[result.chosen.name] += rest
+    return _Split(shares, probes, panic)
+
+
+def slice_weights(
+    config: Config, view: RouteView, slice: SliceKey, now: float,
+    scale: int = WEIGHT_SCALE, candidates: tuple[str, ...] | None = None,
+) -> SliceWeights:
+    """One slice's published weights (module docstring, steps 2-4), load as the view says."""
+    model = config.model(slice.model)
+    if model is None:
+        raise KeyError(f"slice {slice.label()} names no configured model")
+    order = route_candidates(config, model) if candidates is None else candidates
+    sp = _split(config, view, slice, now, order)
+    return SliceWeights(slice, integer_weights(sp.shares, order, scale), sp.probes, sp.panic)
+
+
+class _PlannedLoad:
+    """A view whose in-flight counts are the base view's plus a planned native load."""
+
+    def __init__(self, base: RouteView, planned: Mapping[str, float]) -> None:
+        self._base, self._planned = base, planned
+
+    def latency(
+        self, cluster: str, slice: SliceKey, metric: str, percentile: float, now: float
+    ) -> LatencyValue:
+        return self._base.latency(cluster, slice, metric, percentile, now)
+
+    def evidence(
+        self, cluster: str, slice: SliceKey, metric: str, now: float
+    ) -> RouteEvidence | None:
+        return self._base.evidence(cluster, slice, metric, now)
+
+    def health(self, cluster: str, slice: SliceKey) -> HealthView:
+        return self._base.health(cluster, slice)
+
+    def inflight(self, cluster: str) -> int:
+        return self._base.inflight(cluster) + round(self._planned.get(cluster, 0.0))
+
+
+PLAN_ROUNDS = 4
+
+
+def compute_weights(
+    config: Config, view: RouteView, now: float,
+    slices: Iterable[SliceKey] | None = None, scale: int = WEIGHT_SCALE,
+    demand: Mapping[SliceKey, Mapping[str, float]] | None = None,
+) -> dict[SliceKey, SliceWeights]:
+    """Weights of every slice (default: :func:`native_slices`) as of ``now``.
+
+    Without ``demand``, each slice is split with the view's in-flight counts.
+    With ``demand`` -- each slice's average requests in flight per cluster over
+    the last window (:attr:`WindowLoad.demand`) -- the weights also plan where
+    that load lands, since one window's weights hold for the whole next window
+    (a per-request router sees every request move the load; a window does not)::
+
+        L0_c      = sum_s demand[s][c]                    what the last window saw
+        split_r   = pipeline(in-flight_c = view_c + L_{r-1,c})   for every slice
+        P_r,c     = sum_s D_s * split_r[s][c],  D_s = sum_c demand[s][c]
+        L_r,c     = (L_{r-1,c} + P_r,c) / 2               damped, r = 1..PLAN_ROUNDS
+        published = mean_r split_r
+
+    so the capacity filter, the herding guard and the load score see the load
+    the new weights would bring, not the load the old weights brought. The view's
+    own in-flight counts (per-request traffic in hybrid mode) are added as given.
+    """
+    cands = {m.name: route_candidates(config, m) for m in config.models}
+    todo = native_slices(config) if slices is None else tuple(slices)
+    rng = random.Random(0)
+    if not demand:
+        out = {}
+        for s in todo:
+            order = cands.get(s.model, ())
+            sp = _split(config, view, s, now, order, rng)
+            out[s] = SliceWeights(s, integer_weights(sp.shares, order, scale), sp.probes,
+                                  sp.panic)
+        return out
+    load: dict[str, float] = defaultdict(float)
+    for per_cluster in demand.values():
+        for c, n in per_cluster.items():
+            load[c] += n
+    total = {s: sum(demand.get(s, {}).values()) for s in todo}
+    acc: dict[SliceKey, dict[str, float]] = {s: defaultdict(float) for s in todo}
+    last: dict[SliceKey, _Split] = {}
+    for _ in range(PLAN_ROUNDS):
+        planned = _PlannedLoad(view, dict(load))
+        last = {s: _split(config, planned, s, now, cands.get(s.model, ()), rng) for s in todo}
+        predicted: dict[str, float] = defaultdict(float)
+        for s, sp in last.items():
+            for c, share in sp.shares.items():
+                acc[s][c] += share / PLAN_ROUNDS
+                predicted[c] += total[s] * share
+        for c in set(load) | set(predicted):
+            load[c] = (load[c] + predicted[c]) / 2.0
+    return {
+        s: SliceWeights(s, integer_weights(acc[s], cands.get(s.model, ()), scale),
+                        last[s].probes, last[s].panic)
+        for s in todo
+    }
+
+
+def refresh_weights(
+    config: Config, view: RouteView, now: float, previous: Mapping[SliceKey, SliceWeights],
+    demand: Mapping[SliceKey, Mapping[str, float]], full: bool, scale: int = WEIGHT_SCALE,
+) -> dict[SliceKey, SliceWeights]:
+    """Recompute the slices that carried load in the last interval; all of them if ``full``.
+
+    Between evaluation windows only load changes, and only slices with traffic
+    are affected by where their own load lands; an idle slice keeps its weights
+    until the next full refresh (at every window boundary and on any health
+    transition). That bounds the work per interval by the active slices, not by
+    models x classes x profiles x streams.
+    """
+    every = native_slices(config)
+    if full or not previous:
+        return compute_weights(config, view, now, every, scale, demand)
+    active = [s for s in every if s in demand or s not in previous]
+    out = {s: previous[s] for s in every if s in previous}
+    if active:
+        out.update(compute_weights(config, view, now, active, scale, demand))
+    return out
+
+
+class WindowView:
+    """A :class:`RouteView` over a router's statistics and health whose in-flight
+    counts add the last window's average from the native path (:class:`WindowLoad`).
+
+    Latency and evidence are the router's own (the blended slice evidence of
+    :mod:`sidecar.core.evidence`), so native weights judge what per-request
+    decisions judge.
+    """
+
+    def __init__(self, router: Router, native_inflight: Mapping[str, float]) -> None:
+        self._router = router
+        self._extra = native_inflight
+
+    def latency(
+        self, cluster: str, slice: SliceKey, metric: str, percentile: float, now: float
+    ) -> LatencyValue:
+        return self._router.latency(cluster, slice, metric, percentile, now)
+
+    def evidence(
+        self, cluster: str, slice: SliceKey, metric: str, now: float
+    ) -> RouteEvidence | None:
+        return self._router.evidence(cluster, slice, metric, now)
+
+    def health(self, cluster: str, slice: SliceKey) -> HealthView:
+        return self._router.health(cluster, slice)
+
+    def inflight(self, cluster: str) -> int:
+        return self._router.inflight(cluster) + round(self._extra.get(cluster, 0.0))
+
+
+class WindowLoad:
+    """Average requests in flight per cluster (and per slice) over a window.
+
+    Little's law, ``L = sum(durations of requests that ended in the window) / window``:
+    exact on average in steady state, one addition per request, and it needs no
+    start events (the native path only learns of a request when it is logged).
+    """
+
+    def __init__(self) -> None:
+        self._busy: defaultdict[tuple[SliceKey, str], float] = defaultdict(float)
+        self._since: float | None = None
+        self.last: dict[str, float] = {}  # cluster -> average in flight
+        self.demand: dict[SliceKey, dict[str, float]] = {}  # slice -> cluster -> average
+
+    def add(self, slice: SliceKey, cluster: str, duration_s: float) -> None:
+        if duration_s > 0 and math.isfinite(duration_s):
+            self._busy[(slice, cluster)] += duration_s
+
+    def roll(self, now: float) -> dict[str, float]:
+        """Close the window ending at ``now``; returns (and keeps as ``last``) its averages."""
+        if self._since is not None and now > self._since:
+            span = now - self._since
+            per_cluster: defaultdict[str, float] = defaultdict(float)
+            demand: dict[SliceKey, dict[str, float]] = {}
+            for (s, c), busy in self._busy.items():
+                per_cluster[c] += busy / span
+                demand.setdefault(s, {})[c] = busy / span
+            self.last, self.demand = dict(per_cluster), demand
+        self._since = now
+        self._busy.clear()
+        return self.last

@@ -1,0 +1,249 @@
+"""Native and hybrid routing in the sidecar: learn from Envoy's log, publish weights.
+
+In ``routing.mode: native`` (and for the native share of ``hybrid``) Envoy
+picks each request's cluster from its slice route's ``weighted_clusters``
+(:mod:`sidecar.shell.bootstrap_native`); the sidecar never sees the request
+until Envoy logs it. :class:`NativeRouting` is the shell side of that loop,
+off the request path:
+
+* **learn** (:meth:`NativeRouting.on_logged`): each access-log entry of a slice
+  route gives the slice (the route's name) and the cluster (the entry's
+  upstream cluster); its observation goes to the same router the per-request
+  path uses, marked as a probe when the cluster held only the probe share of
+  that slice's published weights, and its duration feeds the interval's load
+  (:class:`~sidecar.core.weights.WindowLoad`);
+* **publish** (:meth:`NativeRouting.publish`, every
+  ``routing.publish_interval_s`` and at once when a health transition happens
+  in between): the core's weights for every slice
+  (:func:`~sidecar.core.weights.compute_weights`, planning the load) go to the
+  RTDS layer (:class:`~sidecar.shell.rtds.WeightLayer`) when they changed
+  materially: a weight moved by at least :data:`MIN_CHANGE` of the scale, or a
+  route's probe / panic status changed. Envoy has them for its next request.
+
+``/state`` shows the weights in force, when each version was published and
+what changed, and every Envoy's RTDS stream (acked version, NACKs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from sidecar.core.config import Config
+from sidecar.core.envoy_log import LogRecord, observation_from_log, waited_s
+from sidecar.core.router import Router
+from sidecar.core.types import SliceKey
+from sidecar.core.weights import (
+    WEIGHT_SCALE,
+    SliceWeights,
+    WindowLoad,
+    WindowView,
+    refresh_weights,
+)
+from sidecar.shell.access_log import Sink
+from sidecar.shell.app import App
+from sidecar.shell.bootstrap_native import route_slices
+from sidecar.shell.rtds import RtdsService, WeightLayer
+
+log = logging.getLogger("tailroute.native")
+MIN_CHANGE = 0.005  # of WEIGHT_SCALE: smaller moves are not worth a push to every Envoy
+
+
+def material_change(old: dict[SliceKey, SliceWeights],
+                    new: dict[SliceKey, SliceWeights], scale: int = WEIGHT_SCALE) -> bool:
+    """Would publishing ``new`` over ``old`` change routing noticeably?"""
+    if old.keys() != new.keys():
+        return True
+    step = max(1, round(MIN_CHANGE * scale))
+    for s, sw in new.items():
+        before = old[s]
+        if before.probes != sw.probes or before.panic != sw.panic:
+            return True
+        was = dict(before.weights)
+        for c, w in sw.weights:
+            moved = abs(w - was.get(c, 0))
+            if moved >= step or (moved and (w == 0 or was.get(c, 0) == 0)):
+                return True
+    return False
+
+
+class NativeRouting:
+    """Learning from logged native requests and publishing weights (module docstring)."""
+
+    def __init__(self, config: Config | Callable[[], Config],
+                 router: Callable[[], Router]) -> None:
+        """``config`` may be a callable (the live config: a reload takes effect at the
+        next publication) and ``router`` is one (a reload may replace the router)."""
+        self._config = config if callable(config) else (lambda: config)
+        self._router = router
+        self.layer = WeightLayer()
+        self.rtds: RtdsService | None = None
+        self.load = WindowLoad()
+        self.computed_at: float | None = None
+        self._window: int | None = None  # evaluation window of the last full refresh
+        self.counters: dict[str, int] = {"logged": 0, "probes": 0}
+        self._routes: dict[str, SliceKey] = {}
+        self._routes_of: Config | None = None
+
+    @property
+    def config(self) -> Config:
+        """The live config. After a reload, new slices and routes take effect at the
+        next publication; Envoy's routes come from its bootstrap, so re-render it
+        (``tailroute envoy-config``) when models, classes or candidates change."""
+        cfg = self._config()
+        if cfg is not self._routes_of:
+            self._routes, self._routes_of = route_slices(cfg), cfg
+            self._window = None  # the next publication recomputes every slice
+        return cfg
+
+    @property
+    def weights(self) -> dict[SliceKey, SliceWeights]:
+        return self.layer.weights
+
+    # ------------------------------------------------------------ learning
+
+    def slice_of_route(self, route_name: str) -> SliceKey | None:
+        """The slice of a rendered slice route (None for any other route)."""
+        if self._routes_of is not self._config():
+            _ = self.config
+        return self._routes.get(route_name)
+
+    def on_logged(self, slice: SliceKey, cluster: str, duration_s: float | None) -> bool:
+        """A logged request of ``slice`` served by ``cluster``: count its load.
+
+        Returns whether its observation is a probe (the cluster held only the
+        probe share of the slice's weights when it was published).
+        """
+        self.counters["logged"] += 1
+        if duration_s is not None:
+            self.load.add(slice, cluster, duration_s)
+        sw = self.layer.weights.get(slice)
+        probe = sw is not None and cluster in sw.probes
+        if probe:
+            self.counters["probes"] += 1
+        return probe
+
+    # ------------------------------------------------------------ publishing
+
+    def publish(self, now: float, force: bool = False) -> bool:
+        """Recompute the weights (every slice at a new evaluation window or when
+        ``force``d, else the slices with traffic); push them if they changed materially."""
+        self.load.roll(now)
+        config = self.config
+        window = int(now / config.stats.subwindow_s)
+        full = force or window != self._window
+        self._window = window
+        new = refresh_weights(config, WindowView(self._router(), {}), now,
+                              self.layer.weights, self.load.demand, full)
+        self.computed_at = now
+        if not force and self.layer.version and not material_change(self.layer.weights, new):
+            return False
+        changed = self.layer.publish(new, now)
+        if changed:
+            log.debug("published runtime layer version %d", self.layer.version)
+        return changed
+
+    async def loop(self, tick: Callable[[float], None], stop: asyncio.Event) -> None:
+        """Publish at once, then every interval and after health transitions.
+
+        ``tick`` is the app's periodic work (health evaluation), run first so a
+        publication always reflects the windows that just closed.
+        """
+        loop = asyncio.get_running_loop()
+        self.publish(loop.time(), force=True)
+        transitions = self._transition_count()
+        while not stop.is_set():
+            now = loop.time()
+            step = self.config.routing.publish_interval_s
+            wake = (int(now / step) + 1) * step
+            nd = self._router().next_deadline()
+            if nd is not None and now < nd < wake:
+                wake = nd
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=max(wake - now, 0.005))
+            if stop.is_set():
+                return
+            now = loop.time()
+            tick(now)
+            count = self._transition_count()
+            self.publish(now, force=count != transitions)
+            transitions = count
+
+    def _transition_count(self) -> int:
+        return sum(n for (k, _), n in self._router().counters.items() if k == "transition")
+
+    # ------------------------------------------------------------ views
+
+    def state(self, now: float) -> dict[str, Any]:
+        """The ``native`` section of /state."""
+        layer = self.layer
+        return {
+            "mode": self.config.routing.mode,
+            "publish_interval_s": self.config.routing.publish_interval_s,
+            "version": layer.version,
+            "computed_at": self.computed_at,
+            "published_at": layer.history[-1].at if layer.history else None,
+            "weights": {s.label(): {"weights": dict(sw.weights), "probes": list(sw.probes),
+                                    "panic": sw.panic}
+                        for s, sw in layer.weights.items()},
+            "publications": [
+                {"at": p.at, "version": p.version, "keys": p.keys,
+                 "changed": {label: dict(w) for label, w in p.changed}}
+                for p in list(layer.history)[-10:]
+            ],
+            "load": {c: round(n, 3) for c, n in self.load.last.items()},
+            "envoys": self.rtds.state() if self.rtds is not None else [],
+            "counters": dict(self.counters),
+        }
+
+
+class NativeFeed:
+    """The access-log sink in native and hybrid mode.
+
+    Entries of a slice route without a tailroute decision are the native
+    path's: their observation goes to the router here (cluster from the entry,
+    slice from the route name, probe flag from the published weights) and they
+    count as ``envoy: native`` -- not as fail-open. Every other entry goes to
+    ``inner`` (:class:`~sidecar.shell.outcomes.OutcomeFeed`): decided requests,
+    and LLM requests Envoy served without a decision on the default route.
+    """
+
+    def __init__(self, app: App, native: NativeRouting, inner: Sink) -> None:
+        self.app = app
+        self.native = native
+        self.inner = inner
+
+    def __call__(self, rec: LogRecord, now: float) -> None:
+        if rec.rid is None:
+            s = self.native.slice_of_route(rec.route_name)
+            if s is not None:
+                self.observe(rec, s, now)
+                return
+        self.inner(rec, now)
+
+    def observe(self, rec: LogRecord, s: SliceKey, now: float) -> None:
+        app = self.app
+        app.envoy["entries"] += 1
+        app.envoy["native"] += 1
+        cluster = rec.upstream_cluster
+        if not app.config.has_cluster(cluster):
+            app.envoy["native_no_upstream"] += 1  # e.g. reset before a cluster was picked
+            return
+        busy = rec.end_s if rec.end_s is not None else waited_s(rec)
+        probe = self.native.on_logged(s, cluster, busy if busy is not None else rec.duration_s)
+        # stats.observe_share as on the per-request path: every response until the
+        # route's current sub-window has min_samples, then that share (uniform, so
+        # error rates stay unbiased); probes always count.
+        if not probe and not app.router.wants_observation(cluster, s, now, app.rng):
+            return
+        obs = observation_from_log(
+            rec, cluster, s, bool(s.streaming),
+            ttft_offset_s=app.offsets.offset(cluster, s),
+            ttft_from_log=not app.offsets.blind(cluster, s),
+            is_probe=probe,
+        )
+        if obs is not None:
+            app.log_events(app.router.observe(obs, now))

@@ -1,0 +1,133 @@
+"""tailroute's native and hybrid routing modes in the lab (docs/native-mode.md).
+
+``tailroute_native`` models ``routing.mode: native``: the same core
+:class:`~sidecar.core.router.Router` learns from every response, but the
+cluster of a request is drawn the way Envoy's ``weighted_clusters`` draws it --
+at random in proportion to the slice's integer weights -- and the weights are
+recomputed only every ``routing.publish_interval_s`` (and when a health
+transition happens in between, e.g. a cooldown ends), with
+:func:`sidecar.core.weights.compute_weights` planning the last interval's load,
+as the sidecar's publisher does. Health and latency verdicts change once per
+evaluation window (``stats.subwindow_s``) in every mode.
+What that costs against per-request decisions:
+
+* no admission control (nothing defers, sheds, queues or skips), and no
+  per-request timeout from a deadline: the route timeout is the class's;
+* in-flight counts are the last interval's average (:class:`WindowLoad`, from
+  finished requests, as the sidecar learns them from Envoy's access log), so
+  capacity and load scoring act on a plan for the next interval, not on each
+  request's live count;
+* probes are a fixed share of each window's weights instead of a per-request draw.
+
+``tailroute_hybrid`` models ``routing.mode: hybrid``: requests that carry a
+deadline or a workflow step, or whose class is in
+``routing.per_request_classes``, get the per-request decision
+(``Router.decide``, admission included); all others take the native path. Both
+feed the same router.
+
+The slice of a request is the simulator's exact one; the real native path
+approximates the input size from ``content-length`` (docs/native-mode.md).
+"""
+
+from __future__ import annotations
+
+import random
+
+from sidecar.core.types import Decision, SliceKey
+from sidecar.core.weights import SliceWeights, WindowLoad, WindowView, refresh_weights
+from sidecar.sim.policies import PolicyContext
+from sidecar.sim.policies.tailroute import Tailroute, _ticket
+from sidecar.sim.records import Attempt
+
+
+class TailrouteNative(Tailroute):
+    name = "tailroute_native"
+    needs_tick = True
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        super().__init__(ctx)
+        self.window_s = self.config.routing.publish_interval_s
+        self.load = WindowLoad()
+        self.load.roll(0.0)
+        self.weights: dict[SliceKey, SliceWeights] = {}
+        self._window = 0
+        self.weights = self._compute(0.0, full=True)
+        self._next_window = self.window_s
+        self.publications = 1
+        self._per_request: set[int] = set()  # ids of attempts decided per request
+
+    def _compute(self, now: float, full: bool) -> dict[SliceKey, SliceWeights]:
+        """As the sidecar: every slice at a new evaluation window or after a health
+        transition, else the slices with traffic in the last interval."""
+        window = int(now / self.config.stats.subwindow_s)
+        full = full or window != self._window
+        self._window = window
+        return refresh_weights(self.config, WindowView(self.router, {}), now, self.weights,
+                               self.load.demand, full)
+
+    def wants_per_request(self, att: Attempt) -> bool:
+        return False
+
+    def choose(self, att: Attempt, now: float, rng: random.Random) -> str | Decision:
+        if self.wants_per_request(att):
+            self._per_request.add(id(att))
+            return self.router.decide(att.request_info(now), now, rng, ticket=_ticket(att.call))
+        klass = self.config.workload_class(att.call.klass)
+        timeout = klass.slo.timeout_ms if klass else None
+        sw = self.weights.get(att.call.slice)
+        if sw is None:  # no slice route (unknown model): Envoy's default route
+            return Decision(self.config.default_cluster, "unknown_model", timeout_ms=timeout)
+        x = rng.random() * sw.total
+        cluster = sw.weights[-1][0]
+        for c, w in sw.weights:
+            x -= w
+            if x < 0:
+                cluster = c
+                break
+        return Decision(cluster, "native", timeout_ms=timeout, is_probe=cluster in sw.probes)
+
+    def on_start(self, att: Attempt, now: float) -> None:
+        if id(att) in self._per_request:
+            self.router.started(att.cluster)
+
+    def on_result(self, att: Attempt, now: float) -> None:
+        if id(att) in self._per_request:
+            self._per_request.discard(id(att))
+            self.router.finished(att.cluster)
+        else:
+            self.load.add(att.call.slice, att.cluster, now - att.sent_at)
+        obs = att.observation()
+        if obs is not None:
+            for e in self.router.observe(obs, now):
+                self.transitions[e.new] += 1
+
+    def tick(self, now: float) -> None:
+        events = self.router.tick(now)
+        for e in events:
+            self.transitions[e.new] += 1
+        window_over = now >= self._next_window
+        if window_over:
+            self.load.roll(now)
+            while self._next_window <= now:
+                self._next_window += self.window_s
+        if window_over or events:
+            self.weights = self._compute(now, full=bool(events))
+            self.publications += 1
+
+    def next_deadline(self) -> float | None:
+        nd = self.router.next_deadline()
+        return self._next_window if nd is None else min(nd, self._next_window)
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        out = super().stats()
+        out["native"] = {"publications": self.publications}
+        return out
+
+
+class TailrouteHybrid(TailrouteNative):
+    name = "tailroute_hybrid"
+
+    def wants_per_request(self, att: Attempt) -> bool:
+        call = att.call
+        return (call.deadline is not None or call.step is not None
+                or call.klass in self.config.routing.per_request_classes)

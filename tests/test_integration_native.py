@@ -1,0 +1,223 @@
+"""Native mode end to end on real parts: Envoy 1.40 routes by the weights the
+sidecar publishes over RTDS and learns from Envoy's access log.
+
+Evaluation windows are 1 s here (``stats.subwindow_s``), weights are
+republished every 0.5 s. The acceptance points checked, in order:
+
+* a provider that develops a TTFT tail loses its interactive share within two
+  evaluation windows and regains it once healthy again;
+* quarantine shows as weight 0 (sidecar and Envoy's runtime), a spoofed
+  ``x-tailroute-cluster`` is ignored, and the route comes back through
+  probing and restoring;
+* the sidecar SIGKILLed under load: no request fails, Envoy keeps the last weights.
+
+Load comes from a bounded closed-loop client on a thread. Waits poll the
+sidecar's state and are bounded; no assertion is about speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from sidecar.core.types import SliceKey
+from sidecar.devtools import load_client
+from sidecar.devtools.harness import Stack, http_json
+from sidecar.shell.native_keys import runtime_key
+
+pytestmark = pytest.mark.envoy
+
+MODEL = "bench-model"  # what the load client asks for
+SLICE = SliceKey(MODEL, "interactive", "short", True)
+WINDOW_S = 1.0
+
+
+def native_config(ports: dict[str, int], mode: str = "native",
+                  **routing: Any) -> dict[str, Any]:
+    return {
+        "clusters": [{"name": n, "address": f"127.0.0.1:{p}", "models": [MODEL]}
+                     for n, p in ports.items()],
+        "models": [{"name": MODEL, "candidates": list(ports)}],
+        "stats": {"subwindow_s": WINDOW_S, "subwindows": 3, "min_samples": 5},
+        "health": {"cooldown_s": 2, "cooldown_max_s": 4, "probe_successes": 3,
+                   "probe_share": 0.1, "restore_step": 0.5},
+        "routing": {"mode": mode, "publish_interval_s": 0.5, **routing},
+    }
+
+
+class Load:
+    """A bounded closed-loop client on its own thread (streamed short requests), run in
+    one-second rounds until :meth:`join` or ``seconds`` (whichever comes first)."""
+
+    def __init__(self, port: int, concurrency: int, seconds: float,
+                 every: tuple[int, dict[str, str]] | None = None) -> None:
+        self.result = load_client.ClientResult()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        args=(port, concurrency, seconds, every))
+        self._thread.start()
+
+    def _run(self, port: int, c: int, seconds: float,
+             every: tuple[int, dict[str, str]] | None) -> None:
+        until = time.monotonic() + seconds
+        while not self._stop.is_set() and time.monotonic() < until:
+            r = asyncio.run(load_client.run(port, c, min(1.0, until - time.monotonic()), True,
+                                            3, cap=5_000, every=every))
+            self.result.statuses.update(r.statuses)
+            self.result.failures.update(r.failures)
+            self.result.latencies.extend(r.latencies)
+
+    def join(self, stop: bool = True) -> load_client.ClientResult:
+        if stop:
+            self._stop.set()
+        self._thread.join(120)
+        assert not self._thread.is_alive(), "load client did not finish"
+        return self.result
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def weights(st: Stack) -> dict[str, int]:
+    return dict(st.sidecar_state()["native"]["weights"].get(SLICE.label(), {}).get("weights", {}))
+
+
+def route_state(st: Stack, cluster: str) -> str:
+    for r in st.sidecar_state()["routes"]:
+        if r["cluster"] == cluster and r["slice"] == SLICE.label():
+            return str(r["state"])
+    return "healthy"
+
+
+def envoy_runtime(st: Stack) -> dict[str, str]:
+    rt = http_json(f"http://127.0.0.1:{st.ports['envoy_admin']}/runtime")
+    return {k: v["final_value"] for k, v in rt["entries"].items() if k.startswith("tailroute.")}
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    with Stack() as st:
+        ports = {n: st.start_provider(n, "20", "2", seed=i) for i, n in enumerate("abc")}
+        st.start_sidecar(st.write_config(native_config(ports)))
+        st.start_envoy()
+        yield st
+
+
+@pytest.fixture
+def load(stack: Stack) -> Iterator[Callable[[float], Load]]:
+    started: list[Load] = []
+
+    def start(seconds: float) -> Load:
+        started.append(Load(stack.ports["envoy"], 4, seconds))
+        return started[-1]
+
+    yield start
+    for ld in started:
+        ld.join()
+
+
+def _transitions(st: Stack, cluster: str) -> list[str]:
+    return [t["new"] for t in st.sidecar_state()["transitions"]
+            if t["cluster"] == cluster and t["slice"] == SLICE.label()]
+
+
+def test_ttft_tail_loses_share_within_two_windows_and_regains_it(
+    stack: Stack, load: Callable[[float], Load]
+) -> None:
+    load(40.0)
+    wait_for("evidence on every route", lambda: all(
+        r["latency"]["ttft"]["samples"] >= 5 for r in stack.sidecar_state()["routes"]
+        if r["slice"] == SLICE.label() and r["narrow"]) and len(weights(stack)) == 3)
+    before = weights(stack)["c"]
+    # The median stays fast, the p95 passes the 1000 ms budget (lognormal 200 / p99 3000).
+    stack.control("c", {"ttft_ms": {"median": 200, "p99": 3000}})
+    started = stack.sidecar_state()["now"]
+    wait_for("c to lose its share", lambda: weights(stack)["c"] < before / 3)
+    pubs = stack.sidecar_state()["native"]["publications"]
+    first_low = min(p["at"] for p in pubs if p["at"] >= started
+                    and p["changed"].get(SLICE.label(), {}).get("c", before) < before / 3)
+    windows = math.floor(first_low / WINDOW_S) - math.floor(started / WINDOW_S)
+    assert windows <= 2, f"share moved {windows} evaluation windows after the tail began"
+    # Envoy has the same weights the sidecar shows.
+    low = weights(stack)
+    rt = envoy_runtime(stack)
+    wait_for("Envoy to hold the published weights", lambda: all(
+        envoy_runtime(stack).get(runtime_key(SLICE, c)) is not None for c in low))
+    assert int(rt.get(runtime_key(SLICE, "c"), "0")) <= before
+    # The tail persists: the health machine degrades the route too.
+    wait_for("c degraded", lambda: route_state(stack, "c") in ("degraded", "restricted"))
+    # Healthy again: the exploration floor and probes bring the evidence back, and
+    # the route returns through restoring.
+    stack.control("c", {"reset": True})
+    wait_for("c to regain its share", lambda: weights(stack)["c"] >= 0.6 * max(
+        w for k, w in weights(stack).items() if k != "c"), timeout=45)
+    assert "restoring" in _transitions(stack, "c")
+
+
+def test_quarantine_is_weight_zero_spoofing_ignored_and_probes_restore(
+    stack: Stack, load: Callable[[float], Load]
+) -> None:
+    load(30.0)
+    stack.control("b", {"error_rate": 1.0})
+    wait_for("b quarantined at weight 0", lambda: weights(stack).get("b") == 0
+             and route_state(stack, "b") == "quarantined")
+    assert sum(weights(stack).values()) == 10_000  # never all zero
+    wait_for("Envoy to hold weight 0 for b",
+             lambda: envoy_runtime(stack).get(runtime_key(SLICE, "b")) == "0")
+    served = []
+    with contextlib.closing(_conn(stack)) as conn:
+        for _ in range(20):
+            served.append(_post(conn, {"x-tailroute-cluster": "b"}))
+    assert all(status == 200 and who != "b" for status, who in served), served
+    stack.control("b", {"reset": True})
+    wait_for("b back through probing and restoring",
+             lambda: {"probing", "restoring"} <= set(_transitions(stack, "b")), timeout=40)
+    wait_for("b carrying traffic again", lambda: weights(stack)["b"] > 1_000, timeout=40)
+
+
+def test_sidecar_sigkill_under_load_fails_nothing_and_envoy_keeps_the_weights(
+    stack: Stack,
+) -> None:
+    last = weights(stack)
+    ld = Load(stack.ports["envoy"], 8, 4.0)
+    time.sleep(1.5)
+    published = envoy_runtime(stack)
+    os.killpg(stack.procs["sidecar"].pid, signal.SIGKILL)
+    result = ld.join(stop=False)
+    assert not result.failures, result.failures
+    assert set(result.statuses) == {200}, result.statuses
+    assert result.ok > 0
+    assert envoy_runtime(stack) == published  # the layer outlives its publisher
+    assert {int(published[runtime_key(SLICE, c)]) for c in last} <= set(range(10_001))
+
+
+def _conn(st: Stack) -> Any:
+    import http.client
+
+    return http.client.HTTPConnection("127.0.0.1", st.ports["envoy"], timeout=30)
+
+
+def _post(conn: Any, headers: dict[str, str]) -> tuple[int, str]:
+    """One request of SLICE (streamed, short), the body read to its end."""
+    body = load_client.request_bytes(True, 2).split(b"\r\n\r\n", 1)[1]
+    conn.request("POST", "/v1/chat/completions", body,
+                 {"content-type": "application/json", **headers})
+    r = conn.getresponse()
+    r.read()
+    return r.status, r.getheader("x-fake-provider") or ""

@@ -1,0 +1,134 @@
+"""Native mode's Envoy side on the real Envoy 1.40: slice routes and RTDS weights.
+
+The RTDS service runs in this process (on its own event loop thread) so the
+test can publish exact weights and drop the stream at will; the full sidecar
+in native mode is exercised in tests/test_integration_native.py.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from sidecar.core.classify import api_for_path, classify, parse_body
+from sidecar.core.types import SliceKey
+from sidecar.core.weights import SliceWeights
+from sidecar.devtools.bench_native import RtdsThread, split_weights, two_provider_native
+from sidecar.devtools.harness import Stack, free_port, http_json
+from sidecar.shell.bootstrap_native import route_slices
+from sidecar.shell.native_keys import runtime_key
+
+pytestmark = pytest.mark.envoy
+
+
+def _route_header(boot: dict[str, Any]) -> None:
+    hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    vhost = hcm["typed_config"]["route_config"]["virtual_hosts"][0]
+    vhost["response_headers_to_add"] = [{"header": {"key": "x-test-route",
+                                                    "value": "%ROUTE_NAME%"}}]
+
+
+@pytest.fixture(scope="module")
+def native() -> Iterator[tuple[Stack, RtdsThread]]:
+    with Stack() as st:
+        two_provider_native(st)
+        rtds = RtdsThread(free_port())
+        try:
+            st.start_envoy(sidecar_port=rtds.port, edit=_route_header)
+            yield st, rtds
+        finally:
+            rtds.close()
+
+
+def _send(st: Stack, path: str, body: Any, headers: dict[str, str] | None = None,
+          conn: http.client.HTTPConnection | None = None) -> tuple[int, str, str]:
+    c = conn or http.client.HTTPConnection("127.0.0.1", st.ports["envoy"], timeout=10)
+    raw = body if isinstance(body, str) else json.dumps(body)
+    c.request("POST", path, raw, {"content-type": "application/json", **(headers or {})})
+    r = c.getresponse()
+    r.read()
+    return r.status, r.getheader("x-test-route") or "", r.getheader("x-fake-provider") or ""
+
+
+CASES: list[tuple[str, dict[str, str], dict[str, Any]]] = [
+    ("/v1/chat/completions", {}, {"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+    ("/v1/chat/completions", {"x-tailroute-class": "batch"},
+     {"model": "m", "stream": True, "max_tokens": 500, "messages": []}),
+    ("/v1/chat/completions?debug=1", {"x-tailroute-class": "agentic"},
+     {"model": "m", "max_completion_tokens": 2000, "max_tokens": 10}),
+    ("/v1/completions", {"x-tailroute-class": "no-such-class"},
+     {"model": "m", "prompt": "x" * 9000, "max_tokens": 100}),
+    ("/v1/responses", {}, {"model": "m", "input": "x" * 70000, "max_output_tokens": 100}),
+    ("/v1/chat/completions", {}, {"model": "m", "max_tokens": 1024, "stream": False}),
+    ("/v1/chat/completions", {}, {"model": "m", "max_tokens": 1025, "stream": True}),
+]
+
+
+@pytest.mark.parametrize(("path", "headers", "body"), CASES)
+def test_envoy_slice_matches_the_classifier(
+    native: tuple[Stack, RtdsThread], path: str, headers: dict[str, str], body: dict[str, Any]
+) -> None:
+    st, _ = native
+    assert st.config is not None
+    status, route, _ = _send(st, path, body, headers)
+    assert status == 200
+    api = api_for_path(path)
+    info = classify(st.config, headers, parse_body(api, json.dumps(body).encode()), api)
+    assert route_slices(st.config)[route] == info.slice
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/chat/completions", {"model": "unknown"}),
+    ("/v1/embeddings", {"model": "m", "input": "x"}),
+    ("/v1/chat/completions", "not json"),
+])
+def test_unroutable_requests_take_the_default_route(
+    native: tuple[Stack, RtdsThread], path: str, body: Any
+) -> None:
+    _, route, provider = _send(native[0], path, body)
+    assert route == "tailroute_default" and provider == "a"
+
+
+def _layer(st: Stack) -> dict[str, str]:
+    rt = http_json(f"http://127.0.0.1:{st.ports['envoy_admin']}/runtime")
+    return {k: v["final_value"] for k, v in rt["entries"].items() if k.startswith("tailroute.")}
+
+
+def _weights(st: Stack, a: int, b: int) -> dict[SliceKey, SliceWeights]:
+    assert st.config is not None
+    return split_weights(st.config, {"a": a, "b": b})
+
+
+def _split(st: Stack, n: int) -> Counter[str]:
+    conn = http.client.HTTPConnection("127.0.0.1", st.ports["envoy"], timeout=10)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    return Counter(f"{s}:{p}" for s, _, p in
+                   (_send(st, "/v1/chat/completions", body, conn=conn) for _ in range(n)))
+
+
+def test_published_weights_route_and_survive_a_dead_sidecar(
+    native: tuple[Stack, RtdsThread],
+) -> None:
+    st, rtds = native
+    rtds.publish(_weights(st, 10_000, 0))
+    rtds.wait_acked(rtds.layer.version)
+    assert _split(st, 30) == {"200:a": 30}
+    s = SliceKey("m", "interactive", "short", False)
+    assert _layer(st)[runtime_key(s, "b")] == "0"
+    rtds.publish(_weights(st, 0, 10_000))
+    rtds.wait_acked(rtds.layer.version)
+    assert _split(st, 30) == {"200:b": 30}
+    # The sidecar dies: the stream drops, Envoy keeps serving on the last weights.
+    rtds.stop()
+    assert _split(st, 30) == {"200:b": 30}
+    assert _layer(st)[runtime_key(s, "a")] == "0"
+    # It comes back with other weights: Envoy reconnects and applies them.
+    rtds.publish(_weights(st, 10_000, 0))
+    rtds.start()
+    rtds.wait_acked(rtds.layer.version)
+    assert _split(st, 30) == {"200:a": 30}

@@ -1,0 +1,152 @@
+"""The sidecar's native-mode loop: learning hooks, publication policy, /state view."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from sidecar.core.config import Config, parse_config
+from sidecar.core.router import Router
+from sidecar.core.types import Observation, SliceKey
+from sidecar.core.weights import SliceWeights
+from sidecar.shell.bootstrap_native import route_slices
+from sidecar.shell.native import NativeRouting, material_change
+from sidecar.shell.native_keys import route_name, runtime_key, slice_id
+
+S = SliceKey("m", "interactive", "short", True)
+
+
+def _config(**routing: Any) -> Config:
+    return parse_config({
+        "clusters": [{"name": n, "address": f"127.0.0.1:{9000 + i}", "models": ["m"]}
+                     for i, n in enumerate("ab")],
+        "models": [{"name": "m", "candidates": ["a", "b"]}],
+        "routing": {"mode": "native", **routing},
+        "stats": {"subwindow_s": 1.0, "min_samples": 5},
+    }, "native.yaml")
+
+
+def _w(a: int, b: int, probes: tuple[str, ...] = ()) -> dict[SliceKey, SliceWeights]:
+    return {S: SliceWeights(S, (("a", a), ("b", b)), probes)}
+
+
+@pytest.mark.parametrize(("old", "new", "material"), [
+    (_w(5000, 5000), _w(5000, 5000), False),
+    (_w(5000, 5000), _w(5049, 4951), False),  # below 0.5 % of the scale
+    (_w(5000, 5000), _w(5050, 4950), True),
+    (_w(10000, 0), _w(9999, 1), True),  # a route coming back from zero always counts
+    (_w(9500, 500), _w(9500, 500, ("b",)), True),  # probe status changed
+    ({}, _w(5000, 5000), True),
+])
+def test_material_change(old: dict[SliceKey, SliceWeights],
+                         new: dict[SliceKey, SliceWeights], material: bool) -> None:
+    assert material_change(old, new) is material
+
+
+def test_keys_are_safe_and_unique_for_awkward_model_names() -> None:
+    odd = SliceKey("meta/llama 3:8b", "interactive", "short", True)
+    also = SliceKey("meta_llama_3_8b", "interactive", "short", True)
+    assert slice_id(odd) != slice_id(also)
+    assert all(ch.isalnum() or ch in "._-" for ch in runtime_key(odd, "a"))
+    assert route_name(odd, "len").startswith("tailroute/")
+
+
+def test_route_names_map_back_to_slices() -> None:
+    cfg = _config()
+    routes = route_slices(cfg)
+    assert routes[route_name(S, "len")] == S
+    assert len(set(routes.values())) == 1 * 3 * 3 * 2
+
+
+def test_publish_skips_immaterial_changes_and_records_material_ones() -> None:
+    cfg = _config()
+    router = Router(cfg)
+    native = NativeRouting(cfg, lambda: router)
+    assert native.publish(0.0, force=True) and native.layer.version == 1
+    assert not native.publish(1.0)  # nothing learned: same weights, no push
+    for _ in range(20):
+        router.observe(Observation("b", S, "error", 500), 1.5)
+    router.tick(2.0)
+    assert native.publish(2.0)
+    assert native.weights[S].weight("b") == 0
+    state = native.state(2.0)
+    assert state["version"] == 2 and state["publications"][-1]["changed"][S.label()]["b"] == 0
+
+
+def test_logged_requests_feed_load_and_mark_probes() -> None:
+    cfg = _config()
+    router = Router(cfg)
+    native = NativeRouting(cfg, lambda: router)
+    native.layer.publish(_w(9500, 500, ("b",)), 0.0)
+    assert native.on_logged(S, "b", 0.2) is True
+    assert native.on_logged(S, "a", 0.2) is False
+    native.load.roll(0.0)
+    native.on_logged(S, "a", 2.0)
+    native.load.roll(1.0)
+    assert native.load.last == {"a": 2.0}
+
+
+def test_loop_publishes_at_start_and_after_transitions() -> None:
+    cfg = _config(publish_interval_s=0.05)
+    router = Router(cfg)
+    native = NativeRouting(cfg, lambda: router)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(native.loop(router.tick, stop))
+        await asyncio.sleep(0.02)
+        assert native.layer.version == 1
+        now = asyncio.get_running_loop().time()
+        for _ in range(20):
+            router.observe(Observation("a", S, "error", 500), now)
+        await asyncio.sleep(1.3)  # the window closes, a is quarantined, weights follow
+        stop.set()
+        await task
+
+    asyncio.run(run())
+    assert native.weights[S].weight("a") == 0
+
+
+def test_metrics_show_weights_publications_and_envoys() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from sidecar.ops.native_metrics import NativeCollector
+
+    cfg = _config()
+    router = Router(cfg)
+    native = NativeRouting(cfg, lambda: router)
+    native.publish(0.0, force=True)
+    reg = CollectorRegistry()
+    reg.register(NativeCollector(native))
+    text = generate_latest(reg).decode()
+    assert f'tailroute_native_weight{{cluster="a",slice="{S.label()}"}} 5000.0' in text
+    assert "tailroute_native_publications_total 1.0" in text
+    assert 'tailroute_native_envoys{acked="false"} 0.0' in text
+
+
+def test_native_feed_observes_slice_routes_and_passes_the_rest_on() -> None:
+    from sidecar.core.envoy_log import LogRecord
+    from sidecar.shell.app import App
+    from sidecar.shell.native import NativeFeed
+
+    cfg = _config()
+    app = App.create(cfg)
+    native = NativeRouting(lambda: app.config, lambda: app.router)
+    passed: list[LogRecord] = []
+    feed = NativeFeed(app, native, lambda rec, now: passed.append(rec))
+    native.load.roll(0.0)
+    ok = LogRecord(status=200, method="POST", path="/v1/chat/completions",
+                   upstream_cluster="b", route_name=route_name(S, "len"), duration_s=0.05,
+                   upstream_tx_s=0.001, first_body_s=0.02, end_s=0.04, tokens=3)
+    feed(ok, 1.0)
+    assert app.router.counters[("outcome", "ok")] == 1 and app.envoy["native"] == 1
+    feed(LogRecord(status=200, route_name="tailroute_default", method="POST",
+                   path="/v1/chat/completions"), 1.0)
+    feed(LogRecord(status=200, rid="x-1", route_name=route_name(S, "len")), 1.0)
+    assert len(passed) == 2  # the default route and a decided request are not native
+    feed(LogRecord(status=503, route_name=route_name(S, "len"), upstream_cluster=""), 1.0)
+    assert app.envoy["native_no_upstream"] == 1
+    native.load.roll(2.0)
+    assert native.load.last == {"b": pytest.approx(0.04 / 2.0)}

@@ -1,0 +1,209 @@
+"""Native-mode weights: the selection pipeline's probabilities as integers per slice."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar.core.config import Config, parse_config
+from sidecar.core.pipeline import HealthView, LatencyValue
+from sidecar.core.router import Router
+from sidecar.core.types import Observation, SliceKey
+from sidecar.core.weights import (
+    WEIGHT_SCALE,
+    WindowLoad,
+    WindowView,
+    compute_weights,
+    integer_weights,
+    native_slices,
+    route_candidates,
+    slice_weights,
+)
+
+STATES = ("healthy", "watching", "degraded", "restricted", "quarantined", "probing",
+          "restoring")
+SLICE = SliceKey("m", "interactive", "short", True)
+
+
+def native_config(**extra: Any) -> Config:
+    data: dict[str, Any] = {
+        "clusters": [
+            {"name": n, "address": f"127.0.0.1:{9000 + i}", "models": ["m"], "region": r}
+            for i, (n, r) in enumerate([("a", "eu"), ("b", "eu"), ("c", "us")])
+        ],
+        "models": [{"name": "m", "candidates": ["a", "b", "c"]}],
+        "routing": {"mode": "native"},
+        "stats": {"subwindow_s": 1.0, "min_samples": 5},
+    }
+    data.update(extra)
+    return parse_config(data, "native.yaml")
+
+
+@dataclass
+class FakeView:
+    """A RouteView with chosen states, tails and loads."""
+
+    states: dict[str, str] = field(default_factory=dict)
+    tails: dict[str, float | None] = field(default_factory=dict)
+    loads: dict[str, int] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+
+    def latency(self, cluster: str, slice: SliceKey, metric: str, percentile: float,
+                now: float) -> LatencyValue:
+        v = self.tails.get(cluster)
+        return LatencyValue(v, slice if v is not None else None, False, 50 if v else 0)
+
+    def health(self, cluster: str, slice: SliceKey) -> HealthView:
+        state = self.states.get(cluster, "healthy")
+        default = {"healthy": 1.0, "watching": 1.0, "degraded": 0.3, "restoring": 0.5}
+        return HealthView(state, self.weights.get(cluster, default.get(state, 0.0)),
+                          state in ("restricted", "quarantined", "probing"),
+                          state in ("quarantined", "probing"))
+
+    def inflight(self, cluster: str) -> int:
+        return self.loads.get(cluster, 0)
+
+
+views = st.builds(
+    FakeView,
+    states=st.dictionaries(st.sampled_from("abc"), st.sampled_from(STATES)),
+    tails=st.dictionaries(st.sampled_from("abc"),
+                          st.none() | st.floats(0.001, 30.0, allow_nan=False)),
+    loads=st.dictionaries(st.sampled_from("abc"), st.integers(0, 200)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(view=views, klass=st.sampled_from(["interactive", "agentic", "batch"]),
+       picker=st.sampled_from(["weighted_random", "lowest_score"]),
+       scale=st.sampled_from([1, 3, 100, WEIGHT_SCALE]))
+def test_weights_sum_to_scale_never_all_zero_and_respect_quarantine(
+    view: FakeView, klass: str, picker: str, scale: int
+) -> None:
+    cfg = native_config(picker=picker)
+    s = SliceKey("m", klass, "short", True)
+    w = slice_weights(cfg, view, s, now=10.0, scale=scale)
+    assert [c for c, _ in w.weights] == ["a", "b", "c"]
+    assert all(x >= 0 for _, x in w.weights)
+    assert w.total == scale
+    open_circuit = [c for c in "abc" if view.states.get(c) == "quarantined"]
+    probing = [c for c in "abc" if view.states.get(c) == "probing"]
+    if len(open_circuit) + len(probing) < 3:  # else panic serves the open circuits
+        assert all(w.weight(c) == 0 for c in open_circuit), w
+    # Deterministic for a state: the same inputs give the same weights.
+    assert slice_weights(cfg, view, s, now=10.0, scale=scale) == w
+
+
+def test_probing_route_gets_the_probe_share_and_is_marked() -> None:
+    cfg = native_config()
+    view = FakeView(states={"b": "probing"})
+    w = slice_weights(cfg, view, SLICE, now=0.0)
+    assert w.probes == ("b",)
+    assert w.weight("b") == round(cfg.health.probe_share * WEIGHT_SCALE)
+    assert w.weight("a") == w.weight("c") or abs(w.weight("a") - w.weight("c")) <= 1
+
+
+def test_restricted_route_is_probed_for_sensitive_class_but_kept_for_batch() -> None:
+    cfg = native_config()
+    view = FakeView(states={"a": "restricted"})
+    sensitive = slice_weights(cfg, view, SLICE, now=0.0)
+    assert sensitive.probes == ("a",)
+    assert sensitive.weight("a") == round(cfg.health.probe_share * WEIGHT_SCALE)
+    batch = slice_weights(cfg, view, SliceKey("m", "batch", "short", True), now=0.0)
+    assert batch.probes == () and batch.weight("a") > 0
+
+
+def test_slow_route_loses_share_by_latency_score() -> None:
+    cfg = native_config()
+    w = slice_weights(cfg, FakeView(tails={"a": 0.2, "b": 0.2, "c": 0.8}), SLICE, now=0.0)
+    assert w.weight("c") < w.weight("a") / 4
+    assert w.weight("c") > 0  # exploration floor keeps its statistics fresh
+
+
+def test_all_quarantined_serves_the_least_bad_tier_never_zero() -> None:
+    cfg = native_config()
+    w = slice_weights(cfg, FakeView(states=dict.fromkeys("abc", "quarantined")), SLICE, 0.0)
+    assert w.panic and w.total == WEIGHT_SCALE and all(x > 0 for _, x in w.weights)
+
+
+def test_full_cluster_is_avoided_by_window_load() -> None:
+    cfg = native_config()
+    w = slice_weights(cfg, FakeView(loads={"a": 64}), SLICE, now=0.0)
+    assert w.weight("a") == 0 and w.weight("b") > 0
+
+
+def test_region_policy_is_static_so_routes_list_only_allowed_clusters() -> None:
+    cfg = native_config(models=[{"name": "m", "candidates": ["a", "b", "c"],
+                                 "regions": ["eu"]}])
+    model = cfg.model("m")
+    assert model is not None
+    assert route_candidates(cfg, model) == ("a", "b")
+    w = compute_weights(cfg, FakeView(), 0.0)
+    assert all(tuple(c for c, _ in sw.weights) == ("a", "b") for sw in w.values())
+
+
+def test_native_slices_cover_model_class_profile_stream() -> None:
+    slices = native_slices(native_config())
+    assert len(slices) == 1 * 3 * 3 * 2
+    assert SliceKey("m", "batch", "long", False) in slices
+
+
+@pytest.mark.parametrize(
+    ("shares", "scale", "expect"),
+    [
+        ({"a": 1, "b": 1, "c": 1}, 100, (34, 33, 33)),
+        ({"a": 0, "b": 0, "c": 0}, 10, (4, 3, 3)),  # never all zero
+        ({"a": 1e-9, "b": 1, "c": 0}, 100, (1, 99, 0)),  # positive share keeps one unit
+        ({"a": 2, "b": 1}, 3, (2, 1, 0)),
+    ],
+)
+def test_integer_weights(shares: dict[str, float], scale: int,
+                         expect: tuple[int, ...]) -> None:
+    out = integer_weights(shares, ("a", "b", "c"), scale)
+    assert tuple(x for _, x in out) == expect
+
+
+@given(shares=st.lists(st.floats(0, 1e6, allow_nan=False), min_size=1, max_size=6),
+       scale=st.integers(1, 100_000))
+def test_integer_weights_sum_exactly(shares: list[float], scale: int) -> None:
+    order = tuple(f"c{i}" for i in range(len(shares)))
+    out = integer_weights(dict(zip(order, shares, strict=True)), order, scale)
+    assert sum(x for _, x in out) == scale
+    assert all(x >= 0 for _, x in out)
+
+
+def _observe(router: Router, cluster: str, ttft_s: float, now: float, n: int) -> None:
+    for _ in range(n):
+        router.observe(Observation(cluster, SLICE, "ok", 200, ttft_s, 0.01, ttft_s + 0.1), now)
+
+
+def test_router_tail_moves_share_and_quarantine_is_zero() -> None:
+    cfg = native_config()
+    router = Router(cfg)
+    view = WindowView(router, {})
+    for t in range(3):
+        for c, ttft in (("a", 0.1), ("b", 0.1), ("c", 0.9)):
+            _observe(router, c, ttft, t + 0.5, 10)
+        router.tick(t + 1.0)
+    w = slice_weights(cfg, view, SLICE, now=3.0)
+    assert w.weight("c") < w.weight("a") / 4
+    for _ in range(10):
+        router.observe(Observation("b", SLICE, "error", 500), 3.5)
+    router.tick(4.0)
+    assert router.health("b", SLICE).state == "quarantined"
+    assert slice_weights(cfg, view, SLICE, now=4.0).weight("b") == 0
+
+
+def test_window_load_is_littles_law() -> None:
+    load = WindowLoad()
+    load.roll(0.0)
+    for _ in range(20):
+        load.add(SLICE, "a", 0.5)  # 20 requests of 0.5 s in 2 s: 5 in flight on average
+    load.add(SLICE, "b", float("nan"))
+    assert load.roll(2.0) == {"a": 5.0}
+    assert load.demand == {SLICE: {"a": 5.0}}
+    assert load.roll(4.0) == {}
