@@ -10,6 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.core.config import Config, parse_config
+from sidecar.core.evidence import RouteEvidence
+from sidecar.core.histogram import LogHistogram
 from sidecar.core.pipeline import HealthView, LatencyValue
 from sidecar.core.router import Router
 from sidecar.core.types import Observation, SliceKey
@@ -56,6 +58,17 @@ class FakeView:
                 now: float) -> LatencyValue:
         v = self.tails.get(cluster)
         return LatencyValue(v, slice if v is not None else None, False, 50 if v else 0)
+
+    def evidence(self, cluster: str, slice: SliceKey, metric: str,
+                 now: float) -> RouteEvidence | None:
+        """50 successes, all at the route's tail: ``P(B)`` is 1 within budget, else 0."""
+        v = self.tails.get(cluster)
+        if v is None:
+            return None
+        h = LogHistogram()
+        for _ in range(50):
+            h.add(v)
+        return RouteEvidence(h.cumulative(), 50, 50.0, 0.0, 50.0, 50.0, True, slice, False)
 
     def health(self, cluster: str, slice: SliceKey) -> HealthView:
         state = self.states.get(cluster, "healthy")

@@ -58,6 +58,7 @@ from sidecar.core.pipeline import (
     LatencyValue,
     RouteView,
     SelectionContext,
+    panic_tier,
     run_pipeline,
 )
 from sidecar.core.router import Router
@@ -224,9 +225,10 @@ def _split(config: Config, view: RouteView, slice: SliceKey, now: float,
     panic = False
     if result is not None and rest > 0:
         panic = result.panic
-        # In panic the served tier keeps its soft-filter verdicts but was scored.
-        survivors = [cand for cand in result.candidates if cand.name in shares and (
-            cand.dropped is None or (panic and cand.scores))]
+        # In panic the served tier keeps its soft-filter verdicts (run_request).
+        served = panic_tier(result.candidates) if panic else [
+            cand for cand in result.candidates if cand.dropped is None]
+        survivors = [cand for cand in served if cand.name in shares]
         if config.picker == "weighted_random":
             total = sum(cand.weight for cand in survivors)
             for cand in survivors:
