@@ -209,6 +209,8 @@ async def serve(
         native = NativeRouting(lambda: app.config, lambda: app.router)
         registry.register(NativeCollector(native))
         admin.extra_state["native"] = native.state
+        wake = native.wake
+        app.on_transitions = lambda _events: wake()
     server, service, port = await _start_grpc(
         app, tcp or None, unix, phase_hist,
         tcp_setting="--grpc" if grpc_addr is not None else "listen.grpc",
