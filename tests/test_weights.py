@@ -220,3 +220,19 @@ def test_window_load_is_littles_law() -> None:
     assert load.roll(2.0) == {"a": 5.0}
     assert load.demand == {SLICE: {"a": 5.0}}
     assert load.roll(4.0) == {}
+
+
+def test_window_view_reads_evidence_fresh_within_a_sub_window() -> None:
+    """Errors (429s: evidence, not a hard-failure run) logged since the last
+    computation count at the next one, even inside the same sub-window."""
+    cfg = native_config(stats={"subwindow_s": 10.0, "min_samples": 5})
+    router = Router(cfg)
+    view = WindowView(router, {})
+    for c in "abc":
+        _observe(router, c, 0.1, 1.0, 20)
+    before = slice_weights(cfg, view, SLICE, now=1.0)
+    for _ in range(30):
+        router.observe(Observation("c", SLICE, "error", 429), 1.5)
+    after = slice_weights(cfg, view, SLICE, now=2.0)  # same sub-window, 1 s later
+    assert router.health("c", SLICE).state == "healthy"  # no ejection: the score moved it
+    assert after.weight("c") < before.weight("c") / 4, (before, after)

@@ -156,17 +156,20 @@ class Router:
     # ------------------------------------------------------------ RouteView
 
     def evidence(
-        self, cluster: str, slice: SliceKey, metric: str, now: float
+        self, cluster: str, slice: SliceKey, metric: str, now: float, fresh: bool = False
     ) -> RouteEvidence | None:
-        """The blended evidence of ``slice`` on ``cluster`` (see :mod:`sidecar.core.evidence`)."""
+        """The blended evidence of ``slice`` on ``cluster`` (see :mod:`sidecar.core.evidence`).
+
+        ``fresh``: fold in every observation so far (as while building a plan); else a
+        blend up to half a sub-window old may be reused."""
         return self.stats.evidence(cluster, slice, as_metric(metric), now,
-                                   0.0 if self._fresh else None)
+                                   0.0 if fresh or self._fresh else None)
 
     def latency(
-        self, cluster: str, slice: SliceKey, metric: str, percentile: float, now: float
+        self, cluster: str, slice: SliceKey, metric: str, percentile: float, now: float,
+        fresh: bool = False,
     ) -> LatencyValue:
-        ev = self.stats.evidence(cluster, slice, as_metric(metric), now,
-                                 0.0 if self._fresh else None)
+        ev = self.evidence(cluster, slice, metric, now, fresh)
         if ev is None:
             return LatencyValue(None, None, False, 0)
         return LatencyValue(ev.quantile(percentile / 100.0), ev.used, ev.fell_back, ev.samples)

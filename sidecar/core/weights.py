@@ -363,7 +363,9 @@ class WindowView:
 
     Latency and evidence are the router's own (the blended slice evidence of
     :mod:`sidecar.core.evidence`), so native weights judge what per-request
-    decisions judge.
+    decisions judge -- read fresh, as a per-request plan is built: published
+    weights hold for a whole interval, so they must not start from a blend
+    cached half a sub-window ago.
     """
 
     def __init__(self, router: Router, native_inflight: Mapping[str, float]) -> None:
@@ -373,12 +375,12 @@ class WindowView:
     def latency(
         self, cluster: str, slice: SliceKey, metric: str, percentile: float, now: float
     ) -> LatencyValue:
-        return self._router.latency(cluster, slice, metric, percentile, now)
+        return self._router.latency(cluster, slice, metric, percentile, now, fresh=True)
 
     def evidence(
         self, cluster: str, slice: SliceKey, metric: str, now: float
     ) -> RouteEvidence | None:
-        return self._router.evidence(cluster, slice, metric, now)
+        return self._router.evidence(cluster, slice, metric, now, fresh=True)
 
     def health(self, cluster: str, slice: SliceKey) -> HealthView:
         return self._router.health(cluster, slice)
