@@ -70,6 +70,9 @@ class HealthView:
     weight: float  # 0..1, already resolved for the slice's class
     excluded_for_sensitive: bool  # restricted: latency-sensitive classes must not use it
     quarantined: bool  # circuit open (includes probing, except chosen probes)
+    # Share of the slice's traffic sent to the route as probes (probing, or restricted
+    # for a latency-sensitive class; shrunk by relapse memory); 0 when not probed.
+    probe_share: float = 0.0
 
 
 class RouteView(Protocol):

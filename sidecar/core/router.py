@@ -184,11 +184,13 @@ class Router:
         if h is None or h.state is HealthState.HEALTHY:
             return _HEALTHY
         klass = self.config.workload_class(slice.klass)
+        sensitive = klass.latency_sensitive if klass else True
         return HealthView(
             state=h.state.value,
-            weight=h.weight_for(klass.latency_sensitive if klass else True),
+            weight=h.weight_for(sensitive),
             excluded_for_sensitive=h.excluded_for_sensitive,
             quarantined=h.state in _QUARANTINED,
+            probe_share=self._probe_share(cluster, slice, sensitive) or 0.0,
         )
 
     def inflight(self, cluster: str) -> int:
@@ -379,18 +381,24 @@ class Router:
         """
         out: list[_Probe] = []
         for c in model.candidates:
-            hc = self.board.peek(c, CLUSTER_SLICE)
-            if hc is not None and hc.state is HealthState.PROBING:
-                out.append(_Probe(c, hc.probe_share))
-                continue
-            h = self.board.peek(c, slice)
-            if h is None:
-                continue
-            if h.state is HealthState.PROBING:
-                out.append(_Probe(c, h.probe_share))
-            elif h.state is HealthState.RESTRICTED and klass.latency_sensitive:
-                out.append(_Probe(c, self.config.health.probe_share * h.memory))
+            share = self._probe_share(c, slice, klass.latency_sensitive)
+            if share is not None:
+                out.append(_Probe(c, share))
         return tuple(out)
+
+    def _probe_share(self, cluster: str, slice: SliceKey, sensitive: bool) -> float | None:
+        """The share of ``slice``'s traffic :meth:`_probes` sends ``cluster`` (None: none)."""
+        hc = self.board.peek(cluster, CLUSTER_SLICE)
+        if hc is not None and hc.state is HealthState.PROBING:
+            return hc.probe_share
+        h = self.board.peek(cluster, slice)
+        if h is None:
+            return None
+        if h.state is HealthState.PROBING:
+            return h.probe_share
+        if h.state is HealthState.RESTRICTED and sensitive:
+            return self.config.health.probe_share * h.memory
+        return None
 
     def _finish(
         self,

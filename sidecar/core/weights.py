@@ -10,10 +10,12 @@ representative request of the slice:
    pass the hard filters (model served, region policy). Those depend on config
    only, so the rendered route lists exactly these clusters.
 2. **Probes**: every candidate the per-request path would probe -- probing
-   (cooldown over), or restricted for a latency-sensitive class -- that has
-   room (in flight below ``max_concurrency``) gets ``health.probe_share`` of the
-   slice's traffic, as :meth:`Router._maybe_probe` sends it per request. Its
-   responses count as probes (:attr:`SliceWeights.probes`).
+   (cooldown over; the cluster-wide entry or the slice's), or restricted for a
+   latency-sensitive class -- that has room (in flight below
+   ``max_concurrency``) gets its probe share of the slice's traffic
+   (:attr:`HealthView.probe_share`: ``health.probe_share``, shrunk by the
+   route's relapse memory), as :meth:`Router._maybe_probe` sends it per
+   request. Its responses count as probes (:attr:`SliceWeights.probes`).
 3. **Selection** shares the rest, ``1 - probes``, by the picker's probabilities
    over the pipeline's survivors::
 
@@ -152,20 +154,17 @@ def native_slices(config: Config) -> tuple[SliceKey, ...]:
     return tuple(out)
 
 
-def _probe_clusters(
+def _probe_shares(
     config: Config, view: RouteView, slice: SliceKey, candidates: Iterable[str]
-) -> tuple[str, ...]:
-    """Routes the per-request path would send probes to (Router._maybe_probe)."""
-    klass = config.workload_class(slice.klass)
-    sensitive = klass.latency_sensitive if klass else True
-    out = []
+) -> dict[str, float]:
+    """Routes the per-request path would send probes to, with their probe shares
+    (:attr:`HealthView.probe_share`, as ``Router._probes`` and ``_maybe_probe`` use them)."""
+    out = {}
     for c in candidates:
-        state = view.health(c, slice).state
-        if (state == "probing" or (state == "restricted" and sensitive)) and (
-            view.inflight(c) < config.cluster(c).max_concurrency
-        ):
-            out.append(c)
-    return tuple(out)
+        share = view.health(c, slice).probe_share
+        if share > 0 and view.inflight(c) < config.cluster(c).max_concurrency:
+            out[c] = share
+    return out
 
 
 def integer_weights(shares: Mapping[str, float], order: tuple[str, ...],
@@ -210,12 +209,12 @@ def _split(config: Config, view: RouteView, slice: SliceKey, now: float,
     klass = config.workload_class(slice.klass)
     if model is None or klass is None:
         raise KeyError(f"slice {slice.label()} names no configured model/class")
-    probes = _probe_clusters(config, view, slice, order)
-    probe_share = config.health.probe_share
+    probing = _probe_shares(config, view, slice, order)
+    probes = tuple(probing)
     shares: dict[str, float] = dict.fromkeys(order, 0.0)
-    for name in probes:
-        shares[name] += probe_share
-    rest = max(1.0 - probe_share * len(probes), 0.0)
+    for name, share in probing.items():
+        shares[name] += share
+    rest = max(1.0 - sum(probing.values()), 0.0)
     ctx = SelectionContext(config, model, klass, representative(config, slice), view, now)
     picker = PICKERS[config.picker]
     # The picker's draw is not used (only its probabilities): any RNG state gives the
