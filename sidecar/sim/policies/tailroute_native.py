@@ -71,8 +71,10 @@ class TailrouteNative(Tailroute):
 
     def choose(self, att: Attempt, now: float, rng: random.Random) -> str | Decision:
         if self.wants_per_request(att):
-            self._per_request.add(id(att))
-            return self.router.decide(att.request_info(now), now, rng, ticket=_ticket(att.call))
+            d = self.router.decide(att.request_info(now), now, rng, ticket=_ticket(att.call))
+            if d.admission == "admit":  # others never start: their id could be reused
+                self._per_request.add(id(att))
+            return d
         klass = self.config.workload_class(att.call.klass)
         timeout = klass.slo.timeout_ms if klass else None
         sw = self.weights.get(att.call.slice)
