@@ -29,7 +29,10 @@ Invariants:
    the local current sub-window (a peer's clock ahead) lands in the current one;
    one the local health evaluation already judged (it arrived after the
    sub-window closed: a push interval late) lands in the current one too, so
-   the next verdict counts it instead of no verdict ever seeing it.
+   the next verdict counts it instead of no verdict ever seeing it -- unless it
+   is older than the series' fence (:meth:`RouteStats.fence`: the circuit
+   closed since), then it lands in its own sub-window, which the fence keeps
+   out of the evidence, as it does the local replica's own requests of then.
 3. Merging invalidates every cached merge and quantile of the series it touches.
 4. A followed route's state changes only through :func:`adopt_route`.
 """
@@ -81,6 +84,7 @@ def live_subwindows(store: StatsStore, now: float) -> Iterator[tuple[Route, list
         rs = store.series(cluster, s)
         if rs is None or rs.is_stale(now):
             continue
+        rs._sync(now)  # rotate through the series (see _add), never the bare ring
         subs = [
             SubWindowData(slot.index, slot.ok, slot.error, slot.timeout, slot.cancel,
                           {m: h.copy() for m, h in slot.hists.items() if h.count})
@@ -125,13 +129,16 @@ def merge_placed(
 
 def _placement(rs: RouteStats | None, index: int, now: float, cfg: StatsConfig) -> int | None:
     """Invariant 2: where a peer's sub-window ``index`` lands locally (None: dropped)."""
-    k = math.floor(now / cfg.subwindow_s) if rs is None else rs.window.advance(now)
+    k = math.floor(now / cfg.subwindow_s) if rs is None else rs._sync(now)
     if index <= k - cfg.subwindows:
         return None
     if index > k:
         return k
-    unjudged = None if rs is None else getattr(rs, "_unjudged", None)
-    return k if unjudged is not None and index < unjudged else index
+    if rs is None:
+        return index
+    if index < rs._fence:
+        return index  # before a fence: kept in the ring, as the local's own, never evidence
+    return k if rs._unjudged is not None and index < rs._unjudged else index
 
 
 def _admit(store: StatsStore, cluster: str, slice: SliceKey) -> SliceKey:
@@ -144,7 +151,9 @@ def _admit(store: StatsStore, cluster: str, slice: SliceKey) -> SliceKey:
 
 def _add(rs: RouteStats, data: SubWindowData, idx: int, now: float,
          seen_at: float | None) -> None:
-    k = rs.window.advance(now)
+    # Rotate through the series' own path (never the bare ring): the decayed window
+    # must fold and expire the sub-windows it holds before their slots are reused.
+    k = rs._sync(now)
     n = rs.cfg.subwindows
     if idx <= k - n:
         return
