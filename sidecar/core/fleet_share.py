@@ -34,7 +34,9 @@ Invariants:
    closed since), then it lands in its own sub-window, which the fence keeps
    out of the evidence, as it does the local replica's own requests of then.
 3. Merging invalidates every cached merge and quantile of the series it touches.
-4. A followed route's state changes only through :func:`adopt_route`.
+4. A followed route's state changes only through :func:`adopt_route`; whoever
+   adopts a state that closes the route's circuit (:func:`closes_circuit`)
+   fences the route's evidence, as the owner's router did.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.core.config import HealthConfig, Metric, StatsConfig
-from sidecar.core.health import RouteHealth
+from sidecar.core.health import HealthState, RouteHealth
 from sidecar.core.health_board import HealthBoard, _load_route, _route_to_dict
 from sidecar.core.histogram import LogHistogram
 from sidecar.core.series import RouteStats, _Decayed
@@ -245,8 +247,23 @@ def route_signature(board: HealthBoard, cluster: str, slice: SliceKey) -> tuple[
     h = board.peek(cluster, slice)
     if h is None:
         return ()
-    return (h.state.value, h.since, h.cooldown_until, h.offences, h.panic, h.restore_base,
-            h.restore_from_circuit, tuple(sorted(h.votes.items())), h.last_index)
+    # Relapse memory and the route's own history included: a handover must carry them
+    # (the history moves once per judged window: one field per route and window).
+    return (h.state.value, h.since, h.cooldown_until, h.offences, h.relapses, h.panic,
+            h.restore_base, h.restore_from_circuit, tuple(sorted(h.votes.items())),
+            h.last_index, h.history.windows)
+
+
+def closes_circuit(old: RouteHealth | None, new: RouteHealth | None) -> bool:
+    """Does replacing state ``old`` by ``new`` close the route's circuit (open before,
+    or restoring from a circuit after while not before)? Adopting such a state
+    must fence the route's evidence, as the owner's router did on the transition."""
+    def restoring(h: RouteHealth | None) -> bool:
+        return h is not None and h.state is HealthState.RESTORING and h.restore_from_circuit
+
+    was_open = old is not None and old.circuit_open
+    is_open = new is not None and new.circuit_open
+    return (was_open and not is_open) or (restoring(new) and not restoring(old))
 
 
 def adopt_route(

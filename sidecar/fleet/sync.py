@@ -49,11 +49,13 @@ from sidecar.core.fleet_share import (
     FollowerBoard,
     SubWindowData,
     adopt_route,
+    closes_circuit,
     live_subwindows,
     merge_placed,
     route_signature,
     route_state,
 )
+from sidecar.core.health_board import CLUSTER_SLICE
 from sidecar.core.router import Router
 from sidecar.core.stats import StatsStore
 from sidecar.core.types import SliceKey, TransitionEvent
@@ -304,11 +306,14 @@ class FleetSync:
             return []
         self._adopted[rf] = raw
         at = min(wall_ms / 1000.0 - self.wall_offset, now)
+        before = self.board.peek(*route)
         try:
             event = adopt_route(self.board, route[0], route[1], state, at, now, reason)
         except ValueError:
             self.counters.bad_peer_records += 1
             return []
+        if closes_circuit(before, self.board.peek(*route)):
+            self._fence(route, now)
         self.counters.adopted_states += 1
         self._signature.pop(rf, None)
         return [event] if event is not None else []
@@ -335,9 +340,19 @@ class FleetSync:
                 self.counters.bad_peer_records += 1
                 continue
             if rf in self.owned:
-                events += self.board.record_probe(cluster, s, ok, now)
+                got = self.board.record_probe(cluster, s, ok, now)
+                if any(e.old == "probing" and e.new == "restoring" for e in got):
+                    self._fence((cluster, s), now)
+                events += got
                 self.counters.applied_probes += 1
         return events
+
+    def _fence(self, route: Route, now: float) -> None:
+        """The route's circuit closed here without the router seeing the transition (a
+        peer's probe closed it, or it was adopted): fence its evidence as the router
+        does on probing -> restoring, so it is judged and scored afresh everywhere."""
+        cluster, s = route
+        self._store.fence(cluster, None if s == CLUSTER_SLICE else s, now)
 
     def _merge_stats(self, reply: Reply, now: float) -> None:
         mine = (self._sub_s, self._store.accuracy)
