@@ -148,8 +148,8 @@ async def _scenario(stack: Stack, redis_srv: RedisServer, cfg2: Path) -> None:
     load = Load({"e1": stack.url("e1"), "e2": stack.url("e2")})
     task = asyncio.create_task(load.run())
     try:
-        await _until(lambda: len(load.served["e2"]) >= 60, "warm-up traffic")
-        before = _share(load.served["e2"])
+        await _until(lambda: len(load.served["e2"]) >= 120, "warm-up traffic")
+        before = _share(load.served["e2"][60:])  # once warm (cold, the core explores)
         assert before > 0.4  # provider-a is the fast one: both sidecars prefer it
 
         # 1. Degrade provider-a behind Envoy 1 only.
