@@ -133,6 +133,18 @@ def test_peers_in_flight_counts_join_the_local_view_while_fresh() -> None:
     assert f.routers[0].inflight("b") == 0
 
 
+def test_a_peers_native_load_joins_the_in_flight_counts() -> None:
+    """Native routing's load (a window average from Envoy's log, not in the router's
+    counts) travels in the same record, so peers plan for the provider's whole load."""
+    f = Fleet(2)
+    f.syncs[1].extra_load = lambda: {"b": 2.6}
+    f.routers[1].started("b")
+    for t in (1000.0, 1000.3, 1000.6):
+        f.cycle(t)
+    assert f.routers[0].inflight("b") == 4  # 1 per-request + 3 (2.6) native
+    assert f.routers[1].inflight("b") == 1  # its own native load is planned by its weights
+
+
 def _fail(f: Fleet, i: int, cluster: str, start: float, n: int = 10, status: int = 500) -> float:
     """``n`` failed requests through replica ``i``. Hard ones (5xx) trip the fast path,
     which ejects the whole cluster (:data:`CLUSTER_SLICE`); soft ones (429) are judged

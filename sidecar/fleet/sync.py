@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,6 +118,9 @@ class FleetSync:
     counters: SyncCounters = field(default_factory=SyncCounters)
     owned: set[str] = field(default_factory=set)
     peers: list[str] = field(default_factory=list)
+    # Requests in flight the router does not count (native routing: the last window's
+    # average per cluster, from Envoy's log); published with the router's own.
+    extra_load: Callable[[], Mapping[str, float]] | None = None
 
     def __post_init__(self) -> None:
         self.board = FollowerBoard.wrap(self.router.board)
@@ -208,9 +212,11 @@ class FleetSync:
                 if self._republish or self._pushed.get(name) != total:
                     stats_set[name] = codec.encode_sub(own)
         router = self.router
+        extra = {} if self.extra_load is None else self.extra_load()
         load = codec.encode_load(self.wall_ms(now), {
             c: n for c in cfg.cluster_names
-            if (n := router.inflight(c) - router.peer_inflight.get(c, 0))})
+            if (n := router.inflight(c) - router.peer_inflight.get(c, 0)
+                + round(extra.get(c, 0.0)))})
         if load != self._load_pushed or self._republish:
             stats_set[codec.LOAD_FIELD] = self._load_pushed = load
         stats_del = [f for f in self._pushed if f not in live]
