@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from sidecar.core.types import SliceKey
-from sidecar.devtools import load_client
+from sidecar.devtools import http_load
 from sidecar.devtools.harness import Stack, http_json
 from sidecar.shell.native_keys import runtime_key
 
@@ -60,7 +60,7 @@ class Load:
 
     def __init__(self, port: int, concurrency: int, seconds: float,
                  every: tuple[int, dict[str, str]] | None = None) -> None:
-        self.result = load_client.ClientResult()
+        self.result = http_load.ClientResult()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         args=(port, concurrency, seconds, every))
@@ -70,13 +70,13 @@ class Load:
              every: tuple[int, dict[str, str]] | None) -> None:
         until = time.monotonic() + seconds
         while not self._stop.is_set() and time.monotonic() < until:
-            r = asyncio.run(load_client.run(port, c, min(1.0, until - time.monotonic()), True,
+            r = asyncio.run(http_load.run(port, c, min(1.0, until - time.monotonic()), True,
                                             3, cap=5_000, every=every))
             self.result.statuses.update(r.statuses)
             self.result.failures.update(r.failures)
             self.result.latencies.extend(r.latencies)
 
-    def join(self, stop: bool = True) -> load_client.ClientResult:
+    def join(self, stop: bool = True) -> http_load.ClientResult:
         if stop:
             self._stop.set()
         self._thread.join(120)
@@ -215,7 +215,7 @@ def _conn(st: Stack) -> Any:
 
 def _post(conn: Any, headers: dict[str, str]) -> tuple[int, str]:
     """One request of SLICE (streamed, short), the body read to its end."""
-    body = load_client.request_bytes(True, 2).split(b"\r\n\r\n", 1)[1]
+    body = http_load.request_bytes(True, 2).split(b"\r\n\r\n", 1)[1]
     conn.request("POST", "/v1/chat/completions", body,
                  {"content-type": "application/json", **headers})
     r = conn.getresponse()

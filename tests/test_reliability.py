@@ -22,7 +22,7 @@ from typing import Any
 import openai
 import pytest
 
-from sidecar.devtools.client_load import ClientLoad
+from sidecar.devtools.openai_load import ClientLoad
 from sidecar.devtools.harness import Stack
 from tests.blackhole_proxy import BlackholeProxy
 from tests.ops_stack import (

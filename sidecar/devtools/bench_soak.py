@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sidecar.devtools.client_load import ClientLoad
+from sidecar.devtools.openai_load import ClientLoad
 from sidecar.devtools.harness import Stack
 
 MODEL = "soak-model"
