@@ -134,8 +134,10 @@ def test_route_state_moves_between_boards_and_signature_tracks_it() -> None:
     src, now = _quarantined_router(cfg)
     dst = Router(cfg)
     state = route_state(src.board, "a", CLUSTER_SLICE, now)
+    version = dst.board.version
     event = adopt_route(dst.board, "a", CLUSTER_SLICE, state, now - 1.0, now, "fleet: test")
     assert event is not None and (event.old, event.new) == ("healthy", "quarantined")
+    assert dst.board.version > version  # cached selection plans notice the adopted state
     h_src, h_dst = src.board.peek("a", CLUSTER_SLICE), dst.board.peek("a", CLUSTER_SLICE)
     assert h_src is not None and h_dst is not None
     # Written one second before ``now``: every time is one second earlier here.

@@ -263,3 +263,30 @@ def test_snapshot_contents_are_a_baseline_never_pushed_as_own() -> None:
     ex = f.syncs[0].outgoing(1001.6)
     (name,) = [n for n in ex.stats_set if not n.startswith("_")]
     assert b'"c":[1,0,0,0]' in ex.stats_set[name]  # just the new request
+
+
+def test_a_follower_stops_choosing_a_route_as_soon_as_it_adopts_its_quarantine() -> None:
+    """Adopting a state moves the board's version: no cached selection plan outlives it."""
+    import random
+
+    from sidecar.core.types import RequestInfo
+
+    f = Fleet(2)
+    owner, follower = f.share_route()
+    req = RequestInfo(api="chat", model="m", stream=True, max_tokens=16, input_tokens=10,
+                      klass="interactive", priority=10, tenant=None, slice=SL)
+    rng = random.Random(7)
+    r = f.routers[follower]
+    for k in range(20):  # warm the follower's plan cache on cluster a being fine
+        r.observe(Observation("a", SL, "ok", ttft_s=0.05, e2e_s=0.1), 999.7 + k * 0.01)
+        r.observe(Observation("b", SL, "ok", ttft_s=0.5, e2e_s=1.0), 999.7 + k * 0.01)
+    r.decide(req, 999.95, rng)
+    _fail(f, owner, "a", 1000.0, status=429)  # soft failures: the owner's window verdict
+    f.cycle(1009.9)
+    f.tick(1010.01)
+    assert f.state(owner) == "quarantined"
+    f.cycle(1010.1)
+    f.cycle(1010.2)
+    assert f.state(follower) == "quarantined"
+    picks = {r.decide(req, 1010.3 + i * 0.001, rng).cluster for i in range(20)}
+    assert "a" not in picks

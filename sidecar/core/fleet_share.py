@@ -287,6 +287,7 @@ def adopt_route(
             raise ValueError(f"malformed route state: {exc!r}") from exc
         board._routes[key] = h
         new_state = h.state.value
+    board.version += 1  # what selection sees may have changed: cached plans rebuild
     if new_state == old_state:
         return None
     return TransitionEvent(now, cluster, slice.label(), old_state, new_state, reason)
