@@ -603,9 +603,20 @@ class Router:
 
     def _cluster_ejectable(self, cluster: str) -> bool:
         """May the whole cluster be ejected: does every model it serves keep another
-        candidate whose cluster-wide circuit is closed?"""
-        return all(any(self._viable(c, None) for c in m.candidates if c != cluster)
-                   for m in self._models_of.get(cluster, ()))
+        candidate whose cluster-wide circuit is closed, and does every slice of those
+        models that is quarantined or restricted somewhere keep another viable route?
+        (Without the second part, ejecting the cluster could leave a slice whose other
+        routes are all open with none.)"""
+        models = self._models_of.get(cluster, ())
+        if not all(any(self._viable(c, None) for c in m.candidates if c != cluster)
+                   for m in models):
+            return False
+        served = {m.name: m for m in models}
+        troubled = {s for (_, s), h in self.board.items()
+                    if s != CLUSTER_SLICE and s.model in served
+                    and (h.state in _QUARANTINED or h.excluded_for_sensitive)}
+        return all(any(self._viable(c, s) for c in served[s.model].candidates if c != cluster)
+                   for s in troubled)
 
     def _log(self, events: list[TransitionEvent]) -> None:
         for e in events:
