@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sidecar.devtools.bench import cpu_seconds, run_load
 from sidecar.devtools.bench_load import envoy_counters
 from sidecar.devtools.harness import Stack
-from sidecar.devtools.load_client import pct
+from sidecar.devtools.http_load import pct
 from sidecar.devtools.redis_server import RedisServer
 
 

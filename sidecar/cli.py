@@ -82,6 +82,10 @@ def _cmd_check_config(ns: argparse.Namespace) -> int:
         return 2
     try:
         cfg = load_config(path)
+        if ns.workers != 1:  # what `serve --workers N` would refuse
+            from sidecar.fleet.workers import check_workers
+
+            check_workers(cfg, ns.workers, cfg.listen.grpc, cfg.listen.grpc_unix)
     except ConfigError as exc:
         for problem in exc.problems:  # every mistake, not only the first
             print(problem, file=sys.stderr)
@@ -224,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     _config_option(c, required=False)
     c.add_argument("file", nargs="?", metavar="FILE",
                    help="deprecated spelling of --config FILE")
+    c.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="also check the config can be served by `serve --workers N`")
     c.set_defaults(func=_cmd_check_config)
 
     e = sub.add_parser("envoy-config", help="render the Envoy bootstrap from a sidecar config")

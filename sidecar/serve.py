@@ -209,6 +209,12 @@ async def serve(
         native = NativeRouting(lambda: app.config, lambda: app.router)
         registry.register(NativeCollector(native))
         admin.extra_state["native"] = native.state
+        wake = native.wake
+        app.on_transitions = lambda _events: wake()
+        if fleet is not None:
+            # Peers add this replica's native load to their in-flight counts (as it
+            # adds theirs), so the fleet's weights plan for the provider's whole load.
+            fleet.sync.extra_load = lambda: native.load.last
     server, service, port = await _start_grpc(
         app, tcp or None, unix, phase_hist,
         tcp_setting="--grpc" if grpc_addr is not None else "listen.grpc",

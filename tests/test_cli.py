@@ -126,3 +126,29 @@ def test_status_finds_the_admin_address_in_the_config(tmp_path: Path) -> None:
     path = _write(tmp_path / "c.yaml", base_config_dict(listen={"admin": "127.0.0.1:1"}))
     out = _cli("status", "--config", str(path))
     assert out.returncode == 1 and "127.0.0.1:1" in out.stderr
+
+
+@pytest.mark.parametrize(("mode", "fleet", "problem"), [
+    ("extproc", True, None),
+    ("native", True, "routing.mode: --workers 2 needs routing.mode extproc, not 'native'"),
+    ("hybrid", True, "routing.mode: --workers 2 needs routing.mode extproc, not 'hybrid'"),
+    ("extproc", False, "fleet: --workers 2 needs a fleet: section"),
+])
+def test_check_config_checks_what_serve_workers_needs(
+    tmp_path: Path, mode: str, fleet: bool, problem: str | None
+) -> None:
+    data = base_config_dict(routing={"mode": mode}, listen={"grpc": "127.0.0.1:50051"})
+    data["clusters"][2]["models"] = ["m"]  # native routing cannot rename the model
+    if fleet:
+        data["fleet"] = {"url": "redis://127.0.0.1:6379/0"}
+    path = _write(tmp_path / "t.yaml", data)
+    assert _cli("check-config", "--config", str(path)).returncode == 0  # alone: fine
+    out = _cli("check-config", "--config", str(path), "--workers", "2")
+    if problem is None:
+        assert out.returncode == 0 and f"{path}: OK" in out.stdout
+    else:
+        assert out.returncode == 2
+        assert out.stderr.splitlines()[0] == f"{path}: {problem}" + (
+            " (native weights are published by one process: run serve without --workers)"
+            if "routing" in problem else
+            " (workers share statistics and health through Redis/Valkey)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -133,8 +134,10 @@ def test_route_state_moves_between_boards_and_signature_tracks_it() -> None:
     src, now = _quarantined_router(cfg)
     dst = Router(cfg)
     state = route_state(src.board, "a", CLUSTER_SLICE, now)
+    version = dst.board.version
     event = adopt_route(dst.board, "a", CLUSTER_SLICE, state, now - 1.0, now, "fleet: test")
     assert event is not None and (event.old, event.new) == ("healthy", "quarantined")
+    assert dst.board.version > version  # cached selection plans notice the adopted state
     h_src, h_dst = src.board.peek("a", CLUSTER_SLICE), dst.board.peek("a", CLUSTER_SLICE)
     assert h_src is not None and h_dst is not None
     # Written one second before ``now``: every time is one second earlier here.
@@ -187,3 +190,77 @@ def test_a_followed_routes_cooldown_is_no_deadline_here() -> None:
     assert board.next_deadline() is not None
     board.followed = {("a", CLUSTER_SLICE)}
     assert board.next_deadline() is None  # the owner ends it; we adopt its answer
+
+
+step_strategy = st.tuples(
+    st.sampled_from(["mine", "mine", "theirs", "theirs", "sync", "read", "fence"]),
+    st.sampled_from([0.05, 0.5, 2.0, 7.0, 13.0, 35.0, 70.0]),  # time since the last step
+    st.integers(0, 1), st.sampled_from(["ok", "ok", "ok", "error", "timeout"]),
+    st.floats(0.01, 5.0),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(step_strategy, max_size=80))
+def test_merging_as_it_arrives_equals_observing_through_reads_rotations_and_fences(
+    steps: list[Any],
+) -> None:
+    """The sync's rhythm: the peer's sub-windows arrive in pieces (deltas) while the
+    local store keeps observing, answering reads (its decayed window advancing
+    incrementally), going quiet for longer than the window and fencing routes. At
+    every arrival the local evidence is what one store that saw both streams holds."""
+    cfg = _config().stats
+    local, peer, both = StatsStore(cfg), StatsStore(cfg), StatsStore(cfg)
+    sent: dict[tuple[str, SliceKey, int], Any] = {}
+    t = 1000.0
+    for kind, gap, si, outcome, v in steps:
+        t += gap
+        s = SLICES[si]
+        obs = Observation("a", s, outcome, ttft_s=v, e2e_s=2 * v)
+        if kind in ("mine", "theirs"):
+            (local if kind == "mine" else peer).observe(obs, t)
+            both.observe(obs, t)
+        elif kind == "fence":
+            if local.series("a", s) is None:
+                continue  # a circuit closes on a route this replica holds
+            for store in (local, both):
+                store.fence("a", s, t)
+        else:
+            if kind == "sync":
+                for (c, sl), subs in live_subwindows(peer, t):
+                    for sub in subs:
+                        delta = codec.diff(sub, sent.get((c, sl, sub.index)))
+                        sent[(c, sl, sub.index)] = codec.diff(sub, None)
+                        if not delta.empty:
+                            merge_subwindow(local, c, sl, delta, t, seen_at=t)
+            for sl in (s, *s.broader()):
+                for metric in ("ttft", "e2e"):
+                    got, want = (x.lookup("a", sl, metric, 0.9, t) for x in (local, both))
+                    if kind == "sync":
+                        assert (got.value, got.samples) == (want.value, want.samples)
+                    rs_l, rs_b = local.series("a", sl), both.series("a", sl)
+                    ev_l = None if rs_l is None else rs_l.evidence(metric, t, 0.0)
+                    ev_b = None if rs_b is None else rs_b.evidence(metric, t, 0.0)
+                    if kind == "sync" and rs_b is not None and not rs_b.is_stale(t) and (
+                            ev_b is not None and (ev_b.samples or ev_b.requests > 1e-9)):
+                        assert ev_l is not None  # (not a float residue of expired weight)
+                        assert ev_l.samples == ev_b.samples
+                        assert abs(ev_l.weight - ev_b.weight) < 1e-6 * (1 + ev_b.weight)
+                        assert abs(ev_l.requests - ev_b.requests) < 1e-6 * (1 + ev_b.requests)
+
+
+def test_a_peers_subwindow_after_a_quiet_window_rotates_the_decayed_window_first() -> None:
+    """The local store read its series, then saw nothing for a whole window; a peer's
+    sub-window arriving now reuses the ring slot the decayed window still holds."""
+    cfg = _config().stats
+    local, peer = StatsStore(cfg), StatsStore(cfg)
+    s = SLICES[0]
+    local.observe(Observation("a", s, "ok", ttft_s=0.1), 1000.0)
+    local.lookup("a", s, "ttft", 0.5, 1011.0)
+    for _ in range(3):
+        peer.observe(Observation("a", s, "ok", ttft_s=0.3), 1060.5)
+    for (c, sl), subs in live_subwindows(peer, 1061.0):
+        for sub in subs:
+            merge_subwindow(local, c, sl, sub, 1061.0)
+    got = local.lookup("a", s, "ttft", 0.5, 1061.0)
+    assert got.samples == 3 and got.value == pytest.approx(0.3, rel=0.03)

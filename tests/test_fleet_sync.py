@@ -10,13 +10,16 @@ from typing import Any
 import pytest
 
 from sidecar.core.config import Config, parse_config
+from sidecar.core.health_board import CLUSTER_SLICE
 from sidecar.core.router import Router
 from sidecar.core.types import Observation, SliceKey, TransitionEvent
+from sidecar.fleet import codec
 from sidecar.fleet.memory import MemoryStore
 from sidecar.fleet.sync import FleetSync
 from tests.conftest import base_config_dict
 
 SL = SliceKey("m", "interactive", "short", True)
+CW = CLUSTER_SLICE
 
 
 def _config(**stats: Any) -> Config:
@@ -56,8 +59,8 @@ class Fleet:
         owner = next(i for i, s in enumerate(self.syncs) if s.owned)
         return owner, next(i for i in range(len(self.syncs)) if i != owner)
 
-    def state(self, i: int, cluster: str = "a") -> str:
-        h = self.routers[i].board.peek(cluster, SL)
+    def state(self, i: int, cluster: str = "a", slice: SliceKey = SL) -> str:
+        h = self.routers[i].board.peek(cluster, slice)
         return "healthy" if h is None else h.state.value
 
 
@@ -130,11 +133,26 @@ def test_peers_in_flight_counts_join_the_local_view_while_fresh() -> None:
     assert f.routers[0].inflight("b") == 0
 
 
-def _fail(f: Fleet, i: int, cluster: str, start: float, n: int = 10) -> float:
+def test_a_peers_native_load_joins_the_in_flight_counts() -> None:
+    """Native routing's load (a window average from Envoy's log, not in the router's
+    counts) travels in the same record, so peers plan for the provider's whole load."""
+    f = Fleet(2)
+    f.syncs[1].extra_load = lambda: {"b": 2.6}
+    f.routers[1].started("b")
+    for t in (1000.0, 1000.3, 1000.6):
+        f.cycle(t)
+    assert f.routers[0].inflight("b") == 4  # 1 per-request + 3 (2.6) native
+    assert f.routers[1].inflight("b") == 1  # its own native load is planned by its weights
+
+
+def _fail(f: Fleet, i: int, cluster: str, start: float, n: int = 10, status: int = 500) -> float:
+    """``n`` failed requests through replica ``i``. Hard ones (5xx) trip the fast path,
+    which ejects the whole cluster (:data:`CLUSTER_SLICE`); soft ones (429) are judged
+    per slice by the window verdict."""
     now = start
     for j in range(n):
         now = start + j * 0.5
-        f.routers[i].observe(Observation(cluster, SL, "error", status=500), now)
+        f.routers[i].observe(Observation(cluster, SL, "error", status=status), now)
     return now
 
 
@@ -143,13 +161,15 @@ def test_one_owner_decides_and_the_others_follow_within_one_cycle() -> None:
     f.cycle(999.0)
     owner, follower = f.share_route()  # route a is known to all three
     assert len({s.rid for s in f.syncs if any("a\t" in rf for rf in s.owned)}) == 1
-    # Only the follower sees the failures; after sharing, the owner judges and quarantines.
-    _fail(f, follower, "a", 1000.0)
+    # Only the follower sees the (soft) failures; after sharing, the owner judges the
+    # slice and quarantines it.
+    _fail(f, follower, "a", 1000.0, status=429)
     f.cycle(1009.0)
     f.cycle(1009.1)
     f.tick(1010.01)
     assert f.state(owner) == "quarantined"
     assert f.state(follower) == "healthy"  # followers never judge a followed route
+    assert f.state(follower, slice=CW) == "healthy"  # soft failures: no fast path
     f.cycle(1010.5)
     assert [f.state(i) for i in range(3)] == ["quarantined"] * 3
     assert any("fleet: following" in e.reason for e in f.events[follower])
@@ -167,17 +187,26 @@ def test_probe_results_from_every_replica_count_toward_the_owners_tally() -> Non
     f.tick(1016.0)  # cooldown over: the owner moves to probing
     f.cycle(1016.1)
     f.cycle(1016.2)
-    assert [f.state(i) for i in range(2)] == ["probing", "probing"]
+    assert [f.state(i, slice=CW) for i in range(2)] == ["probing", "probing"]
     for k in range(2):  # two probes seen by each replica
         for i in (owner, other):
             probe = Observation("a", SL, "ok", ttft_s=0.1, e2e_s=0.2, is_probe=True)
             f.routers[i].observe(probe, 1016.5 + k)
-    assert f.state(owner) == "probing"  # two of its own: not yet four
+    assert f.state(owner, slice=CW) == "probing"  # two of its own: not yet four
     f.cycle(1018.0)
     f.cycle(1018.1)
     f.cycle(1018.2)
-    assert f.state(owner) == "restoring"
+    assert f.state(owner, slice=CW) == "restoring"
     assert f.syncs[owner].counters.applied_probes == 2
+    # The circuit closed: the owner's router fenced cluster a's evidence, and the
+    # follower fences its own on adopting that; neither counts the outage any more.
+    f.cycle(1018.3)
+    assert [f.state(i, slice=CW) for i in range(2)] == ["restoring", "restoring"]
+    for r in f.routers:
+        rs = r.stats.series("a", SL)
+        assert rs is not None and rs.outcomes_in(100, 101, 1018.3)[1] == 10  # kept ...
+        ev = rs.evidence("ttft", 1018.3, 0.0)
+        assert ev is not None and ev.requests == 4  # ... but out of the evidence: the probes
 
 
 def test_a_dead_owners_lease_passes_on_without_losing_the_state() -> None:
@@ -188,15 +217,17 @@ def test_a_dead_owners_lease_passes_on_without_losing_the_state() -> None:
     f.tick(1010.01)
     f.cycle(1010.1)
     f.cycle(1010.2)
-    assert f.state(other) == "quarantined"
+    assert f.state(other, slice=CW) == "quarantined"
     # The owner stops pushing; after the lease TTL the other replica owns the route,
     # continues from the adopted state and runs its cooldown itself.
     for t in (1011.0, 1012.0, 1013.5):
         f.cycle(t, only=[other])
-    assert any("a\t" in rf for rf in f.syncs[other].owned)
-    assert f.state(other) == "quarantined"
+    assert codec.route_field("a", CW) in f.syncs[other].owned
+    assert f.state(other, slice=CW) == "quarantined"
+    h = f.routers[other].board.peek("a", CW)
+    assert h is not None and h.offences == 1  # the repeat-offender memory came along
     f.routers[other].tick(1060.0)
-    assert f.state(other) == "probing"
+    assert f.state(other, slice=CW) == "probing"
 
 
 def test_unreachable_store_means_local_decisions_then_convergence() -> None:
@@ -204,15 +235,19 @@ def test_unreachable_store_means_local_decisions_then_convergence() -> None:
     owner, other = f.share_route()
     for s in f.syncs:
         s.disconnected()  # the store went away
-    _fail(f, other, "a", 1000.0)  # only the non-owner sees the failures, and decides alone
+    # Only the non-owner sees the failures; its fast path ejects the cluster alone.
+    _fail(f, other, "a", 1000.0)
     f.tick(1010.01)
-    assert f.state(other) == "quarantined" and f.state(owner) == "healthy"
+    assert f.state(other, slice=CW) == "quarantined" and f.state(owner, slice=CW) == "healthy"
     f.store.flush()  # ... and came back empty
     f.cycle(1011.0, only=[other])  # the one that decided takes the lease first
     f.cycle(1011.1, only=[owner])
-    f.cycle(1012.0)  # the new owner publishes on its next push; the other adopts
-    f.cycle(1013.0)
-    assert f.state(owner) == f.state(other) == "quarantined"
+    # The new owner publishes on its next push; the other, which never had the
+    # cluster-wide entry, sees it published, asks for it and adopts on the one after.
+    for t in (1012.0, 1013.0, 1014.0):
+        f.cycle(t)
+    assert f.state(owner, slice=CW) == f.state(other, slice=CW) == "quarantined"
+    assert any("fleet: following" in e.reason for e in f.events[owner])
 
 
 def test_snapshot_contents_are_a_baseline_never_pushed_as_own() -> None:
@@ -228,3 +263,30 @@ def test_snapshot_contents_are_a_baseline_never_pushed_as_own() -> None:
     ex = f.syncs[0].outgoing(1001.6)
     (name,) = [n for n in ex.stats_set if not n.startswith("_")]
     assert b'"c":[1,0,0,0]' in ex.stats_set[name]  # just the new request
+
+
+def test_a_follower_stops_choosing_a_route_as_soon_as_it_adopts_its_quarantine() -> None:
+    """Adopting a state moves the board's version: no cached selection plan outlives it."""
+    import random
+
+    from sidecar.core.types import RequestInfo
+
+    f = Fleet(2)
+    owner, follower = f.share_route()
+    req = RequestInfo(api="chat", model="m", stream=True, max_tokens=16, input_tokens=10,
+                      klass="interactive", priority=10, tenant=None, slice=SL)
+    rng = random.Random(7)
+    r = f.routers[follower]
+    for k in range(20):  # warm the follower's plan cache on cluster a being fine
+        r.observe(Observation("a", SL, "ok", ttft_s=0.05, e2e_s=0.1), 999.7 + k * 0.01)
+        r.observe(Observation("b", SL, "ok", ttft_s=0.5, e2e_s=1.0), 999.7 + k * 0.01)
+    r.decide(req, 999.95, rng)
+    _fail(f, owner, "a", 1000.0, status=429)  # soft failures: the owner's window verdict
+    f.cycle(1009.9)
+    f.tick(1010.01)
+    assert f.state(owner) == "quarantined"
+    f.cycle(1010.1)
+    f.cycle(1010.2)
+    assert f.state(follower) == "quarantined"
+    picks = {r.decide(req, 1010.3 + i * 0.001, rng).cluster for i in range(20)}
+    assert "a" not in picks

@@ -3,8 +3,9 @@ stops receiving requests within a second of its first failure, at 20 req/s.
 
 Observed at the level of the client (which requests failed, and when) and the
 sidecar's /state (the cluster-wide circuit opened after a run of hard failures),
-so it holds whichever way the shell learns outcomes. Open-loop load, bounded in
-count and time; about 20 s.
+so it holds whichever way the shell learns outcomes -- and in both routing
+modes: per request (extproc) and by published weights (native). Open-loop
+load, bounded in count and time; about 20 s per mode.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ KILL_AT = 6.0  # seconds into the load
 DURATION = 12.0
 
 
-def _config(ports: dict[str, int]) -> dict[str, Any]:
+def _config(ports: dict[str, int], mode: str) -> dict[str, Any]:
     return {
+        "routing": {"mode": mode},
         "default_cluster": "a",
         "clusters": [{"name": n, "address": f"127.0.0.1:{ports[n]}", "models": ["m"]}
                      for n in ("a", "b", "c")],
@@ -75,11 +77,14 @@ async def _load(st: Stack, t0: float, sent: list[Sent], killed: asyncio.Event) -
     await client.close()
 
 
-def test_killed_provider_stops_receiving_requests_within_a_second() -> None:
+@pytest.mark.parametrize("mode", ["extproc", "native"])
+def test_killed_provider_stops_receiving_requests_within_a_second(mode: str) -> None:
+    """In native mode the ejection is learned from the same log entries and
+    published as weight 0 at once (not at the next publication interval)."""
     with Stack() as st:
         ports = {n: st.start_provider(n, "40:70", "3:5", seed=i + 1)
                  for i, n in enumerate(("a", "b", "c"))}
-        st.start_sidecar(st.write_config(_config(ports)))
+        st.start_sidecar(st.write_config(_config(ports, mode)))
         st.start_envoy()
         sent: list[Sent] = []
         t0 = time.monotonic()

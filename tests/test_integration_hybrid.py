@@ -84,7 +84,8 @@ def test_each_request_takes_the_path_it_needs(stack: Stack) -> None:
     before = _settled(stack)
     for _ in range(5):
         assert _post(stack).status == 200  # no per-request need: native
-    for headers in ({"x-tailroute-class": "batch"}, {"x-tailroute-step": "critical"}):
+    for headers in ({"x-tailroute-class": "batch"}, {"x-tailroute-step": "critical"},
+                    {"x-tailroute-fanout": "4"}):
         assert _post(stack, headers=headers).status == 200  # per request
     explained = _post(stack, headers={"x-tailroute-explain": "1"})
     assert explained.status == 200 and explained.getheader("x-tailroute-explain-result")
@@ -94,12 +95,12 @@ def test_each_request_takes_the_path_it_needs(stack: Stack) -> None:
     def counted() -> bool:
         now = _envoy_view(stack)
         return (now["native"] - before["native"] >= 6
-                and now["decided"] - before["decided"] >= 3)
+                and now["decided"] - before["decided"] >= 4)
 
     wait_for("the access log to count both paths", counted)
     now = _envoy_view(stack)
     assert now["native"] - before["native"] == 6
-    assert now["decided"] - before["decided"] == 3
+    assert now["decided"] - before["decided"] == 4
     assert now["fail_open"] == before["fail_open"]
 
 

@@ -150,3 +150,49 @@ def test_native_feed_observes_slice_routes_and_passes_the_rest_on() -> None:
     assert app.envoy["native_no_upstream"] == 1
     native.load.roll(2.0)
     assert native.load.last == {"b": pytest.approx(0.04 / 2.0)}
+
+
+def test_fast_ejection_is_published_at_once_not_at_the_next_interval() -> None:
+    """A run of hard failures read from the log ejects the cluster; the weight-0
+    version goes out on that transition, not a publication interval later."""
+    from sidecar.core.envoy_log import LogRecord
+    from sidecar.shell.app import App
+    from sidecar.shell.native import NativeFeed
+
+    cfg = parse_config({
+        "clusters": [{"name": n, "address": f"127.0.0.1:{9000 + i}", "models": ["m"]}
+                     for i, n in enumerate("ab")],
+        "models": [{"name": "m", "candidates": ["a", "b"]}],
+        "routing": {"mode": "native", "publish_interval_s": 30.0},
+        "stats": {"subwindow_s": 30.0, "min_samples": 5},
+    }, "native.yaml")
+    app = App.create(cfg)
+    native = NativeRouting(lambda: app.config, lambda: app.router)
+    app.on_transitions = lambda _events: native.wake()
+    feed = NativeFeed(app, native, lambda rec, now: None)
+    failed = LogRecord(status=503, method="POST", path="/v1/chat/completions",
+                       upstream_cluster="a", route_name=route_name(S, "len"),
+                       duration_s=0.01, upstream_tx_s=0.001)
+
+    async def run() -> list[int]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(native.loop(app.tick, stop))
+        await asyncio.sleep(0)
+        assert native.layer.version == 1 and native.weights[S].weight("a") > 0
+        loop = asyncio.get_running_loop()
+        for _ in range(cfg.health.eject_consecutive):
+            feed(failed, loop.time())
+        seen = []
+        for _ in range(100):  # bounded: 1 s, a thirtieth of the interval
+            await asyncio.sleep(0.01)
+            seen.append(native.layer.version)
+            if native.layer.version > 1:
+                break
+        stop.set()
+        await task
+        return seen
+
+    versions = asyncio.run(run())
+    assert versions[-1] == 2, versions
+    assert native.weights[S].weight("a") == 0 and native.weights[S].total == 10_000
+    assert any(t.new == "quarantined" and t.cluster == "a" for t in app.router.transitions)

@@ -8,7 +8,7 @@ import json
 import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sidecar.core.config import parse_config
@@ -110,6 +110,11 @@ def test_probes_close_the_circuit_and_the_old_failures_stop_counting() -> None:
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from("abc"), st.sampled_from([SHORT, LONG]),
                           st.sampled_from(["ok", "error", "timeout"])), max_size=120))
+# a ejected as a whole, b's long slice quarantined, then c's cluster-wide run trips:
+# ejecting c would have left the long slice with no route.
+@example([("a", SHORT, "error")] * 3 + [("b", LONG, "error"), ("c", SHORT, "error"),
+          ("b", SHORT, "ok"), ("b", LONG, "error"), ("b", LONG, "error"),
+          ("c", SHORT, "error"), ("c", SHORT, "error")])
 def test_some_candidate_always_keeps_a_closed_circuit(
     stream: list[tuple[str, SliceKey, str]]
 ) -> None:

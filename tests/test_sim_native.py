@@ -63,3 +63,19 @@ def test_native_runs_a_scenario_and_is_not_in_the_default_set() -> None:
     assert "tailroute_native" not in DEFAULT_POLICIES
     out = Simulation(tiny_scenario(duration_s=30), "tailroute_native").run()
     assert out["classes"]["interactive"]["scored"] > 0
+
+
+def test_native_publishes_an_ejection_at_once_not_at_the_next_interval() -> None:
+    sc = tiny_scenario()
+    pol = TailrouteNative(PolicyContext(sc.config, {}))
+    before = pol.publications
+    slice = make_attempt(sc).call.slice
+    for i in range(20):  # a run of hard failures, long enough for b's failure rate
+        pol.on_result(finished(sc, "b", ttft=0.05, outcome="error", status=503, at=0.2),
+                      0.2 + i * 0.001)
+        if pol.router.health("b", slice).quarantined:
+            break
+    assert pol.router.health("b", slice).quarantined
+    assert pol.publications > before  # no tick in between
+    assert all(sw.weight("b") == 0 for sw in pol.weights.values()
+               if "b" in dict(sw.weights) and not sw.panic)

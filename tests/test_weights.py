@@ -10,6 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.core.config import Config, parse_config
+from sidecar.core.evidence import RouteEvidence
+from sidecar.core.histogram import LogHistogram
 from sidecar.core.pipeline import HealthView, LatencyValue
 from sidecar.core.router import Router
 from sidecar.core.types import Observation, SliceKey
@@ -51,18 +53,33 @@ class FakeView:
     tails: dict[str, float | None] = field(default_factory=dict)
     loads: dict[str, int] = field(default_factory=dict)
     weights: dict[str, float] = field(default_factory=dict)
+    probe_share: float = 0.05  # health.probe_share's default
 
     def latency(self, cluster: str, slice: SliceKey, metric: str, percentile: float,
                 now: float) -> LatencyValue:
         v = self.tails.get(cluster)
         return LatencyValue(v, slice if v is not None else None, False, 50 if v else 0)
 
+    def evidence(self, cluster: str, slice: SliceKey, metric: str,
+                 now: float) -> RouteEvidence | None:
+        """50 successes, all at the route's tail: ``P(B)`` is 1 within budget, else 0."""
+        v = self.tails.get(cluster)
+        if v is None:
+            return None
+        h = LogHistogram()
+        for _ in range(50):
+            h.add(v)
+        return RouteEvidence(h.cumulative(), 50, 50.0, 0.0, 50.0, 50.0, True, slice, False)
+
     def health(self, cluster: str, slice: SliceKey) -> HealthView:
         state = self.states.get(cluster, "healthy")
         default = {"healthy": 1.0, "watching": 1.0, "degraded": 0.3, "restoring": 0.5}
+        # Probed as the router says: probing, or restricted for a sensitive class.
+        probed = state == "probing" or (state == "restricted" and slice.klass != "batch")
         return HealthView(state, self.weights.get(cluster, default.get(state, 0.0)),
                           state in ("restricted", "quarantined", "probing"),
-                          state in ("quarantined", "probing"))
+                          state in ("quarantined", "probing"),
+                          self.probe_share if probed else 0.0)
 
     def inflight(self, cluster: str) -> int:
         return self.loads.get(cluster, 0)
@@ -207,3 +224,49 @@ def test_window_load_is_littles_law() -> None:
     assert load.roll(2.0) == {"a": 5.0}
     assert load.demand == {SLICE: {"a": 5.0}}
     assert load.roll(4.0) == {}
+
+
+def test_window_view_reads_evidence_fresh_within_a_sub_window() -> None:
+    """Errors (429s: evidence, not a hard-failure run) logged since the last
+    computation count at the next one, even inside the same sub-window."""
+    cfg = native_config(stats={"subwindow_s": 10.0, "min_samples": 5})
+    router = Router(cfg)
+    view = WindowView(router, {})
+    for c in "abc":
+        _observe(router, c, 0.1, 1.0, 20)
+    before = slice_weights(cfg, view, SLICE, now=1.0)
+    for _ in range(30):
+        router.observe(Observation("c", SLICE, "error", 429), 1.5)
+    after = slice_weights(cfg, view, SLICE, now=2.0)  # same sub-window, 1 s later
+    assert router.health("c", SLICE).state == "healthy"  # no ejection: the score moved it
+    assert after.weight("c") < before.weight("c") / 4, (before, after)
+
+
+def test_probe_share_shrinks_with_relapses_as_per_request() -> None:
+    """A route ejected again while restoring (a relapse) is probed with a smaller
+    share (relapse memory), in the weights exactly as in Router._probes."""
+    cfg = native_config(health={"cooldown_s": 1, "cooldown_max_s": 1, "relapse_factor": 0.5})
+    router = Router(cfg)
+    view = WindowView(router, {})
+    klass, model = cfg.workload_class("interactive"), cfg.model("m")
+    assert klass is not None and model is not None
+    t = 0.0
+    shares = []
+    for _ in range(2):  # the second ejection comes while restoring: a relapse
+        for _ in range(20):  # a run long enough for the route's failure rate
+            router.observe(Observation("b", SLICE, "error", 500), t)
+            if router.health("b", SLICE).state == "quarantined":
+                break
+        t += 1.5
+        router.tick(t)  # cooldown over: probing
+        assert router.health("b", SLICE).state == "probing"
+        w = slice_weights(cfg, view, SLICE, now=t)
+        assert w.probes == ("b",)
+        per_request = {p.cluster: p.share for p in router._probes(SLICE, klass, model)}
+        assert w.weight("b") == round(per_request["b"] * WEIGHT_SCALE)
+        shares.append(w.weight("b"))
+        for _ in range(cfg.health.probe_successes):
+            router.observe(Observation("b", SLICE, "ok", 200, 0.1, 0.01, 0.2, is_probe=True), t)
+        assert router.health("b", SLICE).state == "restoring"
+        t += 0.1
+    assert shares[1] == shares[0] // 2, shares

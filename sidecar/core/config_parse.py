@@ -476,6 +476,8 @@ def _parse(root: ConfigReader, source: str) -> Config:
             return root.raw("fleet")  # type: ignore[no-any-return]  # absent or null
         return root.attempt(lambda: _fleet(root.sub("fleet"), stats), None)
 
+    # Read in file order (picker before stats) so problems are reported in that order.
+    picker = root.choice("picker", "weighted_random", ("weighted_random", "lowest_score"))
     stats = section(_stats, "stats", StatsConfig())
     cfg = Config(
         clusters=tuple(clusters.values()),
@@ -483,7 +485,7 @@ def _parse(root: ConfigReader, source: str) -> Config:
         classes=classes,
         default_cluster=default_cluster,
         default_class=default_class,
-        picker=root.choice("picker", "weighted_random", ("weighted_random", "lowest_score")),
+        picker=picker,
         stats=stats,
         health=section(_health, "health", HealthConfig()),
         admission=section(_admission, "admission", AdmissionConfig()),

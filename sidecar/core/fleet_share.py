@@ -29,9 +29,14 @@ Invariants:
    the local current sub-window (a peer's clock ahead) lands in the current one;
    one the local health evaluation already judged (it arrived after the
    sub-window closed: a push interval late) lands in the current one too, so
-   the next verdict counts it instead of no verdict ever seeing it.
+   the next verdict counts it instead of no verdict ever seeing it -- unless it
+   is older than the series' fence (:meth:`RouteStats.fence`: the circuit
+   closed since), then it lands in its own sub-window, which the fence keeps
+   out of the evidence, as it does the local replica's own requests of then.
 3. Merging invalidates every cached merge and quantile of the series it touches.
-4. A followed route's state changes only through :func:`adopt_route`.
+4. A followed route's state changes only through :func:`adopt_route`; whoever
+   adopts a state that closes the route's circuit (:func:`closes_circuit`)
+   fences the route's evidence, as the owner's router did.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.core.config import HealthConfig, Metric, StatsConfig
-from sidecar.core.health import RouteHealth
+from sidecar.core.health import HealthState, RouteHealth
 from sidecar.core.health_board import HealthBoard, _load_route, _route_to_dict
 from sidecar.core.histogram import LogHistogram
 from sidecar.core.series import RouteStats, _Decayed
@@ -81,6 +86,7 @@ def live_subwindows(store: StatsStore, now: float) -> Iterator[tuple[Route, list
         rs = store.series(cluster, s)
         if rs is None or rs.is_stale(now):
             continue
+        rs._sync(now)  # rotate through the series (see _add), never the bare ring
         subs = [
             SubWindowData(slot.index, slot.ok, slot.error, slot.timeout, slot.cancel,
                           {m: h.copy() for m, h in slot.hists.items() if h.count})
@@ -125,13 +131,16 @@ def merge_placed(
 
 def _placement(rs: RouteStats | None, index: int, now: float, cfg: StatsConfig) -> int | None:
     """Invariant 2: where a peer's sub-window ``index`` lands locally (None: dropped)."""
-    k = math.floor(now / cfg.subwindow_s) if rs is None else rs.window.advance(now)
+    k = math.floor(now / cfg.subwindow_s) if rs is None else rs._sync(now)
     if index <= k - cfg.subwindows:
         return None
     if index > k:
         return k
-    unjudged = None if rs is None else getattr(rs, "_unjudged", None)
-    return k if unjudged is not None and index < unjudged else index
+    if rs is None:
+        return index
+    if index < rs._fence:
+        return index  # before a fence: kept in the ring, as the local's own, never evidence
+    return k if rs._unjudged is not None and index < rs._unjudged else index
 
 
 def _admit(store: StatsStore, cluster: str, slice: SliceKey) -> SliceKey:
@@ -144,7 +153,9 @@ def _admit(store: StatsStore, cluster: str, slice: SliceKey) -> SliceKey:
 
 def _add(rs: RouteStats, data: SubWindowData, idx: int, now: float,
          seen_at: float | None) -> None:
-    k = rs.window.advance(now)
+    # Rotate through the series' own path (never the bare ring): the decayed window
+    # must fold and expire the sub-windows it holds before their slots are reused.
+    k = rs._sync(now)
     n = rs.cfg.subwindows
     if idx <= k - n:
         return
@@ -236,8 +247,23 @@ def route_signature(board: HealthBoard, cluster: str, slice: SliceKey) -> tuple[
     h = board.peek(cluster, slice)
     if h is None:
         return ()
-    return (h.state.value, h.since, h.cooldown_until, h.offences, h.panic, h.restore_base,
-            h.restore_from_circuit, tuple(sorted(h.votes.items())), h.last_index)
+    # Relapse memory and the route's own history included: a handover must carry them
+    # (the history moves once per judged window: one field per route and window).
+    return (h.state.value, h.since, h.cooldown_until, h.offences, h.relapses, h.panic,
+            h.restore_base, h.restore_from_circuit, tuple(sorted(h.votes.items())),
+            h.last_index, h.history.windows)
+
+
+def closes_circuit(old: RouteHealth | None, new: RouteHealth | None) -> bool:
+    """Does replacing state ``old`` by ``new`` close the route's circuit (open before,
+    or restoring from a circuit after while not before)? Adopting such a state
+    must fence the route's evidence, as the owner's router did on the transition."""
+    def restoring(h: RouteHealth | None) -> bool:
+        return h is not None and h.state is HealthState.RESTORING and h.restore_from_circuit
+
+    was_open = old is not None and old.circuit_open
+    is_open = new is not None and new.circuit_open
+    return (was_open and not is_open) or (restoring(new) and not restoring(old))
 
 
 def adopt_route(
@@ -261,6 +287,7 @@ def adopt_route(
             raise ValueError(f"malformed route state: {exc!r}") from exc
         board._routes[key] = h
         new_state = h.state.value
+    board.version += 1  # what selection sees may have changed: cached plans rebuild
     if new_state == old_state:
         return None
     return TransitionEvent(now, cluster, slice.label(), old_state, new_state, reason)

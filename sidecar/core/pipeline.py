@@ -38,7 +38,7 @@ as of ``now``.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -70,6 +70,9 @@ class HealthView:
     weight: float  # 0..1, already resolved for the slice's class
     excluded_for_sensitive: bool  # restricted: latency-sensitive classes must not use it
     quarantined: bool  # circuit open (includes probing, except chosen probes)
+    # Share of the slice's traffic sent to the route as probes (probing, or restricted
+    # for a latency-sensitive class; shrunk by relapse memory); 0 when not probed.
+    probe_share: float = 0.0
 
 
 class RouteView(Protocol):
@@ -247,6 +250,16 @@ def exponent_of(weights: Weights) -> dict[str, float]:
 _PANIC_TIER = {"capacity": 0, "class_restriction": 1, "quarantine": 2}
 
 
+def panic_tier(cands: Sequence[Candidate]) -> list[Candidate]:
+    """Panic: never leave a class without a route. Serve the least-bad tier of
+    the soft-dropped candidates (healthy but full, then restricted, then circuit
+    open) and let scoring spread the load across it: sending the whole class to
+    one route herds."""
+    soft = [c for c in cands if c.soft_drop]
+    best = min((_PANIC_TIER.get(c.dropped or "", 9) for c in soft), default=9)
+    return [c for c in soft if _PANIC_TIER.get(c.dropped or "", 9) == best]
+
+
 def _filter(
     ctx: SelectionContext, cand: Candidate, filters: tuple[Filter, ...], record_pass: bool
 ) -> None:
@@ -315,12 +328,7 @@ def run_request(
     notes: tuple[str, ...] = ()
     panic = False
     if not survivors:
-        soft = [c for c in cands if c.soft_drop]
-        # Panic: never leave a class without a route. Serve the least-bad tier
-        # (healthy but full, then restricted, then circuit open) and let scoring
-        # spread the load across it: sending the whole class to one route herds.
-        best = min(_PANIC_TIER.get(c.dropped or "", 9) for c in soft)
-        survivors = [c for c in soft if _PANIC_TIER.get(c.dropped or "", 9) == best]
+        survivors = panic_tier(cands)
         panic = True
         names = ", ".join(c.name for c in survivors)
         notes = (f"panic: every candidate was excluded; serving least-bad tier {names}",)

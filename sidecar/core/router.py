@@ -156,17 +156,20 @@ class Router:
     # ------------------------------------------------------------ RouteView
 
     def evidence(
-        self, cluster: str, slice: SliceKey, metric: str, now: float
+        self, cluster: str, slice: SliceKey, metric: str, now: float, fresh: bool = False
     ) -> RouteEvidence | None:
-        """The blended evidence of ``slice`` on ``cluster`` (see :mod:`sidecar.core.evidence`)."""
+        """The blended evidence of ``slice`` on ``cluster`` (see :mod:`sidecar.core.evidence`).
+
+        ``fresh``: fold in every observation so far (as while building a plan); else a
+        blend up to half a sub-window old may be reused."""
         return self.stats.evidence(cluster, slice, as_metric(metric), now,
-                                   0.0 if self._fresh else None)
+                                   0.0 if fresh or self._fresh else None)
 
     def latency(
-        self, cluster: str, slice: SliceKey, metric: str, percentile: float, now: float
+        self, cluster: str, slice: SliceKey, metric: str, percentile: float, now: float,
+        fresh: bool = False,
     ) -> LatencyValue:
-        ev = self.stats.evidence(cluster, slice, as_metric(metric), now,
-                                 0.0 if self._fresh else None)
+        ev = self.evidence(cluster, slice, metric, now, fresh)
         if ev is None:
             return LatencyValue(None, None, False, 0)
         return LatencyValue(ev.quantile(percentile / 100.0), ev.used, ev.fell_back, ev.samples)
@@ -181,11 +184,13 @@ class Router:
         if h is None or h.state is HealthState.HEALTHY:
             return _HEALTHY
         klass = self.config.workload_class(slice.klass)
+        sensitive = klass.latency_sensitive if klass else True
         return HealthView(
             state=h.state.value,
-            weight=h.weight_for(klass.latency_sensitive if klass else True),
+            weight=h.weight_for(sensitive),
             excluded_for_sensitive=h.excluded_for_sensitive,
             quarantined=h.state in _QUARANTINED,
+            probe_share=self._probe_share(cluster, slice, sensitive) or 0.0,
         )
 
     def inflight(self, cluster: str) -> int:
@@ -376,18 +381,24 @@ class Router:
         """
         out: list[_Probe] = []
         for c in model.candidates:
-            hc = self.board.peek(c, CLUSTER_SLICE)
-            if hc is not None and hc.state is HealthState.PROBING:
-                out.append(_Probe(c, hc.probe_share))
-                continue
-            h = self.board.peek(c, slice)
-            if h is None:
-                continue
-            if h.state is HealthState.PROBING:
-                out.append(_Probe(c, h.probe_share))
-            elif h.state is HealthState.RESTRICTED and klass.latency_sensitive:
-                out.append(_Probe(c, self.config.health.probe_share * h.memory))
+            share = self._probe_share(c, slice, klass.latency_sensitive)
+            if share is not None:
+                out.append(_Probe(c, share))
         return tuple(out)
+
+    def _probe_share(self, cluster: str, slice: SliceKey, sensitive: bool) -> float | None:
+        """The share of ``slice``'s traffic :meth:`_probes` sends ``cluster`` (None: none)."""
+        hc = self.board.peek(cluster, CLUSTER_SLICE)
+        if hc is not None and hc.state is HealthState.PROBING:
+            return hc.probe_share
+        h = self.board.peek(cluster, slice)
+        if h is None:
+            return None
+        if h.state is HealthState.PROBING:
+            return h.probe_share
+        if h.state is HealthState.RESTRICTED and sensitive:
+            return self.config.health.probe_share * h.memory
+        return None
 
     def _finish(
         self,
@@ -603,9 +614,20 @@ class Router:
 
     def _cluster_ejectable(self, cluster: str) -> bool:
         """May the whole cluster be ejected: does every model it serves keep another
-        candidate whose cluster-wide circuit is closed?"""
-        return all(any(self._viable(c, None) for c in m.candidates if c != cluster)
-                   for m in self._models_of.get(cluster, ()))
+        candidate whose cluster-wide circuit is closed, and does every slice of those
+        models that is quarantined or restricted somewhere keep another viable route?
+        (Without the second part, ejecting the cluster could leave a slice whose other
+        routes are all open with none.)"""
+        models = self._models_of.get(cluster, ())
+        if not all(any(self._viable(c, None) for c in m.candidates if c != cluster)
+                   for m in models):
+            return False
+        served = {m.name: m for m in models}
+        troubled = {s for (_, s), h in self.board.items()
+                    if s != CLUSTER_SLICE and s.model in served
+                    and (h.state in _QUARANTINED or h.excluded_for_sensitive)}
+        return all(any(self._viable(c, s) for c in served[s.model].candidates if c != cluster)
+                   for s in troubled)
 
     def _log(self, events: list[TransitionEvent]) -> None:
         for e in events:

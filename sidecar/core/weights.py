@@ -10,10 +10,12 @@ representative request of the slice:
    pass the hard filters (model served, region policy). Those depend on config
    only, so the rendered route lists exactly these clusters.
 2. **Probes**: every candidate the per-request path would probe -- probing
-   (cooldown over), or restricted for a latency-sensitive class -- that has
-   room (in flight below ``max_concurrency``) gets ``health.probe_share`` of the
-   slice's traffic, as :meth:`Router._maybe_probe` sends it per request. Its
-   responses count as probes (:attr:`SliceWeights.probes`).
+   (cooldown over; the cluster-wide entry or the slice's), or restricted for a
+   latency-sensitive class -- that has room (in flight below
+   ``max_concurrency``) gets its probe share of the slice's traffic
+   (:attr:`HealthView.probe_share`: ``health.probe_share``, shrunk by the
+   route's relapse memory), as :meth:`Router._maybe_probe` sends it per
+   request. Its responses count as probes (:attr:`SliceWeights.probes`).
 3. **Selection** shares the rest, ``1 - probes``, by the picker's probabilities
    over the pipeline's survivors::
 
@@ -58,6 +60,7 @@ from sidecar.core.pipeline import (
     LatencyValue,
     RouteView,
     SelectionContext,
+    panic_tier,
     run_pipeline,
 )
 from sidecar.core.router import Router
@@ -151,20 +154,17 @@ def native_slices(config: Config) -> tuple[SliceKey, ...]:
     return tuple(out)
 
 
-def _probe_clusters(
+def _probe_shares(
     config: Config, view: RouteView, slice: SliceKey, candidates: Iterable[str]
-) -> tuple[str, ...]:
-    """Routes the per-request path would send probes to (Router._maybe_probe)."""
-    klass = config.workload_class(slice.klass)
-    sensitive = klass.latency_sensitive if klass else True
-    out = []
+) -> dict[str, float]:
+    """Routes the per-request path would send probes to, with their probe shares
+    (:attr:`HealthView.probe_share`, as ``Router._probes`` and ``_maybe_probe`` use them)."""
+    out = {}
     for c in candidates:
-        state = view.health(c, slice).state
-        if (state == "probing" or (state == "restricted" and sensitive)) and (
-            view.inflight(c) < config.cluster(c).max_concurrency
-        ):
-            out.append(c)
-    return tuple(out)
+        share = view.health(c, slice).probe_share
+        if share > 0 and view.inflight(c) < config.cluster(c).max_concurrency:
+            out[c] = share
+    return out
 
 
 def integer_weights(shares: Mapping[str, float], order: tuple[str, ...],
@@ -209,12 +209,12 @@ def _split(config: Config, view: RouteView, slice: SliceKey, now: float,
     klass = config.workload_class(slice.klass)
     if model is None or klass is None:
         raise KeyError(f"slice {slice.label()} names no configured model/class")
-    probes = _probe_clusters(config, view, slice, order)
-    probe_share = config.health.probe_share
+    probing = _probe_shares(config, view, slice, order)
+    probes = tuple(probing)
     shares: dict[str, float] = dict.fromkeys(order, 0.0)
-    for name in probes:
-        shares[name] += probe_share
-    rest = max(1.0 - probe_share * len(probes), 0.0)
+    for name, share in probing.items():
+        shares[name] += share
+    rest = max(1.0 - sum(probing.values()), 0.0)
     ctx = SelectionContext(config, model, klass, representative(config, slice), view, now)
     picker = PICKERS[config.picker]
     # The picker's draw is not used (only its probabilities): any RNG state gives the
@@ -224,9 +224,10 @@ def _split(config: Config, view: RouteView, slice: SliceKey, now: float,
     panic = False
     if result is not None and rest > 0:
         panic = result.panic
-        # In panic the served tier keeps its soft-filter verdicts but was scored.
-        survivors = [cand for cand in result.candidates if cand.name in shares and (
-            cand.dropped is None or (panic and cand.scores))]
+        # In panic the served tier keeps its soft-filter verdicts (run_request).
+        served = panic_tier(result.candidates) if panic else [
+            cand for cand in result.candidates if cand.dropped is None]
+        survivors = [cand for cand in served if cand.name in shares]
         if config.picker == "weighted_random":
             total = sum(cand.weight for cand in survivors)
             for cand in survivors:
@@ -361,7 +362,9 @@ class WindowView:
 
     Latency and evidence are the router's own (the blended slice evidence of
     :mod:`sidecar.core.evidence`), so native weights judge what per-request
-    decisions judge.
+    decisions judge -- read fresh, as a per-request plan is built: published
+    weights hold for a whole interval, so they must not start from a blend
+    cached half a sub-window ago.
     """
 
     def __init__(self, router: Router, native_inflight: Mapping[str, float]) -> None:
@@ -371,12 +374,12 @@ class WindowView:
     def latency(
         self, cluster: str, slice: SliceKey, metric: str, percentile: float, now: float
     ) -> LatencyValue:
-        return self._router.latency(cluster, slice, metric, percentile, now)
+        return self._router.latency(cluster, slice, metric, percentile, now, fresh=True)
 
     def evidence(
         self, cluster: str, slice: SliceKey, metric: str, now: float
     ) -> RouteEvidence | None:
-        return self._router.evidence(cluster, slice, metric, now)
+        return self._router.evidence(cluster, slice, metric, now, fresh=True)
 
     def health(self, cluster: str, slice: SliceKey) -> HealthView:
         return self._router.health(cluster, slice)

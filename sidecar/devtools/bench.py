@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.devtools.harness import Stack
-from sidecar.devtools.load_client import pct
+from sidecar.devtools.http_load import pct
 
 _CLK = os.sysconf("SC_CLK_TCK")
 

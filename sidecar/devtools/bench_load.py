@@ -28,7 +28,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.devtools import load_client
+from sidecar.devtools import http_load
 from sidecar.devtools.bench import cpu_seconds
 from sidecar.devtools.harness import Stack, free_port, http_json
 
@@ -84,7 +84,7 @@ class Setup:
 @dataclass
 class Row:
     mode: str
-    result: load_client.ClientResult
+    result: http_load.ClientResult
     cpu_s: float
     envoy: Counter[str]
     sidecar: Counter[str]
@@ -93,7 +93,7 @@ class Row:
 @dataclass
 class Level:
     concurrency: int
-    alone: load_client.ClientResult
+    alone: http_load.ClientResult
     rows: list[Row]
 
 
@@ -154,8 +154,8 @@ def run_load_bench(concurrency: tuple[int, ...] = (1, 16, 64, 256), duration_s: 
         setups = [_start_setup(st, m, pport, loop_args, workers, fleet_url) for m in modes]
         alone_port = st.start_envoy(with_sidecar=False)
 
-        def drive(port: int, c: int, seconds: float, mode: str = "") -> load_client.ClientResult:
-            return asyncio.run(load_client.run(
+        def drive(port: int, c: int, seconds: float, mode: str = "") -> http_load.ClientResult:
+            return asyncio.run(http_load.run(
                 port, c, seconds, stream, tokens, cap=_REQUEST_CAP,
                 every=HYBRID_EVERY if mode == "hybrid" else None))
 
@@ -164,8 +164,8 @@ def run_load_bench(concurrency: tuple[int, ...] = (1, 16, 64, 256), duration_s: 
         drive(alone_port, 4, warmup_s)
         part = duration_s / rounds
         for c in concurrency:
-            alone = load_client.ClientResult()
-            rows = {su.mode: Row(su.mode, load_client.ClientResult(), 0.0, Counter(), Counter())
+            alone = http_load.ClientResult()
+            rows = {su.mode: Row(su.mode, http_load.ClientResult(), 0.0, Counter(), Counter())
                     for su in setups}
             # Rounds alternate the setups, so drift in the machine's load (shared
             # machines) hits all of them alike instead of whichever ran last.
@@ -216,7 +216,7 @@ def _print(levels: list[Level], duration_s: float, stream: bool, tokens: int, lo
           f"{'client 2xx/other/fail':>22} {'sidecar ok/cancel/err/tmo':>26}")
     for lv in levels:
         a = lv.alone
-        a50, a99 = load_client.pct(a.latencies, 0.5) * 1e3, load_client.pct(a.latencies, 0.99) * 1e3
+        a50, a99 = http_load.pct(a.latencies, 0.5) * 1e3, http_load.pct(a.latencies, 0.99) * 1e3
         print(f"{lv.concurrency:4d} {'envoy alone':16} {a.rps:7.0f} {1:6.2f} {a50:7.2f} "
               f"{'':>7} {a99:7.2f} {'':>7} {'':>8} {'':>8} {'':>5} {'':>6} "
               f"{_client(a):>22}")
@@ -230,9 +230,9 @@ def _print(levels: list[Level], duration_s: float, stream: bool, tokens: int, lo
           "a level, not across runs)")
 
 
-def _print_row(c: int, row: Row, a: load_client.ClientResult, a50: float, a99: float) -> None:
+def _print_row(c: int, row: Row, a: http_load.ClientResult, a50: float, a99: float) -> None:
     r = row.result
-    r50, r99 = load_client.pct(r.latencies, 0.5) * 1e3, load_client.pct(r.latencies, 0.99) * 1e3
+    r50, r99 = http_load.pct(r.latencies, 0.5) * 1e3, http_load.pct(r.latencies, 0.99) * 1e3
     total = row.envoy.get("http.tailroute.downstream_rq_total", 0)
     failed_open = _sum(row.envoy, ".failure_mode_allowed")
     overflow = sum(v for k, v in row.envoy.items()
@@ -259,6 +259,6 @@ def _print_row(c: int, row: Row, a: load_client.ClientResult, a50: float, a99: f
           f"requests, {_sum(row.envoy, '.message_timeouts')} ext_proc timeouts")
 
 
-def _client(r: load_client.ClientResult) -> str:
+def _client(r: http_load.ClientResult) -> str:
     other = sum(n for s, n in r.statuses.items() if not 200 <= s < 300)
     return f"{r.ok}/{other}/{sum(r.failures.values())}"

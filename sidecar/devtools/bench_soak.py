@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sidecar.devtools.client_load import ClientLoad
 from sidecar.devtools.harness import Stack
+from sidecar.devtools.openai_load import ClientLoad
 
 MODEL = "soak-model"
 PROVIDERS = {"soak-a": ("20:40", "2:3"), "soak-b": ("25:45", "2:3"), "soak-c": ("30:60", "2:3")}

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,11 +50,13 @@ from sidecar.core.fleet_share import (
     FollowerBoard,
     SubWindowData,
     adopt_route,
+    closes_circuit,
     live_subwindows,
     merge_placed,
     route_signature,
     route_state,
 )
+from sidecar.core.health_board import CLUSTER_SLICE
 from sidecar.core.router import Router
 from sidecar.core.stats import StatsStore
 from sidecar.core.types import SliceKey, TransitionEvent
@@ -115,6 +118,9 @@ class FleetSync:
     counters: SyncCounters = field(default_factory=SyncCounters)
     owned: set[str] = field(default_factory=set)
     peers: list[str] = field(default_factory=list)
+    # Requests in flight the router does not count (native routing: the last window's
+    # average per cluster, from Envoy's log); published with the router's own.
+    extra_load: Callable[[], Mapping[str, float]] | None = None
 
     def __post_init__(self) -> None:
         self.board = FollowerBoard.wrap(self.router.board)
@@ -206,9 +212,11 @@ class FleetSync:
                 if self._republish or self._pushed.get(name) != total:
                     stats_set[name] = codec.encode_sub(own)
         router = self.router
+        extra = {} if self.extra_load is None else self.extra_load()
         load = codec.encode_load(self.wall_ms(now), {
             c: n for c in cfg.cluster_names
-            if (n := router.inflight(c) - router.peer_inflight.get(c, 0))})
+            if (n := router.inflight(c) - router.peer_inflight.get(c, 0)
+                + round(extra.get(c, 0.0)))})
         if load != self._load_pushed or self._republish:
             stats_set[codec.LOAD_FIELD] = self._load_pushed = load
         stats_del = [f for f in self._pushed if f not in live]
@@ -304,11 +312,14 @@ class FleetSync:
             return []
         self._adopted[rf] = raw
         at = min(wall_ms / 1000.0 - self.wall_offset, now)
+        before = self.board.peek(*route)
         try:
             event = adopt_route(self.board, route[0], route[1], state, at, now, reason)
         except ValueError:
             self.counters.bad_peer_records += 1
             return []
+        if closes_circuit(before, self.board.peek(*route)):
+            self._fence(route, now)
         self.counters.adopted_states += 1
         self._signature.pop(rf, None)
         return [event] if event is not None else []
@@ -335,9 +346,19 @@ class FleetSync:
                 self.counters.bad_peer_records += 1
                 continue
             if rf in self.owned:
-                events += self.board.record_probe(cluster, s, ok, now)
+                got = self.board.record_probe(cluster, s, ok, now)
+                if any(e.old == "probing" and e.new == "restoring" for e in got):
+                    self._fence((cluster, s), now)
+                events += got
                 self.counters.applied_probes += 1
         return events
+
+    def _fence(self, route: Route, now: float) -> None:
+        """The route's circuit closed here without the router seeing the transition (a
+        peer's probe closed it, or it was adopted): fence its evidence as the router
+        does on probing -> restoring, so it is judged and scored afresh everywhere."""
+        cluster, s = route
+        self._store.fence(cluster, None if s == CLUSTER_SLICE else s, now)
 
     def _merge_stats(self, reply: Reply, now: float) -> None:
         mine = (self._sub_s, self._store.accuracy)

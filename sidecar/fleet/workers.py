@@ -58,6 +58,14 @@ def check_workers(config: Config, n: int, grpc: str, unix: str | None) -> None:
     if unix or not grpc:
         raise ConfigError(f"{config.source}: listen: --workers needs TCP gRPC "
                           "(listen.grpc / --grpc); a Unix socket cannot be shared by processes")
+    if config.routing.mode != "extproc":
+        # Envoy holds one RTDS stream per sidecar address: it would land on one worker
+        # (moved by the connection ageing that spreads ext_proc streams), whose
+        # weights plan only the load of the access-log entries reaching it. Native
+        # routing takes no decision on the request path: one process serves it.
+        raise ConfigError(f"{config.source}: routing.mode: --workers {n} needs "
+                          f"routing.mode extproc, not {config.routing.mode!r} (native "
+                          "weights are published by one process: run serve without --workers)")
 
 
 class Supervisor:

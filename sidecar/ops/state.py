@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from sidecar.core.health_board import CLUSTER_SLICE
 from sidecar.core.router import Router
 from sidecar.core.stats import METRICS
 from sidecar.core.types import Decision, Explain
@@ -44,11 +45,22 @@ def state_json(router: Router, now: float) -> dict[str, Any]:
         last[(e.cluster, e.slice)] = {"at": e.at, "from": e.old, "to": e.new, "reason": e.reason}
     for r in routes:
         r["last_transition"] = last.get((r["cluster"], r["slice"]))
+    clusters: dict[str, Any] = {}
+    for c in router.config.cluster_names:
+        # The cluster-wide entry (fast ejection of the whole cluster) has no series of
+        # its own, so it is shown here rather than among the routes.
+        hc = health.get((c, CLUSTER_SLICE))
+        clusters[c] = {
+            "inflight": router.inflight(c),
+            "max_concurrency": router.config.cluster(c).max_concurrency,
+            "state": hc.state.value if hc else "healthy",
+            "weight": hc.weight if hc else 1.0,
+            "since": hc.since if hc else None,
+            "last_transition": last.get((c, CLUSTER_SLICE.label())),
+        }
     return {
         "now": now,
-        "clusters": {c: {"inflight": router.inflight(c),
-                         "max_concurrency": router.config.cluster(c).max_concurrency}
-                     for c in router.config.cluster_names},
+        "clusters": clusters,
         "routes": routes,
         "transitions": [asdict(e) for e in list(router.transitions)[-50:]],
         "counters": {f"{k}:{label}": v for (k, label), v in sorted(router.counters.items())},

@@ -85,6 +85,9 @@ class App:
     # Called with every observation the router receives (the GenAI histograms,
     # sidecar.ops.genai_metrics); whatever produces observations calls observe().
     on_observation: Callable[[Observation, Api], None] | None = None
+    # Called with every non-empty batch of health transitions, whichever path caused
+    # them (native mode republishes its weights at once: an ejection is weight 0 now).
+    on_transitions: Callable[[list[TransitionEvent]], None] | None = None
     last_tick: float = 0.0  # the loop time of the last tick (for scrape-time gauges)
     last_entry: float | None = None  # when the last access-log entry arrived
     _ids: itertools.count[int] = field(default_factory=itertools.count)
@@ -265,9 +268,10 @@ class App:
         timeout_s = (decision.timeout_ms or 300_000) / 1000.0
         return now + timeout_s + _PENDING_GRACE_S
 
-    @staticmethod
-    def log_events(events: list[TransitionEvent]) -> None:
+    def log_events(self, events: list[TransitionEvent]) -> None:
         for e in events:
             log.info(
                 "health %s %s: %s -> %s (%s)", e.cluster, e.slice, e.old, e.new, e.reason
             )
+        if events and self.on_transitions is not None:
+            self.on_transitions(events)

@@ -30,7 +30,8 @@ sidecar's gRPC cluster, the default route) and changes what picks the cluster:
 * ``hybrid``: the ext_proc routing filter stays, wrapped in an
   ``ExtensionWithMatcher`` that skips it unless the request needs a
   per-request decision (``x-tailroute-deadline-ms``, ``x-tailroute-step``,
-  ``x-tailroute-explain: 1``, or a class in ``routing.per_request_classes``);
+  ``x-tailroute-fanout``, ``x-tailroute-explain: 1``, or a class in
+  ``routing.per_request_classes``);
   the header route that follows its decision comes first. If the sidecar is
   down those requests fail open onto the native slice routes.
 
@@ -53,7 +54,9 @@ from sidecar.shell.native_keys import METADATA_NS, RUNTIME_LAYER, route_name, ru
 _TYPE = "type.googleapis.com/"
 CLASS_HEADER = "x-tailroute-class"
 # Headers that ask for a per-request decision in hybrid mode (value "1" for explain).
-PER_REQUEST_HEADERS = ("x-tailroute-deadline-ms", "x-tailroute-step")
+# A fan-out step is judged at a k-times stricter allowed share (fan-out aware quantiles):
+# a per-request judgement a slice's weights (fan-out 1) cannot make.
+PER_REQUEST_HEADERS = ("x-tailroute-deadline-ms", "x-tailroute-step", "x-tailroute-fanout")
 EXPLAIN_REQUEST_HEADER = "x-tailroute-explain"
 _JSON_TYPES = ("application/json", "application/json; charset=utf-8",
                "application/json;charset=utf-8", "application/json; charset=UTF-8",

@@ -27,7 +27,6 @@ what changed, and every Envoy's RTDS stream (acked version, NACKs).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -87,6 +86,7 @@ class NativeRouting:
         self.counters: dict[str, int] = {"logged": 0, "probes": 0}
         self._routes: dict[str, SliceKey] = {}
         self._routes_of: Config | None = None
+        self._wake: asyncio.Event | None = None  # set by wake(): a transition to publish
 
     @property
     def config(self) -> Config:
@@ -146,13 +146,21 @@ class NativeRouting:
             log.debug("published runtime layer version %d", self.layer.version)
         return changed
 
+    def wake(self) -> None:
+        """A health transition happened outside a tick (e.g. a fast ejection while an
+        access-log batch was read): publish now instead of at the next interval."""
+        if self._wake is not None:
+            self._wake.set()
+
     async def loop(self, tick: Callable[[float], None], stop: asyncio.Event) -> None:
-        """Publish at once, then every interval and after health transitions.
+        """Publish at once, then every interval, and at once after a health
+        transition (:meth:`wake`; transitions from ticks are seen after the tick).
 
         ``tick`` is the app's periodic work (health evaluation), run first so a
         publication always reflects the windows that just closed.
         """
         loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
         self.publish(loop.time(), force=True)
         transitions = self._transition_count()
         while not stop.is_set():
@@ -162,8 +170,7 @@ class NativeRouting:
             nd = self._router().next_deadline()
             if nd is not None and now < nd < wake:
                 wake = nd
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=max(wake - now, 0.005))
+            await _first_of(stop, self._wake, max(wake - now, 0.005))
             if stop.is_set():
                 return
             now = loop.time()
@@ -171,6 +178,7 @@ class NativeRouting:
             count = self._transition_count()
             self.publish(now, force=count != transitions)
             transitions = count
+            self._wake.clear()  # this publication covers every transition so far
 
     def _transition_count(self) -> int:
         return sum(n for (k, _), n in self._router().counters.items() if k == "transition")
@@ -198,6 +206,16 @@ class NativeRouting:
             "envoys": self.rtds.state() if self.rtds is not None else [],
             "counters": dict(self.counters),
         }
+
+
+async def _first_of(a: asyncio.Event, b: asyncio.Event, timeout: float) -> None:
+    """Wait until ``a`` or ``b`` is set, at most ``timeout`` seconds."""
+    waiters = [asyncio.ensure_future(a.wait()), asyncio.ensure_future(b.wait())]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
 
 
 class NativeFeed:

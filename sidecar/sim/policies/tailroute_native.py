@@ -4,8 +4,9 @@
 :class:`~sidecar.core.router.Router` learns from every response, but the
 cluster of a request is drawn the way Envoy's ``weighted_clusters`` draws it --
 at random in proportion to the slice's integer weights -- and the weights are
-recomputed only every ``routing.publish_interval_s`` (and when a health
-transition happens in between, e.g. a cooldown ends), with
+recomputed only every ``routing.publish_interval_s`` (and at once when a health
+transition happens in between: a cooldown ends, a run of hard failures ejects a
+route), with
 :func:`sidecar.core.weights.compute_weights` planning the last interval's load,
 as the sidecar's publisher does. Health and latency verdicts change once per
 evaluation window (``stats.subwindow_s``) in every mode.
@@ -70,8 +71,10 @@ class TailrouteNative(Tailroute):
 
     def choose(self, att: Attempt, now: float, rng: random.Random) -> str | Decision:
         if self.wants_per_request(att):
-            self._per_request.add(id(att))
-            return self.router.decide(att.request_info(now), now, rng, ticket=_ticket(att.call))
+            d = self.router.decide(att.request_info(now), now, rng, ticket=_ticket(att.call))
+            if d.admission == "admit":  # others never start: their id could be reused
+                self._per_request.add(id(att))
+            return d
         klass = self.config.workload_class(att.call.klass)
         timeout = klass.slo.timeout_ms if klass else None
         sw = self.weights.get(att.call.slice)
@@ -98,8 +101,12 @@ class TailrouteNative(Tailroute):
             self.load.add(att.call.slice, att.cluster, now - att.sent_at)
         obs = att.observation()
         if obs is not None:
-            for e in self.router.observe(obs, now):
+            events = self.router.observe(obs, now)
+            for e in events:
                 self.transitions[e.new] += 1
+            if events:  # e.g. a fast ejection: the sidecar publishes at once, not at a tick
+                self.weights = self._compute(now, full=True)
+                self.publications += 1
 
     def tick(self, now: float) -> None:
         events = self.router.tick(now)
