@@ -85,3 +85,27 @@ def test_queue_wait_must_fit_in_envoys_decision_timeout() -> None:
     # No queueing, no constraint.
     for adm in ({"queue_max": 0}, {"enabled": False}, {"queue_wait_ms": 0}):
         parse_config(base_config_dict(limits={"decision_timeout_ms": 100}, admission=adm), "t")
+
+
+@pytest.mark.parametrize(
+    ("violation", "n", "over"),
+    [
+        (0.018, 110.0, False),  # two slow answers in ~110 on a p99 class: noise
+        (0.01, 100.0, False),  # exactly the allowance (the prior alone)
+        (0.06, 100.0, True),  # six in a hundred: over with confidence
+        (0.02, 2000.0, True),  # twice the allowance on plenty of evidence
+    ],
+)
+def test_over_budget_needs_confidence(violation: float, n: float, over: bool) -> None:
+    """A route is over its class budget only when its violation share exceeds the
+    allowed share with confidence (the binomial test health escalation uses)."""
+    from sidecar.core.admission import AdmissionControl
+    from sidecar.core.pipeline import Candidate, HealthView
+
+    cfg = parse_config(base_config_dict(), "test.yaml")
+    cand = Candidate(cfg.cluster("a"), HealthView("healthy", 1.0, False, False))
+    cand.scores.update(violation=violation, violation_n=n)
+    klass = next(k for k in cfg.classes if k.name == "batch")  # p99: 1 % allowed
+    # With the attainment score present, neither the request nor the route view is read.
+    got = AdmissionControl(cfg)._over(cand, "a", None, klass, None, 0.0)  # type: ignore[arg-type]
+    assert got is over

@@ -12,9 +12,12 @@ Definitions (ms; ``pXX`` are the route's e2e percentiles for the request's slice
     timeout     = max(1, ceil(remaining))       -> x-envoy-upstream-rq-timeout-ms
     usable(r)   = passed hard filters and health filters for this class (capacity aside)
     full(r)     = inflight(r) >= max_concurrency(r)
-    over(r)     = violation(r) > 1 - percentile / 100   (the attainment scorer's share of
-                  failed or over-budget requests; without it: tail(r, class metric,
-                  class percentile) > class budget_ms)
+    over(r)     = violation(r) n(r) significantly above a n(r)   (a = 1 - percentile / 100;
+                  violation and n the attainment scorer's share of failed or
+                  over-budget requests and the outcomes behind it; the one-sided
+                  binomial test at health.confidence, as health escalation uses;
+                  without the score: tail(r, class metric, class percentile) >
+                  class budget_ms)
     ok(r)       = usable and not full and not over
     saturated   = no ok route
     ahead       = queued waiters served before this request (FIFO per priority)
@@ -43,6 +46,7 @@ from dataclasses import dataclass
 from sidecar.core.admission_queue import AdmissionQueue, Waiter
 from sidecar.core.admission_rules import RULES, STATUS, Rule, Situation, evaluate
 from sidecar.core.config import ClassConfig, Config
+from sidecar.core.evidence import significant
 from sidecar.core.frozen import fast_init
 from sidecar.core.pipeline import Candidate, LatencyValue, PipelineResult, RouteView
 from sidecar.core.retry_budget import RetryBudget, RetryMemory
@@ -170,10 +174,18 @@ class AdmissionControl:
         view: RouteView, now: float,
     ) -> bool:
         """Over budget: the route's violation share (failures and slow answers, from
-        the attainment score) exceeds what the class allows; without that score,
-        its SLO-metric tail exceeds the budget."""
+        the attainment score) exceeds what the class allows *with confidence*;
+        without that score, its SLO-metric tail exceeds the budget.
+
+        A point estimate would not do: for a p99 class a window of ~100 outcomes
+        reads 2 % after two slow answers, which is noise, yet it would mark every
+        route over budget and defer the whole class."""
         if cand is not None and (v := cand.scores.get("violation")) is not None:
-            return v > max(1.0 - klass.slo.percentile / 100.0, 1e-4)
+            n = cand.scores.get("violation_n", 0.0)
+            allowed = max(1.0 - klass.slo.percentile / 100.0, 1e-4)
+            if n <= 0.0:
+                return v > allowed
+            return significant(round(v * n), round(n), allowed, 1.0 - self.config.health.confidence)
         tail = self._tail_ms(None if cand is None else cand.latency, name, req, klass, view, now)
         return tail is not None and tail > klass.slo.budget_ms
 

@@ -63,6 +63,7 @@ class Attainment:
         P   = p_ok * F(budget)                 errors, 429s and timeouts in p_ok
         P*  = with_prior(P, W, prior_samples, 1 - (1 - q/100))   thin evidence -> "just meets SLO"
         v   = 1 - P*                           the route's violation share
+        n   = max(W, prior_samples)            the outcomes behind v (prior included)
         s   = exp(-(v - min_c v) / a)          a = SelectionContext.step_allowed
 
     so a route that misses one more allowed share ``a`` than the best one gets
@@ -70,9 +71,12 @@ class Attainment:
     requests gets ~exp(-6) of a clean one's, two healthy routes 1 % apart
     ~0.8 of each other. For a step of a k-way fan-out ``a`` is k times smaller
     (the workflow meets the worst of its k calls), and ``budget`` shrinks to
-    the caller's remaining deadline. ``violation`` (v) is kept as an
-    informational score, the class metric's tail at the SLO percentile as
-    ``latency[SLO_TAIL]`` (admission reads it).
+    the caller's remaining deadline. ``violation`` (v) and ``violation_n`` (n)
+    are kept as informational scores, the class metric's tail at the SLO
+    percentile as ``latency[SLO_TAIL]`` (admission reads them). The prior's
+    pseudo-outcomes violate at exactly the allowed share, so ``v n`` counts the
+    observed violations plus the prior's, and a confidence test on ``(v n, n)``
+    is as conservative with thin evidence as with none.
     """
 
     name: str = "attainment"
@@ -93,14 +97,17 @@ class Attainment:
             if ev is None:
                 p = with_prior(None, 0.0, m, neutral)
                 tail = _NO_TAIL
+                n = float(m)
             else:
                 p = with_prior(ev.p_within(budget), ev.evidence_weight, m, neutral)
+                n = max(ev.evidence_weight, float(m))
                 tail = LatencyValue(ev.quantile(slo.percentile / 100.0), ev.used, ev.fell_back,
                                     ev.samples)
             if metric == slo.metric:
                 c.latency[SLO_TAIL] = tail
             v = min(max(1.0 - p, 0.0), 1.0)
             c.scores["violation"] = v
+            c.scores["violation_n"] = n
             best = min(best, v)
         for c in cands:
             c.scores[self.name] = max(math.exp(-(c.scores["violation"] - best) / a), 1e-6)
