@@ -67,7 +67,7 @@ class Driver:
         if signal in OVER:
             return verdict(self.idx, OVER[signal])
         if signal is G.BURST:
-            return WindowVerdict(self.idx, "ttft", 95, 0.2, 0.2, 8, 20, 12)
+            return WindowVerdict(self.idx, "ttft", 95, 0.2, 0.2, 4, 20, 16)  # 80 %: significant
         failures = 1 if signal is G.INSUFFICIENT_ERRORS else 0
         return WindowVerdict(self.idx, "ttft", 95, None, None, 2, 3, failures)
 
@@ -100,8 +100,12 @@ class Driver:
         ((40, 40, 4), 40, 0, 40, False, False, G.BAND),  # 10 % over budget: not yet
         ((40, 40, 5), 40, 0, 40, False, False, G.THREATENING),  # 12.5 %: significant
         ((0, 0, 0), 35, 5, 40, False, False, G.THREATENING),  # failures count as misses
-        ((0, 0, 0), 20, 20, 40, False, True, G.BURST),  # 50 % failures: burst wins
-        ((0, 0, 0), 21, 19, 40, False, True, G.THREATENING),  # 47.5 %: a breach, no burst
+        # burst: failures >= 50 % with confidence: 26 of 40 is, 25 of 40 is a breach only
+        ((0, 0, 0), 14, 26, 40, False, True, G.BURST),
+        ((0, 0, 0), 15, 25, 40, False, True, G.THREATENING),
+        ((0, 0, 0), 20, 20, 40, False, True, G.THREATENING),  # 50 %: a breach, no burst
+        ((0, 0, 0), 0, 5, 5, False, True, G.BURST),  # five of five
+        ((0, 0, 0), 2, 3, 5, False, True, G.THREATENING),  # three of five: chance at 30 %
         ((0, 0, 0), 0, 4, 4, False, True, G.INSUFFICIENT_ERRORS),  # < error_min_samples
         ((0, 0, 0), 0, 2, 6, False, True, G.THREATENING),  # judged on failures alone
         ((0, 0, 0), 3, 0, 3, False, True, G.INSUFFICIENT),
@@ -244,6 +248,23 @@ def test_recovery_path_weights() -> None:
     assert d2.h.weight_for(False) == 1.0  # tolerant classes were never throttled
 
 
+@pytest.mark.parametrize(
+    ("probes", "state"),
+    [
+        ("F", S.PROBING),  # one failed probe says little about a partly failing route
+        ("FF", S.PROBING),
+        ("FFF", S.QUARANTINED),  # eject_consecutive in a row: hard failure, back out
+        ("FFOFF", S.PROBING),  # an answer between failures restarts the run
+        ("FOFOOOOO", S.RESTORING),  # probe_successes in a row restore
+    ],
+)
+def test_probing_is_judged_on_several_answers(probes: str, state: HealthState) -> None:
+    d = Driver(S.PROBING)
+    for p in probes:
+        d.send(G.PROBE_OK if p == "O" else G.PROBE_FAIL)
+    assert d.h.state is state
+
+
 def test_cooldown_grows_per_offence_caps_and_is_forgiven() -> None:
     d = Driver()
     d.send(G.BURST)
@@ -251,7 +272,8 @@ def test_cooldown_grows_per_offence_caps_and_is_forgiven() -> None:
     for _ in range(7):
         cooldowns.append(d.h.cooldown_until - d.now)  # type: ignore[operator]
         d.send(G.COOLDOWN_OVER)
-        d.send(G.PROBE_FAIL)
+        for _ in range(HC.eject_consecutive):
+            d.send(G.PROBE_FAIL)
     assert cooldowns == [15, 30, 60, 120, 240, 300, 300] and d.h.offences == 8
     assert d.h.relapses == 0  # failed probes are the same episode, not relapses
     d.h.state, d.h.healthy_since = S.HEALTHY, d.now

@@ -9,8 +9,8 @@ the route's summary and the class SLO become a :class:`WindowVerdict`. With
 budget``, the verdict is classified into one :class:`Signal`, in this
 priority::
 
-    BURST                (errors + timeouts) / requests >= error_rate_quarantine,
-                         with requests >= error_min_samples
+    BURST                (errors + timeouts) / requests >= error_rate_quarantine
+                         with confidence, with requests >= error_min_samples
     INSUFFICIENT_ERRORS  samples < min_samples, failures but < error_min_samples requests
     STALE                no verdict, no failures, no verdict for >= stats.stale_after_s
     INSUFFICIENT         no verdict, no failures
@@ -42,7 +42,8 @@ such runs likely needs a longer one (the chance of a false ejection per request
 stays below 1e-4). The router keeps one such run per cluster and one per slice.
 
 Other signals: COOLDOWN_OVER (time, :meth:`RouteHealth.tick`) and PROBE_OK /
-PROBE_FAIL (:meth:`RouteHealth.record_probe`). Probes go to probing routes
+PROBE_FAIL (:meth:`RouteHealth.record_probe`); a probing route returns to
+quarantine on ``eject_consecutive`` failed probes in a row, not on one. Probes go to probing routes
 and, for latency-sensitive classes, to restricted ones: a restricted route
 receives no such traffic, so without probes it could never show that it
 recovered. :data:`TRANSITIONS` maps ``(state, signal)`` to a :class:`Rule`;
@@ -98,7 +99,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from sidecar.core.config import HealthConfig, SloConfig, StatsConfig
-from sidecar.core.evidence import significant
+from sidecar.core.evidence import binom_sf, significant
 from sidecar.core.series import WindowSummary
 from sidecar.core.types import SliceKey, TransitionEvent
 
@@ -181,7 +182,12 @@ TRANSITIONS: dict[tuple[HealthState, Signal], Rule] = {
     (S.RESTRICTED, G.PROBE_FAIL): _RESET,
     (S.QUARANTINED, G.COOLDOWN_OVER): Rule(S.PROBING),
     (S.PROBING, G.PROBE_OK): Rule(S.RESTORING, "probe_successes"),
-    (S.PROBING, G.PROBE_FAIL): _EJECT,
+    # One failed probe says little about a partly failing route (30 % failures fail a
+    # probe in three): the circuit closes again only on eject_consecutive failed
+    # probes in a row, the fast path's own rule, so a hard outage is still re-ejected
+    # within a few probes while a partial failure gets to restoring and is then
+    # judged by its windows (down-weighted or restricted, kept while others lack room).
+    (S.PROBING, G.PROBE_FAIL): Rule(S.QUARANTINED, "eject_consecutive"),
     (S.RESTORING, G.OK): Rule(S.HEALTHY, "restore_steps"),
     (S.RESTORING, G.INSUFFICIENT): Rule(S.HEALTHY, "restore_steps"),
     (S.RESTORING, G.STALE): Rule(S.HEALTHY, "restore_steps"),
@@ -289,13 +295,15 @@ def classify(
     v: WindowVerdict, cfg: HealthConfig, stale: bool, history: History | None = None
 ) -> Signal:
     """The window's signal (priority order in the module docstring)."""
-    if v.requests >= cfg.error_min_samples and v.failures >= cfg.error_rate_quarantine * v.requests:
+    alpha = 1.0 - cfg.confidence
+    burst = cfg.error_rate_quarantine
+    if (v.requests >= cfg.error_min_samples and v.failures >= burst * v.requests
+            and _burst_significant(v.failures, v.requests, burst, alpha)):
         return G.BURST
     if v.ratio is None and not (v.failures and v.requests >= cfg.error_min_samples):
         return G.INSUFFICIENT_ERRORS if v.failures else G.STALE if stale else G.INSUFFICIENT
     n, (x_recover, x_watch, x_restrict) = v.counts()
     allow = v.allowed_share
-    alpha = 1.0 - cfg.confidence
     if significant(x_restrict, n, allow, alpha):
         return G.THREATENING
     known = history is not None and history.mature(cfg) and v.ratio is not None
@@ -305,6 +313,13 @@ def classify(
         return G.ELEVATED
     ref = max(allow, history.recover) if known else allow  # type: ignore[union-attr]
     return G.OK if x_recover <= ref * n else G.BAND
+
+
+def _burst_significant(failures: int, requests: int, share: float, alpha: float) -> bool:
+    """Is the failure share at least ``share`` with confidence? ``P(X >= failures | n,
+    p)`` below ``alpha`` for ``p`` just under ``share``: five of five failures
+    qualify, three of five (a 30 % failing route, one window in six) do not."""
+    return binom_sf(failures, requests, share * (1.0 - 1e-9)) < alpha
 
 
 class RouteHealth:
