@@ -80,6 +80,11 @@ class Driver:
         if signal is G.FAST_FAIL:
             self.now += 0.5
             return self.h.eject(self.now, may_quarantine)
+        if signal is G.PARTIAL_FAIL:  # a run of 3 on a route failing 30 of 100 since
+            self.now += 0.5
+            self.h.episode_since, self.h.episode_ok, self.h.episode_fail = self.now - 5, 70, 30
+            self.h.streak = 3
+            return self.h.eject(self.now, may_quarantine)
         self.now += SC.stale_after_s if signal is G.STALE else SC.subwindow_s
         return self.h.evaluate(self.verdict(signal), self.now, may_quarantine)
 
@@ -604,3 +609,24 @@ def test_the_last_viable_route_is_never_quarantined(
     for sig in signals:
         d.send(sig, may_quarantine=False)
         assert not d.h.circuit_open, (sig, d.h.state)
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "state"),
+    [
+        ("FFF", S.QUARANTINED),  # hard outage: nothing but failures since the first one
+        ("O" * 60 + "FFF", S.QUARANTINED),  # healthy, then hard down
+        ("F" + "O" * 40 + "FFF", S.QUARANTINED),  # 4 of 44: a run of 3 is not chance
+        ("FOFOOFOOFOFOOOFOFOOFFOOFFFFF", S.RESTRICTED),  # ~40 % failing: runs are chance
+    ],
+)
+def test_partial_failure_runs_restrict_not_eject(outcomes: str, state: HealthState) -> None:
+    """A run of hard failures that is expected on a partly failing route restricts it
+    (kept while others lack headroom); a hard outage is ejected as before."""
+    h = RouteHealth("a", K, HC, SC, 0.0)
+    now, events = 0.0, []
+    for o in outcomes:
+        now += 0.1
+        if h.note_outcome(o == "F", now, now - 0.05):
+            events = h.eject(now)
+    assert h.state is state and len(events) == 1

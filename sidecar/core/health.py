@@ -40,6 +40,19 @@ the failure rate ``f`` (over ~100 requests). A run of::
 ejects the route at once (FAST_FAIL): a route whose normal failure rate makes
 such runs likely needs a longer one (the chance of a false ejection per request
 stays below 1e-4). The router keeps one such run per cluster and one per slice.
+A run that is likely by chance on a *partly* failing route is PARTIAL_FAIL
+instead: the route is restricted, not ejected, so the herding guard keeps it in
+service while the other routes lack headroom. The route's failure *episode*
+counts the outcomes of requests sent since its first hard failure (it ends once
+``f`` has decayed below ``EPISODE_END_RATE``); with ``e`` the episode's failure
+share, ``n`` its outcomes and ``K`` the run::
+
+    PARTIAL_FAIL  iff  the episode holds a success and n (1 - e) e**K >= 1 - confidence
+
+(the expected number of such runs among ``n`` outcomes at failure share ``e``):
+a route failing every request since its first failure (a hard outage) has no
+success and is ejected within ``K`` requests as before; one failing 30 % of
+them trips on runs that are expected in its ~50 requests.
 
 Other signals: COOLDOWN_OVER (time, :meth:`RouteHealth.tick`) and PROBE_OK /
 PROBE_FAIL (:meth:`RouteHealth.record_probe`); a probing route returns to
@@ -109,6 +122,7 @@ if TYPE_CHECKING:
 FALSE_EJECT_ODDS = 1e-4  # accepted chance per request that a healthy route's run ejects it
 HISTORY_MARGIN = 1.5  # a change: the watch-level share half as much again as the route's usual
 FAIL_RATE_HORIZON = 100  # requests the fast path's failure-rate EWMA averages over
+EPISODE_END_RATE = 1e-3  # a failure episode ends once the failure-rate EWMA is back below this
 
 
 class HealthState(StrEnum):
@@ -131,6 +145,7 @@ class Signal(StrEnum):
     STALE = "stale"
     BURST = "burst"
     FAST_FAIL = "fast_fail"
+    PARTIAL_FAIL = "partial_fail"
     COOLDOWN_OVER = "cooldown_over"
     PROBE_OK = "probe_ok"
     PROBE_FAIL = "probe_fail"
@@ -155,6 +170,7 @@ TRANSITIONS: dict[tuple[HealthState, Signal], Rule] = {
     (S.HEALTHY, G.THREATENING): Rule(S.DEGRADED, "degrade_windows", meanwhile=S.WATCHING),
     (S.HEALTHY, G.BURST): _EJECT,
     (S.HEALTHY, G.FAST_FAIL): _EJECT,
+    (S.HEALTHY, G.PARTIAL_FAIL): Rule(S.RESTRICTED),
     (S.WATCHING, G.OK): Rule(S.HEALTHY, "recover_windows"),
     (S.WATCHING, G.BAND): _RESET,
     (S.WATCHING, G.ELEVATED): Rule(S.DEGRADED, "degrade_windows"),
@@ -162,6 +178,7 @@ TRANSITIONS: dict[tuple[HealthState, Signal], Rule] = {
     (S.WATCHING, G.STALE): Rule(S.HEALTHY),
     (S.WATCHING, G.BURST): _EJECT,
     (S.WATCHING, G.FAST_FAIL): _EJECT,
+    (S.WATCHING, G.PARTIAL_FAIL): Rule(S.RESTRICTED),
     (S.DEGRADED, G.OK): Rule(S.RESTORING, "recover_windows"),
     (S.DEGRADED, G.BAND): _RESET,
     (S.DEGRADED, G.ELEVATED): _RESET,
@@ -169,6 +186,7 @@ TRANSITIONS: dict[tuple[HealthState, Signal], Rule] = {
     (S.DEGRADED, G.STALE): Rule(S.WATCHING),
     (S.DEGRADED, G.BURST): _EJECT,
     (S.DEGRADED, G.FAST_FAIL): _EJECT,
+    (S.DEGRADED, G.PARTIAL_FAIL): Rule(S.RESTRICTED),
     (S.RESTRICTED, G.OK): Rule(S.DEGRADED, "recover_windows"),
     (S.RESTRICTED, G.BAND): _RESET,
     (S.RESTRICTED, G.ELEVATED): _RESET,
@@ -195,6 +213,7 @@ TRANSITIONS: dict[tuple[HealthState, Signal], Rule] = {
     (S.RESTORING, G.THREATENING): Rule(S.DEGRADED),
     (S.RESTORING, G.BURST): _EJECT,
     (S.RESTORING, G.FAST_FAIL): _EJECT,
+    (S.RESTORING, G.PARTIAL_FAIL): Rule(S.RESTRICTED),
 }
 _STAY = Rule(None)
 # Signals whose quarantine respects may_quarantine (the last viable route is kept).
@@ -348,6 +367,9 @@ class RouteHealth:
         self.run_parts: set[str] = set()  # slices that failed in the run (cluster-wide entry)
         self.run_confined = False  # another slice answered during the run
         self.fail_rate = 0.0  # EWMA of hard failures per request (fast path)
+        self.episode_since: float | None = None  # first hard failure of the episode (sent)
+        self.episode_ok = 0  # successes of requests sent since then
+        self.episode_fail = 0  # hard failures since then
 
     # ------------------------------------------------------------ views
 
@@ -462,6 +484,7 @@ class RouteHealth:
         if self.circuit_open:
             return False
         self.fail_rate += ((1.0 if hard_failure else 0.0) - self.fail_rate) / FAIL_RATE_HORIZON
+        self._note_episode(hard_failure, now if sent_at is None else sent_at)
         if not hard_failure:
             if self.streak and sent_at is not None and sent_at < self.streak_since:
                 if part is not None and part not in self.run_parts:
@@ -479,6 +502,28 @@ class RouteHealth:
         return self.streak >= self.eject_threshold() and (
             not self.run_confined or len(self.run_parts) >= 2)
 
+    def _note_episode(self, hard_failure: bool, sent: float) -> None:
+        if hard_failure:
+            if self.episode_since is None:
+                self.episode_since = sent
+            self.episode_fail += 1
+        elif self.episode_since is not None:
+            if self.fail_rate < EPISODE_END_RATE:
+                self._end_episode()
+            elif sent >= self.episode_since:
+                self.episode_ok += 1
+
+    def _end_episode(self) -> None:
+        self.episode_since, self.episode_ok, self.episode_fail = None, 0, 0
+
+    def run_by_chance(self, run: int) -> bool:
+        """Is a run of ``run`` hard failures expected on this route (module docstring)?"""
+        ok, fail = self.episode_ok, self.episode_fail
+        if ok <= 0 or fail <= 0:
+            return False
+        e = fail / (ok + fail)
+        return (ok + fail) * (1.0 - e) * e ** run >= 1.0 - self.cfg.confidence
+
     def eject_threshold(self) -> int:
         """``K = max(eject_consecutive, ceil(ln(1e-4) / ln f))`` (module docstring)."""
         f = min(self.fail_rate, 0.99)
@@ -488,10 +533,15 @@ class RouteHealth:
         return max(floor, math.ceil(math.log(FALSE_EJECT_ODDS) / math.log(f) - 1e-9))
 
     def eject(self, now: float, may_quarantine: bool = True) -> list[TransitionEvent]:
-        """The run of hard failures reached its threshold: open the circuit now."""
+        """The run of hard failures reached its threshold: open the circuit now, or,
+        when the run is likely by chance on a partly failing route, restrict it."""
         run, self.streak = self.streak, 0
         self.run_parts.clear()
         self.run_confined = False
+        if self.run_by_chance(run):
+            detail = (f"{run} consecutive hard failures, likely by chance at "
+                      f"{self.episode_fail} of {self.episode_ok + self.episode_fail} failed")
+            return self._apply(G.PARTIAL_FAIL, now, detail, may_quarantine)
         return self._apply(G.FAST_FAIL, now, f"{run} consecutive hard failures", may_quarantine)
 
     # ------------------------------------------------------------ machinery
@@ -544,6 +594,7 @@ class RouteHealth:
         if new is S.QUARANTINED:
             self.offences += 1
             self.streak = 0
+            self._end_episode()  # the circuit's own probes judge it from here
             cooldown = min(
                 self.cfg.cooldown_s * 2.0 ** min(self.offences - 1, 60), self.cfg.cooldown_max_s
             )
