@@ -103,7 +103,8 @@ def open_stream(app: Any, first: pb.ProcessingRequest) -> Any:
     """The handler the gRPC server opens for a stream whose first message is ``first``:
     it answers ``on_message(msg, now)``, ``close(now, cancelled)`` and, after a
     :func:`is_hold` answer, ``resume(now)``."""
-    from sidecar.shell.extproc import ObserveStream, RouteStream
+    from sidecar.shell.extproc import RouteStream
+    from sidecar.shell.observe import ObserveStream
 
     return ObserveStream(app) if first.observability_mode else RouteStream(app)
 

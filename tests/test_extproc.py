@@ -11,7 +11,8 @@ from sidecar.core.envoy_log import LogRecord
 from sidecar.core.types import SliceKey
 from sidecar.shell.app import LOG_GRACE_S, App
 from sidecar.shell.envoy_contract import ROUTE_HEADER
-from sidecar.shell.extproc import ObserveStream, RouteStream
+from sidecar.shell.extproc import RouteStream
+from sidecar.shell.observe import ObserveStream
 from sidecar.shell.outcomes import OutcomeFeed
 from tests.conftest import base_config_dict
 from tests.streamharness import (

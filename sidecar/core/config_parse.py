@@ -8,16 +8,13 @@ keys are errors (see :mod:`sidecar.core.fields`).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, TypeVar
 
 from sidecar.core.config import (
     DEFAULT_CLASSES,
-    SEMANTIC_ROUTER,
     AdmissionConfig,
-    Algorithm,
     ClassConfig,
     ClusterConfig,
     Compat,
@@ -25,193 +22,24 @@ from sidecar.core.config import (
     EnvoyConfig,
     FleetConfig,
     HealthConfig,
-    LatencyAwareConfig,
     LimitsConfig,
     ListenConfig,
     ModelConfig,
     RoutingConfig,
-    SloConfig,
     StatsConfig,
     TimingConfig,
-    Weights,
 )
-from sidecar.core.fields import ConfigError, ConfigReader, did_you_mean
+from sidecar.core.config_routes import (
+    COMPATS,
+    cluster_item,
+    model_item,
+    parse_algorithm,
+    parse_classes,
+)
+from sidecar.core.fields import ConfigError, ConfigReader
 from sidecar.core.tls_config import check_tls_pair, parse_listen_tls, parse_sidecar_tls
 
 T = TypeVar("T")
-
-COMPATS: tuple[Compat, ...] = ("tailroute", SEMANTIC_ROUTER)
-
-
-def _percentile_or_none(r: ConfigReader, key: str) -> int | None:
-    v = r.raw(key)
-    if v is None:
-        return None
-    return int(r.num(key, 0, lo=1, hi=100, integer=True))
-
-
-def _latency_aware(r: ConfigReader) -> LatencyAwareConfig:
-    cfg = LatencyAwareConfig(
-        ttft_percentile=_percentile_or_none(r, "ttft_percentile"),
-        tpot_percentile=_percentile_or_none(r, "tpot_percentile"),
-        description=r.str_("description", ""),
-    )
-    r.done()
-    return cfg
-
-
-def _algorithm(r: ConfigReader, compat: Compat = "tailroute",
-               given: bool = True) -> tuple[Algorithm, LatencyAwareConfig]:
-    """Accept semantic-router's fragment: ``{type: latency_aware, latency_aware: {...}}``.
-
-    ``given``: the model (or the top level) has an ``algorithm`` at all.
-    """
-    kind = r.choice("type", "latency_aware", ("latency_aware", "static"))
-    la: LatencyAwareConfig | None
-    if compat == SEMANTIC_ROUTER:
-        la = _sr_latency_aware(r, kind, given)
-    else:
-        la = _latency_aware(r.sub("latency_aware")) if "latency_aware" in r.data else None
-    r.done()
-    if la is None:
-        la = LatencyAwareConfig(ttft_percentile=95, tpot_percentile=90)
-    return kind, la
-
-
-def _sr_percentile(r: ConfigReader, key: str) -> int | None:
-    """semantic-router's percentile field: absent, null or 0 = unset, else 1..100."""
-    v = r.raw(key)
-    number = isinstance(v, int | float) and not isinstance(v, bool)
-    if v is None or (number and v == 0):
-        return None
-    if not number or not float(v).is_integer() or not 1 <= v <= 100:
-        r.fail(f"must be an integer between 1 and 100 (0 or absent = unset), got {v!r}", key)
-    return int(v)
-
-
-def _sr_latency_aware(r: ConfigReader, kind: Algorithm, given: bool) -> LatencyAwareConfig:
-    """The fragment as semantic-router validates it (``compat: semantic-router``)."""
-    if "latency_aware" not in r.data:
-        if kind == "latency_aware" and given:
-            r.fail("type latency_aware requires a latency_aware block (semantic-router "
-                   "rejects it too)", "latency_aware")
-        return LatencyAwareConfig()  # no percentile: semantic-router takes the first candidate
-    s = r.sub("latency_aware")
-    cfg = LatencyAwareConfig(
-        ttft_percentile=_sr_percentile(s, "ttft_percentile"),
-        tpot_percentile=_sr_percentile(s, "tpot_percentile"),
-        description=s.str_("description", ""),
-    )
-    s.done()
-    if cfg.ttft_percentile is None and cfg.tpot_percentile is None:
-        s.fail("must specify at least one of tpot_percentile (1-100) or ttft_percentile "
-               "(1-100), as semantic-router requires")
-    return cfg
-
-
-def _cluster(r: ConfigReader) -> ClusterConfig:
-    name = r.str_("name", required=True)
-    models_raw = r.raw("models", {})
-    models: dict[str, str] = {}
-    if isinstance(models_raw, list):
-        for m in models_raw:
-            if not isinstance(m, str):
-                r.fail(f"model names must be strings, got {m!r}", "models")
-            models[m] = m
-    elif isinstance(models_raw, Mapping):
-        for k, v in models_raw.items():
-            if not isinstance(k, str) or not isinstance(v, str) or not v:
-                r.fail(f"must map model name to upstream model name, got {k!r}: {v!r}", "models")
-            models[k] = v
-    else:
-        r.fail("must be a list of model names or a mapping name -> upstream name", "models")
-    address = r.str_("address", required=True)
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        r.fail(f"must be host:port, got {address!r}", "address")
-    cfg = ClusterConfig(
-        name=name,
-        address=address,
-        models=models,
-        max_concurrency=r.num("max_concurrency", 64, lo=1, integer=True),
-        cost_per_1k_tokens=r.num("cost_per_1k_tokens", 1.0, lo=0),
-        quality=r.num("quality", 1.0, lo=0),
-        region=r.str_("region", ""),
-        tls=r.bool_("tls", False),
-        provider=_provider(r),
-    )
-    r.done()
-    return cfg
-
-
-_PROVIDER = re.compile(r"^[a-z0-9][a-z0-9._]{0,63}$")
-
-
-def _provider(r: ConfigReader) -> str:
-    """``gen_ai.provider.name``: a well-known value such as ``openai``, ``anthropic``,
-    ``aws.bedrock``, ``azure.ai.openai``, ``gcp.vertex_ai``, or a custom one."""
-    v = r.str_("provider", "openai")
-    if not _PROVIDER.match(v):
-        r.fail(f"must be lower-case letters, digits, '.' or '_' (e.g. openai), got {v!r}",
-               "provider")
-    return v
-
-
-def _model(r: ConfigReader, clusters: Mapping[str, ClusterConfig],
-           compat: Compat = "tailroute", broken: set[str] | None = None) -> ModelConfig:
-    name = r.str_("name", required=True)
-    compat = r.choice("compat", compat, COMPATS)
-    cands = r.list_("candidates", required=True)
-    if not cands:
-        r.fail("must list at least one cluster", "candidates")
-    for c in cands:
-        if broken and c in broken:
-            continue  # that cluster's own mistake is reported already
-        if c not in clusters:
-            known = ", ".join(clusters)
-            r.fail(f"unknown cluster {c!r}{did_you_mean(str(c), set(clusters))} "
-                   f"(known: {known})", "candidates")
-        if name not in clusters[c].models:
-            r.fail(f"cluster {c!r} does not list model {name!r} in its models", "candidates")
-    if len(set(cands)) != len(cands):
-        r.fail("lists a cluster twice", "candidates")
-    kind, la = _algorithm(r.sub("algorithm"), compat, given="algorithm" in r.data)
-    regions = tuple(str(x) for x in r.list_("regions"))
-    cfg = ModelConfig(name, tuple(cands), kind, la, regions, compat)
-    r.done()
-    return cfg
-
-
-def _class(name: str, r: ConfigReader) -> ClassConfig:
-    mark = r.mark()
-    s = r.sub("slo")
-    slo = SloConfig(
-        metric=s.choice("metric", "ttft", ("ttft", "tpot", "e2e")),
-        percentile=s.num("percentile", 95, lo=1, hi=100),
-        budget_ms=s.num("budget_ms", 1000, lo=1),
-        timeout_ms=s.num("timeout_ms", 30000, lo=1),
-    )
-    s.done()
-    if r.clean_since(mark) and slo.timeout_ms < slo.budget_ms:
-        s.fail(f"timeout_ms ({slo.timeout_ms}) must be >= budget_ms ({slo.budget_ms})")
-    w = r.sub("weights")
-    weights = Weights(
-        latency=w.num("latency", 1.0, lo=0),
-        cost=w.num("cost", 0.0, lo=0),
-        quality=w.num("quality", 0.0, lo=0),
-        capacity=w.num("capacity", 0.5, lo=0),
-    )
-    w.done()
-    cfg = ClassConfig(
-        name=name,
-        slo=slo,
-        priority=r.num("priority", 5, lo=0, hi=1000, integer=True),
-        weights=weights,
-        latency_sensitive=r.bool_("latency_sensitive", True),
-    )
-    r.done()
-    return cfg
-
 
 def _stats(r: ConfigReader) -> StatsConfig:
     cfg = StatsConfig(
@@ -429,7 +257,7 @@ def _parse(root: ConfigReader, source: str) -> Config:
     broken: set[str] = set()  # clusters with a mistake: models naming them say nothing more
     for i, raw in enumerate(root.list_("clusters", required=True)):
         c: ClusterConfig | None = root.attempt(
-            partial(_cluster_item, root, i, raw), None)
+            partial(cluster_item, root, i, raw), None)
         if c is None:
             if isinstance(raw, Mapping) and isinstance(raw.get("name"), str):
                 broken.add(raw["name"])
@@ -445,21 +273,21 @@ def _parse(root: ConfigReader, source: str) -> Config:
     global_compat: Compat = root.choice("compat", "tailroute", COMPATS)
     global_alg = root.sub("algorithm") if "algorithm" in root.data else None
     if global_alg is not None and root.attempt(
-            partial(_algorithm, global_alg, global_compat), None) is None:
+            partial(parse_algorithm, global_alg, global_compat), None) is None:
         global_alg = None  # reported once here, not again for every model
     models: list[ModelConfig] = []
     for i, raw in enumerate(root.list_("models", required=True)):
         if global_alg is not None and isinstance(raw, Mapping) and "algorithm" not in raw:
             raw = {**raw, "algorithm": dict(global_alg.data)}
         m: ModelConfig | None = root.attempt(
-            partial(_model_item, root, i, raw, clusters, global_compat, broken), None)
+            partial(model_item, root, i, raw, clusters, global_compat, broken), None)
         if m is None:
             continue
         if any(x.name == m.name for x in models):
             root.bad(f"duplicate model {m.name!r}", f"models[{i}].name", None)
         models.append(m)
 
-    classes = root.attempt(lambda: _classes(root, source), DEFAULT_CLASSES)
+    classes = root.attempt(lambda: parse_classes(root, source), DEFAULT_CLASSES)
     default_class = root.str_("default_class", classes[0].name)
     if default_class not in {c.name for c in classes}:
         root.bad(f"unknown class {default_class!r}", "default_class", None)
@@ -505,34 +333,6 @@ def _parse(root: ConfigReader, source: str) -> Config:
         check_tls_pair(root, cfg.listen.tls, cfg.envoy.sidecar_tls)
         _check_native_routing(root, cfg)
     return cfg
-
-
-def _cluster_item(root: ConfigReader, i: int, raw: Any) -> ClusterConfig:
-    return _cluster(root.item("clusters", i, raw))
-
-
-def _model_item(root: ConfigReader, i: int, raw: Any, clusters: Mapping[str, ClusterConfig],
-                compat: Compat, broken: set[str]) -> ModelConfig:
-    return _model(root.item("models", i, raw), clusters, compat, broken)
-
-
-def _classes(root: ConfigReader, source: str) -> tuple[ClassConfig, ...]:
-    classes_raw = root.raw("classes")
-    if classes_raw is None:
-        return DEFAULT_CLASSES
-    if not isinstance(classes_raw, Mapping) or not classes_raw:
-        root.fail("must be a non-empty mapping of class name -> settings", "classes")
-    out: list[ClassConfig] = []
-    for k, v in classes_raw.items():
-        r = ConfigReader(v, source, f"classes.{k}") if isinstance(v, Mapping | None) else None
-        if r is None:
-            root.bad(f"expected a mapping, got {type(v).__name__}", f"classes.{k}", None)
-            continue
-        r.errors = root.errors
-        c: ClassConfig | None = root.attempt(partial(_class, str(k), r), None)
-        if c is not None:
-            out.append(c)
-    return tuple(out) or DEFAULT_CLASSES
 
 
 QUEUE_MARGIN_MS = 50  # decision time and gRPC overhead on top of the longest queue wait

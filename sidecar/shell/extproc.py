@@ -1,4 +1,5 @@
-"""Per-stream ext_proc handlers with explicit per-request state.
+"""The routing ext_proc stream's handler, with explicit per-request state (the sampled
+observing stream is :mod:`sidecar.shell.observe`).
 
 One handler object per gRPC stream; ``on_message(msg, now)`` returns the
 ProcessingResponse to send. No I/O here, so unit tests drive these with
@@ -57,9 +58,8 @@ from enum import Enum
 from google.protobuf import struct_pb2
 
 from sidecar.core.classify import BadRequest, ParsedBody, api_for_path, classify, parse_body
-from sidecar.core.input_limits import check_body, parse_status, screen_headers
-from sidecar.core.timing import ResponseTimer
-from sidecar.core.types import Decision, RequestInfo, SliceKey
+from sidecar.core.input_limits import check_body, screen_headers
+from sidecar.core.types import Decision, RequestInfo
 from sidecar.pb.envoy.config.core.v3 import base_pb2
 from sidecar.pb.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm_pb2
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -346,85 +346,6 @@ class RouteStream:
             self.app.errors["stream_ended_before_body"] += 1
         if self.rid is not None:
             self.app.route_closed(self.rid, now)
-
-
-class ObserveStream:
-    """The sampled observing filter's stream: times the first content token against
-    the first body byte, then asks the server to close the stream (``on_message``
-    returns True). Never answers. Works from the forwarded metadata alone, so it
-    does not matter which sidecar process decided the request."""
-
-    def __init__(self, app: App) -> None:
-        self.app = app
-        self.rid = ""
-        self.cluster = ""
-        self.slice: SliceKey | None = None
-        self.timer: ResponseTimer | None = None
-        self.first_body_at: float | None = None
-        self.finished = False
-
-    def _start(self, msg: pb.ProcessingRequest, now: float) -> bool:
-        meta = msg.metadata_context.filter_metadata.get(ec.METADATA_NS)
-        if meta is None:
-            return False
-        f = meta.fields
-        route = f[ec.ROUTE_KEY].string_value if ec.ROUTE_KEY in f else ""
-        label = f[ec.SLICE_KEY].string_value if ec.SLICE_KEY in f else ""
-        try:
-            self.slice = SliceKey.parse(label)
-        except ValueError:
-            return False
-        self.rid = f[ec.RID_KEY].string_value if ec.RID_KEY in f else ""
-        self.cluster = route.rsplit("|", 2)[0]
-        self.timer = ResponseTimer(self.cluster, self.slice, now, True)
-        return True
-
-    def on_message(self, msg: pb.ProcessingRequest, now: float) -> bool:
-        """Feed one message; True means "close this stream now"."""
-        if self.finished:
-            return True
-        if self.timer is None and not self._start(msg, now):
-            self.finished = True
-            return True  # not a request tailroute routed: nothing to time
-        timer = self.timer
-        assert timer is not None
-        kind = msg.WhichOneof("request")
-        if kind == "response_headers":
-            h = header_map(msg.response_headers.headers)
-            timer.on_headers(response_status(self.app, h), h.get("content-type", ""), now)
-            if msg.response_headers.end_of_stream:
-                return self._done(now)
-        elif kind == "response_body":
-            if self.first_body_at is None and msg.response_body.body:
-                self.first_body_at = now
-            timer.on_body(msg.response_body.body, now)
-            if timer.first_token_at is not None or msg.response_body.end_of_stream:
-                return self._done(now)
-        elif kind == "response_trailers":
-            return self._done(now)
-        return False
-
-    def _done(self, now: float) -> bool:
-        if not self.finished and self.slice is not None and self.timer is not None:
-            self.finished = True
-            token_at, body_at = self.timer.first_token_at, self.first_body_at
-            offset = token_at - body_at if token_at is not None and body_at is not None else None
-            self.app.first_token_timed(self.rid, self.cluster, self.slice, offset, now)
-        self.finished = True
-        return True
-
-    def close(self, now: float, cancelled: bool) -> None:
-        """The stream ended (by us, by Envoy, or cut off): the observer has said all."""
-        self._done(now)
-
-
-def response_status(app: App, headers: dict[str, str]) -> int:
-    """The response ``:status``; 0 (not evidence) and counted when it is not a valid status."""
-    status = parse_status(headers.get(":status"))
-    if status is None:
-        app.errors["bad_status"] += 1
-        return 0
-    return status
 
 
 def _rewrite_model(parsed: ParsedBody, model: str) -> bytes:

@@ -32,9 +32,10 @@ from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as 
 from sidecar.shell.access_log import AccessLogService, Sink
 from sidecar.shell.admission import CapacitySignal, Hold
 from sidecar.shell.app import App
-from sidecar.shell.extproc import ObserveStream, RouteStream, continue_unchanged
+from sidecar.shell.extproc import RouteStream, continue_unchanged
 from sidecar.shell.grpc_settle import settle
 from sidecar.shell.native import NativeFeed, NativeRouting
+from sidecar.shell.observe import ObserveStream
 from sidecar.shell.outcomes import OutcomeFeed
 from sidecar.shell.rtds import add_to_server as add_rtds
 
