@@ -19,7 +19,8 @@ from sidecar.core.input_limits import (
     screen_headers,
 )
 from sidecar.shell.app import App
-from sidecar.shell.extproc import ObserveStream, RouteStream
+from sidecar.shell.extproc import RouteStream
+from sidecar.shell.observe import ObserveStream
 from tests.conftest import base_config_dict
 from tests.streamharness import (
     POST_CHAT,
