@@ -43,8 +43,11 @@ stays below 1e-4). The router keeps one such run per cluster and one per slice.
 A run that is likely by chance on a *partly* failing route is PARTIAL_FAIL
 instead: the route is restricted, not ejected, so the herding guard keeps it in
 service while the other routes lack headroom. The route's failure *episode*
-counts the outcomes of requests sent since its first hard failure (it ends once
-``f`` has decayed below ``EPISODE_END_RATE``); with ``e`` the episode's failure
+begins when its first hard failure is *seen* and counts the hard failures since
+then and the successes of requests *sent* since then (a request already in
+flight when the route went down says nothing about it now -- on a real proxy its
+answer may well be logged after the first failure). It ends once ``f`` has
+decayed below ``EPISODE_END_RATE``. With ``e`` the episode's failure
 share, ``n`` its outcomes and ``K`` the run::
 
     PARTIAL_FAIL  iff  the episode holds a success and n (1 - e) e**K >= 1 - confidence
@@ -367,7 +370,7 @@ class RouteHealth:
         self.run_parts: set[str] = set()  # slices that failed in the run (cluster-wide entry)
         self.run_confined = False  # another slice answered during the run
         self.fail_rate = 0.0  # EWMA of hard failures per request (fast path)
-        self.episode_since: float | None = None  # first hard failure of the episode (sent)
+        self.episode_since: float | None = None  # when the episode's first failure was seen
         self.episode_ok = 0  # successes of requests sent since then
         self.episode_fail = 0  # hard failures since then
 
@@ -484,7 +487,7 @@ class RouteHealth:
         if self.circuit_open:
             return False
         self.fail_rate += ((1.0 if hard_failure else 0.0) - self.fail_rate) / FAIL_RATE_HORIZON
-        self._note_episode(hard_failure, now if sent_at is None else sent_at)
+        self._note_episode(hard_failure, now, now if sent_at is None else sent_at)
         if not hard_failure:
             if self.streak and sent_at is not None and sent_at < self.streak_since:
                 if part is not None and part not in self.run_parts:
@@ -502,10 +505,10 @@ class RouteHealth:
         return self.streak >= self.eject_threshold() and (
             not self.run_confined or len(self.run_parts) >= 2)
 
-    def _note_episode(self, hard_failure: bool, sent: float) -> None:
+    def _note_episode(self, hard_failure: bool, now: float, sent: float) -> None:
         if hard_failure:
             if self.episode_since is None:
-                self.episode_since = sent
+                self.episode_since = now
             self.episode_fail += 1
         elif self.episode_since is not None:
             if self.fail_rate < EPISODE_END_RATE:
