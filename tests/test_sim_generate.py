@@ -9,6 +9,7 @@ import pytest
 
 from sidecar.sim.cli import main
 from sidecar.sim.engine import run_once
+from sidecar.sim.gen_base import MAX_SCENARIO_S
 from sidecar.sim.gen_families import FAMILIES
 from sidecar.sim.gen_run import family_figures, generate, generate_one, write_yaml
 from sidecar.sim.loader import load_scenario, parse_scenario
@@ -49,7 +50,7 @@ def test_rates_and_sizes_stay_in_their_ranges() -> None:
         assert 2 <= g.params["providers"] <= 5
         caps = [p.capacity for p in sc.providers.values()]
         assert min(caps) >= 4
-        assert sc.duration <= 1800
+        assert sc.duration <= MAX_SCENARIO_S  # simulated seconds, not wall-clock time
 
 
 def test_written_yaml_loads_back_to_the_same_runs(tmp_path: Path) -> None:

@@ -240,25 +240,28 @@ class RouteStream:
             if refusal is not None:
                 app.errors[refusal.reason] += 1
                 if refusal.status is not None:
-                    self.phase = Phase.ROUTED
-                    resp = immediate(refusal.status, refusal.message, "invalid_request_error")
-                    _write_metadata(resp.dynamic_metadata, self.rid, None, None)
-                    return resp
+                    return self._refuse(refusal.status, refusal.message)
                 body = None
             else:
                 try:
                     parsed = parse_body(api, body)
                 except BadRequest as exc:
                     app.errors["bad_request"] += 1
-                    self.phase = Phase.ROUTED
-                    resp = immediate(400, str(exc), "invalid_request_error")
-                    _write_metadata(resp.dynamic_metadata, self.rid, None, None)
-                    return resp
+                    return self._refuse(400, str(exc))
         info = classify(cfg, self.headers, parsed, api)
         self.info, self._parsed, self._is_body = info, parsed, is_body
         self._classified = info
         self._arrived = now
         return self._answer(app.router.decide(info, now, app.rng, ticket=self.rid), now)
+
+    def _refuse(self, status: int, message: str) -> pb.ProcessingResponse:
+        """A request tailroute answers itself (bad or oversize body): no route, but the
+        rid in the metadata, so its access-log entry is recognised as not evidence."""
+        assert self.rid is not None
+        self.phase = Phase.ROUTED
+        resp = immediate(status, message, "invalid_request_error")
+        _write_metadata(resp.dynamic_metadata, self.rid, None, None)
+        return resp
 
     def resume(self, now: float) -> pb.ProcessingResponse | Hold:
         """Re-ask the core for a request held in the admission queue.

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from statistics import NormalDist
 from typing import Any
 
-from sidecar.sim.gen_base import Z99, Base, Draw, r3
+from sidecar.sim.gen_base import MAX_SCENARIO_S, Z99, Base, Draw, r3
 
 Family = Callable[[Draw], tuple[Base, str]]
 
@@ -278,7 +278,7 @@ def correlated(d: Draw) -> tuple[Base, str]:
 def sparse(d: Draw) -> tuple[Base, str]:
     """Sparse traffic, 0.3-1.5 req/s: one provider's TTFT is 3-6x for 3-8 minutes,
     starting at 300-700 s of a 30-minute run; evidence comes slowly."""
-    b = _base(d, n=(2, 4), rate=(0.3, 1.5), duration=1800.0, batch=0.0)
+    b = _base(d, n=(2, 4), rate=(0.3, 1.5), duration=MAX_SCENARIO_S, batch=0.0)
     victim = d.pick(b.names)
     f = d.uniform(3.0, 6.0)
     b.events.append({"provider": victim, "label": f"slow x{f:.1f}",
