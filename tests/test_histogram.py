@@ -167,3 +167,47 @@ def test_merge_of_parts_equals_whole(
         whole.merge(s)
     assert whole.count == len(expanded)
     assert within(whole.quantile(q), exact(expanded, q))
+
+
+# One step of a histogram's life: a unit sample by bucket index (or many), a weighted add,
+# a scaled merge of another histogram, a scale, or a read.
+_steps = st.lists(st.one_of(
+    st.tuples(st.just("index"), values),
+    st.tuples(st.just("burst"), st.lists(values, min_size=8, max_size=30)),  # np.add.at
+    st.tuples(st.just("add"), values, st.floats(0.0, 3.0)),
+    st.tuples(st.just("merge"), st.lists(values, max_size=5), st.floats(0.0, 2.0)),
+    st.tuples(st.just("scale"), st.floats(0.0, 1.5)),
+    st.tuples(st.just("read"), quantiles),
+), max_size=60)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_steps)
+def test_deferred_unit_adds_are_bit_identical_to_immediate_ones(steps: list[Any]) -> None:
+    """add_index defers its counts to the next read; every figure must equal, bit
+    for bit, what adding each sample at once (add(x), weight 1) gives."""
+    deferred, eager = LogHistogram(), LogHistogram()
+    for step in steps:
+        if step[0] == "index":
+            deferred.add_index(deferred.index_of(step[1]))
+            eager.add(step[1])
+        elif step[0] == "burst":
+            for x in step[1]:
+                deferred.add_index(deferred.index_of(x))
+                eager.add(x)
+        elif step[0] == "add":
+            deferred.add(step[1], step[2])
+            eager.add(step[1], step[2])
+        elif step[0] == "merge":
+            other = LogHistogram()
+            for x in step[1]:
+                other.add_index(other.index_of(x))
+            deferred.merge(other, step[2])
+            eager.merge(other, step[2])
+        elif step[0] == "scale":
+            deferred.scale(step[1])
+            eager.scale(step[1])
+        else:
+            assert deferred.quantile(step[1]) == eager.quantile(step[1])
+    assert deferred.to_dict() == eager.to_dict()
+    assert deferred.count == eager.count

@@ -27,7 +27,13 @@ spread over 50 ms .. 5 s -- and never more than ``8 x 577`` = 4.6 KiB (plus
 ~200 bytes of object overhead). An empty histogram allocates no array.
 
 ``add`` is O(1) (a log, a ceil and one array store); ``merge`` is one vector
-add; ``quantile`` is one cumulative sum over the occupied span.
+add; ``quantile`` is one cumulative sum over the occupied span. Unit samples
+added by bucket index (:meth:`LogHistogram.add_index`, the per-observation
+path) are kept as a list of indices and folded into the array on the next
+read, merge or weighted write (:meth:`LogHistogram._flush`): a list append
+costs a fraction of a numpy scalar store, and every bucket still receives the
+same ``+ 1.0`` additions in the same order, so every figure is bit-identical
+to adding at once.
 :meth:`LogHistogram.cumulative` freezes that cumulative sum into a
 :class:`Cumulative`, which answers any number of quantiles and CDF points in
 O(log span) each (the decision path reads a window's evidence many times
@@ -67,7 +73,8 @@ def _geometry(relative_accuracy: float) -> tuple[float, float, int, int]:
 class LogHistogram:
     """Weighted log-bucket histogram with relative-error quantiles (see module docstring)."""
 
-    __slots__ = ("_a", "_counts", "_gamma", "_hi_idx", "_inv", "_lo", "_lo_idx", "_total", "_zero")
+    __slots__ = ("_a", "_counts", "_gamma", "_hi", "_hi_idx", "_inv", "_lo", "_lo_idx",
+                 "_pending", "_total", "_zero")
 
     def __init__(self, relative_accuracy: float = 0.02) -> None:
         self._a = relative_accuracy
@@ -75,7 +82,10 @@ class LogHistogram:
         self._zero = 0.0  # weight of values <= MIN_VALUE
         self._total = 0.0  # running sum of all weights, for O(1) ``count``
         self._lo = 0  # bucket index of self._counts[0]
+        self._hi = -1  # bucket index of self._counts[-1] (below _lo while unallocated)
         self._counts: FloatArray | None = None  # None while empty: no allocation
+        # Bucket indices of unit samples not yet in _counts (add_index; see _flush).
+        self._pending: list[int] = []
 
     # ------------------------------------------------------------ geometry
 
@@ -123,6 +133,8 @@ class LogHistogram:
         else:
             self._total -= w
             raise ValueError("cannot add NaN")
+        if self._pending:
+            self._flush()  # keep each bucket's additions in order (rounding)
         counts = self._counts
         p = i - self._lo
         if counts is None or not 0 <= p < len(counts):
@@ -143,17 +155,35 @@ class LogHistogram:
         raise ValueError("cannot add NaN")
 
     def add_index(self, i: int | None) -> None:
-        """Add one sample (weight 1) in bucket ``i`` from :meth:`index_of`."""
+        """Add one sample (weight 1) in bucket ``i`` from :meth:`index_of`.
+
+        The array grows now (as :meth:`add` would grow it); the count itself is
+        deferred to :meth:`_flush` (module docstring)."""
         self._total += 1.0
         if i is None:
             self._zero += 1.0
             return
+        if not self._lo <= i <= self._hi:
+            self._cover(i, i)
+        self._pending.append(i)
+
+    def _flush(self) -> None:
+        """Fold the deferred unit samples into the array, in the order they came.
+
+        ``np.add.at`` is unbuffered: a bucket named k times gets k successive
+        ``+ 1.0``, exactly as k scalar adds would; a few are cheaper one by one."""
+        pending = self._pending
         counts = self._counts
-        p = i - self._lo
-        if counts is None or not 0 <= p < len(counts):
-            counts = self._cover(i, i)
-            p = i - self._lo
-        counts[p] += 1.0
+        assert counts is not None  # add_index allocated it; clear() drops pending too
+        lo = self._lo
+        if len(pending) < 8:
+            for i in pending:
+                counts[i - lo] += 1.0
+        else:
+            idx = np.array(pending, dtype=np.intp)
+            idx -= lo
+            np.add.at(counts, idx, 1.0)
+        pending.clear()
 
     def merge(self, other: LogHistogram, scale: float = 1.0) -> None:
         """Add ``scale`` x every weight of ``other`` (same accuracy required) into this one."""
@@ -161,6 +191,10 @@ class LogHistogram:
             raise ValueError(f"cannot merge accuracy {other._a} into {self._a}")
         if not scale >= 0.0:
             raise ValueError(f"scale must be >= 0, got {scale!r}")
+        if other._pending:
+            other._flush()
+        if self._pending:
+            self._flush()
         self._zero += other._zero * scale
         self._total += other._total * scale
         src = other._counts
@@ -178,6 +212,8 @@ class LogHistogram:
         """Multiply every weight by ``factor >= 0`` (exponential forgetting)."""
         if not factor >= 0.0:
             raise ValueError(f"factor must be >= 0, got {factor!r}")
+        if self._pending:
+            self._flush()
         self._zero *= factor
         self._total *= factor
         if self._counts is not None:
@@ -188,6 +224,10 @@ class LogHistogram:
         that rounding would leave negative are clamped to 0."""
         if other._a != self._a:
             raise ValueError(f"cannot remove accuracy {other._a} from {self._a}")
+        if other._pending:
+            other._flush()
+        if self._pending:
+            self._flush()
         src = other._counts
         self._zero = max(self._zero - other._zero * scale, 0.0)
         if src is not None and self._counts is not None:
@@ -205,10 +245,14 @@ class LogHistogram:
         self._zero = 0.0
         self._total = 0.0
         self._counts = None
+        self._hi = self._lo - 1
+        self._pending.clear()
 
     def copy(self) -> LogHistogram:
+        if self._pending:
+            self._flush()
         out = LogHistogram(self._a)
-        out._zero, out._total, out._lo = self._zero, self._total, self._lo
+        out._zero, out._total, out._lo, out._hi = self._zero, self._total, self._lo, self._hi
         out._counts = None if self._counts is None else self._counts.copy()
         return out
 
@@ -218,7 +262,7 @@ class LogHistogram:
         if counts is None:
             new_lo = max(self._lo_idx, lo - _PAD)
             new_hi = min(self._hi_idx, hi + _PAD)
-            self._lo = new_lo
+            self._lo, self._hi = new_lo, new_hi
             self._counts = np.zeros(new_hi - new_lo + 1, dtype=np.float64)
             return self._counts
         cur_hi = self._lo + len(counts) - 1
@@ -231,7 +275,7 @@ class LogHistogram:
         new_hi = min(self._hi_idx, hi + slack) if hi > cur_hi else cur_hi
         grown = np.zeros(new_hi - new_lo + 1, dtype=np.float64)
         grown[self._lo - new_lo : self._lo - new_lo + len(counts)] = counts
-        self._lo, self._counts = new_lo, grown
+        self._lo, self._hi, self._counts = new_lo, new_hi, grown
         return grown
 
     # ------------------------------------------------------------ reading
@@ -254,6 +298,8 @@ class LogHistogram:
         """
         if not 0.0 <= q <= 1.0:
             raise ValueError(f"q must be in [0, 1], got {q!r}")
+        if self._pending:
+            self._flush()
         counts = self._counts
         if counts is None:
             return 0.0 if self._zero > 0.0 else None
@@ -274,6 +320,8 @@ class LogHistogram:
 
     def cumulative(self) -> Cumulative:
         """A frozen cumulative view for repeated quantile and CDF reads."""
+        if self._pending:
+            self._flush()
         counts = self._counts
         cum = None if counts is None else np.cumsum(counts)
         return Cumulative(self._gamma, self._inv, self._lo, cum, self._zero, self._lo_idx,
@@ -283,6 +331,8 @@ class LogHistogram:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form: only the non-empty span of buckets is written."""
+        if self._pending:
+            self._flush()
         out: dict[str, Any] = {"relative_accuracy": self._a, "zero": self._zero}
         counts = self._counts
         nz = np.flatnonzero(counts) if counts is not None else np.empty(0, dtype=np.intp)
@@ -311,7 +361,7 @@ class LogHistogram:
         h._zero = zero
         h._total = zero + math.fsum(values)
         if values:
-            h._lo = offset
+            h._lo, h._hi = offset, offset + len(values) - 1
             h._counts = np.asarray(values, dtype=np.float64)
         return h
 
