@@ -71,6 +71,10 @@ class StatsStore:
         self._blends: dict[tuple[str, SliceKey, Metric], _Blend] = {}
         self._max_age_s = cfg.subwindow_s * REFRESH_SHARE_OF_SUBWINDOW
         self._geometry = LogHistogram(relative_accuracy)  # bucket indices for observe()
+        # observe()'s answer per (cluster, observed slice): the layout it holds for, the
+        # admitted key and the series it records into. An admitted narrow or per-model
+        # overflow key stays admitted until a prune, which moves the layout.
+        self._routes: dict[tuple[str, SliceKey], tuple[int, SliceKey, tuple[RouteStats, ...]]] = {}
 
     def admit(self, cluster: str, slice: SliceKey) -> SliceKey:
         """The narrow key an observation of ``slice`` is recorded under: the first
@@ -93,15 +97,33 @@ class StatsStore:
     def observe(self, obs: Observation, now: float) -> SliceKey:
         """Record into the admitted narrow slice and each of its ``broader()``
         slices (so broader slices are true aggregates); returns the narrow key."""
-        key = self.admit(obs.cluster, obs.slice)
+        route = (obs.cluster, obs.slice)
+        hit = self._routes.get(route)
+        if hit is None or hit[0] != self.layout:
+            hit = self._route(*route)
         indices = latency_indices(obs, self._geometry)
-        for s in (key, *key.broader()):
-            rs = self._series.get((obs.cluster, s))
-            if rs is None:
-                rs = self._series[(obs.cluster, s)] = RouteStats(self.cfg, self.accuracy)
-                self.layout += 1
+        for rs in hit[2]:
             rs.record(obs.outcome, indices, now)
-        return key
+        return hit[1]
+
+    def _route(
+        self, cluster: str, slice: SliceKey
+    ) -> tuple[int, SliceKey, tuple[RouteStats, ...]]:
+        """Admit ``slice`` and create its series (:meth:`observe`); remembered per layout."""
+        key = self.admit(cluster, slice)
+        series = []
+        for s in (key, *key.broader()):
+            rs = self._series.get((cluster, s))
+            if rs is None:
+                rs = self._series[(cluster, s)] = RouteStats(self.cfg, self.accuracy)
+                self.layout += 1
+            series.append(rs)
+        hit = (self.layout, key, tuple(series))
+        if key != GLOBAL_OVERFLOW:  # that one may turn into a per-model key later
+            if len(self._routes) >= 4096:
+                self._routes.clear()
+            self._routes[(cluster, slice)] = hit
+        return hit
 
     def evidence(
         self, cluster: str, slice: SliceKey, metric: Metric, now: float,
