@@ -81,6 +81,8 @@ class AdmissionQueue:
 
     def prune(self, now: float) -> int:
         """Forget waiters expired for longer than the grace period (they never re-asked)."""
+        if not self._waiters:
+            return 0  # the common case, once per decision
         dead = [t for t, w in self._waiters.items()
                 if now > w.until + max(GRACE_S, w.until - w.since)]
         for t in dead:

@@ -8,9 +8,10 @@ others run once per plan (see :mod:`sidecar.core.pipeline`).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
-from sidecar.core.pipeline import Candidate, Filter, SelectionContext
+from sidecar.core.pipeline import Candidate, Filter, HealthView, SelectionContext
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,9 +93,16 @@ class ClassRestriction:
             free += max(limit - ctx.view.inflight(name), 0)
         if cap and free >= HERD_HEADROOM * cap:
             return f"restricted for latency-sensitive class {ctx.klass.name}"
-        cand.health = replace(cand.health, weight=ctx.config.health.degraded_weight)
+        cand.health = _at_weight(cand.health, ctx.config.health.degraded_weight)
         cand.note("herding_guard", f"kept: alternatives have {free}/{cap} slots free")
         return None
+
+
+@functools.lru_cache(maxsize=256)
+def _at_weight(health: HealthView, weight: float) -> HealthView:
+    """``health`` at another weight; the views are frozen, so one copy serves every
+    request the herding guard keeps on the route (``replace`` costs microseconds)."""
+    return replace(health, weight=weight)
 
 
 @dataclass(frozen=True, slots=True)

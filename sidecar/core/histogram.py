@@ -200,7 +200,9 @@ class LogHistogram:
         src = other._counts
         if src is None:
             return
-        counts = self._cover(other._lo, other._lo + len(src) - 1)
+        counts = self._counts
+        if counts is None or not self._lo <= other._lo <= other._hi <= self._hi:
+            counts = self._cover(other._lo, other._hi)
         start = other._lo - self._lo
         view = counts[start : start + len(src)]
         if scale == 1.0:
