@@ -211,3 +211,23 @@ def test_deferred_unit_adds_are_bit_identical_to_immediate_ones(steps: list[Any]
             assert deferred.quantile(step[1]) == eager.quantile(step[1])
     assert deferred.to_dict() == eager.to_dict()
     assert deferred.count == eager.count
+
+
+@FAST
+@given(st.lists(st.tuples(st.lists(values, max_size=40), st.floats(0.0, 2.0)), max_size=6))
+def test_weighted_sum_is_bit_identical_to_merging_in_order(
+    parts: list[tuple[list[float], float]],
+) -> None:
+    hists = []
+    for data, scale in parts:
+        h = LogHistogram()
+        for x in data:
+            h.add_index(h.index_of(x))
+        hists.append((h, scale))
+    merged = LogHistogram()
+    for h, scale in hists:
+        merged.merge(h, scale)
+    summed = LogHistogram.weighted_sum(0.02, hists)
+    assert summed.to_dict() == merged.to_dict()
+    assert (len(summed), summed.count) == (len(merged), merged.count)  # same span, same total
+    assert summed.cumulative().quantile(1.0) == merged.cumulative().quantile(1.0)

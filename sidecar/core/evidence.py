@@ -112,13 +112,12 @@ def blend(
 ) -> RouteEvidence | None:
     """Blend ``levels`` (narrow first, then broader) as the module docstring says."""
     narrow_key, e0 = levels[0]
-    h = LogHistogram(accuracy)
+    parts: list[tuple[LogHistogram, float]] = []  # H's terms, summed at the end
     ok = req = prior = 0.0
     samples = 0
     weight = 0.0
     if e0 is not None:
-        for part, scale in e0.parts:
-            h.merge(part, scale)
+        parts.extend(e0.parts)
         ok, req, samples, weight = e0.ok, e0.requests, e0.samples, e0.weight
     left_s = left_r = float(prior_samples)
     used: SliceKey | None = narrow_key if samples >= min_samples else None
@@ -129,8 +128,7 @@ def blend(
             used = key
         if left_s > 0.0 and e.weight > 0.0:
             take = min(left_s, e.weight)
-            for part, scale in e.parts:
-                h.merge(part, scale * take / e.weight)
+            parts.extend((part, scale * take / e.weight) for part, scale in e.parts)
             left_s -= take
             prior += take
         if left_r > 0.0 and e.requests > 0.0:
@@ -139,6 +137,7 @@ def blend(
             ok += e.ok * scale
             req += e.requests * scale
             left_r -= take
+    h = LogHistogram.weighted_sum(accuracy, parts)
     if req <= 0.0 and h.count <= 0.0:
         return None
     return RouteEvidence(h.cumulative(), samples, weight, prior, ok, req, used is not None,

@@ -18,46 +18,38 @@ by clock bugs) land in a zero bucket reported as ``0.0``; values above
 ``MAX_VALUE`` (1e4 s, longer than any request timeout) are clamped into the top
 bucket, so they are *under*-reported there.
 
-Memory bound: the index range covering ``MIN_VALUE .. MAX_VALUE`` has
-``ceil(ln(1e10) / ln(gamma)) + 1`` buckets: 577 for ``a = 0.02`` (1152 for
-``a = 0.01``). Counts are a dense float64 numpy array that only spans the
-occupied index range (grown on demand, as DDSketch's dense store), so a
-histogram costs ``8 bytes x occupied span`` -- about 0.9 KiB for latencies
-spread over 50 ms .. 5 s -- and never more than ``8 x 577`` = 4.6 KiB (plus
-~200 bytes of object overhead). An empty histogram allocates no array.
+Memory bound: ``MIN_VALUE .. MAX_VALUE`` spans ``ceil(ln(1e10) / ln(gamma)) + 1``
+buckets: 577 for ``a = 0.02`` (1152 for ``a = 0.01``). Counts are a dense float64
+numpy array over the occupied index range only (grown on demand, as DDSketch's
+dense store): ``8 bytes x occupied span`` -- about 0.9 KiB for latencies over
+50 ms .. 5 s -- never more than 4.6 KiB; an empty histogram allocates no array.
 
-``add`` is O(1) (a log, a ceil and one array store); ``merge`` is one vector
-add; ``quantile`` is one cumulative sum over the occupied span. Unit samples
-added by bucket index (:meth:`LogHistogram.add_index`, the per-observation
-path) are kept as a list of indices and folded into the array on the next
-read, merge or weighted write (:meth:`LogHistogram._flush`): a list append
-costs a fraction of a numpy scalar store, and every bucket still receives the
-same ``+ 1.0`` additions in the same order, so every figure is bit-identical
-to adding at once.
-:meth:`LogHistogram.cumulative` freezes that cumulative sum into a
-:class:`Cumulative`, which answers any number of quantiles and CDF points in
-O(log span) each (the decision path reads a window's evidence many times
-between two refreshes). numpy was
-chosen over a Python list after measuring (CPython 3.11): an add costs ~0.45 us
-vs ~0.3 us with a list, but a merge of ~300 buckets ~1.5 us vs ~35 us and a
-quantile ~4.5 us vs ~30 us -- and merges and quantiles are on the read path of
-every routing decision, while adds are a few per finished request.
+``add`` is O(1); ``merge`` is one vector add; ``quantile`` one cumulative sum
+over the occupied span (:meth:`LogHistogram.cumulative` freezes it for repeated
+reads: :mod:`sidecar.core.cumulative`). numpy rather than a Python list: a merge
+of ~300 buckets costs ~1.5 us vs ~35 us and a quantile ~4.5 us vs ~30 us (CPython
+3.11), and both are on every decision's read path. Unit samples by bucket index
+(:meth:`LogHistogram.add_index`, a few per observation) are kept as a list of
+indices and folded in on the next read, merge or weighted write
+(:meth:`LogHistogram._flush`): an append costs a fraction of a numpy scalar
+store, and every bucket still gets the same ``+ 1.0`` additions in the same
+order, so every figure is bit-identical to adding at once.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
-MIN_VALUE = 1e-6  # seconds; at or below this a value goes to the zero bucket
-MAX_VALUE = 1e4  # seconds; above this a value is clamped into the top bucket
+from sidecar.core.cumulative import MAX_VALUE, MIN_VALUE, Cumulative, FloatArray
+
+__all__ = ["MAX_VALUE", "MIN_VALUE", "Cumulative", "LogHistogram"]
+
 _PAD = 8  # buckets of headroom added around a new index (about +-17% at a = 0.02)
-
-FloatArray = npt.NDArray[np.float64]
 
 
 @lru_cache(maxsize=16)
@@ -168,10 +160,8 @@ class LogHistogram:
         self._pending.append(i)
 
     def _flush(self) -> None:
-        """Fold the deferred unit samples into the array, in the order they came.
-
-        ``np.add.at`` is unbuffered: a bucket named k times gets k successive
-        ``+ 1.0``, exactly as k scalar adds would; a few are cheaper one by one."""
+        """Fold the deferred unit samples in, in order: ``np.add.at`` is unbuffered (a bucket
+        named k times gets k successive ``+ 1.0``); a few are cheaper one by one."""
         pending = self._pending
         counts = self._counts
         assert counts is not None  # add_index allocated it; clear() drops pending too
@@ -261,24 +251,62 @@ class LogHistogram:
     def _cover(self, lo: int, hi: int) -> FloatArray:
         """Grow the dense array so bucket indices ``lo..hi`` fit; returns it."""
         counts = self._counts
-        if counts is None:
-            new_lo = max(self._lo_idx, lo - _PAD)
-            new_hi = min(self._hi_idx, hi + _PAD)
-            self._lo, self._hi = new_lo, new_hi
-            self._counts = np.zeros(new_hi - new_lo + 1, dtype=np.float64)
-            return self._counts
-        cur_hi = self._lo + len(counts) - 1
-        if lo >= self._lo and hi <= cur_hi:
+        if counts is not None and lo >= self._lo and hi <= self._hi:
             return counts
-        # Grow by at least half the current span so a slowly drifting range
-        # costs amortised O(1) copies, never beyond the fixed index range.
-        slack = max(_PAD, len(counts) // 2)
-        new_lo = max(self._lo_idx, lo - slack) if lo < self._lo else self._lo
-        new_hi = min(self._hi_idx, hi + slack) if hi > cur_hi else cur_hi
+        new_lo, new_hi = self._grown(None if counts is None else (self._lo, self._hi), lo, hi)
         grown = np.zeros(new_hi - new_lo + 1, dtype=np.float64)
-        grown[self._lo - new_lo : self._lo - new_lo + len(counts)] = counts
+        if counts is not None:
+            grown[self._lo - new_lo : self._lo - new_lo + len(counts)] = counts
         self._lo, self._hi, self._counts = new_lo, new_hi, grown
         return grown
+
+    def _grown(self, span: tuple[int, int] | None, lo: int, hi: int) -> tuple[int, int]:
+        """The span an array over ``span`` (None: no array) grows to for ``lo..hi``: ``_PAD``
+        buckets of headroom, growth by half the span at least (amortised O(1) copies)."""
+        if span is None:
+            return max(self._lo_idx, lo - _PAD), min(self._hi_idx, hi + _PAD)
+        cur_lo, cur_hi = span
+        if lo >= cur_lo and hi <= cur_hi:
+            return span
+        slack = max(_PAD, (cur_hi - cur_lo + 1) // 2)
+        return (max(self._lo_idx, lo - slack) if lo < cur_lo else cur_lo,
+                min(self._hi_idx, hi + slack) if hi > cur_hi else cur_hi)
+
+    @classmethod
+    def weighted_sum(
+        cls, accuracy: float, parts: Sequence[tuple[LogHistogram, float]]
+    ) -> LogHistogram:
+        """``sum(scale * h for h, scale in parts)`` as a new histogram, bit-identical to
+        merging the parts in order into an empty one (same span; per bucket the same
+        additions in the same order) but allocated once, not grown part by part."""
+        out = cls(accuracy)
+        span: tuple[int, int] | None = None
+        for h, scale in parts:
+            if h._a != accuracy:
+                raise ValueError(f"cannot merge accuracy {h._a} into {accuracy}")
+            if not scale >= 0.0:
+                raise ValueError(f"scale must be >= 0, got {scale!r}")
+            if h._pending:
+                h._flush()
+            if h._counts is not None:
+                span = out._grown(span, h._lo, h._hi)
+        if span is not None:
+            out._lo, out._hi = span
+            out._counts = np.zeros(span[1] - span[0] + 1, dtype=np.float64)
+        counts = out._counts
+        for h, scale in parts:
+            out._zero += h._zero * scale
+            out._total += h._total * scale
+            src = h._counts
+            if src is None or counts is None:
+                continue
+            start = h._lo - out._lo
+            view = counts[start : start + len(src)]
+            if scale == 1.0:
+                view += src
+            else:
+                view += src * scale
+        return out
 
     # ------------------------------------------------------------ reading
 
@@ -369,57 +397,3 @@ class LogHistogram:
 
     def __repr__(self) -> str:
         return f"LogHistogram(a={self._a}, count={self._total:g}, buckets={len(self)})"
-
-
-class Cumulative:
-    """Cumulative bucket weights of one histogram at one moment (read-only).
-
-    ``quantile(q)`` answers exactly as :meth:`LogHistogram.quantile` would;
-    ``cdf(x)`` is the weight share of samples in buckets up to the one holding
-    ``x`` -- ``P(X <= x)`` within the histogram's relative accuracy (a sample
-    in the same bucket as ``x`` counts as ``<= x``).
-    """
-
-    __slots__ = ("_cum", "_gamma", "_hi_idx", "_inv", "_lo", "_lo_idx", "_zero", "total")
-
-    def __init__(
-        self, gamma: float, inv: float, lo: int, cum: FloatArray | None, zero: float,
-        lo_idx: int, hi_idx: int,
-    ) -> None:
-        self._gamma, self._inv, self._lo, self._cum, self._zero = gamma, inv, lo, cum, zero
-        self._lo_idx, self._hi_idx = lo_idx, hi_idx
-        self.total = zero + (float(cum[-1]) if cum is not None and len(cum) else 0.0)
-
-    def quantile(self, q: float) -> float | None:
-        """Nearest-rank quantile (``None`` when empty); see :meth:`LogHistogram.quantile`."""
-        cum = self._cum
-        if self.total <= 0.0:
-            return None
-        target = q * self.total
-        if cum is None or (self._zero > 0.0 and target <= self._zero):
-            return 0.0
-        if target <= 0.0:
-            pos = int(np.flatnonzero(np.diff(cum, prepend=0.0))[0])
-        else:
-            pos = min(int(np.searchsorted(cum, target - self._zero, side="left")), len(cum) - 1)
-        return 2.0 * self._gamma ** (self._lo + pos) / (self._gamma + 1.0)
-
-    def weight_at_most(self, x: float) -> float:
-        """Weight of samples in buckets up to the one holding ``x`` (0 when empty)."""
-        if x <= MIN_VALUE:
-            return self._zero if x >= 0.0 else 0.0
-        cum = self._cum
-        if cum is None:
-            return self._zero
-        i = self._hi_idx if x >= MAX_VALUE else max(math.ceil(math.log(x) * self._inv),
-                                                      self._lo_idx)
-        p = i - self._lo
-        if p < 0:
-            return self._zero
-        return self._zero + float(cum[min(p, len(cum) - 1)])
-
-    def cdf(self, x: float) -> float | None:
-        """``P(X <= x)`` as a share of the total weight; ``None`` when empty."""
-        if self.total <= 0.0:
-            return None
-        return self.weight_at_most(x) / self.total

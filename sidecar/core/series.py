@@ -154,10 +154,7 @@ class Evidence:
 
     def merged(self, accuracy: float) -> LogHistogram:
         """The window's histogram as one (a new object)."""
-        h = LogHistogram(accuracy)
-        for part, scale in self.parts:
-            h.merge(part, scale)
-        return h
+        return LogHistogram.weighted_sum(accuracy, self.parts)
 
 
 class SubWindow:
