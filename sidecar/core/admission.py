@@ -39,6 +39,7 @@ budget allows it (:mod:`sidecar.core.retry_budget`).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -93,6 +94,11 @@ class Verdict:
     @property
     def status(self) -> int | None:
         return STATUS.get(self.outcome)
+
+
+# The over-budget test per request reads plan-fixed shares: the same few arguments
+# again and again, and the exact binomial tail is a loop (a pure function: cached).
+_significant = functools.lru_cache(maxsize=1024)(significant)
 
 
 def remaining_ms(req: RequestInfo, klass: ClassConfig) -> float:
@@ -185,7 +191,8 @@ class AdmissionControl:
             allowed = max(1.0 - klass.slo.percentile / 100.0, 1e-4)
             if n <= 0.0:
                 return v > allowed
-            return significant(round(v * n), round(n), allowed, 1.0 - self.config.health.confidence)
+            return _significant(round(v * n), round(n), allowed,
+                                1.0 - self.config.health.confidence)
         tail = self._tail_ms(None if cand is None else cand.latency, name, req, klass, view, now)
         return tail is not None and tail > klass.slo.budget_ms
 

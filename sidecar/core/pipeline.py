@@ -98,11 +98,12 @@ class Candidate:
     a request works on :meth:`for_request`, a copy that shares the read-only
     ``latency`` lookups."""
 
-    __slots__ = ("_own", "base", "cluster", "dropped", "health", "latency", "scores",
+    __slots__ = ("_own", "base", "cluster", "dropped", "health", "latency", "name", "scores",
                  "soft_drop", "verdicts", "weight")
 
     def __init__(self, cluster: ClusterConfig, health: HealthView) -> None:
         self.cluster = cluster
+        self.name = cluster.name  # read a dozen times per request: a slot, not a property
         self.health = health
         self.verdicts: dict[str, str] = {}  # filter -> "pass" or reason (see note())
         self._own = True  # verdicts is this candidate's own dict (not the plan's)
@@ -113,10 +114,6 @@ class Candidate:
         self.dropped: str | None = None  # the first filter that rejected it, if any
         self.soft_drop = False
 
-    @property
-    def name(self) -> str:
-        return self.cluster.name
-
     def note(self, name: str, verdict: str) -> None:
         """Record a filter's verdict (a request copy copies the plan's dict on first write)."""
         if not self._own:
@@ -126,8 +123,8 @@ class Candidate:
 
     def for_request(self) -> Candidate:
         c = Candidate.__new__(Candidate)
-        c.cluster, c.health, c.latency, c.verdicts = \
-            self.cluster, self.health, self.latency, self.verdicts
+        c.cluster, c.name, c.health, c.latency, c.verdicts = \
+            self.cluster, self.name, self.health, self.latency, self.verdicts
         c._own = False
         c.scores = dict(self.scores)
         c.weight, c.base, c.dropped, c.soft_drop = self.weight, self.base, self.dropped, \
