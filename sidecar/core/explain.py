@@ -53,8 +53,10 @@ def fallback_kind(decision: Decision, result: PipelineResult | None) -> str | No
         return "panic"
     if decision.reason in ("no_data", "no_percentile"):
         return "first_candidate"
-    if result is not None and any(lv.fell_back for lv in result.chosen.latency.values()):
-        return "broader_slice"
+    if result is not None:
+        for lv in result.chosen.latency.values():  # a loop, not any(genexpr): per decision
+            if lv.fell_back:
+                return "broader_slice"
     return None
 
 

@@ -23,7 +23,7 @@ class WeightedRandom:
     def __call__(
         self, ctx: SelectionContext, cands: list[Candidate], rng: random.Random
     ) -> Candidate:
-        total = sum(c.weight for c in cands)
+        total = sum([c.weight for c in cands])  # a list is cheaper than a generator here
         x = rng.random() * total
         for c in cands:
             x -= c.weight
