@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import subprocess
 import sys
@@ -48,6 +49,7 @@ from sidecar.devtools.bench import cpu_seconds  # noqa: E402
 from sidecar.devtools.bench_load import _config  # noqa: E402
 from sidecar.pb.envoy.data.accesslog.v3 import accesslog_pb2 as al  # noqa: E402
 from sidecar.pb.envoy.service.accesslog.v3 import als_pb2  # noqa: E402
+from sidecar.shell import envoy_contract as ec  # noqa: E402
 from sidecar.shell.access_log import AccessLogService  # noqa: E402
 from sidecar.shell.app import App  # noqa: E402
 from sidecar.shell.native import NativeRouting  # noqa: E402
@@ -83,8 +85,11 @@ def synth_entry(i: int, e: al.HTTPAccessLogEntry) -> None:
     req["model"].string_value = "bench-model"
     req["max_tokens"].number_value = 4
     c.route_name = ROUTE
-    c.custom_tags["tr_first_body_us"] = str(us - 130)
-    c.custom_tags["tr_end_us"] = str(us)
+    if hasattr(ec, "TAG_ENTRY"):  # the native bootstrap's one tag
+        c.custom_tags[ec.TAG_ENTRY] = f"200|-|{us - 130}|{us}|4|"
+    else:  # a baseline checkout: the two duration tags
+        c.custom_tags["tr_first_body_us"] = str(us - 130)
+        c.custom_tags["tr_end_us"] = str(us)
     c.upstream_request_attempt_count = 1
     sid = f"7b828367-13ff-4092-bce8-{i:012x}"
     c.stream_id = sid
@@ -240,7 +245,10 @@ def over_grpc(raw: list[bytes], n: int, interval_s: float, observe_share: float)
     proc = subprocess.Popen(
         [*LAUNCHER, "serve", "--config", str(work / "c.yaml"),
          "--ready-file", str(ready), "--admin", "127.0.0.1:0"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=work)
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=work,
+        # this checkout's sidecar, not the installed one
+        env={**os.environ,
+             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
     try:
         for _ in range(300):
             if ready.exists() and ready.read_text().strip():

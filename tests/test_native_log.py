@@ -14,6 +14,7 @@ from sidecar.core.types import Observation, SliceKey
 from sidecar.core.weights import SliceWeights
 from sidecar.pb.envoy.data.accesslog.v3 import accesslog_pb2 as al
 from sidecar.pb.envoy.service.accesslog.v3 import als_pb2
+from sidecar.shell import envoy_contract as ec
 from sidecar.shell.access_log import AccessLogService
 from sidecar.shell.app import App
 from sidecar.shell.native import NativeRouting
@@ -23,6 +24,9 @@ from sidecar.shell.outcomes import OutcomeFeed
 
 S = SliceKey("m", "interactive", "short", True)
 PLAIN = SliceKey("m", "interactive", "short", False)  # a non-streaming slice
+# %RESPONSE_FLAGS% short names of the flags used here.
+_SHORT = {"upstream_remote_reset": "UR", "downstream_remote_reset": "DR",
+          "upstream_request_timeout": "UT", "stream_idle_timeout": "SI"}
 
 
 def _config(observe_share: float = 1.0) -> Any:
@@ -38,16 +42,26 @@ def _config(observe_share: float = 1.0) -> Any:
 def entry(route: str = route_name(S, "len"), cluster: str = "a", status: int = 200,
           first_us: str | None = "2100", end_us: str | None = "9000",
           tokens: float | None = 4, rid: str | None = None, details: str = "via_upstream",
-          flags: tuple[str, ...] = (), tailroute_ns: bool = False) -> al.HTTPAccessLogEntry:
+          flags: tuple[str, ...] = (), tailroute_ns: bool = False,
+          entry_tag: bool = True) -> al.HTTPAccessLogEntry:
+    """An entry as Envoy logs it: with the native bootstrap's one tag, or
+    (``entry_tag=False``) with the ext_proc bootstrap's two duration tags."""
     e = al.HTTPAccessLogEntry()
     c = e.common_properties
     c.time_to_first_upstream_tx_byte.FromMicroseconds(300)
     c.duration.FromMicroseconds(12_000)
     c.route_name, c.upstream_cluster = route, cluster
-    if first_us is not None:
-        c.custom_tags["tr_first_body_us"] = first_us
-    if end_us is not None:
-        c.custom_tags["tr_end_us"] = end_us
+    if entry_tag:  # as Envoy formats it: "-" for no flag, "" for what is missing
+        count = "" if tokens is None else (
+            str(int(tokens)) if float(tokens).is_integer() else repr(tokens))
+        c.custom_tags[ec.TAG_ENTRY] = "|".join((
+            str(status), ",".join(_SHORT[f] for f in flags) or "-", first_us or "",
+            end_us or "", count, rid or ""))
+    else:
+        if first_us is not None:
+            c.custom_tags[ec.TAG_FIRST_BODY_US] = first_us
+        if end_us is not None:
+            c.custom_tags[ec.TAG_END_US] = end_us
     for f in flags:
         setattr(c.response_flags, f, True)
     fm = c.metadata.filter_metadata
@@ -135,6 +149,8 @@ def _both(batches: list[list[al.HTTPAccessLogEntry]], observe_share: float = 1.0
     pytest.param(entry(rid="r-1"), id="decided"),
     pytest.param(entry(tailroute_ns=True), id="tailroute metadata, no rid"),
     pytest.param(entry(details="tailroute_defer"), id="answered by tailroute"),
+    pytest.param(entry(entry_tag=False), id="bootstrap without the entry tag"),
+    pytest.param(entry(entry_tag=False, end_us=None), id="no entry tag, no end"),
 ])
 def test_each_kind_of_entry_is_learned_alike_on_both_paths(e: al.HTTPAccessLogEntry) -> None:
     _both([[e, entry()]])
@@ -143,10 +159,21 @@ def test_each_kind_of_entry_is_learned_alike_on_both_paths(e: al.HTTPAccessLogEn
 def test_the_common_entry_takes_the_shortcut_and_the_rest_the_record_path() -> None:
     side = Side(True)
     take = side.service.reader(10.0)  # type: ignore[misc]
-    assert take(entry()) and take(entry(cluster="b"))
+    assert take(entry()) and take(entry(cluster="b")) and take(entry(tokens=None))
     assert not any(take(e) for e in (entry(status=503), entry(rid="r-1"), entry(end_us=None),
                                      entry(flags=("upstream_remote_reset",)),
-                                     entry(route="tailroute_default")))
+                                     entry(route="tailroute_default"),
+                                     entry(entry_tag=False)))
+
+
+@pytest.mark.parametrize(("first", "end"), [("2100", "9000"), (None, "9000"), ("2100", None),
+                                            ("x", "")])
+def test_the_entry_tag_gives_the_record_the_same_durations(first: str | None,
+                                                            end: str | None) -> None:
+    from sidecar.shell.access_log import record_from_entry
+
+    assert (record_from_entry(entry(first_us=first, end_us=end))
+            == record_from_entry(entry(first_us=first, end_us=end, entry_tag=False)))
 
 
 def test_fast_ejection_and_counts_hold_over_many_batches() -> None:
@@ -168,10 +195,11 @@ _entries = st.builds(
     status=st.sampled_from([0, 200, 201, 404, 429, 500, 503, 504]),
     first_us=st.one_of(st.none(), st.integers(0, 50_000).map(str), st.just("x")),
     end_us=st.one_of(st.none(), st.integers(0, 50_000).map(str)),
-    tokens=st.one_of(st.none(), st.integers(0, 9)),
+    tokens=st.one_of(st.none(), st.integers(0, 9), st.sampled_from([2.5, 1e10])),
     rid=st.one_of(st.none(), st.just("r-1")),
     flags=st.lists(st.sampled_from(["upstream_remote_reset", "downstream_remote_reset",
                                     "stream_idle_timeout"]), max_size=1).map(tuple),
+    entry_tag=st.booleans(),
 )
 
 

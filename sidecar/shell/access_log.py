@@ -51,10 +51,27 @@ _NO_FLAGS: frozenset[str] = frozenset()
 
 def tag_us(tags: Any, key: str) -> float | None:
     """A custom-tag duration in microseconds, as seconds (absent or garbled: None)."""
-    raw = tags.get(key)
+    return us_seconds(tags.get(key))
+
+
+def us_seconds(raw: str | None) -> float | None:
+    """A logged duration in microseconds, as seconds (absent or garbled: None)."""
     if not raw or not raw.isdigit():
         return None
     return int(raw) * 1e-6
+
+
+def entry_tag(tags: Any) -> list[str] | None:
+    """The parts of the native bootstrap's one tag (``envoy_contract.TAG_ENTRY``), or
+    None when the entry has none (or not all of it)."""
+    raw = tags.get(ec.TAG_ENTRY)
+    if raw is None:
+        return None
+    parts: list[str] = raw.split("|")
+    return parts if len(parts) == _ENTRY_PARTS else None
+
+
+_ENTRY_PARTS = ec.ENTRY_TAG_FORMAT.count("|") + 1
 
 
 def usage_tokens(fm: Any) -> int | None:
@@ -98,6 +115,11 @@ def record_from_entry(e: al.HTTPAccessLogEntry) -> LogRecord:
             slice_label = _string(fields, ec.SLICE_KEY)
         tokens = usage_tokens(fm)
     tags = c.custom_tags
+    parts = entry_tag(tags)
+    if parts is not None:  # the native bootstrap: one tag instead of the two durations
+        first, end = us_seconds(parts[2]), us_seconds(parts[3])
+    else:
+        first, end = tag_us(tags, ec.TAG_FIRST_BODY_US), tag_us(tags, ec.TAG_END_US)
     method = e.request.request_method
     response = e.response
     return LogRecord(
@@ -111,8 +133,8 @@ def record_from_entry(e: al.HTTPAccessLogEntry) -> LogRecord:
         c.duration.ToNanoseconds() * 1e-9 if c.HasField("duration") else None,
         (c.time_to_first_upstream_tx_byte.ToNanoseconds() * 1e-9
          if c.HasField("time_to_first_upstream_tx_byte") else None),
-        tag_us(tags, ec.TAG_FIRST_BODY_US),
-        tag_us(tags, ec.TAG_END_US),
+        first,
+        end,
         tokens,
         rid,
         route,

@@ -13,12 +13,14 @@ per-request cost in native mode. Two ways in, one result:
 ==========================================  ===========================================
 entry                                       path
 ==========================================  ===========================================
-slice route, no tailroute metadata,         :meth:`NativeFeed.batch`: read straight from
-2xx, no response flag, not answered by      the wire entry (the fields an ``ok``
-tailroute, known cluster, end time logged   observation needs, nothing else), with what
-                                            cannot change within a batch (route ->
-                                            slice, known clusters, first-token offsets,
-                                            probe routes) looked up once per batch
+slice route, no tailroute decision (rid),   :meth:`NativeFeed.batch`: read straight from
+2xx, no response flag, not answered by      the wire entry -- the route name, the cluster
+tailroute, known cluster, end time logged   and the one tag the native bootstrap logs
+                                            (``envoy_contract.TAG_ENTRY``: status, flags,
+                                            durations, tokens, rid) -- with what cannot
+                                            change within a batch (route -> slice, known
+                                            clusters, first-token offsets, probe
+                                            routes) looked up once per batch
 anything else (errors, timeouts, cancels,   :meth:`NativeFeed.__call__`: the entry's
 flags, decided requests, other routes)      :class:`~sidecar.core.envoy_log.LogRecord`,
                                             :func:`~sidecar.core.envoy_log.observation_from_log`
@@ -40,8 +42,7 @@ from sidecar.core.envoy_log import (
 )
 from sidecar.core.types import Observation, SliceKey
 from sidecar.pb.envoy.data.accesslog.v3 import accesslog_pb2 as al
-from sidecar.shell import envoy_contract as ec
-from sidecar.shell.access_log import EntryHandler, Sink, tag_us, usage_tokens
+from sidecar.shell.access_log import EntryHandler, Sink, entry_tag, us_seconds
 from sidecar.shell.app import App
 from sidecar.shell.native import NativeRouting
 
@@ -103,26 +104,30 @@ class NativeFeed:
         def take(e: al.HTTPAccessLogEntry) -> bool:
             c = e.common_properties
             s = routes.get(c.route_name)
-            if s is None or c.HasField("response_flags"):
+            if s is None:
                 return False
-            response = e.response
-            status = response.response_code.value
-            if not 200 <= status < 300 or response.response_code_details.startswith(
-                    TAILROUTE_DETAILS_PREFIX):
+            parts = entry_tag(c.custom_tags)
+            if parts is None:
+                return False  # a bootstrap without the tag
+            status_s, flags, first_s, end_s, tokens_s, rid = parts
+            if flags != "-" or rid or not status_s.isdigit():
+                return False  # a response flag, a tailroute decision
+            status = int(status_s)
+            end = us_seconds(end_s)
+            if not 200 <= status < 300 or end is None:
                 return False
             tokens = None
-            if c.HasField("metadata"):
-                fm = c.metadata.filter_metadata
-                if ec.METADATA_NS in fm:
-                    return False  # tailroute decided it (or says why not): the record path
-                tokens = usage_tokens(fm)
-            tags = c.custom_tags
-            end = tag_us(tags, ec.TAG_END_US)
+            if tokens_s:
+                try:
+                    n = float(tokens_s)
+                except ValueError:
+                    return False  # not a number: as the record path reads it
+                tokens = int(n) if 0 <= n < 1e9 else None
             cluster = c.upstream_cluster
             ok = known.get(cluster)
             if ok is None:
                 ok = known[cluster] = config.has_cluster(cluster)
-            if end is None or not ok:
+            if not ok or e.response.response_code_details.startswith(TAILROUTE_DETAILS_PREFIX):
                 return False
             envoy["entries"] += 1
             envoy["native"] += 1
@@ -143,7 +148,7 @@ class NativeFeed:
                 if route_timing is None:
                     offset = offsets.offset(cluster, s)
                     route_timing = timing[key] = (offset, not offsets.blind(cluster, s))
-                first = tag_us(tags, ec.TAG_FIRST_BODY_US)
+                first = us_seconds(first_s)
                 ttft, tpot = ok_timing(None if first is None else first + route_timing[0],
                                        end, tokens, route_timing[1])
             obs = Observation(cluster, s, "ok", status, ttft, tpot, end, tokens or None,
