@@ -11,7 +11,8 @@ off the request path:
   upstream cluster); its observation goes to the same router the per-request
   path uses, marked as a probe when the cluster held only the probe share of
   that slice's published weights, and its duration feeds the interval's load
-  (:class:`~sidecar.core.weights.WindowLoad`);
+  (:class:`~sidecar.core.weights.WindowLoad`); the access-log sink that reads
+  the entries is :class:`sidecar.shell.native_log.NativeFeed`;
 * **publish** (:meth:`NativeRouting.publish`, every
   ``routing.publish_interval_s`` and at once when a health transition happens
   in between): the core's weights for every slice
