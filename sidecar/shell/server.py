@@ -34,7 +34,8 @@ from sidecar.shell.admission import CapacitySignal, Hold
 from sidecar.shell.app import App
 from sidecar.shell.extproc import RouteStream, continue_unchanged
 from sidecar.shell.grpc_settle import settle
-from sidecar.shell.native import NativeFeed, NativeRouting
+from sidecar.shell.native import NativeRouting
+from sidecar.shell.native_log import NativeFeed
 from sidecar.shell.observe import ObserveStream
 from sidecar.shell.outcomes import OutcomeFeed
 from sidecar.shell.rtds import add_to_server as add_rtds
@@ -215,10 +216,12 @@ async def start_grpc(
     service = ExtProcService(app, phase_hist)
     pb_grpc.add_ExternalProcessorServicer_to_server(service, server)
     feed: Sink = OutcomeFeed(app)
+    reader = None
     if native is not None:
-        feed = NativeFeed(app, native, feed)
+        native_feed = NativeFeed(app, native, feed)
+        feed, reader = native_feed, native_feed.batch
         native.rtds = add_rtds(server, native.layer)
-    service.access_log = AccessLogService(feed, app.envoy)
+    service.access_log = AccessLogService(feed, app.envoy, reader)
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(service.access_log, server)
     if register is not None:
         register(server)
