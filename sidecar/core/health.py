@@ -81,7 +81,7 @@ classes see 1.0 except while the circuit is open or restoring from it)::
 
 and while a run of ``s`` hard failures is open (the fast path below has not
 ended it with a success nor ejected the route), selection multiplies the
-weight by ``RUN_HOLD_BACK ** s`` (0.2 per failure; the exploration floor
+weight by ``RUN_HOLD_BACK ** s`` (0.5 per failure; the exploration floor
 still applies): requests sent while the run grows to ``K`` are the ones that
 reach a provider that just went down, and a healthy route's lone failure
 costs it only the round trip until its next success.
@@ -134,7 +134,7 @@ HISTORY_MARGIN = 1.5  # a change: the watch-level share half as much again as th
 FAIL_RATE_HORIZON = 100  # requests the fast path's failure-rate EWMA averages over
 EPISODE_END_RATE = 1e-3  # a failure episode ends once the failure-rate EWMA is back below this
 # Weight kept per hard failure of an unbroken run (a route in a run of s keeps HOLD_BACK ** s).
-RUN_HOLD_BACK = 0.2
+RUN_HOLD_BACK = 0.5
 
 
 class HealthState(StrEnum):

@@ -22,10 +22,10 @@ few requests, so its pre-slowdown samples would age only with those few and
 outweigh the slow new ones for minutes. At busy rates that is a time
 window (``decay`` per sub-window: 10 s sub-windows halve in ~20 s, and at
 500 req/s the last few sub-windows hold thousands of samples); at sparse
-rates evidence is forgotten per ``min_samples`` newer requests instead, so at
-0.5 req/s the window reaches back over the last few dozen requests, up to the
-maximum age. Counters are weighted the same way. A quantile is ``None`` unless
-the *unweighted* window holds ``>= min_samples`` samples (a percentile of a
+rates evidence is forgotten per ``min_samples`` newer requests, but every
+completed sub-window ages it by at least ``decay ** min_aging`` (half a step
+by default: a half-life of ~85 s), up to the maximum age. Counters are
+weighted the same way. A quantile is ``None`` unless the *unweighted* window holds ``>= min_samples`` samples (a percentile of a
 handful of samples is noise); the effective sample weight ``sum w_i n_i`` is
 what the estimators (:mod:`sidecar.core.evidence`) use as their sample size.
 
