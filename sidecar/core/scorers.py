@@ -15,6 +15,7 @@ from sidecar.core.latency_aware import enabled_metrics, latency_aware_scores
 from sidecar.core.pipeline import Candidate, LatencyValue, Scorer, SelectionContext
 
 _NEUTRAL = 1.0
+LATENCY_EXPONENT = 2.0  # LatencyRatio: s = 1 / r ** LATENCY_EXPONENT
 SLO_TAIL = "slo_tail"  # Candidate.latency key: the class metric at the SLO percentile
 _NO_TAIL = LatencyValue(None, None, False, 0)
 
@@ -45,12 +46,13 @@ class LatencyRatio:
                 c.latency[f"{metric}_p{pct}"] = lv
                 values[c.name][metric] = lv.value
         result = latency_aware_scores([c.name for c in cands], values, [m for m, _ in metrics])
-        known = [1.0 / (r * r) for r in result.scores.values()]
+        g = LATENCY_EXPONENT
+        known = [r**-g for r in result.scores.values()]
         unknown = min(known) if known else _NEUTRAL
         for c in cands:
             r = result.scores.get(c.name)
             c.scores["latency_ratio"] = r if r is not None else 0.0
-            c.scores[self.name] = unknown if r is None else 1.0 / (r * r)
+            c.scores[self.name] = unknown if r is None else r**-g
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,14 +20,15 @@ with ``r_j`` the requests of sub-window ``j`` (the current, partial one ages by
 age evidence too: without it a route whose share fell after a slowdown gets
 few requests, so its pre-slowdown samples would age only with those few and
 outweigh the slow new ones for minutes. At busy rates that is a time
-window (``decay`` per sub-window: 10 s sub-windows halve in ~20 s, and at
+window (``decay`` per sub-window: 10 s sub-windows halve in ~45 s, and at
 500 req/s the last few sub-windows hold thousands of samples); at sparse
 rates evidence is forgotten per ``min_samples`` newer requests, but every
 completed sub-window ages it by at least ``decay ** min_aging`` (half a step
 by default: a half-life of ~85 s), up to the maximum age. Counters are
-weighted the same way. A quantile is ``None`` unless the *unweighted* window holds ``>= min_samples`` samples (a percentile of a
-handful of samples is noise); the effective sample weight ``sum w_i n_i`` is
-what the estimators (:mod:`sidecar.core.evidence`) use as their sample size.
+weighted the same way. A quantile is ``None`` unless the *unweighted* window
+holds ``>= min_samples`` samples (a percentile of a handful of samples is
+noise); the effective sample weight ``sum w_i n_i`` is what the estimators
+(:mod:`sidecar.core.evidence`) use as their sample size.
 
 Accuracy: quantiles and CDF points within relative error ``a`` (default 0.02:
 1.00 s means the sample was in 0.98 .. 1.02 s). Freshness: cached evidence is
