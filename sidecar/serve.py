@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -220,6 +221,10 @@ async def serve(
         tcp_setting="--grpc" if grpc_addr is not None else "listen.grpc",
         unix_setting="--unix" if unix_arg is not None else "listen.grpc_unix", health=health,
         tls=tls, reuse_port=worker is not None, native=native)
+    # Everything built so far (modules, config, protobuf descriptors, the restored
+    # state) lives as long as the process: out of the collector's sight, so the
+    # full collections that per-request garbage triggers do not walk it again.
+    gc.freeze()
     health.set_serving(True)  # config loaded, listeners up
     serving = True
     stop, hup = asyncio.Event(), asyncio.Event()

@@ -129,7 +129,7 @@ def test_metrics_show_weights_publications_and_envoys() -> None:
 def test_native_feed_observes_slice_routes_and_passes_the_rest_on() -> None:
     from sidecar.core.envoy_log import LogRecord
     from sidecar.shell.app import App
-    from sidecar.shell.native import NativeFeed
+    from sidecar.shell.native_log import NativeFeed
 
     cfg = _config()
     app = App.create(cfg)
@@ -157,7 +157,7 @@ def test_fast_ejection_is_published_at_once_not_at_the_next_interval() -> None:
     version goes out on that transition, not a publication interval later."""
     from sidecar.core.envoy_log import LogRecord
     from sidecar.shell.app import App
-    from sidecar.shell.native import NativeFeed
+    from sidecar.shell.native_log import NativeFeed
 
     cfg = parse_config({
         "clusters": [{"name": n, "address": f"127.0.0.1:{9000 + i}", "models": ["m"]}

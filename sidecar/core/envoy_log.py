@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sidecar.core.frozen import fast_init
 from sidecar.core.timing import outcome_for_status
 from sidecar.core.types import Observation, Outcome, SliceKey
 
@@ -63,6 +64,7 @@ ERROR_FLAGS = frozenset({
 TAILROUTE_DETAILS_PREFIX = "tailroute_"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class LogRecord:
     """What tailroute reads from one HTTP access-log entry (durations in seconds)."""
@@ -108,6 +110,24 @@ def waited_s(rec: LogRecord) -> float | None:
     return max(rec.duration_s - rec.upstream_tx_s, 0.0)
 
 
+def ok_timing(first: float | None, e2e: float | None, tokens: int | None,
+              trust_first: bool) -> tuple[float | None, float | None]:
+    """(TTFT, TPOT) of a complete streamed response (module docstring).
+
+    ``first`` is the first token's time since ``t0`` (clamped to ``e2e``: a token
+    cannot come after the last byte); ``trust_first`` says whether it may be
+    reported as TTFT (False on a blind route, where only its TPOT is used).
+    """
+    if first is None:
+        return None, None
+    if e2e is not None and e2e < first:
+        first = e2e
+    tpot = None
+    if tokens is not None and tokens >= 2 and e2e is not None:
+        tpot = max(e2e - first, 0.0) / (tokens - 1)
+    return (first if trust_first else None), tpot
+
+
 def observation_from_log(
     rec: LogRecord,
     cluster: str,
@@ -138,13 +158,8 @@ def observation_from_log(
     censored = outcome in ("timeout", "cancel")
     if outcome == "ok":
         e2e = rec.end_s
-        if streaming and first is not None:
-            if e2e is not None:
-                first = min(first, e2e)
-            if first_token_s is not None or ttft_from_log:
-                ttft = first
-            if n is not None and n >= 2 and e2e is not None:
-                tpot = max(e2e - first, 0.0) / (n - 1)
+        if streaming:
+            ttft, tpot = ok_timing(first, e2e, n, first_token_s is not None or ttft_from_log)
     elif censored:
         e2e = waited_s(rec)
         if streaming:

@@ -24,7 +24,8 @@ is always 200.
 Every response carries ``x-fake-provider: <name>``.
 
 The connection layer lives in :mod:`sidecar.fake_provider.connection`, the reply
-shapes in :mod:`sidecar.fake_provider.reply`, the latency profile in
+shapes in :mod:`sidecar.fake_provider.reply`, the timed writing of a streamed
+reply in :mod:`sidecar.fake_provider.streaming`, the latency profile in
 :mod:`sidecar.fake_provider.latency` and the command line in
 :mod:`sidecar.fake_provider.cli`.
 """
@@ -32,7 +33,6 @@ shapes in :mod:`sidecar.fake_provider.reply`, the latency profile in
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import random
@@ -42,8 +42,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .cli import build_arg_parser, main
-from .connection import MAX_BODY, ClientGone, Conn, HttpError, Request, chunk, response_head
-from .framing import SSE_EOLS, SSE_SPLITS, plan_writes, reframe
+from .connection import MAX_BODY, ClientGone, Conn, HttpError, Request, response_head
+from .framing import SSE_EOLS, SSE_SPLITS
 from .latency import (
     ConfigError,
     Profile,
@@ -51,6 +51,7 @@ from .latency import (
     split_control,
 )
 from .reply import Reply, error_body, prompt_tokens
+from .streaming import stream_reply
 
 __all__ = ["MAX_BODY", "FakeProvider", "Profile", "build_arg_parser", "main"]
 
@@ -349,47 +350,9 @@ class FakeProvider:
                 await conn.sleep_until(due[-1])
                 return await self._answer(conn, 200, reply.full(), req.keep_alive)
             self._status[200] += 1
-            hdrs = [("content-type", "text/event-stream"), ("cache-control", "no-cache"),
-                    ("transfer-encoding", "chunked")]
-            await conn.write(response_head(200, self.name, hdrs, req.keep_alive))
-            sent = hashlib.sha256()
-            loop = asyncio.get_running_loop()
-            if prof.role_first and kind == "chat":
-                event = reframe(reply.role_event(), self.sse_eol)
-                record["first_byte_ms"] = (loop.time() - t0) * 1000.0
-                await conn.write(chunk(event))
-                sent.update(event)
-                record["sent_len"] += len(event)
-            if self.sse_eol == "lf" and self.sse_split == "none":
-                for i in range(n):
-                    await conn.sleep_until(due[i])
-                    if i == 0:
-                        record["first_token_ms"] = (loop.time() - t0) * 1000.0
-                        if record["first_byte_ms"] is None:
-                            record["first_byte_ms"] = record["first_token_ms"]
-                    for event in reply.token_events(i):
-                        await conn.write(chunk(event))  # one chunk per event, flushed
-                        sent.update(event)
-                        record["sent_len"] += len(event)
-                for event in reply.tail_events():
-                    await conn.write(chunk(event))
-                    sent.update(event)
-                    record["sent_len"] += len(event)
-            else:  # another legal framing (sidecar.fake_provider.framing)
-                blobs = [(due[i], b"".join(reply.token_events(i))) for i in range(n)]
-                blobs.append((due[-1], b"".join(reply.tail_events())))
-                framed = [(t, reframe(b, self.sse_eol)) for t, b in blobs]
-                for j, (t, data) in enumerate(plan_writes(framed, self.sse_split)):
-                    await conn.sleep_until(t)
-                    if j == 0:
-                        record["first_token_ms"] = (loop.time() - t0) * 1000.0
-                        if record["first_byte_ms"] is None:
-                            record["first_byte_ms"] = record["first_token_ms"]
-                    await conn.write(chunk(data))
-                    sent.update(data)
-                    record["sent_len"] += len(data)
-            await conn.write(b"0\r\n\r\n")
-            record["sent_sha256"] = sent.hexdigest()
+            await stream_reply(conn, reply, due, record, t0=t0, name=self.name,
+                               keep_alive=req.keep_alive, role_first=prof.role_first,
+                               sse_eol=self.sse_eol, sse_split=self.sse_split)
             return req.keep_alive
         except ClientGone:
             self._disconnects += 1

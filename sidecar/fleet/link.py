@@ -30,8 +30,9 @@ from redis.exceptions import RedisError
 
 from sidecar.core.config import FleetConfig
 from sidecar.core.types import TransitionEvent
+from sidecar.fleet.exchange import Exchange, Reply
 from sidecar.fleet.redis_store import RedisStore
-from sidecar.fleet.sync import Exchange, FleetSync, Reply
+from sidecar.fleet.sync import FleetSync
 from sidecar.shell.app import App
 
 log = logging.getLogger("tailroute.fleet")

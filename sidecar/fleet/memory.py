@@ -2,7 +2,7 @@
 
 The policy lab shares state between simulated replicas through it (virtual
 time, no I/O), and unit tests of :mod:`sidecar.fleet.sync` use it as the
-fake. It carries out an :class:`~sidecar.fleet.sync.Exchange` exactly as
+fake. It carries out an :class:`~sidecar.fleet.exchange.Exchange` exactly as
 :class:`~sidecar.fleet.redis_store.RedisStore` does (the Lua lease script
 included), so both are exercised by the same sync code; the Redis store is
 tested against a real ``redis-server``.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sidecar.fleet.sync import Exchange, Reply
+from sidecar.fleet.exchange import Exchange, Reply
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The Redis/Valkey store: one :class:`~sidecar.fleet.sync.Exchange` = one pipelined round trip.
+"""The Redis/Valkey store: one :class:`~sidecar.fleet.exchange.Exchange` = one pipelined round trip.
 
 Keys (``P`` = ``fleet.key_prefix``; the braces are a Redis Cluster hash tag, so
 every key lives in one slot and the lease script may touch several)::
@@ -32,7 +32,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, ResponseError
 
-from sidecar.fleet.sync import Exchange, Reply
+from sidecar.fleet.exchange import Exchange, Reply
 
 META_FIELD = "_meta"
 

@@ -4,7 +4,10 @@ Envoy opens one long-lived client stream per worker thread (and log name) and
 sends its HTTP access-log entries in batches (``buffer_flush_interval`` /
 ``buffer_size_bytes``); the stream is answered only when it ends. Each entry is
 turned into a plain :class:`~sidecar.core.envoy_log.LogRecord` and handed to a
-sink (normally :class:`sidecar.shell.outcomes.OutcomeFeed`).
+sink (normally :class:`sidecar.shell.outcomes.OutcomeFeed`) -- unless the sink's
+batch reader takes it straight from the wire first (native mode's common entry,
+:meth:`sidecar.shell.native_log.NativeFeed.batch`: every native request costs
+the sidecar one entry, so that one is read without the intermediate record).
 
 This module knows the wire format and nothing of routing, so any reader of
 Envoy's access log (the outcome feed, a native-mode learner) can reuse it.
@@ -26,8 +29,6 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from google.protobuf import duration_pb2
-
 from sidecar.core.envoy_log import LogRecord
 from sidecar.pb.envoy.data.accesslog.v3 import accesslog_pb2 as al
 from sidecar.pb.envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
@@ -37,25 +38,65 @@ from sidecar.shell.grpc_settle import settle
 log = logging.getLogger("tailroute.access_log")
 
 Sink = Callable[[LogRecord, float], None]
+# A sink's shortcut for the common entry: called once per batch with its receive time,
+# it returns that batch's entry handler, which takes an entry straight from the wire
+# (True) or leaves it to the sink as a LogRecord (False). Nothing it may cache for the
+# batch changes while the batch is read (one synchronous pass on the event loop).
+EntryHandler = Callable[[al.HTTPAccessLogEntry], bool]
+BatchReader = Callable[[float], EntryHandler]
 
 _METHODS = ("", "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH")
 _NO_FLAGS: frozenset[str] = frozenset()
 
 
-def _seconds(d: duration_pb2.Duration) -> float:
-    return d.seconds + d.nanos * 1e-9
-
-
-def _tag_us(tags: Any, key: str) -> float | None:
+def tag_us(tags: Any, key: str) -> float | None:
     """A custom-tag duration in microseconds, as seconds (absent or garbled: None)."""
-    raw = tags.get(key)
+    return us_seconds(tags.get(key))
+
+
+def us_seconds(raw: str | None) -> float | None:
+    """A logged duration in microseconds, as seconds (absent or garbled: None)."""
     if not raw or not raw.isdigit():
         return None
     return int(raw) * 1e-6
 
 
+def entry_tag(tags: Any) -> list[str] | None:
+    """The parts of the native bootstrap's one tag (``envoy_contract.TAG_ENTRY``), or
+    None when the entry has none (or not all of it)."""
+    raw = tags.get(ec.TAG_ENTRY)
+    if raw is None:
+        return None
+    parts: list[str] = raw.split("|")
+    return parts if len(parts) == _ENTRY_PARTS else None
+
+
+_ENTRY_PARTS = ec.ENTRY_TAG_FORMAT.count("|") + 1
+
+
+def usage_tokens(fm: Any) -> int | None:
+    """The response's output tokens from the entry's ``filter_metadata`` (None: not logged)."""
+    usage = fm.get(ec.USAGE_NS)
+    if usage is None:
+        return None
+    v = usage.fields.get(ec.TOKENS_KEY)
+    if v is None:
+        return None
+    n = v.number_value
+    return int(n) if 0 <= n < 1e9 else None
+
+
+def _string(fields: Any, key: str) -> str | None:
+    v = fields.get(key)
+    return (v.string_value or None) if v is not None else None
+
+
 def record_from_entry(e: al.HTTPAccessLogEntry) -> LogRecord:
-    """The parts of one entry tailroute reads (see sidecar.core.envoy_log)."""
+    """The parts of one entry tailroute reads (see sidecar.core.envoy_log).
+
+    Per entry on every logged request, so each field is read once, maps with
+    ``get`` (one lookup, not ``in`` + index) and durations as integers.
+    """
     c = e.common_properties
     flags = _NO_FLAGS
     if c.HasField("response_flags"):
@@ -64,37 +105,41 @@ def record_from_entry(e: al.HTTPAccessLogEntry) -> LogRecord:
             flags = frozenset(set_flags)
     rid = route = slice_label = None
     tokens = None
-    fm = c.metadata.filter_metadata
-    if ec.METADATA_NS in fm:
-        fields = fm[ec.METADATA_NS].fields
-        rid = fields[ec.RID_KEY].string_value if ec.RID_KEY in fields else None
-        route = fields[ec.ROUTE_KEY].string_value if ec.ROUTE_KEY in fields else None
-        slice_label = fields[ec.SLICE_KEY].string_value if ec.SLICE_KEY in fields else None
-    if ec.USAGE_NS in fm:
-        usage = fm[ec.USAGE_NS].fields
-        if ec.TOKENS_KEY in usage:
-            n = usage[ec.TOKENS_KEY].number_value
-            tokens = int(n) if 0 <= n < 1e9 else None
+    if c.HasField("metadata"):
+        fm = c.metadata.filter_metadata
+        ours = fm.get(ec.METADATA_NS)
+        if ours is not None:
+            fields = ours.fields
+            rid = _string(fields, ec.RID_KEY)
+            route = _string(fields, ec.ROUTE_KEY)
+            slice_label = _string(fields, ec.SLICE_KEY)
+        tokens = usage_tokens(fm)
     tags = c.custom_tags
+    parts = entry_tag(tags)
+    if parts is not None:  # the native bootstrap: one tag instead of the two durations
+        first, end = us_seconds(parts[2]), us_seconds(parts[3])
+    else:
+        first, end = tag_us(tags, ec.TAG_FIRST_BODY_US), tag_us(tags, ec.TAG_END_US)
     method = e.request.request_method
+    response = e.response
     return LogRecord(
-        status=e.response.response_code.value,
-        flags=flags,
-        details=e.response.response_code_details,
-        method=_METHODS[method] if 0 <= method < len(_METHODS) else "",
-        path=e.request.path,
-        upstream_cluster=c.upstream_cluster,
-        route_name=c.route_name,
-        duration_s=_seconds(c.duration) if c.HasField("duration") else None,
-        upstream_tx_s=(_seconds(c.time_to_first_upstream_tx_byte)
-                       if c.HasField("time_to_first_upstream_tx_byte") else None),
-        first_body_s=_tag_us(tags, ec.TAG_FIRST_BODY_US),
-        end_s=_tag_us(tags, ec.TAG_END_US),
-        tokens=tokens,
-        rid=rid or None,
-        route_key=route or None,
-        slice_label=slice_label or None,
-        stream_id=c.stream_id,
+        response.response_code.value,
+        flags,
+        response.response_code_details,
+        _METHODS[method] if 0 <= method < len(_METHODS) else "",
+        e.request.path,
+        c.upstream_cluster,
+        c.route_name,
+        c.duration.ToNanoseconds() * 1e-9 if c.HasField("duration") else None,
+        (c.time_to_first_upstream_tx_byte.ToNanoseconds() * 1e-9
+         if c.HasField("time_to_first_upstream_tx_byte") else None),
+        first,
+        end,
+        tokens,
+        rid,
+        route,
+        slice_label,
+        c.stream_id,
     )
 
 
@@ -106,8 +151,10 @@ def _collect(task: asyncio.Future[Any]) -> None:
 class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[misc]
     """envoy.service.accesslog.v3.AccessLogService/StreamAccessLogs."""
 
-    def __init__(self, sink: Sink, counters: Counter[str] | None = None) -> None:
+    def __init__(self, sink: Sink, counters: Counter[str] | None = None,
+                 reader: BatchReader | None = None) -> None:
         self.sink = sink
+        self.reader = reader
         self.counters: Counter[str] = counters if counters is not None else Counter()
         self.open_streams = 0
         self.nodes: Counter[str] = Counter()  # open streams per Envoy node id
@@ -147,6 +194,22 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
             if nxt is not None:
                 nxt.cancel()
 
+    def consume(self, msg: als_pb2.StreamAccessLogsMessage, now: float) -> None:
+        """One batch of entries, all received at ``now``: each goes to the ``reader``'s
+        handler for this batch, and to the sink as a LogRecord if the handler leaves it."""
+        self.counters["log_batches"] += 1
+        take = self.reader(now) if self.reader is not None else None
+        sink = self.sink
+        for entry in msg.http_logs.log_entry:
+            try:
+                if take is None or not take(entry):
+                    sink(record_from_entry(entry), now)
+            except Exception:  # one bad entry must not end Envoy's stream
+                self.counters["log_entry_errors"] += 1
+                n = self.counters["log_entry_errors"]
+                if n <= 3 or n % 1000 == 0:  # a systematic bug must not flood the log
+                    log.exception("access-log entry not understood (%d so far); skipped", n)
+
     async def StreamAccessLogs(
         self, request_iterator: AsyncIterator[als_pb2.StreamAccessLogsMessage], context: Any
     ) -> als_pb2.StreamAccessLogsResponse:
@@ -160,17 +223,7 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
                 if msg.HasField("identifier") and not node:
                     node = msg.identifier.node.id or msg.identifier.log_name or "?"
                     self.nodes[node] += 1
-                now = loop.time()
-                self.counters["log_batches"] += 1
-                for entry in msg.http_logs.log_entry:
-                    try:
-                        self.sink(record_from_entry(entry), now)
-                    except Exception:  # one bad entry must not end Envoy's stream
-                        self.counters["log_entry_errors"] += 1
-                        n = self.counters["log_entry_errors"]
-                        if n <= 3 or n % 1000 == 0:  # a systematic bug must not flood the log
-                            log.exception("access-log entry not understood (%d so far); "
-                                          "skipped", n)
+                self.consume(msg, loop.time())
         finally:
             self.open_streams -= 1
             self.counters["log_streams_open"] -= 1

@@ -325,8 +325,11 @@ def render_native_bootstrap(
     vhost["routes"] = [*(decided if mode == "hybrid" else []), *routes, default]
     for entry in hcm.get("access_log", []):
         # Every native request is learned from its log entry: larger batches cost the
-        # sidecar less per entry (Envoy's default flushes at 16 KiB, ~25 entries).
-        entry["typed_config"]["common_config"]["buffer_size_bytes"] = ACCESS_LOG_BUFFER_BYTES
+        # sidecar less per entry (Envoy's default flushes at 16 KiB, ~25 entries), and
+        # one tag carries what the common entry's reading needs (envoy_contract.TAG_ENTRY).
+        common = entry["typed_config"]["common_config"]
+        common["buffer_size_bytes"] = ACCESS_LOG_BUFFER_BYTES
+        common["custom_tags"] = [{"tag": ec.TAG_ENTRY, "value": ec.ENTRY_TAG_FORMAT}]
     boot["layered_runtime"] = _runtime_layers()
     boot.setdefault("node", {"id": "tailroute-envoy", "cluster": "tailroute"})
     return boot

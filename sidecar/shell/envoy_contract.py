@@ -63,6 +63,17 @@ CUSTOM_TAGS = {
     TAG_END_US: "%COMMON_DURATION(US_TX_BEG:US_RX_END:us)%",
 }
 
+# Native mode logs the same two durations, with what the common entry's reading needs,
+# as one tag (one map lookup instead of four message reads per logged request):
+# "<status>|<response flags>|<first body us>|<end us>|<output tokens>|<rid>", where
+# Envoy prints "-" for no response flag and "" for a missing duration or metadata key.
+TAG_ENTRY = "tr"
+ENTRY_TAG_FORMAT = "|".join((
+    "%RESPONSE_CODE%", "%RESPONSE_FLAGS%", CUSTOM_TAGS[TAG_FIRST_BODY_US],
+    CUSTOM_TAGS[TAG_END_US], f"%DYNAMIC_METADATA({USAGE_NS}:{TOKENS_KEY})%",
+    f"%DYNAMIC_METADATA({METADATA_NS}:{RID_KEY})%",
+))
+
 SAMPLED, UNSAMPLED = "s", "n"
 
 

@@ -11,7 +11,8 @@ off the request path:
   upstream cluster); its observation goes to the same router the per-request
   path uses, marked as a probe when the cluster held only the probe share of
   that slice's published weights, and its duration feeds the interval's load
-  (:class:`~sidecar.core.weights.WindowLoad`);
+  (:class:`~sidecar.core.weights.WindowLoad`); the access-log sink that reads
+  the entries is :class:`sidecar.shell.native_log.NativeFeed`;
 * **publish** (:meth:`NativeRouting.publish`, every
   ``routing.publish_interval_s`` and at once when a health transition happens
   in between): the core's weights for every slice
@@ -32,7 +33,6 @@ from collections.abc import Callable
 from typing import Any
 
 from sidecar.core.config import Config
-from sidecar.core.envoy_log import LogRecord, observation_from_log, waited_s
 from sidecar.core.router import Router
 from sidecar.core.types import SliceKey
 from sidecar.core.weights import (
@@ -42,8 +42,6 @@ from sidecar.core.weights import (
     WindowView,
     refresh_weights,
 )
-from sidecar.shell.access_log import Sink
-from sidecar.shell.app import App
 from sidecar.shell.bootstrap_native import route_slices
 from sidecar.shell.rtds import RtdsService, WeightLayer
 
@@ -105,11 +103,20 @@ class NativeRouting:
 
     # ------------------------------------------------------------ learning
 
-    def slice_of_route(self, route_name: str) -> SliceKey | None:
-        """The slice of a rendered slice route (None for any other route)."""
+    def routes(self) -> dict[str, SliceKey]:
+        """Rendered slice route name -> slice, for the live config."""
         if self._routes_of is not self._config():
             _ = self.config
-        return self._routes.get(route_name)
+        return self._routes
+
+    def slice_of_route(self, route_name: str) -> SliceKey | None:
+        """The slice of a rendered slice route (None for any other route)."""
+        return self.routes().get(route_name)
+
+    def probes_of(self, slice: SliceKey) -> tuple[str, ...]:
+        """The clusters that hold only the probe share of ``slice``'s published weights."""
+        sw = self.layer.weights.get(slice)
+        return sw.probes if sw is not None else ()
 
     def on_logged(self, slice: SliceKey, cluster: str, duration_s: float | None) -> bool:
         """A logged request of ``slice`` served by ``cluster``: count its load.
@@ -120,8 +127,7 @@ class NativeRouting:
         self.counters["logged"] += 1
         if duration_s is not None:
             self.load.add(slice, cluster, duration_s)
-        sw = self.layer.weights.get(slice)
-        probe = sw is not None and cluster in sw.probes
+        probe = cluster in self.probes_of(slice)
         if probe:
             self.counters["probes"] += 1
         return probe
@@ -217,51 +223,3 @@ async def _first_of(a: asyncio.Event, b: asyncio.Event, timeout: float) -> None:
         for w in waiters:
             w.cancel()
 
-
-class NativeFeed:
-    """The access-log sink in native and hybrid mode.
-
-    Entries of a slice route without a tailroute decision are the native
-    path's: their observation goes to the router here (cluster from the entry,
-    slice from the route name, probe flag from the published weights) and they
-    count as ``envoy: native`` -- not as fail-open. Every other entry goes to
-    ``inner`` (:class:`~sidecar.shell.outcomes.OutcomeFeed`): decided requests,
-    and LLM requests Envoy served without a decision on the default route.
-    """
-
-    def __init__(self, app: App, native: NativeRouting, inner: Sink) -> None:
-        self.app = app
-        self.native = native
-        self.inner = inner
-
-    def __call__(self, rec: LogRecord, now: float) -> None:
-        if rec.rid is None:
-            s = self.native.slice_of_route(rec.route_name)
-            if s is not None:
-                self.observe(rec, s, now)
-                return
-        self.inner(rec, now)
-
-    def observe(self, rec: LogRecord, s: SliceKey, now: float) -> None:
-        app = self.app
-        app.envoy["entries"] += 1
-        app.envoy["native"] += 1
-        cluster = rec.upstream_cluster
-        if not app.config.has_cluster(cluster):
-            app.envoy["native_no_upstream"] += 1  # e.g. reset before a cluster was picked
-            return
-        busy = rec.end_s if rec.end_s is not None else waited_s(rec)
-        probe = self.native.on_logged(s, cluster, busy if busy is not None else rec.duration_s)
-        # stats.observe_share as on the per-request path: every response until the
-        # route's current sub-window has min_samples, then that share (uniform, so
-        # error rates stay unbiased); probes always count.
-        if not probe and not app.router.wants_observation(cluster, s, now, app.rng):
-            return
-        obs = observation_from_log(
-            rec, cluster, s, bool(s.streaming),
-            ttft_offset_s=app.offsets.offset(cluster, s),
-            ttft_from_log=not app.offsets.blind(cluster, s),
-            is_probe=probe,
-        )
-        if obs is not None:
-            app.log_events(app.router.observe(obs, now))

@@ -1,0 +1,51 @@
+"""What one push/pull cycle carries between a replica and the store.
+
+:class:`~sidecar.fleet.sync.FleetSync` builds an :class:`Exchange`; a store
+(:class:`~sidecar.fleet.redis_store.RedisStore` in one pipelined round trip,
+:class:`~sidecar.fleet.memory.MemoryStore` in the policy lab and unit tests)
+carries it out and answers with a :class:`Reply`. Stores depend on these types
+only, never on the sync state machine. :class:`SyncCounters` counts what the
+cycles did with the replies (exported as metrics and read by tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class Exchange:
+    """What one push/pull cycle asks of the store (carried out in one round trip)."""
+
+    rid: str
+    meta: bytes
+    routes: list[str]  # route fields to take, renew or ask the lease holder of
+    stats_set: dict[str, bytes]  # this replica's changed sub-windows
+    stats_del: list[str]  # its sub-windows that left the window
+    health_set: dict[str, bytes]  # states of routes it owns, where changed
+    probes: dict[str, list[bytes]]  # owner -> probe results seen here
+    fetch: list[str]  # peers whose statistics to read
+    stats_ttl_ms: int
+    lease_ttl_ms: int
+    health_ttl_ms: int
+
+
+@dataclass(slots=True)
+class Reply:
+    holders: list[str]  # lease holder of each of Exchange.routes
+    replicas: list[str]  # replicas that pushed within stats_ttl (this one included)
+    stats: dict[str, dict[str, bytes]]  # peer -> its fields (as fetched)
+    metas: dict[str, bytes | None]  # peer -> its meta record
+    health: dict[str, bytes]
+    probes: list[bytes]  # results other replicas forwarded to this one
+    stored_fields: int  # sub-window fields this replica's hash held before this write
+
+
+@dataclass
+class SyncCounters:
+    merged_subwindows: int = 0
+    adopted_states: int = 0
+    forwarded_probes: int = 0
+    applied_probes: int = 0
+    bad_peer_records: int = 0
+    mismatched_peers: int = 0

@@ -1,0 +1,214 @@
+"""The statistics half of fleet sharing, sans I/O: :class:`StatsSync`.
+
+:class:`~sidecar.fleet.sync.FleetSync` drives it once per push/pull cycle:
+:meth:`StatsSync.outgoing` gives the fields to write, :meth:`StatsSync.merge`
+folds what peers pushed into the router's store.
+
+The router's store holds this replica's own observations *plus* what it merged
+from peers. Per narrow series and sub-window::
+
+    own    = local contents - merged-from-peers        (codec.diff)
+    pushed = own, whenever it changed since the last push (an idempotent overwrite)
+
+A peer's pushed contents for a sub-window only grow, so each pull merges the
+growth since the previous pull (``new - last seen``) into the local series
+(:func:`sidecar.core.fleet_share.merge_subwindow`) and adds it to
+merged-from-peers. Lost, repeated or re-sent (after a store flush) writes
+therefore never count twice. Writes per push are one field per *changed*
+sub-window (normally the current one of each active series): never a write
+per request, and the stored fields are bounded by series x sub-windows.
+
+Alongside the sub-windows each replica publishes its requests in flight per
+cluster (``codec.LOAD_FIELD``); the fresh peers' counts are summed into
+``router.peer_inflight`` so capacity limits hold fleet-wide.
+
+Invariants:
+
+1. Merged-from-peers never exceeds the local contents (both grow together).
+2. Fields this replica stops having are deleted from its hash (``stats_del``).
+3. Contents loaded from a fleet-merged snapshot (:meth:`StatsSync.mark_baseline`)
+   are never pushed as this replica's own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sidecar.core.fleet_share import SubWindowData, live_subwindows, merge_placed
+from sidecar.core.router import Router
+from sidecar.core.stats import StatsStore
+from sidecar.core.types import SliceKey
+from sidecar.fleet import codec
+from sidecar.fleet.exchange import Reply, SyncCounters
+
+_SubKey = tuple[str, SliceKey, int]  # (cluster, narrow key, local sub-window index)
+
+
+@dataclass
+class StatsSync:
+    """Statistics sync state of one replica. ``wall_offset`` = wall clock - ``now`` clock."""
+
+    router: Router
+    lease_ttl_s: float  # a peer's in-flight count older than this is ignored
+    wall_offset: float
+    counters: SyncCounters
+
+    def __post_init__(self) -> None:
+        self.store: StatsStore = self.router.stats
+        # Peers' contents merged into each local (cluster, narrow key, sub-window).
+        self._merged: dict[_SubKey, SubWindowData] = {}
+        self._baseline: dict[_SubKey, SubWindowData] = {}
+        # peer -> stats field -> (raw as last fetched, decoded)
+        self._seen: dict[str, dict[str, tuple[bytes, SubWindowData]]] = {}
+        self._pushed: dict[str, float] = {}  # stats field -> contents total when pushed
+        self._expect_stored = 0
+        self._load_pushed = b""
+        self._peer_load: dict[str, tuple[int, dict[str, int]]] = {}
+
+    # ------------------------------------------------------------ time
+
+    @property
+    def _sub_s(self) -> float:
+        return self.router.config.stats.subwindow_s
+
+    def _mid_ms(self, index: int) -> int:
+        return round(((index + 0.5) * self._sub_s + self.wall_offset) * 1000.0)
+
+    def _local_index(self, mid_ms: int) -> int:
+        return math.floor((mid_ms / 1000.0 - self.wall_offset) / self._sub_s)
+
+    def wall_ms(self, now: float) -> int:
+        return round((now + self.wall_offset) * 1000.0)
+
+    # ------------------------------------------------------------ state
+
+    def follow_store(self) -> bool:
+        """A reload that changed ``stats`` replaced the router's store: start merging
+        afresh. True if it did (everything must then be pushed again)."""
+        if self.router.stats is self.store:
+            return False
+        self.store = self.router.stats
+        self._merged.clear()
+        self._seen.clear()
+        self._baseline.clear()
+        return True
+
+    def mark_baseline(self, now: float) -> None:
+        """Treat what the store holds now (loaded from a warm-restart snapshot of a
+        fleet-merged store) as not this replica's own: it is never pushed."""
+        self._baseline = {(c, s, sub.index): sub
+                          for (c, s), subs in live_subwindows(self.store, now) for sub in subs}
+
+    def forget_peer_load(self) -> None:
+        """The store did not answer: peers' in-flight counts are unknown."""
+        self._peer_load.clear()
+        self.router.peer_inflight.clear()
+
+    def lost_writes(self, stored_fields: int) -> bool:
+        """The store holds fewer of this replica's fields than it wrote (flushed or
+        restarted)."""
+        return stored_fields < self._expect_stored
+
+    # ------------------------------------------------------------ out
+
+    def outgoing(self, now: float, republish: bool,
+                 extra_load: Mapping[str, float]) -> tuple[dict[str, bytes], list[str]]:
+        """The fields to write (changed ones, all with ``republish``) and to delete."""
+        stats_set: dict[str, bytes] = {}
+        live: dict[str, float] = {}
+        for (cluster, s), subs in live_subwindows(self.store, now):
+            for sub in subs:
+                key = (cluster, s, sub.index)
+                own = codec.diff(sub, self._merged.get(key))
+                if key in self._baseline:
+                    own = codec.diff(own, self._baseline[key])
+                if own.empty:
+                    continue
+                name = codec.stats_field(cluster, s, self._mid_ms(sub.index))
+                live[name] = total = own.total()
+                if republish or self._pushed.get(name) != total:
+                    stats_set[name] = codec.encode_sub(own)
+        router = self.router
+        load = codec.encode_load(self.wall_ms(now), {
+            c: n for c in router.config.cluster_names
+            if (n := router.inflight(c) - router.peer_inflight.get(c, 0)
+                + round(extra_load.get(c, 0.0)))})
+        if load != self._load_pushed or republish:
+            stats_set[codec.LOAD_FIELD] = self._load_pushed = load
+        stats_del = [f for f in self._pushed if f not in live]
+        self._expect_stored = 0 if republish else len(self._pushed)
+        self._pushed = live
+        return stats_set, stats_del
+
+    # ------------------------------------------------------------ in
+
+    def merge(self, reply: Reply, rid: str, now: float) -> None:
+        """Merge the growth of every matching peer's sub-windows; sum their loads."""
+        mine = (self._sub_s, self.store.accuracy)
+        for peer, fields in reply.stats.items():
+            if peer == rid:
+                continue
+            meta = codec.decode_meta(reply.metas.get(peer))
+            if meta is None or not math.isclose(meta[0], mine[0]) or meta[1] != mine[1]:
+                self.counters.mismatched_peers += bool(fields)
+                continue
+            seen = self._seen.setdefault(peer, {})
+            load = fields.get(codec.LOAD_FIELD)
+            if load is not None:
+                try:
+                    self._peer_load[peer] = codec.decode_load(load)
+                except ValueError:
+                    self.counters.bad_peer_records += 1
+            for name, raw in fields.items():
+                if name.startswith("_"):
+                    continue
+                prev = seen.get(name)
+                if prev is not None and prev[0] == raw:
+                    continue
+                try:
+                    cluster, s, mid = codec.parse_stats_field(name)
+                    data = codec.decode_sub(raw, self._local_index(mid), mine[1])
+                except ValueError:
+                    self.counters.bad_peer_records += 1
+                    continue
+                seen[name] = (raw, data)
+                delta = codec.diff(data, None if prev is None else prev[1])
+                if delta.empty:
+                    continue
+                end = (data.index + 1) * self._sub_s
+                placed = merge_placed(self.store, cluster, s, delta, now, seen_at=end)
+                if placed is not None:
+                    mk = (cluster, *placed)
+                    self._merged[mk] = codec.add(self._merged.get(mk), delta)
+                    self.counters.merged_subwindows += 1
+        self._sum_peer_load(now, set(reply.stats))
+        # What a peer pushed is remembered until it leaves the window, even when the peer
+        # or its fields vanish from the store (flushed, restarted): re-pushed contents
+        # then merge only their growth, never twice.
+
+    def _sum_peer_load(self, now: float, fetched: set[str]) -> None:
+        """Peers' in-flight counts, fresh ones only (a dead peer's last count must not
+        block capacity until its statistics expire)."""
+        fresh_ms = self.wall_ms(now) - 1000.0 * self.lease_ttl_s
+        total: Counter[str] = Counter()
+        for peer, (wall_ms, counts) in list(self._peer_load.items()):
+            if peer not in fetched or wall_ms < fresh_ms:
+                del self._peer_load[peer]
+                continue
+            total.update(counts)
+        self.router.peer_inflight = dict(total)
+
+    def prune(self, now: float) -> None:
+        """Forget sub-windows that left the window."""
+        oldest = math.floor(now / self._sub_s) - self.router.config.stats.subwindows
+        for d in (self._merged, self._baseline):
+            for k in [k for k in d if k[2] <= oldest]:
+                del d[k]
+        for peer, seen in list(self._seen.items()):
+            for name in [n for n, (_, data) in seen.items() if data.index <= oldest]:
+                del seen[name]
+            if not seen:
+                del self._seen[peer]

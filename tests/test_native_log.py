@@ -1,0 +1,211 @@
+"""The native sink's shortcut (entries read straight from the wire) learns exactly what
+the record path learns: same observations, counters and load, entry by entry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar.core.config import parse_config
+from sidecar.core.types import Observation, SliceKey
+from sidecar.core.weights import SliceWeights
+from sidecar.pb.envoy.data.accesslog.v3 import accesslog_pb2 as al
+from sidecar.pb.envoy.service.accesslog.v3 import als_pb2
+from sidecar.shell import envoy_contract as ec
+from sidecar.shell.access_log import AccessLogService
+from sidecar.shell.app import App
+from sidecar.shell.native import NativeRouting
+from sidecar.shell.native_keys import route_name
+from sidecar.shell.native_log import NativeFeed
+from sidecar.shell.outcomes import OutcomeFeed
+
+S = SliceKey("m", "interactive", "short", True)
+PLAIN = SliceKey("m", "interactive", "short", False)  # a non-streaming slice
+# %RESPONSE_FLAGS% short names of the flags used here.
+_SHORT = {"upstream_remote_reset": "UR", "downstream_remote_reset": "DR",
+          "upstream_request_timeout": "UT", "stream_idle_timeout": "SI"}
+
+
+def _config(observe_share: float = 1.0) -> Any:
+    return parse_config({
+        "clusters": [{"name": n, "address": f"127.0.0.1:{9000 + i}", "models": ["m"]}
+                     for i, n in enumerate("abc")],
+        "models": [{"name": "m", "candidates": ["a", "b", "c"]}],
+        "routing": {"mode": "native"},
+        "stats": {"subwindow_s": 5.0, "min_samples": 3, "observe_share": observe_share},
+    }, "native.yaml")
+
+
+def entry(route: str = route_name(S, "len"), cluster: str = "a", status: int = 200,
+          first_us: str | None = "2100", end_us: str | None = "9000",
+          tokens: float | None = 4, rid: str | None = None, details: str = "via_upstream",
+          flags: tuple[str, ...] = (), tailroute_ns: bool = False,
+          entry_tag: bool = True) -> al.HTTPAccessLogEntry:
+    """An entry as Envoy logs it: with the native bootstrap's one tag, or
+    (``entry_tag=False``) with the ext_proc bootstrap's two duration tags."""
+    e = al.HTTPAccessLogEntry()
+    c = e.common_properties
+    c.time_to_first_upstream_tx_byte.FromMicroseconds(300)
+    c.duration.FromMicroseconds(12_000)
+    c.route_name, c.upstream_cluster = route, cluster
+    if entry_tag:  # as Envoy formats it: "-" for no flag, "" for what is missing
+        count = "" if tokens is None else (
+            str(int(tokens)) if float(tokens).is_integer() else repr(tokens))
+        c.custom_tags[ec.TAG_ENTRY] = "|".join((
+            str(status), ",".join(_SHORT[f] for f in flags) or "-", first_us or "",
+            end_us or "", count, rid or ""))
+    else:
+        if first_us is not None:
+            c.custom_tags[ec.TAG_FIRST_BODY_US] = first_us
+        if end_us is not None:
+            c.custom_tags[ec.TAG_END_US] = end_us
+    for f in flags:
+        setattr(c.response_flags, f, True)
+    fm = c.metadata.filter_metadata
+    fm["tailroute.request"].fields["model"].string_value = "m"
+    if tokens is not None:
+        fm["tailroute.usage"].fields["output_tokens"].number_value = tokens
+    if rid is not None:
+        fm["tailroute"].fields["rid"].string_value = rid
+    elif tailroute_ns:
+        fm["tailroute"].fields["slice"].string_value = S.label()
+    e.request.request_method = 3
+    e.request.path = "/v1/chat/completions"
+    if status:
+        e.response.response_code.value = status
+    e.response.response_code_details = details
+    return e
+
+
+class Side:
+    """One sink stack (as ``tailroute serve`` builds it), recording what the router sees."""
+
+    def __init__(self, shortcut: bool, observe_share: float = 1.0) -> None:
+        self.app = app = App.create(_config(observe_share), seed=7)
+        self.native = NativeRouting(lambda: app.config, lambda: app.router)
+        # b holds only the probe share of S; c's first body byte says nothing (blind).
+        self.native.layer.publish({S: SliceWeights(S, (("a", 9000), ("b", 500), ("c", 500)),
+                                                    ("b",))}, 0.0)
+        for _ in range(8):
+            app.offsets.add("c", S, 0.010)
+        self.seen: list[Observation] = []
+        real = app.router.observe
+
+        def observe(obs: Observation, now: float) -> Any:
+            self.seen.append(obs)
+            return real(obs, now)
+
+        app.router.observe = observe  # type: ignore[method-assign]
+        feed = NativeFeed(app, self.native, OutcomeFeed(app))
+        self.service = AccessLogService(feed, app.envoy, feed.batch if shortcut else None)
+
+    def feed(self, entries: list[al.HTTPAccessLogEntry], now: float) -> None:
+        msg = als_pb2.StreamAccessLogsMessage()
+        msg.http_logs.log_entry.extend(entries)
+        self.service.consume(als_pb2.StreamAccessLogsMessage.FromString(
+            msg.SerializeToString()), now)
+
+    def view(self) -> tuple[Any, ...]:
+        self.native.load.roll(100.0)
+        return (self.seen, dict(self.app.envoy), dict(self.native.counters),
+                self.native.load.demand, dict(self.app.router.counters))
+
+
+def _both(batches: list[list[al.HTTPAccessLogEntry]], observe_share: float = 1.0) -> None:
+    fast, slow = Side(True, observe_share), Side(False, observe_share)
+    for i, b in enumerate(batches):
+        for side in (fast, slow):
+            side.feed(b, 10.0 + 0.1 * i)
+    assert fast.view() == slow.view()
+
+
+@pytest.mark.parametrize("e", [
+    pytest.param(entry(), id="streamed ok"),
+    pytest.param(entry(tokens=None), id="no usage"),
+    pytest.param(entry(tokens=1), id="one token"),
+    pytest.param(entry(tokens=2.5e9), id="implausible tokens"),
+    pytest.param(entry(first_us=None), id="no first body"),
+    pytest.param(entry(first_us="30000"), id="first after end"),
+    pytest.param(entry(end_us=None), id="no end"),
+    pytest.param(entry(end_us="garbled"), id="garbled end"),
+    pytest.param(entry(cluster="b"), id="probe"),
+    pytest.param(entry(cluster="c"), id="blind route"),
+    pytest.param(entry(cluster="zz"), id="unknown cluster"),
+    pytest.param(entry(cluster=""), id="no cluster"),
+    pytest.param(entry(route=route_name(PLAIN, "nolen")), id="not streamed"),
+    pytest.param(entry(route="tailroute_default"), id="default route"),
+    pytest.param(entry(status=204), id="204"),
+    pytest.param(entry(status=503), id="503"),
+    pytest.param(entry(status=429), id="429"),
+    pytest.param(entry(status=504), id="504"),
+    pytest.param(entry(status=404), id="404"),
+    pytest.param(entry(status=0), id="no response"),
+    pytest.param(entry(flags=("upstream_remote_reset",)), id="upstream reset"),
+    pytest.param(entry(flags=("downstream_remote_reset",), end_us=None), id="client reset"),
+    pytest.param(entry(flags=("upstream_request_timeout",), status=504), id="upstream timeout"),
+    pytest.param(entry(rid="r-1"), id="decided"),
+    pytest.param(entry(tailroute_ns=True), id="tailroute metadata, no rid"),
+    pytest.param(entry(details="tailroute_defer"), id="answered by tailroute"),
+    pytest.param(entry(entry_tag=False), id="bootstrap without the entry tag"),
+    pytest.param(entry(entry_tag=False, end_us=None), id="no entry tag, no end"),
+])
+def test_each_kind_of_entry_is_learned_alike_on_both_paths(e: al.HTTPAccessLogEntry) -> None:
+    _both([[e, entry()]])
+
+
+def test_the_common_entry_takes_the_shortcut_and_the_rest_the_record_path() -> None:
+    side = Side(True)
+    take = side.service.reader(10.0)  # type: ignore[misc]
+    assert take(entry()) and take(entry(cluster="b")) and take(entry(tokens=None))
+    assert not any(take(e) for e in (entry(status=503), entry(rid="r-1"), entry(end_us=None),
+                                     entry(flags=("upstream_remote_reset",)),
+                                     entry(route="tailroute_default"),
+                                     entry(entry_tag=False)))
+
+
+@pytest.mark.parametrize(("first", "end"), [("2100", "9000"), (None, "9000"), ("2100", None),
+                                            ("x", "")])
+def test_the_entry_tag_gives_the_record_the_same_durations(first: str | None,
+                                                            end: str | None) -> None:
+    from sidecar.shell.access_log import record_from_entry
+
+    assert (record_from_entry(entry(first_us=first, end_us=end))
+            == record_from_entry(entry(first_us=first, end_us=end, entry_tag=False)))
+
+
+def test_fast_ejection_and_counts_hold_over_many_batches() -> None:
+    failing = [entry(status=503, cluster="a") for _ in range(6)]
+    fine = [entry(cluster=c) for c in "aabc" * 5]
+    _both([fine, failing, fine, fine])
+    side = Side(True)
+    side.feed(fine, 10.0)
+    side.feed(failing, 10.1)
+    assert side.app.envoy["native"] == len(fine) + len(failing)
+    assert any(t.cluster == "a" and t.new == "quarantined"
+               for t in side.app.router.transitions)
+
+
+_entries = st.builds(
+    entry,
+    route=st.sampled_from([route_name(S, "len"), route_name(PLAIN, "len"), "other"]),
+    cluster=st.sampled_from(["a", "b", "c", "zz"]),
+    status=st.sampled_from([0, 200, 201, 404, 429, 500, 503, 504]),
+    first_us=st.one_of(st.none(), st.integers(0, 50_000).map(str), st.just("x")),
+    end_us=st.one_of(st.none(), st.integers(0, 50_000).map(str)),
+    tokens=st.one_of(st.none(), st.integers(0, 9), st.sampled_from([2.5, 1e10])),
+    rid=st.one_of(st.none(), st.just("r-1")),
+    flags=st.lists(st.sampled_from(["upstream_remote_reset", "downstream_remote_reset",
+                                    "stream_idle_timeout"]), max_size=1).map(tuple),
+    entry_tag=st.booleans(),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(_entries, min_size=1, max_size=8), min_size=1, max_size=4),
+       st.sampled_from([1.0, 0.5]))
+def test_any_batches_are_learned_alike_on_both_paths(
+        batches: list[list[al.HTTPAccessLogEntry]], share: float) -> None:
+    _both(batches, share)
