@@ -88,6 +88,21 @@ def test_shifted_histogram_moves_every_quantile(factor: float) -> None:
     assert h.quantile(0.5) == pytest.approx(0.5, rel=0.03)  # the original is untouched
 
 
+@pytest.mark.parametrize("factor", [0.05, 0.3, 3.0, 40.0])
+def test_a_shifted_histogram_merges_and_grows_like_one_built_from_moved_values(
+        factor: float) -> None:
+    values = [0.2, 0.35, 0.5, 0.9, 1.4]
+    moved = hist(values).shifted(factor)
+    into = hist([0.4])
+    into.merge(moved)
+    moved.add(0.4)  # the moved span must still be the array's: adds land in place
+    direct = hist([v * factor for v in values] + [0.4])
+    for got in (into, moved, LogHistogram.weighted_sum(moved.relative_accuracy, [(moved, 1.0)])):
+        assert got.count == direct.count
+        for q in (0.0, 0.25, 0.5, 0.75, 1.0):
+            assert got.quantile(q) == pytest.approx(direct.quantile(q), rel=0.05)
+
+
 def test_shifted_histogram_stays_in_range() -> None:
     h = hist([1e-4, 1.0])
     assert h.shifted(1e-12).quantile(0.0) is not None

@@ -255,8 +255,9 @@ class LogHistogram:
         if out._counts is None or not factor > 0.0:
             return out
         k = round(math.log(factor) * self._inv)
-        hi = out._lo + len(out._counts) - 1
-        out._lo += max(self._lo_idx - out._lo, min(k, self._hi_idx - hi))
+        move = max(self._lo_idx - out._lo, min(k, self._hi_idx - out._hi))
+        out._lo += move  # the span moves as a whole: _hi tracks the array's last bucket
+        out._hi += move
         return out
 
     def _cover(self, lo: int, hi: int) -> FloatArray:
