@@ -202,6 +202,11 @@ class _Split:
     probes: tuple[str, ...]
     panic: bool
 
+    def rounded(self, slice: SliceKey, order: tuple[str, ...], scale: int) -> SliceWeights:
+        """What Envoy is told: the shares as integer weights (step 4), in ``order``."""
+        return SliceWeights(slice, integer_weights(self.shares, order, scale), self.probes,
+                            self.panic)
+
 
 def _split(config: Config, view: RouteView, slice: SliceKey, now: float,
            order: tuple[str, ...], rng: random.Random | None = None) -> _Split:
@@ -246,8 +251,7 @@ def slice_weights(
     if model is None:
         raise KeyError(f"slice {slice.label()} names no configured model")
     order = route_candidates(config, model) if candidates is None else candidates
-    sp = _split(config, view, slice, now, order)
-    return SliceWeights(slice, integer_weights(sp.shares, order, scale), sp.probes, sp.panic)
+    return _split(config, view, slice, now, order).rounded(slice, order, scale)
 
 
 PLAN_ROUNDS = 4
@@ -284,9 +288,7 @@ def compute_weights(
         out = {}
         for s in todo:
             order = cands.get(s.model, ())
-            sp = _split(config, view, s, now, order, rng)
-            out[s] = SliceWeights(s, integer_weights(sp.shares, order, scale), sp.probes,
-                                  sp.panic)
+            out[s] = _split(config, view, s, now, order, rng).rounded(s, order, scale)
         return out
     load: dict[str, float] = defaultdict(float)
     for per_cluster in demand.values():
@@ -306,8 +308,7 @@ def compute_weights(
         for c in set(load) | set(predicted):
             load[c] = (load[c] + predicted[c]) / 2.0
     return {
-        s: SliceWeights(s, integer_weights(acc[s], cands.get(s.model, ()), scale),
-                        last[s].probes, last[s].panic)
+        s: _Split(acc[s], last[s].probes, last[s].panic).rounded(s, cands.get(s.model, ()), scale)
         for s in todo
     }
 
