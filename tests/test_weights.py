@@ -17,14 +17,13 @@ from sidecar.core.router import Router
 from sidecar.core.types import Observation, SliceKey
 from sidecar.core.weights import (
     WEIGHT_SCALE,
-    WindowLoad,
-    WindowView,
     compute_weights,
     integer_weights,
     native_slices,
     route_candidates,
     slice_weights,
 )
+from sidecar.core.window_load import LoadedView, WindowLoad, WindowView
 
 STATES = ("healthy", "watching", "degraded", "restricted", "quarantined", "probing",
           "restoring")
@@ -224,6 +223,26 @@ def test_window_load_is_littles_law() -> None:
     assert load.roll(2.0) == {"a": 5.0}
     assert load.demand == {SLICE: {"a": 5.0}}
     assert load.roll(4.0) == {}
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    ({}, {"a": 2, "b": 0}),
+    ({"a": 1.4, "b": 2.6}, {"a": 3, "b": 3}),
+    ({"a": 0.5, "b": 1.5, "z": 7.0}, {"a": 2, "b": 2}),  # half to even; others ignored
+])
+def test_loaded_views_add_the_load_to_in_flight_counts_only(
+    extra: dict[str, float], expected: dict[str, int]
+) -> None:
+    router = Router(native_config())
+    for c in "abc":
+        _observe(router, c, 0.1, 1.0, 20)
+    router.started("a")
+    router.started("a")
+    for view, fresh in ((LoadedView(router, extra), False), (WindowView(router, extra), True)):
+        assert {c: view.inflight(c) for c in "ab"} == expected
+        assert view.health("a", SLICE) == router.health("a", SLICE)
+        assert view.latency("a", SLICE, "ttft", 0.95, 1.0) == router.latency(
+            "a", SLICE, "ttft", 0.95, 1.0, fresh=fresh)
 
 
 def test_window_view_reads_evidence_fresh_within_a_sub_window() -> None:

@@ -37,8 +37,8 @@ Invariants (tests/test_weights.py, hypothesis properties):
 * a pure function of the view, the config and ``now``.
 
 What a window cannot do: in-flight counts are the window's average
-(:class:`WindowLoad`), so the capacity filter, herding guard and load score act
-on the last window's load, not on each request's.
+(:mod:`sidecar.core.window_load`), so the capacity filter, herding guard and
+load score act on the last window's load, not on each request's.
 """
 
 from __future__ import annotations
@@ -63,9 +63,9 @@ from sidecar.core.pipeline import (
     panic_tier,
     run_pipeline,
 )
-from sidecar.core.router import Router
 from sidecar.core.scorers import DEFAULT_SCORERS
 from sidecar.core.types import RequestInfo, SliceKey
+from sidecar.core.window_load import LoadedView
 
 WEIGHT_SCALE = 10_000  # integer weights of one slice sum to this
 PROFILES: tuple[str, ...] = (*(p[0] for p in TOKEN_PROFILES), LONG_PROFILE)
@@ -202,6 +202,11 @@ class _Split:
     probes: tuple[str, ...]
     panic: bool
 
+    def rounded(self, slice: SliceKey, order: tuple[str, ...], scale: int) -> SliceWeights:
+        """What Envoy is told: the shares as integer weights (step 4), in ``order``."""
+        return SliceWeights(slice, integer_weights(self.shares, order, scale), self.probes,
+                            self.panic)
+
 
 def _split(config: Config, view: RouteView, slice: SliceKey, now: float,
            order: tuple[str, ...], rng: random.Random | None = None) -> _Split:
@@ -246,31 +251,7 @@ def slice_weights(
     if model is None:
         raise KeyError(f"slice {slice.label()} names no configured model")
     order = route_candidates(config, model) if candidates is None else candidates
-    sp = _split(config, view, slice, now, order)
-    return SliceWeights(slice, integer_weights(sp.shares, order, scale), sp.probes, sp.panic)
-
-
-class _PlannedLoad:
-    """A view whose in-flight counts are the base view's plus a planned native load."""
-
-    def __init__(self, base: RouteView, planned: Mapping[str, float]) -> None:
-        self._base, self._planned = base, planned
-
-    def latency(
-        self, cluster: str, slice: SliceKey, metric: str, percentile: float, now: float
-    ) -> LatencyValue:
-        return self._base.latency(cluster, slice, metric, percentile, now)
-
-    def evidence(
-        self, cluster: str, slice: SliceKey, metric: str, now: float
-    ) -> RouteEvidence | None:
-        return self._base.evidence(cluster, slice, metric, now)
-
-    def health(self, cluster: str, slice: SliceKey) -> HealthView:
-        return self._base.health(cluster, slice)
-
-    def inflight(self, cluster: str) -> int:
-        return self._base.inflight(cluster) + round(self._planned.get(cluster, 0.0))
+    return _split(config, view, slice, now, order).rounded(slice, order, scale)
 
 
 PLAN_ROUNDS = 4
@@ -285,9 +266,10 @@ def compute_weights(
 
     Without ``demand``, each slice is split with the view's in-flight counts.
     With ``demand`` -- each slice's average requests in flight per cluster over
-    the last window (:attr:`WindowLoad.demand`) -- the weights also plan where
-    that load lands, since one window's weights hold for the whole next window
-    (a per-request router sees every request move the load; a window does not)::
+    the last window (:attr:`~sidecar.core.window_load.WindowLoad.demand`) -- the
+    weights also plan where that load lands, since one window's weights hold for
+    the whole next window (a per-request router sees every request move the
+    load; a window does not)::
 
         L0_c      = sum_s demand[s][c]                    what the last window saw
         split_r   = pipeline(in-flight_c = view_c + L_{r-1,c})   for every slice
@@ -306,9 +288,7 @@ def compute_weights(
         out = {}
         for s in todo:
             order = cands.get(s.model, ())
-            sp = _split(config, view, s, now, order, rng)
-            out[s] = SliceWeights(s, integer_weights(sp.shares, order, scale), sp.probes,
-                                  sp.panic)
+            out[s] = _split(config, view, s, now, order, rng).rounded(s, order, scale)
         return out
     load: dict[str, float] = defaultdict(float)
     for per_cluster in demand.values():
@@ -318,7 +298,7 @@ def compute_weights(
     acc: dict[SliceKey, dict[str, float]] = {s: defaultdict(float) for s in todo}
     last: dict[SliceKey, _Split] = {}
     for _ in range(PLAN_ROUNDS):
-        planned = _PlannedLoad(view, dict(load))
+        planned = LoadedView(view, dict(load))
         last = {s: _split(config, planned, s, now, cands.get(s.model, ()), rng) for s in todo}
         predicted: dict[str, float] = defaultdict(float)
         for s, sp in last.items():
@@ -328,8 +308,7 @@ def compute_weights(
         for c in set(load) | set(predicted):
             load[c] = (load[c] + predicted[c]) / 2.0
     return {
-        s: SliceWeights(s, integer_weights(acc[s], cands.get(s.model, ()), scale),
-                        last[s].probes, last[s].panic)
+        s: _Split(acc[s], last[s].probes, last[s].panic).rounded(s, cands.get(s.model, ()), scale)
         for s in todo
     }
 
@@ -354,68 +333,3 @@ def refresh_weights(
     if active:
         out.update(compute_weights(config, view, now, active, scale, demand))
     return out
-
-
-class WindowView:
-    """A :class:`RouteView` over a router's statistics and health whose in-flight
-    counts add the last window's average from the native path (:class:`WindowLoad`).
-
-    Latency and evidence are the router's own (the blended slice evidence of
-    :mod:`sidecar.core.evidence`), so native weights judge what per-request
-    decisions judge -- read fresh, as a per-request plan is built: published
-    weights hold for a whole interval, so they must not start from a blend
-    cached half a sub-window ago.
-    """
-
-    def __init__(self, router: Router, native_inflight: Mapping[str, float]) -> None:
-        self._router = router
-        self._extra = native_inflight
-
-    def latency(
-        self, cluster: str, slice: SliceKey, metric: str, percentile: float, now: float
-    ) -> LatencyValue:
-        return self._router.latency(cluster, slice, metric, percentile, now, fresh=True)
-
-    def evidence(
-        self, cluster: str, slice: SliceKey, metric: str, now: float
-    ) -> RouteEvidence | None:
-        return self._router.evidence(cluster, slice, metric, now, fresh=True)
-
-    def health(self, cluster: str, slice: SliceKey) -> HealthView:
-        return self._router.health(cluster, slice)
-
-    def inflight(self, cluster: str) -> int:
-        return self._router.inflight(cluster) + round(self._extra.get(cluster, 0.0))
-
-
-class WindowLoad:
-    """Average requests in flight per cluster (and per slice) over a window.
-
-    Little's law, ``L = sum(durations of requests that ended in the window) / window``:
-    exact on average in steady state, one addition per request, and it needs no
-    start events (the native path only learns of a request when it is logged).
-    """
-
-    def __init__(self) -> None:
-        self._busy: defaultdict[tuple[SliceKey, str], float] = defaultdict(float)
-        self._since: float | None = None
-        self.last: dict[str, float] = {}  # cluster -> average in flight
-        self.demand: dict[SliceKey, dict[str, float]] = {}  # slice -> cluster -> average
-
-    def add(self, slice: SliceKey, cluster: str, duration_s: float) -> None:
-        if duration_s > 0 and math.isfinite(duration_s):
-            self._busy[(slice, cluster)] += duration_s
-
-    def roll(self, now: float) -> dict[str, float]:
-        """Close the window ending at ``now``; returns (and keeps as ``last``) its averages."""
-        if self._since is not None and now > self._since:
-            span = now - self._since
-            per_cluster: defaultdict[str, float] = defaultdict(float)
-            demand: dict[SliceKey, dict[str, float]] = {}
-            for (s, c), busy in self._busy.items():
-                per_cluster[c] += busy / span
-                demand.setdefault(s, {})[c] = busy / span
-            self.last, self.demand = dict(per_cluster), demand
-        self._since = now
-        self._busy.clear()
-        return self.last

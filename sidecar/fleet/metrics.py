@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
+
+from sidecar.ops.metric_families import counter, gauge
 
 if TYPE_CHECKING:
     from sidecar.fleet.link import FleetLink
@@ -26,23 +28,18 @@ class FleetCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         link = self.link
-        yield GaugeMetricFamily("tailroute_fleet_store_up",
-                                "1 while the fleet store answered the last push/pull",
-                                value=1.0 if link.up else 0.0)
-        syncs = CounterMetricFamily("tailroute_fleet_syncs", "Push/pull cycles by result",
-                                    labels=["result"])
-        syncs.add_metric(["ok"], link.syncs_ok)
-        syncs.add_metric(["error"], link.syncs_failed)
-        yield syncs
-        yield GaugeMetricFamily("tailroute_fleet_peers",
-                                "Other replicas that pushed within fleet.stats_ttl_s",
-                                value=len([p for p in link.sync.peers if p != link.rid]))
-        routes = GaugeMetricFamily("tailroute_fleet_routes",
-                                   "Routes whose health this replica owns or follows",
-                                   labels=["role"])
-        routes.add_metric(["owned"], len(link.sync.owned))
-        routes.add_metric(["followed"], link.sync.followed)
-        yield routes
-        yield GaugeMetricFamily("tailroute_fleet_sync_seconds",
-                                "Duration of the last push/pull cycle",
-                                value=link.last_cycle_s)
+        yield gauge("tailroute_fleet_store_up",
+                    "1 while the fleet store answered the last push/pull",
+                    1.0 if link.up else 0.0)
+        yield counter("tailroute_fleet_syncs", "Push/pull cycles by result",
+                      [(["ok"], link.syncs_ok), (["error"], link.syncs_failed)],
+                      labels=["result"])
+        yield gauge("tailroute_fleet_peers",
+                    "Other replicas that pushed within fleet.stats_ttl_s",
+                    len([p for p in link.sync.peers if p != link.rid]))
+        yield gauge("tailroute_fleet_routes",
+                    "Routes whose health this replica owns or follows",
+                    [(["owned"], len(link.sync.owned)), (["followed"], link.sync.followed)],
+                    labels=["role"])
+        yield gauge("tailroute_fleet_sync_seconds", "Duration of the last push/pull cycle",
+                    link.last_cycle_s)

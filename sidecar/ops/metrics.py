@@ -14,10 +14,11 @@ friends: gauges with a ``quantile`` label, not histograms).
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sidecar.core.health import HealthState
@@ -25,6 +26,7 @@ from sidecar.core.router import Router
 from sidecar.core.stats import METRICS
 from sidecar.fleet.metrics import FLEET_METRIC_NAMES
 from sidecar.ops.genai_metrics import FAMILIES, exported_name
+from sidecar.ops.metric_families import counter, gauge
 
 STATES = [s.value for s in HealthState]
 # The router's rolling-window percentiles per metric (what latency routing sees).
@@ -74,29 +76,24 @@ class RouterCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         r = self._router()
         now = self._now()
-        dec = CounterMetricFamily("tailroute_decisions",
-                                  "Routing decisions by cluster, class and reason",
-                                  labels=["cluster", "class", "reason"])
-        for (cluster, klass, reason), v in r.decisions.items():
-            dec.add_metric([cluster, klass, reason], v)
-        fb = CounterMetricFamily("tailroute_fallbacks",
-                                 "Decisions without full narrow-slice evidence, by kind",
-                                 labels=["kind"])
         shell = self._shell()
-        out = CounterMetricFamily("tailroute_outcomes", "Outcomes of decided requests: ok, "
-                                  "error, timeout, cancel (observed, evidence) and lost (its "
-                                  "access-log entry never came: not evidence)",
-                                  labels=["outcome"])
-        out.add_metric(["lost"], shell.get("outcome:lost", 0))
-        tr = CounterMetricFamily("tailroute_health_transitions",
-                                 "Health-state transitions by new state", labels=["state"])
-        adm = CounterMetricFamily("tailroute_admission", "Admission outcomes",
-                                  labels=["outcome"])
+        by_kind: defaultdict[str, list[tuple[list[str], int]]] = defaultdict(list)
         for (kind, label), v in r.counters.items():
-            fam = {"outcome": out, "transition": tr, "admission": adm, "fallback": fb}.get(kind)
-            if fam is not None:
-                fam.add_metric([label], v)
-        yield from (dec, out, tr, adm, fb)
+            by_kind[kind].append(([label], v))
+        yield counter("tailroute_decisions", "Routing decisions by cluster, class and reason",
+                      r.decisions.items(), labels=["cluster", "class", "reason"])
+        yield counter("tailroute_outcomes", "Outcomes of decided requests: ok, "
+                      "error, timeout, cancel (observed, evidence) and lost (its "
+                      "access-log entry never came: not evidence)",
+                      [(["lost"], shell.get("outcome:lost", 0)), *by_kind["outcome"]],
+                      labels=["outcome"])
+        yield counter("tailroute_health_transitions", "Health-state transitions by new state",
+                      by_kind["transition"], labels=["state"])
+        yield counter("tailroute_admission", "Admission outcomes", by_kind["admission"],
+                      labels=["outcome"])
+        yield counter("tailroute_fallbacks",
+                      "Decisions without full narrow-slice evidence, by kind",
+                      by_kind["fallback"], labels=["kind"])
 
         state = GaugeMetricFamily("tailroute_route_state",
                                   "1 for the current health state of cluster x slice",
@@ -114,11 +111,8 @@ class RouterCollector(Collector):
             weight.add_metric([cluster, label], h.weight if h else 1.0)
         yield from (state, weight)
 
-        infl = GaugeMetricFamily("tailroute_inflight", "Requests in flight per cluster",
-                                 labels=["cluster"])
-        for c in r.config.cluster_names:
-            infl.add_metric([c], r.inflight(c))
-        yield infl
+        yield gauge("tailroute_inflight", "Requests in flight per cluster",
+                    [([c], r.inflight(c)) for c in r.config.cluster_names], labels=["cluster"])
 
         for metric in METRICS:
             name = _QUANTILE_METRICS[metric]
@@ -135,47 +129,38 @@ class RouterCollector(Collector):
                         g.add_metric([cluster, slice.label(), str(q)], value)
             yield g
 
-        errs = CounterMetricFamily("tailroute_errors", "Shell-side errors by kind",
-                                   labels=["kind"])
-        for k, v in shell.items():
-            if k.startswith("error:"):
-                errs.add_metric([k[6:]], v)
-        yield errs
-        reloads = CounterMetricFamily("tailroute_config_reloads", "Config reload attempts",
-                                      labels=["result"])
-        reloads.add_metric(["ok"], shell.get("reload:ok", 0))
-        reloads.add_metric(["invalid"], shell.get("reload:invalid", 0))
-        yield reloads
-        ok = GaugeMetricFamily("tailroute_config_last_reload_ok",
-                               "1 if the last config (re)load succeeded")
-        ok.add_metric([], shell.get("reload:last_ok", 1))
-        yield ok
-        fo = CounterMetricFamily("tailroute_fail_open",
-                                 "Requests routed to the default cluster without a decision",
-                                 labels=["reason"])
-        for k, v in shell.items():
-            if k.startswith("failopen:"):
-                fo.add_metric([k[9:]], v)
-        yield fo
+        yield counter("tailroute_errors", "Shell-side errors by kind",
+                      _prefixed(shell, "error:"), labels=["kind"])
+        yield counter("tailroute_config_reloads", "Config reload attempts",
+                      [(["ok"], shell.get("reload:ok", 0)),
+                       (["invalid"], shell.get("reload:invalid", 0))], labels=["result"])
+        yield gauge("tailroute_config_last_reload_ok", "1 if the last config (re)load succeeded",
+                    shell.get("reload:last_ok", 1))
+        yield counter("tailroute_fail_open",
+                      "Requests routed to the default cluster without a decision",
+                      _prefixed(shell, "failopen:"), labels=["reason"])
         # Envoy's access log, as the sidecar received it (sidecar.shell.outcomes).
-        entries = CounterMetricFamily(
+        yield counter(
             "tailroute_access_log_entries",
             "Envoy access-log entries by kind: decided, fail_open (an LLM request Envoy "
             "served without a decision), not_routed, orphan, late (the entry of a request "
-            "already counted lost)", labels=["kind"])
-        for kind in ("decided", "fail_open", "not_routed", "orphan", "late"):
-            entries.add_metric([kind], shell.get(f"envoy:{kind}", 0))
-        yield entries
-        streams = GaugeMetricFamily("tailroute_access_log_streams",
-                                    "Envoy access-log streams currently connected")
-        streams.add_metric([], shell.get("envoy:log_streams_open", 0))
-        yield streams
-        wait = GaugeMetricFamily(
+            "already counted lost)",
+            [([kind], shell.get(f"envoy:{kind}", 0))
+             for kind in ("decided", "fail_open", "not_routed", "orphan", "late")],
+            labels=["kind"])
+        yield gauge("tailroute_access_log_streams",
+                    "Envoy access-log streams currently connected",
+                    shell.get("envoy:log_streams_open", 0))
+        yield gauge(
             "tailroute_access_log_wait_seconds",
             "How long the oldest finished request has waited for its access-log entry "
-            "(about the flush interval when entries flow; climbs while they do not)")
-        wait.add_metric([], shell.get("envoy:oldest_wait_ms", 0) / 1000.0)
-        yield wait
+            "(about the flush interval when entries flow; climbs while they do not)",
+            shell.get("envoy:oldest_wait_ms", 0) / 1000.0)
+
+
+def _prefixed(counters: dict[str, int], prefix: str) -> list[tuple[list[str], int]]:
+    """The shell counters named ``<prefix><label>``, as samples labelled ``label``."""
+    return [([k.removeprefix(prefix)], v) for k, v in counters.items() if k.startswith(prefix)]
 
 
 def build_registry(router: Callable[[], Router], now: Callable[[], float],

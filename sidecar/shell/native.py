@@ -11,7 +11,7 @@ off the request path:
   upstream cluster); its observation goes to the same router the per-request
   path uses, marked as a probe when the cluster held only the probe share of
   that slice's published weights, and its duration feeds the interval's load
-  (:class:`~sidecar.core.weights.WindowLoad`); the access-log sink that reads
+  (:class:`~sidecar.core.window_load.WindowLoad`); the access-log sink that reads
   the entries is :class:`sidecar.shell.native_log.NativeFeed`;
 * **publish** (:meth:`NativeRouting.publish`, every
   ``routing.publish_interval_s`` and at once when a health transition happens
@@ -38,10 +38,9 @@ from sidecar.core.types import SliceKey
 from sidecar.core.weights import (
     WEIGHT_SCALE,
     SliceWeights,
-    WindowLoad,
-    WindowView,
     refresh_weights,
 )
+from sidecar.core.window_load import WindowLoad, WindowView
 from sidecar.shell.bootstrap_native import route_slices
 from sidecar.shell.rtds import RtdsService, WeightLayer
 

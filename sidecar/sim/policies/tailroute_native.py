@@ -35,7 +35,8 @@ from __future__ import annotations
 import random
 
 from sidecar.core.types import Decision, SliceKey
-from sidecar.core.weights import SliceWeights, WindowLoad, WindowView, refresh_weights
+from sidecar.core.weights import SliceWeights, refresh_weights
+from sidecar.core.window_load import WindowLoad, WindowView
 from sidecar.sim.policies import PolicyContext
 from sidecar.sim.policies.tailroute import Tailroute, _ticket
 from sidecar.sim.records import Attempt
