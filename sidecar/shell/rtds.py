@@ -172,6 +172,7 @@ class RtdsService(r_grpc.RuntimeDiscoveryServiceServicer):  # type: ignore[misc]
 
         reader = asyncio.create_task(read())
         getter: asyncio.Future[d_pb.DiscoveryRequest | None] | None = None
+        waiter: asyncio.Future[None] | None = None
         try:
             first = await requests.get()
             if first is None:
@@ -203,8 +204,11 @@ class RtdsService(r_grpc.RuntimeDiscoveryServiceServicer):  # type: ignore[misc]
         finally:
             self.streams.pop(sid, None)
             reader.cancel()
-            if getter is not None:
-                getter.cancel()
+            # A stream cancelled mid-wait leaves both futures pending: cancel them so
+            # neither is garbage-collected suspended inside the layer's condition.
+            for fut in (getter, waiter):
+                if fut is not None:
+                    fut.cancel()
 
     def state(self) -> list[dict[str, Any]]:
         return [s.as_dict() for s in self.streams.values()]
