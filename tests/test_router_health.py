@@ -12,7 +12,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sidecar.core.config import parse_config
-from sidecar.core.health import RUN_HOLD_BACK, HealthState
+from sidecar.core.health import HealthState
 from sidecar.core.health_board import CLUSTER_SLICE, HealthBoard
 from sidecar.core.router import Router
 from sidecar.core.stats import StatsStore
@@ -68,31 +68,6 @@ def test_a_cluster_wide_run_ejects_every_slice_after_three_failures_in_total() -
     # selection never picks it now
     rng = random.Random(1)
     assert {r.decide(_req(), 2.0, rng).cluster for _ in range(200)} <= {"a", "c"}
-
-
-def test_an_open_run_of_hard_failures_holds_the_route_back_until_it_ends() -> None:
-    """Requests sent while a run grows to the ejection threshold are the ones that
-    reach a provider that just went down: each failure of the run keeps RUN_HOLD_BACK
-    of the route's weight; a success of a request sent after the run began ends it."""
-    r = _router()
-    rng = random.Random(3)
-
-    def b_share(now: float) -> float:
-        return sum(r.decide(_req(), now, rng).cluster == "b" for _ in range(3000)) / 3000
-
-    assert r.health("b", SHORT).weight == 1.0
-    r.observe(fail("b"), 1.0)
-    assert r.health("b", SHORT).weight == pytest.approx(RUN_HOLD_BACK)
-    r.observe(fail("b"), 1.1)
-    assert r.health("b", SHORT).weight == pytest.approx(RUN_HOLD_BACK**2)
-    assert b_share(1.2) < 0.15  # a quarter of its weight (vs ~1/3 of the traffic before)
-    # an answer to a request sent before the run began does not end it
-    r.observe(Observation("b", SHORT, "ok", status=200, ttft_s=0.2, e2e_s=0.5), 1.3)
-    assert r.health("b", SHORT).weight == pytest.approx(RUN_HOLD_BACK**2)
-    r.observe(ok("b", ttft=0.01), 1.4)  # sent at 0.89: still before the run
-    r.observe(Observation("b", SHORT, "ok", status=200, ttft_s=0.05, e2e_s=0.1), 1.5)
-    assert r.health("b", SHORT).weight == 1.0 and r.health("b", SHORT).state == "healthy"
-    # (its two failures stay in its evidence: the attainment score still weighs them)
 
 
 def test_a_slice_confined_run_ejects_that_slice_only() -> None:

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from test_sim_fixtures import tiny
 
-from sidecar.core import scorers
 from sidecar.sim.engine import Simulation
 from sidecar.sim.loader import load_scenario, parse_scenario
 from sidecar.sim.replica_spec import ReplicaSpec
@@ -20,15 +19,9 @@ from sidecar.sim.validate import ScenarioError
 SCENARIOS = Path(__file__).resolve().parents[1] / "sidecar" / "sim" / "scenarios"
 
 
-def test_shared_replicas_detect_like_one_and_isolated_ones_lag(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_shared_replicas_detect_like_one_and_isolated_ones_lag() -> None:
     """The acceptance of fleet mode in the lab, on the shipped sustained tail (shortened
-    to 150 s of tail): 4 replicas with a quarter of the traffic each. Detection is a
-    health transition; with the default latency exponent the latency score alone
-    moves this tail's traffic before any is needed (fewer violations, no transition),
-    so the health mechanism under test runs with the milder exponent it had."""
-    monkeypatch.setattr(scorers, "LATENCY_EXPONENT", 2.0)
+    to 150 s of tail): 4 replicas with a quarter of the traffic each."""
     sc = load_scenario(SCENARIOS / "sustained_tail.yaml", duration=330)
     modes = compare(sc, count=4, push_interval_s=1.0)["modes"]
     single = modes["single"]["detect_s"]

@@ -79,13 +79,6 @@ classes see 1.0 except while the circuit is open or restoring from it)::
                        max(degraded_weight, that) from degraded
     m = relapse_factor ** relapses     (repeat-offender memory)
 
-and while a run of ``s`` hard failures is open (the fast path below has not
-ended it with a success nor ejected the route), selection multiplies the
-weight by ``RUN_HOLD_BACK ** s`` (0.5 per failure; the exploration floor
-still applies): requests sent while the run grows to ``K`` are the ones that
-reach a provider that just went down, and a healthy route's lone failure
-costs it only the round trip until its next success.
-
 A **relapse** is an escalation to degraded or quarantined while restoring, or
 within ``forgive_after_s`` of having been restored. Cooldown on the k-th
 offence (entry into quarantine): ``min(cooldown_s * 2**(k-1), cooldown_max_s)``.
@@ -133,8 +126,6 @@ FALSE_EJECT_ODDS = 1e-4  # accepted chance per request that a healthy route's ru
 HISTORY_MARGIN = 1.5  # a change: the watch-level share half as much again as the route's usual
 FAIL_RATE_HORIZON = 100  # requests the fast path's failure-rate EWMA averages over
 EPISODE_END_RATE = 1e-3  # a failure episode ends once the failure-rate EWMA is back below this
-# Weight kept per hard failure of an unbroken run (a route in a run of s keeps HOLD_BACK ** s).
-RUN_HOLD_BACK = 0.5
 
 
 class HealthState(StrEnum):
@@ -411,12 +402,6 @@ class RouteHealth:
         if latency_sensitive or self.circuit_open:
             return self.weight
         return self.weight if self.state is S.RESTORING and self.restore_from_circuit else 1.0
-
-    @property
-    def run_hold_back(self) -> float:
-        """``RUN_HOLD_BACK ** streak``: while a run of hard failures is open (not yet
-        ended by a success, nor long enough to eject), the route is held back."""
-        return RUN_HOLD_BACK ** min(self.streak, 30) if self.streak else 1.0
 
     @property
     def excluded_for_sensitive(self) -> bool:

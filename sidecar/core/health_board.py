@@ -111,10 +111,7 @@ class HealthBoard:
             if not hard_failure:
                 return False  # a success on a fresh route changes nothing
             h = self._routes[key] = RouteHealth(cluster, slice, self.cfg, self.stats_cfg, now)
-        run = h.streak
         tripped = h.note_outcome(hard_failure, now, sent_at, part)
-        if h.streak != run:
-            self.version += 1  # the run holds the route back (RouteHealth.run_hold_back)
         if h.is_default:
             del self._routes[key]
         return tripped

@@ -178,18 +178,16 @@ class Router:
         """What selection sees: the worse of the slice's and the cluster-wide entry."""
         h = self.board.peek(cluster, slice)
         hc = self.board.peek(cluster, CLUSTER_SLICE)
-        # An open run of hard failures holds the route back (health.RUN_HOLD_BACK).
-        hold = min(1.0 if h is None else h.run_hold_back, 1.0 if hc is None else hc.run_hold_back)
         if hc is not None and hc.state is not HealthState.HEALTHY and (
                 h is None or hc.weight <= h.weight):
             h = hc
         if h is None or h.state is HealthState.HEALTHY:
-            return _HEALTHY if hold == 1.0 else HealthView("healthy", hold, False, False)
+            return _HEALTHY
         klass = self.config.workload_class(slice.klass)
         sensitive = klass.latency_sensitive if klass else True
         return HealthView(
             state=h.state.value,
-            weight=h.weight_for(sensitive) * hold,
+            weight=h.weight_for(sensitive),
             excluded_for_sensitive=h.excluded_for_sensitive,
             quarantined=h.state in _QUARANTINED,
             probe_share=self._probe_share(cluster, slice, sensitive) or 0.0,

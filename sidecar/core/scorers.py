@@ -15,7 +15,6 @@ from sidecar.core.latency_aware import enabled_metrics, latency_aware_scores
 from sidecar.core.pipeline import Candidate, LatencyValue, Scorer, SelectionContext
 
 _NEUTRAL = 1.0
-LATENCY_EXPONENT = 6.0  # LatencyRatio: s = 1 / r ** LATENCY_EXPONENT
 SLO_TAIL = "slo_tail"  # Candidate.latency key: the class metric at the SLO percentile
 _NO_TAIL = LatencyValue(None, None, False, 0)
 
@@ -24,13 +23,9 @@ _NO_TAIL = LatencyValue(None, None, False, 0)
 class LatencyRatio:
     """semantic-router ``latency_aware`` ratio score r >= 1, turned into goodness.
 
-        s = 1 / r ** LATENCY_EXPONENT        (6)
+        s = 1 / r ** 2
 
-    so a route 10 % slower than the best keeps 0.56 of its weight, 25 % slower
-    0.26, twice as slow 1/64: between routes that all meet their SLO the faster
-    one should take most of the traffic (each request on a slower route takes
-    more of its tail into the SLO allowance); the exploration floor and the
-    load score keep the others in use. A route
+    so a route twice as slow as the best gets a quarter of the weight. A route
     without data scores like the worst route that has data (1.0 when none has):
     no evidence must not look like the best evidence (a route whose requests
     all fail or get cancelled has no samples). The pipeline's exploration floor
@@ -50,13 +45,12 @@ class LatencyRatio:
                 c.latency[f"{metric}_p{pct}"] = lv
                 values[c.name][metric] = lv.value
         result = latency_aware_scores([c.name for c in cands], values, [m for m, _ in metrics])
-        g = LATENCY_EXPONENT
-        known = [r**-g for r in result.scores.values()]
+        known = [1.0 / (r * r) for r in result.scores.values()]
         unknown = min(known) if known else _NEUTRAL
         for c in cands:
             r = result.scores.get(c.name)
             c.scores["latency_ratio"] = r if r is not None else 0.0
-            c.scores[self.name] = unknown if r is None else r**-g
+            c.scores[self.name] = unknown if r is None else 1.0 / (r * r)
 
 
 @dataclass(frozen=True, slots=True)
