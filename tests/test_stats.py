@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sidecar.core.config import StatsConfig
@@ -244,11 +244,16 @@ def test_snapshot_roundtrip_rebases_time() -> None:
     st.sampled_from([0.1, 0.5, 0.9, 0.95, 0.99]),
     st.sampled_from([0.5, 0.7, 1.0]),
 )
+# The oldest sub-window weighs 0.0625 among the completed ones (kept) and 0.03125
+# once the current one's factor applies: the cutoff is the former's.
+@example([[0.5], [1.0] * 3, [1.0] * 9, [1.0] * 4 + [0.5], [1.0, 0.5], [1.0] * 4], 0.1, 0.5)
 def test_window_quantile_is_decay_weighted_nearest_rank(
     windows: list[list[float]], q: float, decay: float
 ) -> None:
     """Against the definition: sub-window i weighs the product over newer ones j (the
-    current, last, included) of decay ** min(1, r_j / min_samples); the current weighs 1."""
+    current, last, included) of decay ** min(1, r_j / min_samples); the current weighs 1.
+    The 0.05 cutoff applies when a sub-window is folded in, to its weight among the
+    completed ones (before the current sub-window's factor)."""
     cfg = StatsConfig(subwindow_s=1.0, subwindows=6, min_samples=2, decay=decay)
     rs = RouteStats(cfg)
     n = len(windows)
@@ -256,9 +261,10 @@ def test_window_quantile_is_decay_weighted_nearest_rank(
         feed(rs, xs, k + 0.5)
     now = n - 0.5
     weights, w = [1.0] * n, 1.0
+    current = decay ** min(1.0, len(windows[-1]) / cfg.min_samples)
     for k in range(n - 2, -1, -1):
         w *= decay ** min(1.0, len(windows[k + 1]) / cfg.min_samples)
-        weights[k] = w if w >= 0.05 else 0.0
+        weights[k] = w if w / current >= 0.05 * (1 - 1e-12) else 0.0
     data = [(x, weights[k]) for k, xs in enumerate(windows) for x in xs if weights[k] > 0]
     got = rs.quantile("ttft", q, now)
     if sum(len(xs) for k, xs in enumerate(windows) if weights[k] > 0) < cfg.min_samples:
