@@ -193,12 +193,7 @@ class LogHistogram:
         counts = self._counts
         if counts is None or not self._lo <= other._lo <= other._hi <= self._hi:
             counts = self._cover(other._lo, other._hi)
-        start = other._lo - self._lo
-        view = counts[start : start + len(src)]
-        if scale == 1.0:
-            view += src
-        else:
-            view += src * scale
+        _add_scaled(counts, other._lo - self._lo, src, scale)
 
     def scale(self, factor: float) -> None:
         """Multiply every weight by ``factor >= 0`` (exponential forgetting)."""
@@ -300,12 +295,7 @@ class LogHistogram:
             src = h._counts
             if src is None or counts is None:
                 continue
-            start = h._lo - out._lo
-            view = counts[start : start + len(src)]
-            if scale == 1.0:
-                view += src
-            else:
-                view += src * scale
+            _add_scaled(counts, h._lo - out._lo, src, scale)
         return out
 
     # ------------------------------------------------------------ reading
@@ -397,3 +387,13 @@ class LogHistogram:
 
     def __repr__(self) -> str:
         return f"LogHistogram(a={self._a}, count={self._total:g}, buckets={len(self)})"
+
+
+def _add_scaled(counts: FloatArray, start: int, src: FloatArray, scale: float) -> None:
+    """``counts[start:start + len(src)] += scale * src`` in place (no temporary when
+    ``scale`` is 1: merges of equal weight are the common case)."""
+    view = counts[start : start + len(src)]
+    if scale == 1.0:
+        view += src
+    else:
+        view += src * scale
