@@ -27,6 +27,15 @@ def test_hard_outage_is_left_within_a_few_requests_and_restored_by_probing(rate:
     assert back > 0.2, back
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_hard_outage_at_20_per_s_stays_under_2_percent_in_every_seed(seed: int) -> None:
+    """Requests sent while the ejection run grows are held back (health.RUN_HOLD_BACK):
+    the few that reach b in the outage's first 10 s are the run itself."""
+    _, sim = traced_run(load_case("outage", rate=20, seed=seed))
+    reached, n = share(trace_of(sim), "provider-b", 120, 130)
+    assert reached < 0.02 and n > 160, (reached, n)
+
+
 def test_outage_at_a_low_rate_costs_the_ejection_run_only() -> None:
     """At 5 req/s the first 10 s hold ~45 requests: the ejection run is what reaches b."""
     _, sim = traced_run(load_case("outage", rate=5))

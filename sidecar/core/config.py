@@ -106,6 +106,8 @@ class StatsConfig:
     subwindows: int = 30  # maximum age of evidence: subwindows x subwindow_s
     min_samples: int = 20  # fewer samples: percentile not trusted; also the forgetting unit
     decay: float = 0.85  # a newer sub-window ages evidence by decay ** min(1, requests / min)
+    # ... and by at least decay ** min_aging, however few requests it held (time also ages).
+    min_aging: float = 0.5
     stale_after_s: float = 300.0  # no samples for this long: verdict expires
     max_slices: int = 512  # per cluster; beyond this, fold into an overflow slice
     # Share of responses timed by the observing filter once a route's current

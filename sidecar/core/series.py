@@ -12,18 +12,23 @@ evidence: replicas exchange and merge exactly these sub-windows.
 counts in full; every newer sub-window ages the older evidence by one decay
 step -- or by part of one, when it held fewer than ``min_samples`` requests::
 
-    w_i = prod_{j newer than i} decay ** min(1, r_j / min_samples)    (current j included)
+    w_i = prod_{j newer than i} decay ** max(min_aging, min(1, r_j / min_samples))
     H   = H_current + sum_i w_i * H_i      (w_i < 0.05 and sub-windows beyond the ring dropped)
 
-with ``r_j`` the requests of sub-window ``j``. At busy rates that is a time
-window (``decay`` per sub-window: 10 s sub-windows halve in ~20 s, and at
+with ``r_j`` the requests of sub-window ``j`` (the current, partial one ages by
+``decay ** min(1, r_j / min_samples)`` alone). ``min_aging`` (0.5) makes time
+age evidence too: without it a route whose share fell after a slowdown gets
+few requests, so its pre-slowdown samples would age only with those few and
+outweigh the slow new ones for minutes. At busy rates that is a time
+window (``decay`` per sub-window: 10 s sub-windows halve in ~45 s, and at
 500 req/s the last few sub-windows hold thousands of samples); at sparse
-rates evidence is forgotten per ``min_samples`` newer requests instead, so at
-0.5 req/s the window reaches back over the last few dozen requests, up to the
-maximum age. Counters are weighted the same way. A quantile is ``None`` unless
-the *unweighted* window holds ``>= min_samples`` samples (a percentile of a
-handful of samples is noise); the effective sample weight ``sum w_i n_i`` is
-what the estimators (:mod:`sidecar.core.evidence`) use as their sample size.
+rates evidence is forgotten per ``min_samples`` newer requests, but every
+completed sub-window ages it by at least ``decay ** min_aging`` (half a step
+by default: a half-life of ~85 s), up to the maximum age. Counters are
+weighted the same way. A quantile is ``None`` unless the *unweighted* window
+holds ``>= min_samples`` samples (a percentile of a handful of samples is
+noise); the effective sample weight ``sum w_i n_i`` is what the estimators
+(:mod:`sidecar.core.evidence`) use as their sample size.
 
 Accuracy: quantiles and CDF points within relative error ``a`` (default 0.02:
 1.00 s means the sample was in 0.98 .. 1.02 s). Freshness: cached evidence is
@@ -78,12 +83,14 @@ def latency_indices(obs: Observation, geometry: LogHistogram) -> Indices | None:
     return (out[0], out[1], out[2])
 
 
-def aging(requests: int, decay: float, per: float) -> float:
+def aging(requests: int, decay: float, per: float, floor: float = 0.0) -> float:
     """How much one sub-window with ``requests`` ages older evidence:
-    ``decay ** min(1, requests / min_samples)`` (module docstring)."""
-    if decay >= 1.0 or requests <= 0:
+    ``decay ** max(floor, min(1, requests / min_samples))`` (module docstring;
+    ``floor`` is ``stats.min_aging`` for completed sub-windows, 0 for the current one)."""
+    share = max(floor, min(1.0, requests / per)) if requests > 0 else floor
+    if decay >= 1.0 or share <= 0.0:
         return 1.0
-    return float(decay ** min(1.0, requests / per))
+    return float(decay ** share)
 
 
 def as_metric(name: str) -> Metric:
@@ -249,10 +256,11 @@ class _Decayed:
         self.k: int | None = None  # sub-windows below k are covered
         self.rotations = 0
 
-    def add(self, slot: SubWindow, decay: float, per: float) -> None:
-        if not slot.requests:
-            return
-        f = aging(slot.requests, decay, per)
+    def add(self, slot: SubWindow | None, decay: float, per: float, floor: float) -> None:
+        """Fold in completed sub-window ``slot`` (None or empty: none was recorded;
+        time still ages the older evidence by ``decay ** floor``)."""
+        requests = 0 if slot is None else slot.requests
+        f = aging(requests, decay, per, floor)
         if f != 1.0:
             for m in METRICS:
                 self.hists[m].scale(f)
@@ -261,6 +269,8 @@ class _Decayed:
             self.requests *= f
             for inc in self.included:
                 inc[2] *= f
+        if slot is None or not requests:
+            return
         for m in METRICS:
             if n := slot.samples(m):
                 self.hists[m].merge(slot.hists[m])
@@ -389,10 +399,9 @@ class RouteStats:
         else:
             start = past.k
         decay, per = self.cfg.decay, float(max(self.cfg.min_samples, 1))
+        floor = self.cfg.min_aging
         for j in range(start, k):
-            slot = self.window.get(j)
-            if slot is not None:
-                past.add(slot, decay, per)
+            past.add(self.window.get(j), decay, per, floor)
         past.expire(k - ring + 1)
         past.k = k
         past.rotations += 1
