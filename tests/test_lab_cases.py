@@ -97,7 +97,9 @@ def test_relapsing_provider_regains_less_weight_each_time() -> None:
     router = sim.policy.router  # type: ignore[attr-defined]
     relapses = [e for e in router.transitions
                 if e.cluster == "provider-b" and "relapse" in e.reason]
-    assert len(relapses) >= 4
+    # Six bad spells; one that the route sits out (quarantined, probing, or restoring
+    # at so small a weight that no request lands in it) is no relapse.
+    assert len(relapses) >= 3
     before = [next(r.weights["provider-b"] for r in reversed(trace) if r.t < e.at)
               for e in relapses]
     assert all(b < a for a, b in itertools.pairwise(before)), before

@@ -18,9 +18,10 @@ from sidecar.core.stats import (
 )
 from sidecar.core.types import ANY, Observation, Outcome, SliceKey
 
-# min_aging 0: evidence ages with requests only (time aging has its own tests below)
+# min_aging 0: evidence ages with requests only (time aging has its own tests below);
+# shift_alpha 0: the aging arithmetic alone (shifts: tests/test_shift.py)
 CFG = StatsConfig(subwindow_s=10.0, subwindows=6, min_samples=5, decay=0.5, stale_after_s=300,
-                  min_aging=0.0)
+                  min_aging=0.0, shift_alpha=0.0)
 NARROW = SliceKey("m", "interactive", "short", True)
 MID = SliceKey("m", "interactive", ANY, None)
 WIDE = SliceKey("m", ANY, ANY, None)
@@ -281,7 +282,7 @@ def test_window_quantile_is_decay_weighted_nearest_rank(
     decay ** min(1, r_j / min_samples) -- and the current weighs 1. The 0.05 cutoff
     applies when a sub-window is folded in, to its weight among the completed ones
     (before the current sub-window's factor)."""
-    cfg = StatsConfig(subwindow_s=1.0, subwindows=6, min_samples=2, decay=decay,
+    cfg = StatsConfig(subwindow_s=1.0, subwindows=6, min_samples=2, decay=decay, shift_alpha=0.0,
                       min_aging=min_aging)
     rs = RouteStats(cfg)
     n = len(windows)

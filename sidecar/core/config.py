@@ -115,6 +115,8 @@ class StatsConfig:
     observe_share: float = 1.0
     # Pseudo-samples a narrow slice borrows from its broader slices (shrinkage).
     prior_samples: float = 10.0
+    # Confidence of the shift test on each completed sub-window (sidecar.core.shift); 0: off.
+    shift_alpha: float = 0.01
 
 
 @dataclass(frozen=True, slots=True)

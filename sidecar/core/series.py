@@ -30,6 +30,13 @@ holds ``>= min_samples`` samples (a percentile of a handful of samples is
 noise); the effective sample weight ``sum w_i n_i`` is what the estimators
 (:mod:`sidecar.core.evidence`) use as their sample size.
 
+**Shifts.** Every completed sub-window is also tested against the window
+before it (:mod:`sidecar.core.shift`): when a few samples confidently left the
+route's own distribution (a run of them beyond its p90 or below its p10), the
+evidence from before the run is read moved by the ratio of medians since,
+until it ages out -- a sparse route's window would otherwise take minutes of
+aging to let a handful of new samples outweigh the old ones.
+
 Accuracy: quantiles and CDF points within relative error ``a`` (default 0.02:
 1.00 s means the sample was in 0.98 .. 1.02 s). Freshness: cached evidence is
 rebuilt when the sub-window rotates, and when the series saw new observations
@@ -57,6 +64,7 @@ from typing import Any
 from sidecar.core.config import Metric, StatsConfig
 from sidecar.core.frozen import fast_init
 from sidecar.core.histogram import Cumulative, LogHistogram
+from sidecar.core.shift import ShiftState, shift_factor
 from sidecar.core.types import Observation
 
 METRICS: tuple[Metric, ...] = ("ttft", "tpot", "e2e")
@@ -300,8 +308,8 @@ class RouteStats:
     """Rolling statistics of one (cluster, slice)."""
 
     __slots__ = (
-        "_evidence", "_fence", "_past", "_slot", "_unjudged", "accuracy", "cfg", "last_seen",
-        "version", "window",
+        "_evidence", "_fence", "_past", "_shift", "_slot", "_unjudged", "accuracy", "cfg",
+        "last_seen", "version", "window",
     )  # fmt: skip
 
     def __init__(self, cfg: StatsConfig, relative_accuracy: float = 0.02) -> None:
@@ -318,6 +326,7 @@ class RouteStats:
         self._unjudged: int | None = None
         self._fence = _NEVER  # sub-windows before this are not evidence any more (fence())
         self._slot: SubWindow | None = None  # the sub-window observations write into
+        self._shift: dict[Metric, ShiftState] = {}  # per metric (sidecar.core.shift)
 
     def fence(self, now: float) -> None:
         """Forget the evidence of earlier sub-windows (kept in the ring for snapshots
@@ -327,6 +336,7 @@ class RouteStats:
         self._fence = k
         self._past = _Decayed(self.accuracy)
         self._past.k = k
+        self._shift = {}
         self._evidence.clear()
         self.version += 1
         if self._unjudged is None or self._unjudged < k:
@@ -393,15 +403,18 @@ class RouteStats:
         if past.k == k:
             return k
         ring = self.cfg.subwindows
-        if past.k is None or k - past.k >= ring or past.rotations >= _REBUILD_ROTATIONS:
+        start = past.k
+        rebuilt = start is None or k - start >= ring or past.rotations >= _REBUILD_ROTATIONS
+        if start is None or rebuilt:
             past = self._past = _Decayed(self.accuracy)
             start = max(k - ring + 1, self._fence)
-        else:
-            start = past.k
         decay, per = self.cfg.decay, float(max(self.cfg.min_samples, 1))
         floor = self.cfg.min_aging
         for j in range(start, k):
-            past.add(self.window.get(j), decay, per, floor)
+            slot = self.window.get(j)
+            if slot is not None and not rebuilt and self.cfg.shift_alpha > 0.0:
+                self._test_shift(j, slot)
+            past.add(slot, decay, per, floor)
         past.expire(k - ring + 1)
         past.k = k
         past.rotations += 1
@@ -428,9 +441,13 @@ class RouteStats:
         # The current sub-window ages the completed ones too, by its requests so far.
         f = 1.0 if cur is None else aging(cur.requests, self.cfg.decay,
                                           float(max(self.cfg.min_samples, 1)))
-        n, eff = past.samples[metric], past.weights[metric] * f
+        n = past.samples[metric]
         ok, req = past.ok * f, past.requests * f
-        parts: tuple[tuple[LogHistogram, float], ...] = ((past.hists[metric], f),) if n else ()
+        parts: tuple[tuple[LogHistogram, float], ...] = ()
+        eff = 0.0
+        if n:
+            done, w = self._past_parts(metric)
+            parts, eff = tuple((h, s * f) for h, s in done), w * f
         if cur is not None:
             ok += cur.ok
             req += cur.requests
@@ -440,6 +457,52 @@ class RouteStats:
         ev = None if req <= 0 and n == 0 else Evidence(parts, n, eff, ok, req)
         self._evidence[metric] = (k, self.version, now, ev)
         return ev
+
+    def _past_parts(
+        self, metric: Metric
+    ) -> tuple[tuple[tuple[LogHistogram, float], ...], float]:
+        """The completed window of ``metric`` as (histogram, scale) parts and its
+        effective weight; after a detected shift the evidence from before it is
+        moved by the shift's factor (:mod:`sidecar.core.shift`)."""
+        past = self._past
+        plain = ((past.hists[metric], 1.0),), past.weights[metric]
+        st = self._shift.get(metric)
+        if st is None or st.since is None:
+            return plain
+        since = LogHistogram(self.accuracy)
+        for slot, index, w in past.included:
+            if index >= st.since and slot.samples(metric):
+                since.merge(slot.hists[metric], w)
+        before = past.hists[metric].copy()
+        before.remove(since)
+        if before.count <= 1e-9 or since.count <= 0.0:
+            st.since = None  # the evidence from before the shift has aged out
+            return plain
+        factor = shift_factor(before, since)
+        return ((before.shifted(factor), 1.0), (since, 1.0)), past.weights[metric]
+
+    def _test_shift(self, index: int, slot: SubWindow) -> None:
+        """Test completed sub-window ``index`` against the window before it.
+
+        Only sparse sub-windows (fewer than ``min_samples`` requests) are tested: a
+        busy one ages the older evidence by a full decay step by itself, so the
+        window is already a short time window there (and a run is broken)."""
+        busy = slot.requests >= self.cfg.min_samples
+        for m in METRICS:
+            n = slot.samples(m)
+            st = self._shift.get(m)
+            if busy and st is not None:
+                st.up = st.down = 0.0
+            if busy or not n or self._past.samples[m] < self.cfg.min_samples:
+                continue
+            if st is None:
+                st = self._shift[m] = ShiftState()
+            done, _ = self._past_parts(m)
+            ref = LogHistogram(self.accuracy)
+            for h, scale in done:
+                ref.merge(h, scale)
+            st.update(index, ref.cumulative(), slot.hists[m].cumulative(), n,
+                      self.cfg.shift_alpha)
 
     def quantile(self, metric: Metric, q: float, now: float) -> float | None:
         """Window quantile in seconds (module docstring); None when stale or the
