@@ -213,6 +213,8 @@ class Router:
         decision, new_event = self._admit(req, decision, result, now, ticket or req.request_id)
         if not new_event:
             return decision
+        if self.board.runs and decision.admission == "admit":
+            self.board.note_sent(decision.cluster, req.slice, now)
         counters = self.counters
         counters[("decision", decision.reason)] += 1
         counters[("admission", decision.admission)] += 1
@@ -290,7 +292,13 @@ class Router:
                     return self._decision(cached, req, p.cluster, "probe", klass, None), None
         # The per-request stage reads the plan's context (same model, slice and step;
         # what changes per request -- in-flight counts -- comes from the view).
-        result = run_request(cached.plan, cached.ctx, self._picker, rng)
+        ctx = cached.ctx
+        if self.board.runs:
+            held = frozenset(c for c in model.candidates
+                             if self.board.run_held(c, req.slice, now))
+            if held:
+                ctx = replace(ctx, held=held)
+        result = run_request(cached.plan, ctx, self._picker, rng)
         if result is None:
             decision = Decision(
                 cfg.default_cluster, "no_candidate", detail="hard filters left none"
