@@ -108,6 +108,10 @@ class StatsConfig:
     decay: float = 0.85  # a newer sub-window ages evidence by decay ** min(1, requests / min)
     # ... and by at least decay ** min_aging, however few requests it held (time also ages).
     min_aging: float = 0.5
+    # ... and, on a busy route, so that about this many samples stay in the window:
+    # a sub-window with r requests keeps at most 1 - r / enough_samples of the older
+    # evidence (0: off). At high rates the window is then a short time window.
+    enough_samples: float = 400.0
     stale_after_s: float = 300.0  # no samples for this long: verdict expires
     max_slices: int = 512  # per cluster; beyond this, fold into an overflow slice
     # Share of responses timed by the observing filter once a route's current

@@ -48,6 +48,7 @@ def _stats(r: ConfigReader) -> StatsConfig:
         min_samples=r.num("min_samples", 20, lo=1, integer=True),
         decay=r.num("decay", 0.85, lo=0.01, hi=1.0),
         min_aging=r.num("min_aging", 0.5, lo=0.0, hi=1.0),
+        enough_samples=r.num("enough_samples", 400.0, lo=0.0),
         stale_after_s=r.num("stale_after_s", 300.0, lo=1),
         max_slices=r.num("max_slices", 512, lo=1, hi=100000, integer=True),
         observe_share=r.num("observe_share", 1.0, lo=0.0, hi=1.0),

@@ -91,14 +91,21 @@ def latency_indices(obs: Observation, geometry: LogHistogram) -> Indices | None:
     return (out[0], out[1], out[2])
 
 
-def aging(requests: int, decay: float, per: float, floor: float = 0.0) -> float:
+def aging(requests: int, decay: float, per: float, floor: float = 0.0,
+          enough: float = 0.0) -> float:
     """How much one sub-window with ``requests`` ages older evidence:
-    ``decay ** max(floor, min(1, requests / min_samples))`` (module docstring;
-    ``floor`` is ``stats.min_aging`` for completed sub-windows, 0 for the current one)."""
+    ``min(decay ** max(floor, min(1, requests / min_samples)), 1 - requests / enough)``
+    (module docstring; ``floor`` is ``stats.min_aging`` for completed sub-windows, 0
+    for the current one; ``enough`` is ``stats.enough_samples``, 0: no such bound)."""
     share = max(floor, min(1.0, requests / per)) if requests > 0 else floor
-    if decay >= 1.0 or share <= 0.0:
-        return 1.0
-    return float(decay ** share)
+    f = 1.0 if decay >= 1.0 or share <= 0.0 else float(decay ** share)
+    if enough > 0.0 and requests > 0:
+        # Below the 0.05 cut-off the older evidence is dropped outright.
+        f = min(f, max(1.0 - requests / enough, _DROPPED))
+    return f
+
+
+_DROPPED = 0.01  # an aging factor that leaves older evidence below the 0.05 cut-off
 
 
 def as_metric(name: str) -> Metric:
@@ -264,11 +271,13 @@ class _Decayed:
         self.k: int | None = None  # sub-windows below k are covered
         self.rotations = 0
 
-    def add(self, slot: SubWindow | None, decay: float, per: float, floor: float) -> None:
+    def add(
+        self, slot: SubWindow | None, decay: float, per: float, floor: float, enough: float,
+    ) -> None:
         """Fold in completed sub-window ``slot`` (None or empty: none was recorded;
         time still ages the older evidence by ``decay ** floor``)."""
         requests = 0 if slot is None else slot.requests
-        f = aging(requests, decay, per, floor)
+        f = aging(requests, decay, per, floor, enough)
         if f != 1.0:
             for m in METRICS:
                 self.hists[m].scale(f)
@@ -409,12 +418,12 @@ class RouteStats:
             past = self._past = _Decayed(self.accuracy)
             start = max(k - ring + 1, self._fence)
         decay, per = self.cfg.decay, float(max(self.cfg.min_samples, 1))
-        floor = self.cfg.min_aging
+        floor, enough = self.cfg.min_aging, self.cfg.enough_samples
         for j in range(start, k):
             slot = self.window.get(j)
             if slot is not None and not rebuilt and self.cfg.shift_alpha > 0.0:
                 self._test_shift(j, slot)
-            past.add(slot, decay, per, floor)
+            past.add(slot, decay, per, floor, enough)
         past.expire(k - ring + 1)
         past.k = k
         past.rotations += 1
@@ -440,7 +449,8 @@ class RouteStats:
         cur = self.window.get(k)
         # The current sub-window ages the completed ones too, by its requests so far.
         f = 1.0 if cur is None else aging(cur.requests, self.cfg.decay,
-                                          float(max(self.cfg.min_samples, 1)))
+                                          float(max(self.cfg.min_samples, 1)),
+                                          enough=self.cfg.enough_samples)
         n = past.samples[metric]
         ok, req = past.ok * f, past.requests * f
         parts: tuple[tuple[LogHistogram, float], ...] = ()
