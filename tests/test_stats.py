@@ -304,7 +304,8 @@ def test_snapshot_roundtrip_rebases_time() -> None:
 )
 # The oldest sub-window weighs 0.0625 among the completed ones (kept) and 0.03125
 # once the current one's factor applies: the cutoff is the former's.
-@example([[0.5], [1.0] * 3, [1.0] * 9, [1.0] * 4 + [0.5], [1.0, 0.5], [1.0] * 4], 0.1, 0.5, 0.0, 0.0)
+@example([[0.5], [1.0] * 3, [1.0] * 9, [1.0] * 4 + [0.5], [1.0, 0.5], [1.0] * 4],
+         0.1, 0.5, 0.0, 0.0)
 def test_window_quantile_is_decay_weighted_nearest_rank(
     windows: list[list[float]], q: float, decay: float, min_aging: float, enough: float
 ) -> None:

@@ -12,16 +12,22 @@ evidence: replicas exchange and merge exactly these sub-windows.
 counts in full; every newer sub-window ages the older evidence by one decay
 step -- or by part of one, when it held fewer than ``min_samples`` requests::
 
-    w_i = prod_{j newer than i} decay ** max(min_aging, min(1, r_j / min_samples))
+    f_j = min(decay ** max(min_aging, min(1, r_j / min_samples)), 1 - r_j / enough_samples)
+    w_i = prod_{j newer than i} f_j
     H   = H_current + sum_i w_i * H_i      (w_i < 0.05 and sub-windows beyond the ring dropped)
 
-with ``r_j`` the requests of sub-window ``j`` (the current, partial one ages by
-``decay ** min(1, r_j / min_samples)`` alone). ``min_aging`` (0.5) makes time
+with ``r_j`` the requests of sub-window ``j`` (the current, partial one without
+the ``min_aging`` floor). ``enough_samples`` (400) bounds a busy route's
+window to about that many samples: a sub-window that alone holds a good share
+of them makes the older evidence matter less (at 50 req/s over three routes,
+~170 requests per 10 s sub-window keep ~0.57 of the older evidence per
+sub-window instead of 0.85, so a slowdown dominates the window within a
+sub-window or two instead of four or five; from 400 requests per sub-window on,
+only the current and the last completed one are read). ``min_aging`` (0.5) makes time
 age evidence too: without it a route whose share fell after a slowdown gets
 few requests, so its pre-slowdown samples would age only with those few and
-outweigh the slow new ones for minutes. At busy rates that is a time
-window (``decay`` per sub-window: 10 s sub-windows halve in ~45 s, and at
-500 req/s the last few sub-windows hold thousands of samples); at sparse
+outweigh the slow new ones for minutes. At busy rates that is a short time
+window (``1 - r / enough_samples`` per sub-window, at most ``decay``); at sparse
 rates evidence is forgotten per ``min_samples`` newer requests, but every
 completed sub-window ages it by at least ``decay ** min_aging`` (half a step
 by default: a half-life of ~85 s), up to the maximum age. Counters are
