@@ -20,15 +20,19 @@ tailroute, known cluster, end time logged   and the one tag the native bootstrap
                                             durations, tokens, rid) -- with what cannot
                                             change within a batch (route -> slice, known
                                             clusters, first-token offsets, probe
-                                            routes) looked up once per batch
+                                            routes) looked up once per batch and route
+                                            (:class:`NativeBatch`); the successes are
+                                            learned a route at a time
+                                            (``Router.observe_ok``)
 anything else (errors, timeouts, cancels,   :meth:`NativeFeed.__call__`: the entry's
 flags, decided requests, other routes)      :class:`~sidecar.core.envoy_log.LogRecord`,
                                             :func:`~sidecar.core.envoy_log.observation_from_log`
 ==========================================  ===========================================
 
-Both give the same observation for the same entry (the ``ok`` timing is
+Both teach the router the same for the same entries (the ``ok`` timing is
 :func:`~sidecar.core.envoy_log.ok_timing` on both; ``tests/test_native_log.py``
-compares them entry by entry).
+compares the router's statistics, health, counters and the load after any
+batches, against the record path fed every entry as one observation).
 """
 
 from __future__ import annotations
@@ -114,71 +118,75 @@ class NativeBatch:
         self.now = now
         self.app, self.native = app, native
         self.routes = native.routes()
-        self.config, self.router, self.offsets = app.config, app.router, app.offsets
+        self.config, self.router = app.config, app.router
         self.sampled = self.config.stats.observe_share < 1.0
-        self.known: dict[str, bool] = {}
-        self.timing: dict[tuple[str, SliceKey], tuple[float, bool]] = {}
-        self.probes: dict[SliceKey, tuple[str, ...]] = {}
-        self.pending: dict[tuple[str, SliceKey], list[OkSample]] = {}
+        # What cannot change within the batch, per (route name, cluster): None for an
+        # entry of another path, else the route's _Route.
+        self.plans: dict[tuple[str, str], _Route | None] = {}
+        self.pending: list[_Route] = []  # routes with gathered successes, in first-seen order
+
+    def _plan(self, key: tuple[str, str]) -> _Route | None:
+        route_name, cluster = key
+        s = self.routes.get(route_name)
+        plan = None
+        if s is not None and self.config.has_cluster(cluster):
+            offsets = self.app.offsets
+            plan = _Route(s, cluster, cluster in self.native.probes_of(s),
+                          offsets.offset(cluster, s), not offsets.blind(cluster, s))
+        self.plans[key] = plan
+        return plan
 
     def __call__(self, e: al.HTTPAccessLogEntry) -> bool:
         c = e.common_properties
-        s = self.routes.get(c.route_name)
-        if s is None:
-            return self._leave()
+        key = (c.route_name, c.upstream_cluster)
+        plan = self.plans.get(key)
+        if plan is None and (key in self.plans or (plan := self._plan(key)) is None):
+            return self._leave()  # not a slice route, or no known cluster
         parts = entry_tag(c.custom_tags)
         if parts is None:
             return self._leave()  # a bootstrap without the tag
         status_s, flags, first_s, end_s, tokens_s, rid = parts
-        if flags != "-" or rid or not status_s.isdigit():
-            return self._leave()  # a response flag, a tailroute decision
+        if flags != "-" or rid or not status_s.isdigit() or not end_s.isdigit():
+            return self._leave()  # a response flag, a tailroute decision, no end time
         status = int(status_s)
-        end = us_seconds(end_s)
-        if not 200 <= status < 300 or end is None:
+        if not 200 <= status < 300:
             return self._leave()
+        end = int(end_s) * 1e-6  # us_seconds
         tokens = None
         if tokens_s:
-            try:
-                n = float(tokens_s)
-            except ValueError:
-                return self._leave()  # not a number: as the record path reads it
+            n: float
+            if tokens_s.isdigit():
+                n = int(tokens_s)
+            else:
+                try:
+                    n = float(tokens_s)
+                except ValueError:
+                    return self._leave()  # not a number: as the record path reads it
             tokens = int(n) if 0 <= n < 1e9 else None
-        cluster = c.upstream_cluster
-        known = self.known.get(cluster)
-        if known is None:
-            known = self.known[cluster] = self.config.has_cluster(cluster)
-        if not known or e.response.response_code_details.startswith(TAILROUTE_DETAILS_PREFIX):
+        if e.response.response_code_details.startswith(TAILROUTE_DETAILS_PREFIX):
             return self._leave()
-        probe_set = self.probes.get(s)
-        if probe_set is None:
-            probe_set = self.probes[s] = self.native.probes_of(s)
-        probe = cluster in probe_set
+        s = plan.slice
         ttft = tpot = None
         if s.streaming:
-            key = (cluster, s)
-            route_timing = self.timing.get(key)
-            if route_timing is None:
-                offsets = self.offsets
-                route_timing = self.timing[key] = (offsets.offset(cluster, s),
-                                                   not offsets.blind(cluster, s))
             first = us_seconds(first_s)
-            ttft, tpot = ok_timing(None if first is None else first + route_timing[0],
-                                   end, tokens, route_timing[1])
-        if not (probe or self.sampled):
-            group = self.pending.get((cluster, s))
-            if group is None:
-                group = self.pending[(cluster, s)] = []
+            ttft, tpot = ok_timing(None if first is None else first + plan.offset,
+                                   end, tokens, plan.trust_first)
+        if not (plan.probe or self.sampled):
+            group = plan.samples
+            if not group:
+                self.pending.append(plan)
             group.append((ttft, tpot, end, tokens or None))
             return True
         if self.pending:
             self.finish()
+        cluster = plan.cluster
         self._count(s, cluster, [end])
-        if probe:
+        if plan.probe:
             self.native.counters["probes"] += 1
         elif not self.router.wants_observation(cluster, s, self.now, self.app.rng):
             return True
         obs = Observation(cluster, s, "ok", status, ttft, tpot, end, tokens or None,
-                          False, probe, False)
+                          False, plan.probe, False)
         events = self.router.observe(obs, self.now)
         if events:
             self.app.log_events(events)
@@ -199,8 +207,21 @@ class NativeBatch:
 
     def finish(self) -> None:
         """Learn the gathered successes, a route at a time (class docstring)."""
-        pending, self.pending = self.pending, {}
+        pending, self.pending = self.pending, []
         observe_ok, now = self.router.observe_ok, self.now
-        for (cluster, s), samples in pending.items():
-            self._count(s, cluster, [e2e for _, _, e2e, _ in samples])
-            observe_ok(cluster, s, samples, now)
+        for plan in pending:
+            samples, plan.samples = plan.samples, []
+            self._count(plan.slice, plan.cluster, [e2e for _, _, e2e, _ in samples])
+            observe_ok(plan.cluster, plan.slice, samples, now)
+
+
+class _Route:
+    """A native slice route and cluster as one batch reads them (:class:`NativeBatch`)."""
+
+    __slots__ = ("cluster", "offset", "probe", "samples", "slice", "trust_first")
+
+    def __init__(self, s: SliceKey, cluster: str, probe: bool, offset: float,
+                 trust_first: bool) -> None:
+        self.slice, self.cluster, self.probe = s, cluster, probe
+        self.offset, self.trust_first = offset, trust_first  # first-token offset, not blind
+        self.samples: list[OkSample] = []  # successes gathered and not yet learned
