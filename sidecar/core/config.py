@@ -120,7 +120,7 @@ class StatsConfig:
     # Pseudo-samples a narrow slice borrows from its broader slices (shrinkage).
     prior_samples: float = 10.0
     # Confidence of the shift test on each completed sub-window (sidecar.core.shift); 0: off.
-    shift_alpha: float = 0.01
+    shift_alpha: float = 0.05
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,7 +53,7 @@ def _stats(r: ConfigReader) -> StatsConfig:
         max_slices=r.num("max_slices", 512, lo=1, hi=100000, integer=True),
         observe_share=r.num("observe_share", 1.0, lo=0.0, hi=1.0),
         prior_samples=r.num("prior_samples", 10.0, lo=0.0, hi=100000),
-        shift_alpha=r.num("shift_alpha", 0.01, lo=0.0, hi=0.5),
+        shift_alpha=r.num("shift_alpha", 0.05, lo=0.0, hi=0.5),
     )
     r.done()
     return cfg
