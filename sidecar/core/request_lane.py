@@ -62,8 +62,8 @@ _LANE_FILTERS = (ClassRestriction, Capacity)
 class RequestLane:
     """The per-request stage of one plan (module docstring); build with :meth:`of`."""
 
-    __slots__ = ("admission_ok", "bases", "healths", "k_load", "limits", "names", "plan",
-                 "probe_share", "reasons", "survivors")
+    __slots__ = ("admission_ok", "k_load", "limits", "names", "plan", "probe_share", "reasons",
+                 "rows", "survivors")
 
     def __init__(self, plan: Plan, survivors: tuple[Candidate, ...], k_load: float,
                  probe_share: float, reasons: tuple[str, ...]) -> None:
@@ -71,8 +71,9 @@ class RequestLane:
         self.survivors = survivors  # the plan's candidates the static stage kept, in order
         self.names = tuple(c.name for c in survivors)
         self.limits = tuple(c.cluster.max_concurrency for c in survivors)
-        self.bases = tuple(c.base for c in survivors)
-        self.healths = tuple(c.health.weight for c in survivors)
+        # (name, max_concurrency, static weight, health weight) per survivor
+        self.rows = tuple((c.name, c.cluster.max_concurrency, c.base, c.health.weight)
+                          for c in survivors)
         self.k_load = k_load
         self.probe_share = probe_share
         self.reasons = reasons  # decision reason when survivor i is chosen
@@ -104,16 +105,15 @@ class RequestLane:
 
     def pick(self, inflight: Callable[[str], int], rng: random.Random) -> LanePick | None:
         """Choose for one request (module docstring); None: some survivor is full."""
-        counts = tuple([inflight(n) for n in self.names])
-        limits = self.limits
-        for n, limit in zip(counts, limits, strict=True):
-            if n >= limit:
-                return None
         k = self.k_load
+        counts: list[int] = []
         weights: list[float] = []
         top = 0.0
-        for n, limit, base, health in zip(counts, limits, self.bases, self.healths,
-                                          strict=True):
+        for name, limit, base, health in self.rows:
+            n = inflight(name)
+            if n >= limit:
+                return None  # capacity drops it: the full stage decides (no draw made)
+            counts.append(n)
             weight = base
             if k:
                 load = 1.0 - n / limit
@@ -137,7 +137,7 @@ class RequestLane:
             if x < 0:
                 chosen = i
                 break
-        return LanePick(self, counts, tuple(weights), chosen)
+        return LanePick(self, tuple(counts), tuple(weights), chosen)
 
 
 class LanePick(NamedTuple):
