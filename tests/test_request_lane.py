@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import random
+from dataclasses import replace
 from typing import Any
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.core import request_lane
@@ -21,11 +23,11 @@ SL = SliceKey("m", "interactive", "short", True)
 LIMIT = 4  # max_concurrency of every cluster: small, so full clusters are common
 
 
-def _config(**health: Any) -> Config:
+def _config(limit: int = LIMIT, **health: Any) -> Config:
     return parse_config({
         "default_cluster": "a",
         "clusters": [{"name": n, "address": f"127.0.0.1:{9001 + i}", "models": ["m"],
-                      "max_concurrency": LIMIT} for i, n in enumerate("abc")],
+                      "max_concurrency": limit} for i, n in enumerate("abc")],
         "models": [{"name": "m", "candidates": ["a", "b", "c"]}],
         "stats": {"min_samples": 5},
         **({"health": health} if health else {}),
@@ -37,15 +39,17 @@ def _request(i: int, **kw: Any) -> RequestInfo:
                        request_id=f"r{i}", **kw)
 
 
-def _observation(cluster: str, rng: random.Random, slow: dict[str, float]) -> Observation:
-    if rng.random() < 0.05:
+def _observation(cluster: str, rng: random.Random, slow: dict[str, float],
+                 errors: float = 0.05) -> Observation:
+    if rng.random() < errors:
         return Observation(cluster, SL, "error", status=503)
     ttft = slow.get(cluster, 0.3) * rng.lognormvariate(0.0, 0.4)
     return Observation(cluster, SL, "ok", ttft_s=ttft, tpot_s=0.02, e2e_s=ttft + 2.0,
                        output_tokens=100)
 
 
-def _drive(router: Router, seed: int, n: int, slow: dict[str, float]) -> list[Decision]:
+def _drive(router: Router, seed: int, n: int, slow: dict[str, float],
+           errors: float = 0.05) -> list[Decision]:
     """``n`` requests at 20 req/s, each observed 0.6 s later (so in-flight counts vary)."""
     rng = random.Random(seed)
     traffic = random.Random(seed + 1)
@@ -57,7 +61,7 @@ def _drive(router: Router, seed: int, n: int, slow: dict[str, float]) -> list[De
         while pending and pending[0][0] <= now:
             _, cluster = pending.pop(0)
             router.finished(cluster)
-            router.observe(_observation(cluster, traffic, slow), now)
+            router.observe(_observation(cluster, traffic, slow, errors), now)
         if (t := router.next_deadline()) is not None and t <= now:
             router.tick(now)
         d = router.decide(_request(i), now, rng)
@@ -83,57 +87,87 @@ def test_router_decides_the_same_with_and_without_the_lane(
     assert [rd.explain() for rd in with_lane.recent] == [rd.explain() for rd in without.recent]
 
 
-def _warm_router(seed: int) -> Router:
-    router = Router(_config())
-    _drive(router, seed, 400, {"b": 0.6})
+def _warm_router(seed: int, limit: int = LIMIT, errors: float = 0.05) -> Router:
+    router = Router(_config(limit))
+    _drive(router, seed, 400, {"b": 0.6}, errors)
     return router
 
 
 @functools.cache
-def _warm_plan(seed: int) -> tuple[Router, Any]:
-    """A warmed router and its one cached plan (read-only for the tests below)."""
-    router = _warm_router(seed)
+def _warm_plan(seed: int, limit: int, restrict: bool) -> tuple[Router, Any, RequestLane]:
+    """A warmed router, its one cached plan and the plan's lane (read-only below);
+    ``restrict``: candidate b restricted for the class (the herding guard runs)."""
+    router = _warm_router(seed, limit)
     router.decide(_request(10_000), 20.0, random.Random(0))
-    return router, next(iter(router._plans.values()))
+    cached = next(iter(router._plans.values()))
+    if restrict:
+        cached = copy.copy(cached)
+        cands = tuple(copy.copy(c) for c in cached.plan.candidates)
+        b = cands[1]
+        b.health = type(b.health)("restricted", 0.5, True, False)
+        cached.plan = replace(cached.plan, candidates=cands,
+                              eligible=tuple(c for c in cands if c.dropped is None
+                                             or c.soft_drop))
+    lane = RequestLane.of(cached.plan, cached.ctx, router._picker)
+    assert lane is not None
+    return router, cached, lane
 
 
-@settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 3),
-       counts=st.lists(st.integers(0, LIMIT), min_size=3, max_size=3),
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 3), limit=st.sampled_from([4, 10]), restrict=st.booleans(),
+       counts=st.lists(st.integers(0, 10), min_size=3, max_size=3),
        draw_seed=st.integers(0, 2**32 - 1))
-def test_a_pick_is_the_full_stage_bit_for_bit(seed: int, counts: list[int], draw_seed: int) -> None:
-    router, cached = _warm_plan(seed)
-    lane = cached.lane
-    assume(lane is not None)  # e.g. b restricted for the class: no lane (tested below)
-    inflight = dict(zip("abc", counts, strict=True))
+def test_a_pick_is_the_full_stage_bit_for_bit(
+    seed: int, limit: int, restrict: bool, counts: list[int], draw_seed: int
+) -> None:
+    router, cached, lane = _warm_plan(seed, limit, restrict)
+    inflight = dict(zip("abc", [min(n, limit) for n in counts], strict=True))
     rng_lane, rng_full = random.Random(draw_seed), random.Random(draw_seed)
     pick = lane.pick(inflight.__getitem__, rng_lane)
     router._inflight.clear()
     router._inflight.update(inflight)
     full = run_request(cached.plan, cached.ctx, router._picker, rng_full)
-    assert full is not None
-    if pick is None:  # some candidate full: the full stage runs (capacity or panic)
-        assert any(n >= LIMIT for n in counts)
+    if pick is None:  # a kept candidate full, or none kept: the full stage runs
+        assert full is None or full.panic or any(
+            c.dropped == "capacity" for c in full.candidates)
         assert rng_lane.getstate() == random.Random(draw_seed).getstate()  # nothing drawn
         return
+    assert full is not None and not full.panic
     assert rng_lane.getstate() == rng_full.getstate()
     rebuilt = pick.result()
     assert rebuilt.chosen.name == full.chosen.name == pick.name
-    assert [(c.name, c.weight, c.scores, c.dropped) for c in rebuilt.candidates] == \
-        [(c.name, c.weight, c.scores, c.dropped) for c in full.candidates]
-    assert rebuilt.panic is full.panic
+    assert [(c.name, c.weight, c.scores, c.dropped, c.verdicts, c.health)
+            for c in rebuilt.candidates] == \
+        [(c.name, c.weight, c.scores, c.dropped, c.verdicts, c.health)
+         for c in full.candidates]
 
 
-def test_no_lane_when_the_class_restriction_acts() -> None:
-    """A route restricted for a latency-sensitive class goes through the full stage
-    (the herding guard reads every alternative's room)."""
-    router = _warm_router(1)
+def test_the_herding_guard_runs_in_the_lane() -> None:
+    """A route restricted for a latency-sensitive class is dropped while the
+    alternatives have room and kept at the degraded weight when they have not,
+    in the lane exactly as in the full stage."""
+    router = _warm_router(1, limit=100, errors=0.0)
     router.decide(_request(10_000), 20.0, random.Random(0))
     cached = next(iter(router._plans.values()))
-    assert cached.lane is not None
     c = cached.plan.candidates[1]
     c.health = type(c.health)("restricted", 0.5, True, False)
-    assert RequestLane.of(cached.plan, cached.ctx, router._picker) is None
+    lane = RequestLane.of(cached.plan, cached.ctx, router._picker)
+    assert lane is not None and lane.rows[1].guard is not None
+    # alternatives a and c: 200 slots; 50 % free -> dropped; 20 % free -> kept
+    for counts in ({"a": 50, "b": 0, "c": 50}, {"a": 80, "b": 0, "c": 80}):
+        pick = lane.pick(counts.__getitem__, random.Random(5))
+        assert pick is not None
+        full = pick.result()
+        by_name = {x.name: x for x in full.candidates}
+        if counts["a"] == 50:
+            assert 1 not in pick.kept and by_name["b"].dropped == "class_restriction"
+        else:
+            assert 1 in pick.kept and by_name["b"].verdicts["herding_guard"].startswith("kept")
+        router._inflight.clear()
+        router._inflight.update(counts)
+        want = run_request(cached.plan, replace(cached.ctx, healths=None), router._picker,
+                           random.Random(5))
+        assert want is not None and want.chosen.name == full.chosen.name
 
 
 def test_explain_and_deadline_requests_take_the_full_stage() -> None:

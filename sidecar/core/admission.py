@@ -204,16 +204,18 @@ class AdmissionControl:
         """Is some usable candidate below capacity and within budget (``not saturated``)?
         Then, without a deadline, a retry or waiters, no row above 12 can match."""
         if isinstance(result, LanePick):
-            # Every survivor was below capacity, and whether one is over budget reads
-            # only the plan's scores: the same answer for every pick of the plan.
+            # Every route the lane kept is below capacity; whether one is over budget
+            # reads only the plan's scores: computed once per plan (and class).
             lane = result.lane
-            hit = lane.admission_ok
+            hit = lane.over
             if hit is not None and hit[0] is klass:
-                return hit[1]
-            ok = any(not self._over(c, c.name, req, klass, view, now) for c in lane.survivors)
-            if all("violation" in c.scores for c in lane.survivors):
-                lane.admission_ok = (klass, ok)  # else a tail lookup moves with time
-            return ok
+                over = hit[1]
+            else:
+                cands = [c for c in lane.plan.candidates if c.dropped is None]
+                over = tuple(self._over(c, c.name, req, klass, view, now) for c in cands)
+                if all("violation" in c.scores for c in cands):
+                    lane.over = (klass, over)  # else a tail lookup moves with time
+            return any(not over[i] for i in result.kept)
         if result is None or result.panic or result.chosen.dropped is not None:
             return False
         for c in (result.chosen, *result.candidates):

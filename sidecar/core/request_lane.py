@@ -1,37 +1,32 @@
 """The per-request stage of a cached plan over flat tuples: the common case, exactly.
 
 :func:`~sidecar.core.pipeline.run_request` copies every candidate of the plan,
-runs the per-request filters (capacity, the herding guard) and the load
-scorer on the copies, combines the weights and lets the picker choose; the
-result object then feeds admission, the decision's labels and the
-recent-decision ring. For most requests almost none of that varies: only the
-in-flight counts do. A :class:`RequestLane` is built with the plan when the
-plan's per-request stage reduces to arithmetic over those counts:
+runs the per-request filters (the class restriction's herding guard,
+capacity) and the load scorer on the copies, combines the weights and lets
+the picker choose; the result object then feeds admission, the decision's
+labels and the recent-decision ring. Per request, only the in-flight counts
+vary. A :class:`RequestLane` is built with the plan when its per-request stage
+is the default one (picker ``weighted_random``, scorer ``load``, filters class
+restriction and capacity) and computes, from a snapshot of the counts, exactly
+what that stage would -- the same operations in the same order, so weights and
+pick are bit-identical. For each candidate the static stage kept, in order::
 
-* the picker is ``weighted_random``, the only per-request scorer is ``load``
-  and the per-request filters are the class restriction and capacity;
-* the class restriction passes every candidate the static stage kept without
-  acting (none is restricted for this latency-sensitive class, so the herding
-  guard never runs).
+    restricted for this latency-sensitive class (the herding guard):
+        dropped       if  free_alt >= HERD_HEADROOM * cap_alt   (alternatives' room)
+        else health = degraded_weight
+    load   = max(1 - inflight / max_concurrency, 0.02)
+    w      = max(base * max(load, 1e-6) ** k_load * health, 1e-9)
+    then   w = max(w, probe_share * max w)                        (exploration floor)
+    pick   the first i with  u * sum_j w_j - sum_{j <= i} w_j < 0,  u = rng.random()
 
-Per request the lane reads the in-flight count of each survivor and, when
-every one is below its ``max_concurrency`` (capacity would drop none),
-computes exactly what the pipeline would -- same operations in the same
-order, so the weights and the pick are bit-identical::
-
-    load_i = max(1 - inflight_i / max_concurrency_i, 0.02)
-    w_i    = max(base_i * max(load_i, 1e-6) ** k_load * health_i, 1e-9)
-    w_i    = max(w_i, probe_share * max_j w_j)           (exploration floor)
-    pick     the first i with  u * sum_j w_j - sum_{j <= i} w_j < 0,  u = rng.random()
-
-Otherwise (a full candidate: capacity, panic) it returns None and the caller
-runs the full stage, which has consumed no random number yet. A
-:class:`LanePick` records the counts and the choice; :meth:`LanePick.result`
-rebuilds the :class:`~sidecar.core.pipeline.PipelineResult` the pipeline would
-have produced, for whoever needs it (explain, admission beyond its fast path),
-and only then. What depends on the chosen candidate alone -- the decision
-reason, the fallback label, admission's "some route within budget" -- is
-static for the plan and computed once.
+When a kept candidate is full (capacity would drop it) or none is kept
+(panic), :meth:`RequestLane.pick` returns None before drawing and the caller
+runs the full stage. A :class:`LanePick` keeps the counts and the draw;
+:meth:`LanePick.result` replays the full stage on them to give the
+:class:`~sidecar.core.pipeline.PipelineResult` whoever needs it (explain,
+admission beyond its fast path), and only then. What depends on the chosen
+candidate alone -- the decision reason, the fallback label, admission's
+over-budget verdicts -- is static for the plan and computed once.
 
 Pure like the rest of the core: the in-flight counts come from the caller.
 """
@@ -40,47 +35,62 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import replace
 from typing import NamedTuple
 
 from sidecar.core.config import ClassConfig
+from sidecar.core.evidence import RouteEvidence
 from sidecar.core.explain import decision_reason
-from sidecar.core.filters import Capacity, ClassRestriction
+from sidecar.core.filters import HERD_HEADROOM, Capacity, ClassRestriction
 from sidecar.core.pickers import WeightedRandom
 from sidecar.core.pipeline import (
-    Candidate,
+    HealthView,
     LatencyValue,
     Picker,
     PipelineResult,
     Plan,
+    RouteView,
     SelectionContext,
+    run_request,
 )
 from sidecar.core.scorers import Load
+from sidecar.core.types import SliceKey
 
 _LANE_FILTERS = (ClassRestriction, Capacity)
+
+
+class _Row(NamedTuple):
+    """One candidate the static stage kept, as the lane reads it."""
+
+    name: str
+    at: int  # where its in-flight count is in a pick's snapshot
+    limit: int  # max_concurrency
+    base: float  # the static stage's weight
+    health: float  # health weight
+    # The herding guard's alternatives, (snapshot index, max_concurrency), when the
+    # class restriction applies to this candidate (else None: it passes).
+    guard: tuple[tuple[int, int], ...] | None
+    reason: str  # the decision reason when this candidate is chosen
+    latency: dict[str, LatencyValue]  # looked up by the static stage (shared, read-only)
 
 
 class RequestLane:
     """The per-request stage of one plan (module docstring); build with :meth:`of`."""
 
-    __slots__ = ("admission_ok", "k_load", "limits", "names", "plan", "probe_share", "reasons",
-                 "rows", "survivors")
+    __slots__ = ("ctx", "degraded", "k_load", "names", "over", "picker", "plan", "probe_share",
+                 "rows")
 
-    def __init__(self, plan: Plan, survivors: tuple[Candidate, ...], k_load: float,
-                 probe_share: float, reasons: tuple[str, ...]) -> None:
-        self.plan = plan
-        self.survivors = survivors  # the plan's candidates the static stage kept, in order
-        self.names = tuple(c.name for c in survivors)
-        self.limits = tuple(c.cluster.max_concurrency for c in survivors)
-        # (name, max_concurrency, static weight, health weight) per survivor
-        self.rows = tuple((c.name, c.cluster.max_concurrency, c.base, c.health.weight)
-                          for c in survivors)
+    def __init__(self, plan: Plan, ctx: SelectionContext, picker: Picker,
+                 rows: tuple[_Row, ...], names: tuple[str, ...], k_load: float) -> None:
+        self.plan, self.ctx, self.picker = plan, ctx, picker
+        self.rows = rows
+        self.names = names  # every route whose in-flight count a pick reads
         self.k_load = k_load
-        self.probe_share = probe_share
-        self.reasons = reasons  # decision reason when survivor i is chosen
-        # Admission's "some usable route below capacity and within budget" for this
-        # plan and class (every survivor is below capacity when the lane applies);
-        # admission fills it in on first use (sidecar.core.admission).
-        self.admission_ok: tuple[ClassConfig, bool] | None = None
+        self.probe_share = ctx.config.health.probe_share
+        self.degraded = ctx.config.health.degraded_weight
+        # Admission's over-budget verdict per row for a class (it reads only the
+        # plan's scores); admission fills it in on first use (sidecar.core.admission).
+        self.over: tuple[ClassConfig, tuple[bool, ...]] | None = None
 
     @classmethod
     def of(cls, plan: Plan, ctx: SelectionContext, picker: Picker) -> RequestLane | None:
@@ -91,29 +101,48 @@ class RequestLane:
             return None
         if len(plan.request_scorers) != 1 or type(plan.request_scorers[0][0]) is not Load:
             return None
-        survivors = tuple(c for c in plan.candidates if c.dropped is None)
-        if not survivors:
+        restrict = ClassRestriction in {type(f) for f in plan.request_filters}
+        names: dict[str, int] = {}
+        rows = []
+        for c in plan.candidates:
+            if c.dropped is not None:
+                continue
+            guard = None
+            if restrict and c.health.excluded_for_sensitive and ctx.klass.latency_sensitive \
+                    and not c.health.quarantined:
+                guard = tuple((names.setdefault(n, len(names)), limit)
+                              for n, limit in _alternatives(ctx, c.name))
+            reason = decision_reason(PipelineResult(c, plan.candidates, False, ()), ctx.model)
+            rows.append(_Row(c.name, names.setdefault(c.name, len(names)),
+                             c.cluster.max_concurrency, c.base, c.health.weight, guard, reason,
+                             c.latency))
+        if not rows:
             return None  # panic: the full stage picks the tier
-        sensitive = ctx.klass.latency_sensitive
-        for c in survivors:
-            if c.health.excluded_for_sensitive and sensitive and not c.health.quarantined:
-                return None  # the class restriction (or its herding guard) acts
-        reasons = tuple(decision_reason(PipelineResult(c, plan.candidates, False, ()), ctx.model)
-                        for c in survivors)
-        return cls(plan, survivors, plan.request_scorers[0][1], ctx.config.health.probe_share,
-                   reasons)
+        return cls(plan, ctx, picker, tuple(rows), tuple(names), plan.request_scorers[0][1])
 
     def pick(self, inflight: Callable[[str], int], rng: random.Random) -> LanePick | None:
-        """Choose for one request (module docstring); None: some survivor is full."""
+        """Choose for one request (module docstring); None: the full stage must decide
+        (a candidate is full, or the class restriction left none)."""
+        counts = tuple([inflight(name) for name in self.names])
         k = self.k_load
-        counts: list[int] = []
+        kept: list[int] = []
         weights: list[float] = []
         top = 0.0
-        for name, limit, base, health in self.rows:
-            n = inflight(name)
+        for i, (_, at, limit, base, health, guard, _, _) in enumerate(self.rows):
+            if guard is not None:
+                # ClassRestriction's herding guard: leave only as fast as others have room.
+                cap = free = 0
+                for other, other_limit in guard:
+                    cap += other_limit
+                    room = other_limit - counts[other]
+                    if room > 0:
+                        free += room
+                if cap and free >= HERD_HEADROOM * cap:
+                    continue  # restricted for the class: dropped
+                health = self.degraded
+            n = counts[at]
             if n >= limit:
                 return None  # capacity drops it: the full stage decides (no draw made)
-            counts.append(n)
             weight = base
             if k:
                 load = 1.0 - n / limit
@@ -123,56 +152,104 @@ class RequestLane:
             w = weight * health
             if w < 1e-9:
                 w = 1e-9
+            kept.append(i)
             weights.append(w)
             if w > top:
                 top = w
+        if not kept:
+            return None  # panic
         floor = self.probe_share * top
-        for i, w in enumerate(weights):
+        for j, w in enumerate(weights):
             if w < floor:
-                weights[i] = floor
-        x = rng.random() * sum(weights)
-        chosen = len(weights) - 1
-        for i, w in enumerate(weights):
+                weights[j] = floor
+        u = rng.random()
+        x = u * sum(weights)
+        chosen = kept[-1]
+        for j, w in enumerate(weights):
             x -= w
             if x < 0:
-                chosen = i
+                chosen = kept[j]
                 break
-        return LanePick(self, tuple(counts), tuple(weights), chosen)
+        return LanePick(self, counts, tuple(kept), chosen, u)
+
+
+def _alternatives(ctx: SelectionContext, name: str) -> list[tuple[str, int]]:
+    """The routes the herding guard counts the room of, for candidate ``name``
+    (as :class:`~sidecar.core.filters.ClassRestriction` selects them; health is
+    the plan's)."""
+    out = []
+    for other in ctx.model.candidates:
+        if other == name or not ctx.config.has_cluster(other):
+            continue
+        h = ctx.health_of(other)
+        if h.excluded_for_sensitive or h.quarantined:
+            continue
+        out.append((other, ctx.config.cluster(other).max_concurrency))
+    return out
 
 
 class LanePick(NamedTuple):
     """One request's choice through a :class:`RequestLane`."""
 
     lane: RequestLane
-    counts: tuple[int, ...]  # in-flight count of each survivor when it was chosen
-    weights: tuple[float, ...]  # final weight of each survivor
-    chosen: int  # index into the lane's survivors
+    counts: tuple[int, ...]  # the in-flight count of each of the lane's names, as read
+    kept: tuple[int, ...]  # rows that survived the per-request filters
+    chosen: int  # the chosen row
+    u: float  # the picker's uniform draw
 
     @property
     def name(self) -> str:
-        return self.lane.names[self.chosen]
+        return self.lane.rows[self.chosen].name
 
     @property
     def reason(self) -> str:
-        return self.lane.reasons[self.chosen]
+        return self.lane.rows[self.chosen].reason
 
     @property
     def chosen_latency(self) -> dict[str, LatencyValue]:
         """The chosen candidate's looked-up latencies (shared with the plan, read-only)."""
-        return self.lane.survivors[self.chosen].latency
+        return self.lane.rows[self.chosen].latency
 
     def result(self) -> PipelineResult:
         """The :class:`PipelineResult` :func:`~sidecar.core.pipeline.run_request` would
-        have returned for this request (a new object each call)."""
+        have returned for this request: it runs again, on the in-flight counts the
+        pick read and with the pick's draw (a new object each call)."""
         lane = self.lane
-        cands = [c.for_request() for c in lane.plan.candidates]
-        survivors = [c for c in cands if c.dropped is None]
-        for c, n, limit, w in zip(survivors, self.counts, lane.limits, self.weights,
-                                  strict=True):
-            c.scores["load"] = max(1.0 - n / limit, 0.02)
-            c.weight = w
-        return PipelineResult(survivors[self.chosen], tuple(cands), False, (),
-                              lane.plan.request_filter_names)
+        counts = dict(zip(lane.names, self.counts, strict=True))
+        ctx = replace(lane.ctx, view=_Counted(lane.ctx.view, counts))
+        result = run_request(lane.plan, ctx, lane.picker, _Replay(self.u))
+        assert result is not None and result.chosen.name == self.name
+        return result
+class _Counted:
+    """A route view whose in-flight counts are a snapshot (the rest is the view's)."""
+
+    def __init__(self, view: RouteView, counts: dict[str, int]) -> None:
+        self._view, self._counts = view, counts
+
+    def latency(self, cluster: str, slice: SliceKey, metric: str, percentile: float,
+                now: float) -> LatencyValue:
+        return self._view.latency(cluster, slice, metric, percentile, now)
+
+    def evidence(self, cluster: str, slice: SliceKey, metric: str,
+                 now: float) -> RouteEvidence | None:
+        return self._view.evidence(cluster, slice, metric, now)
+
+    def health(self, cluster: str, slice: SliceKey) -> HealthView:
+        return self._view.health(cluster, slice)
+
+    def inflight(self, cluster: str) -> int:
+        return self._counts[cluster]
+
+
+class _Replay(random.Random):
+    """Answers the picker's one draw with the pick's."""
+
+    def __init__(self, u: float) -> None:
+        super().__init__(0)
+        self._u = u
+
+    def random(self) -> float:
+        return self._u
 
 
 def full_result(result: PipelineResult | LanePick | None) -> PipelineResult | None:
