@@ -17,7 +17,8 @@ them into ``StreamAccessLogsMessage`` batches of ``B`` entries, and then:
   one flush interval per batch. Prints process CPU per entry (``time.process_time``),
   the least and the median of ``K`` repeats, for the stages: decode, decode +
   the full conversion to a ``LogRecord``, the whole sink, and the router's
-  share of it (``Router.observe`` fed the same observations).
+  share of it (the router fed the same calls: ``observe`` per observation,
+  ``observe_ok`` per route and batch).
 * ``--grpc``: starts the real sidecar (``tailroute serve``, native mode) and
   streams the same batches to it over the Access Log Service from this
   process, one batch every ``--interval-ms``, then prints the sidecar's CPU per
@@ -183,37 +184,40 @@ def in_process(raw: list[bytes], n: int, batch: int, repeat: int, observe_share:
 
     def router_only() -> float:
         _, app = _sink_stack(observe_share)
-        obs = _observations(raw, app)
-        now = 1000.0
+        calls = _router_calls(raw, app)
+        router = app.router
         t0 = time.process_time()
-        for i, o in enumerate(obs):
-            if i % batch == 0:
-                now += FLUSH_S
-            app.router.observe(o, now)
+        for name, args in calls:
+            getattr(router, name)(*args)
         return time.process_time() - t0
 
     print(f"{n} entries in batches of {batch}; CPU per entry (µs), least and median of "
           f"{repeat} (contention only adds: the least is the steadiest figure):")
     for name, fn in (("decode", decode), ("decode + LogRecord", convert),
-                     ("whole sink", sink), ("of which Router.observe", router_only)):
+                     ("whole sink", sink), ("of which the router", router_only)):
         xs = [fn() / n * 1e6 for _ in range(repeat)]
         print(f"  {name:24} {min(xs):7.2f}  (median {statistics.median(xs):.2f})")
 
 
-def _observations(raw: list[bytes], app: App) -> list[Any]:
-    """The observations the sink would hand the router (for timing the router alone)."""
-    seen: list[Any] = []
-    real = app.router.observe
-
-    def keep(obs: Any, now: float) -> list[Any]:
-        seen.append(obs)
-        return []
-    app.router.observe = keep  # type: ignore[method-assign]
+def _router_calls(raw: list[bytes], app: App) -> list[tuple[str, tuple[Any, ...]]]:
+    """The router calls the sink makes for these batches (for timing the router alone):
+    ``observe`` per observation, ``observe_ok`` per route and batch where it has it."""
+    seen: list[tuple[str, tuple[Any, ...]]] = []
+    router = app.router
+    names = [n for n in ("observe", "observe_ok") if hasattr(router, n)]
+    for name in names:
+        def keep(*args: Any, _name: str = name) -> list[Any]:
+            seen.append((_name, args))
+            return []
+        setattr(router, name, keep)
     service = _service(app)
     consume = getattr(service, "consume", None) or _consume_compat(service)
+    now = 1000.0
     for b in raw:
-        consume(als_pb2.StreamAccessLogsMessage.FromString(b), 1000.0)
-    app.router.observe = real  # type: ignore[method-assign]
+        now += FLUSH_S
+        consume(als_pb2.StreamAccessLogsMessage.FromString(b), now)
+    for name in names:
+        delattr(router, name)
     return seen
 
 

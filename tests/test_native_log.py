@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from sidecar.core.config import parse_config
 from sidecar.core.types import Observation, SliceKey
 from sidecar.core.weights import SliceWeights
+from sidecar.ops import snapshot
 from sidecar.pb.envoy.data.accesslog.v3 import accesslog_pb2 as al
 from sidecar.pb.envoy.service.accesslog.v3 import als_pb2
 from sidecar.shell import envoy_contract as ec
@@ -81,7 +82,8 @@ def entry(route: str = route_name(S, "len"), cluster: str = "a", status: int = 2
 
 
 class Side:
-    """One sink stack (as ``tailroute serve`` builds it), recording what the router sees."""
+    """One sink stack (as ``tailroute serve`` builds it), recording what the router
+    learns: the observations it is handed one by one, and everything it holds after."""
 
     def __init__(self, shortcut: bool, observe_share: float = 1.0) -> None:
         self.app = app = App.create(_config(observe_share), seed=7)
@@ -109,17 +111,25 @@ class Side:
             msg.SerializeToString()), now)
 
     def view(self) -> tuple[Any, ...]:
+        """What the router learned (statistics, health and transitions as a warm-restart
+        snapshot holds them, each series' version and last sample), its counters, the
+        sidecar's counters and the interval's load."""
         self.native.load.roll(100.0)
-        return (self.seen, dict(self.app.envoy), dict(self.native.counters),
-                self.native.load.demand, dict(self.app.router.counters))
+        router = self.app.router
+        series = {k: (rs.version, rs.last_seen) for k, rs in router.stats.items()}
+        return (snapshot.build(router, 100.0, 0.0), series, dict(router.counters),
+                dict(self.app.envoy), dict(self.native.counters), self.native.load.demand)
 
 
 def _both(batches: list[list[al.HTTPAccessLogEntry]], observe_share: float = 1.0) -> None:
+    """The shortcut side learns what the record path learns (which sees every entry
+    as one observation, in order)."""
     fast, slow = Side(True, observe_share), Side(False, observe_share)
     for i, b in enumerate(batches):
         for side in (fast, slow):
             side.feed(b, 10.0 + 0.1 * i)
     assert fast.view() == slow.view()
+    assert len(slow.seen) >= len(fast.seen)  # successes reach the router a route at a time
 
 
 @pytest.mark.parametrize("e", [

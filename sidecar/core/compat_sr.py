@@ -130,6 +130,10 @@ class SrLatencyBook:
             self._models = frozenset(m.name for m in cfg.models if m.compat == SEMANTIC_ROUTER)
         return self._models
 
+    def covers(self, model: str, cfg: Config) -> bool:
+        """Whether ``model``'s responses feed this book (its profile is semantic-router)."""
+        return model in self._compat_models(cfg)
+
     def observe(self, obs: Observation, cfg: Config) -> None:
         model = obs.slice.model
         if model not in self._compat_models(cfg):

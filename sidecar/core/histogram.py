@@ -50,6 +50,7 @@ from sidecar.core.cumulative import MAX_VALUE, MIN_VALUE, Cumulative, FloatArray
 __all__ = ["MAX_VALUE", "MIN_VALUE", "Cumulative", "LogHistogram"]
 
 _PAD = 8  # buckets of headroom added around a new index (about +-17% at a = 0.02)
+_EXACT_INTEGERS = float(2**53)  # every whole float64 below this is exact, as is its + 1
 
 
 @lru_cache(maxsize=16)
@@ -146,6 +147,23 @@ class LogHistogram:
             return self._hi_idx
         raise ValueError("cannot add NaN")
 
+    def indices_of(self, values: Sequence[float]) -> list[int | None]:
+        """:meth:`index_of` of each value (NaN raises), in one call."""
+        log, ceil, inv = math.log, math.ceil, self._inv
+        lo_idx, hi_idx = self._lo_idx, self._hi_idx
+        out: list[int | None] = []
+        for x in values:
+            if x <= MIN_VALUE:
+                out.append(None)
+            elif x < MAX_VALUE:
+                i = ceil(log(x) * inv)
+                out.append(lo_idx if i < lo_idx else i)
+            elif x == x:
+                out.append(hi_idx)
+            else:
+                raise ValueError("cannot add NaN")
+        return out
+
     def add_index(self, i: int | None) -> None:
         """Add one sample (weight 1) in bucket ``i`` from :meth:`index_of`.
 
@@ -158,6 +176,29 @@ class LogHistogram:
         if not self._lo <= i <= self._hi:
             self._cover(i, i)
         self._pending.append(i)
+
+    def add_indices(self, indices: Sequence[int | None]) -> None:
+        """:meth:`add_index` for each of ``indices`` in order, in one call: the same
+        additions (the totals counted one by one whenever a bulk count could round
+        differently), the same array growth (index by index when any falls outside)
+        and the same deferred counts, so every figure stays bit-identical."""
+        n = len(indices)
+        if not n:
+            return
+        self._total = _plus_units(self._total, n)
+        known = [i for i in indices if i is not None]
+        if len(known) < n:
+            self._zero = _plus_units(self._zero, n - len(known))
+        if not known:
+            return
+        if self._lo <= min(known) and max(known) <= self._hi:
+            self._pending.extend(known)
+            return
+        pending = self._pending
+        for i in known:
+            if not self._lo <= i <= self._hi:
+                self._cover(i, i)
+            pending.append(i)
 
     def _flush(self) -> None:
         """Fold the deferred unit samples in, in order: ``np.add.at`` is unbuffered (a bucket
@@ -387,6 +428,17 @@ class LogHistogram:
 
     def __repr__(self) -> str:
         return f"LogHistogram(a={self._a}, count={self._total:g}, buckets={len(self)})"
+
+
+def _plus_units(x: float, n: int) -> float:
+    """``x`` plus ``1.0`` added ``n`` times: at once while that is exact (a whole ``x``
+    well inside float64's integers), else one addition at a time."""
+    if x.is_integer() and abs(x) + n < _EXACT_INTEGERS:
+        return x + n
+    for _ in range(n):
+        x += 1.0
+    return x
+
 
 
 def _add_scaled(counts: FloatArray, start: int, src: FloatArray, scale: float) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from sidecar.core import compat_sr
@@ -48,7 +49,7 @@ from sidecar.core.pipeline import (
 )
 from sidecar.core.request_lane import LanePick, RequestLane, chosen_latency, full_result
 from sidecar.core.scorers import DEFAULT_SCORERS
-from sidecar.core.series import RouteStats, as_metric
+from sidecar.core.series import OkSample, RouteStats, as_metric
 from sidecar.core.stats import StatsStore
 from sidecar.core.types import (
     ANY,
@@ -494,6 +495,37 @@ class Router:
         if events:
             self._log(events)
         return events
+
+    def observe_ok(self, cluster: str, slice: SliceKey, samples: Sequence[OkSample],
+                   now: float) -> None:
+        """:meth:`observe` of many ``ok`` first attempts of ``slice`` on ``cluster`` that
+        are not probes, all at ``now`` (a batch of log entries), in one pass: the same
+        statistics, counters and fast-path runs as one call per sample in order. A
+        success trips nothing, so there are no events; and on a route the health board
+        holds nothing for, it changes nothing there either."""
+        n = len(samples)
+        if not n:
+            return
+        config = self.config
+        if self.compat_sr.covers(slice.model, config):
+            for ttft, tpot, e2e, tokens in samples:
+                self.compat_sr.observe(
+                    Observation(cluster, slice, "ok", None, ttft, tpot, e2e, tokens), config)
+        self.counters[("outcome", "ok")] += n
+        if self._next_eval is None:
+            self._next_eval = self._boundary_after(now)
+        key = self.stats.observe_ok(cluster, slice, samples, now)
+        board = self.board
+        hc = board.peek(cluster, CLUSTER_SLICE)
+        if hc is not None and hc.circuit_open:
+            return  # stragglers of an ejected cluster (_fast_path)
+        if hc is None and board.peek(cluster, key) is None:
+            return
+        label = key.label()
+        for _, _, e2e, _ in samples:
+            sent_at = None if e2e is None else now - e2e
+            board.note_outcome(cluster, CLUSTER_SLICE, False, now, sent_at, label)
+            board.note_outcome(cluster, key, False, now, sent_at)
 
     def _record_probe(self, obs: Observation, key: SliceKey, now: float) -> list[TransitionEvent]:
         """A cluster-wide probe passes on any answer; a slice's must meet its budget."""

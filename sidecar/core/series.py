@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +76,22 @@ def latency_indices(obs: Observation, geometry: LogHistogram) -> Indices | None:
     for v in (obs.ttft_s, obs.tpot_s, obs.e2e_s):
         out.append(_NO_VALUE if v is None or v != v else geometry.index_of(v))
     return (out[0], out[1], out[2])
+
+
+# (ttft, tpot, e2e) in seconds and output tokens of one ``ok`` first attempt (None:
+# not measured).
+OkSample = tuple[float | None, float | None, float | None, int | None]
+IndexLists = tuple[list[int | None], list[int | None], list[int | None]]
+
+
+def ok_index_lists(samples: Sequence[OkSample], geometry: LogHistogram) -> IndexLists:
+    """:func:`latency_indices` of many ``ok`` first attempts, per metric: the bucket
+    index of each measured value in order (None: the zero bucket); unmeasured or NaN
+    values are left out, as there."""
+    index_of = geometry.indices_of
+    return (index_of([v for v, _, _, _ in samples if v is not None and v == v]),
+            index_of([v for _, v, _, _ in samples if v is not None and v == v]),
+            index_of([v for _, _, v, _ in samples if v is not None and v == v]))
 
 
 def aging(requests: int, decay: float, per: float) -> float:
@@ -365,6 +381,27 @@ class RouteStats:
             hists["tpot"].add_index(i_tpot)
         if i_e2e is not _NO_VALUE:
             hists["e2e"].add_index(i_e2e)
+
+    def record_ok(self, n: int, indices: IndexLists, now: float) -> None:
+        """:meth:`record` of ``n`` ``ok`` first attempts at ``now`` in one call, with
+        their bucket indices per metric (:func:`ok_index_lists`): the same counts,
+        version and histogram additions as ``n`` calls."""
+        slot = self._slot
+        if slot is None or slot.index != math.floor(now / self.cfg.subwindow_s):
+            self._sync(now)
+            slot = self._slot = self.window.current(now)
+        slot.ok += n
+        if self.last_seen is None or now > self.last_seen:
+            self.last_seen = now
+        self.version += n
+        hists = slot.hists
+        i_ttft, i_tpot, i_e2e = indices
+        if i_ttft:
+            hists["ttft"].add_indices(i_ttft)
+        if i_tpot:
+            hists["tpot"].add_indices(i_tpot)
+        if i_e2e:
+            hists["e2e"].add_indices(i_e2e)
 
     def is_stale(self, now: float) -> bool:
         """No observation for more than ``stale_after_s``: everything reports no data."""

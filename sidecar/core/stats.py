@@ -13,6 +13,7 @@ it was built from moves on.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,11 +23,13 @@ from sidecar.core.histogram import LogHistogram
 from sidecar.core.series import (
     METRICS,
     REFRESH_SHARE_OF_SUBWINDOW,
+    OkSample,
     RouteStats,
     SeriesWindow,
     WindowSummary,
     as_metric,
     latency_indices,
+    ok_index_lists,
 )
 from sidecar.core.types import ANY, Observation, SliceKey
 
@@ -104,6 +107,20 @@ class StatsStore:
         indices = latency_indices(obs, self._geometry)
         for rs in hit[2]:
             rs.record(obs.outcome, indices, now)
+        return hit[1]
+
+    def observe_ok(self, cluster: str, slice: SliceKey, samples: Sequence[OkSample],
+                   now: float) -> SliceKey:
+        """:meth:`observe` of many ``ok`` first attempts of one route at ``now``, each
+        value's bucket index computed once for all its series; returns the narrow key."""
+        route = (cluster, slice)
+        hit = self._routes.get(route)
+        if hit is None or hit[0] != self.layout:
+            hit = self._route(*route)
+        indices = ok_index_lists(samples, self._geometry)
+        n = len(samples)
+        for rs in hit[2]:
+            rs.record_ok(n, indices, now)
         return hit[1]
 
     def _route(

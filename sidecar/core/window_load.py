@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from sidecar.core.evidence import RouteEvidence
 from sidecar.core.pipeline import HealthView, LatencyValue, RouteView
@@ -97,6 +97,16 @@ class WindowLoad:
     def add(self, slice: SliceKey, cluster: str, duration_s: float) -> None:
         if duration_s > 0 and math.isfinite(duration_s):
             self._busy[(slice, cluster)] += duration_s
+
+    def add_all(self, slice: SliceKey, cluster: str, durations: Iterable[float | None]) -> None:
+        """:meth:`add` of each known duration, in order."""
+        key = (slice, cluster)
+        busy = self._busy.get(key)
+        for d in durations:
+            if d is not None and d > 0 and math.isfinite(d):
+                busy = d if busy is None else busy + d
+        if busy is not None:
+            self._busy[key] = busy
 
     def roll(self, now: float) -> dict[str, float]:
         """Close the window ending at ``now``; returns (and keeps as ``last``) its averages."""

@@ -27,7 +27,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from sidecar.core.envoy_log import LogRecord
 from sidecar.pb.envoy.data.accesslog.v3 import accesslog_pb2 as al
@@ -38,11 +38,22 @@ from sidecar.shell.grpc_settle import settle
 log = logging.getLogger("tailroute.access_log")
 
 Sink = Callable[[LogRecord, float], None]
-# A sink's shortcut for the common entry: called once per batch with its receive time,
-# it returns that batch's entry handler, which takes an entry straight from the wire
-# (True) or leaves it to the sink as a LogRecord (False). Nothing it may cache for the
-# batch changes while the batch is read (one synchronous pass on the event loop).
-EntryHandler = Callable[[al.HTTPAccessLogEntry], bool]
+
+
+class EntryHandler(Protocol):
+    """A sink's shortcut for the common entry, for one batch (:data:`BatchReader`)."""
+
+    def __call__(self, entry: al.HTTPAccessLogEntry, /) -> bool:
+        """Take the entry straight from the wire (True) or leave it to the sink as a
+        LogRecord (False); before leaving one, learn what it took before it."""
+
+    def finish(self) -> None:
+        """The batch is read: learn whatever was taken and not yet learned."""
+
+
+# Called once per batch with its receive time, it returns that batch's entry handler.
+# Nothing the handler may cache for the batch changes while the batch is read (one
+# synchronous pass on the event loop).
 BatchReader = Callable[[float], EntryHandler]
 
 _METHODS = ("", "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH")
@@ -205,10 +216,18 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
                 if take is None or not take(entry):
                     sink(record_from_entry(entry), now)
             except Exception:  # one bad entry must not end Envoy's stream
-                self.counters["log_entry_errors"] += 1
-                n = self.counters["log_entry_errors"]
-                if n <= 3 or n % 1000 == 0:  # a systematic bug must not flood the log
-                    log.exception("access-log entry not understood (%d so far); skipped", n)
+                self._not_understood()
+        if take is not None:
+            try:
+                take.finish()
+            except Exception:
+                self._not_understood()
+
+    def _not_understood(self) -> None:
+        self.counters["log_entry_errors"] += 1
+        n = self.counters["log_entry_errors"]
+        if n <= 3 or n % 1000 == 0:  # a systematic bug must not flood the log
+            log.exception("access-log entry not understood (%d so far); skipped", n)
 
     async def StreamAccessLogs(
         self, request_iterator: AsyncIterator[als_pb2.StreamAccessLogsMessage], context: Any

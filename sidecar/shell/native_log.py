@@ -20,15 +20,19 @@ tailroute, known cluster, end time logged   and the one tag the native bootstrap
                                             durations, tokens, rid) -- with what cannot
                                             change within a batch (route -> slice, known
                                             clusters, first-token offsets, probe
-                                            routes) looked up once per batch
+                                            routes) looked up once per batch and route
+                                            (:class:`NativeBatch`); the successes are
+                                            learned a route at a time
+                                            (``Router.observe_ok``)
 anything else (errors, timeouts, cancels,   :meth:`NativeFeed.__call__`: the entry's
 flags, decided requests, other routes)      :class:`~sidecar.core.envoy_log.LogRecord`,
                                             :func:`~sidecar.core.envoy_log.observation_from_log`
 ==========================================  ===========================================
 
-Both give the same observation for the same entry (the ``ok`` timing is
+Both teach the router the same for the same entries (the ``ok`` timing is
 :func:`~sidecar.core.envoy_log.ok_timing` on both; ``tests/test_native_log.py``
-compares them entry by entry).
+compares the router's statistics, health, counters and the load after any
+batches, against the record path fed every entry as one observation).
 """
 
 from __future__ import annotations
@@ -40,9 +44,10 @@ from sidecar.core.envoy_log import (
     ok_timing,
     waited_s,
 )
+from sidecar.core.series import OkSample
 from sidecar.core.types import Observation, SliceKey
 from sidecar.pb.envoy.data.accesslog.v3 import accesslog_pb2 as al
-from sidecar.shell.access_log import EntryHandler, Sink, entry_tag, us_seconds
+from sidecar.shell.access_log import Sink, entry_tag, us_seconds
 from sidecar.shell.app import App
 from sidecar.shell.native import NativeRouting
 
@@ -87,76 +92,136 @@ class NativeFeed:
         if obs is not None:
             app.log_events(app.router.observe(obs, now))
 
-    def batch(self, now: float) -> EntryHandler:
-        """The handler for one batch received at ``now``: it takes the common native
-        entry (a complete 2xx) straight from the wire and leaves every other entry to
-        :meth:`__call__` (module docstring)."""
-        app, native = self.app, self.native
-        routes = native.routes()
-        config, router, offsets, envoy = app.config, app.router, app.offsets, app.envoy
-        sampled = config.stats.observe_share < 1.0
-        known: dict[str, bool] = {}
-        timing: dict[tuple[str, SliceKey], tuple[float, bool]] = {}
-        probes: dict[SliceKey, tuple[str, ...]] = {}
-        observe, log_events, add_load = router.observe, app.log_events, native.load.add
-        counters = native.counters
+    def batch(self, now: float) -> NativeBatch:
+        """The handler for one batch received at ``now`` (:class:`NativeBatch`)."""
+        return NativeBatch(self, now)
 
-        def take(e: al.HTTPAccessLogEntry) -> bool:
-            c = e.common_properties
-            s = routes.get(c.route_name)
-            if s is None:
-                return False
-            parts = entry_tag(c.custom_tags)
-            if parts is None:
-                return False  # a bootstrap without the tag
-            status_s, flags, first_s, end_s, tokens_s, rid = parts
-            if flags != "-" or rid or not status_s.isdigit():
-                return False  # a response flag, a tailroute decision
-            status = int(status_s)
-            end = us_seconds(end_s)
-            if not 200 <= status < 300 or end is None:
-                return False
-            tokens = None
-            if tokens_s:
+
+class NativeBatch:
+    """One batch's reader of the common native entry (a complete 2xx): it takes that
+    entry straight from the wire and leaves every other entry to
+    :meth:`NativeFeed.__call__` (module docstring).
+
+    The common entries that are not probes are learned a route at a time: their
+    samples are gathered per (cluster, slice) and handed to the router in one
+    :meth:`~sidecar.core.router.Router.observe_ok` call each, together with their
+    load and counts, when the batch ends (:meth:`finish`) -- and before any entry
+    that takes another path (left to the record path, or a probe), so the router
+    still sees every failure, probe and success in the order Envoy logged them
+    (successes of different routes touch separate state: their relative order
+    changes nothing). With ``stats.observe_share`` below 1 each entry is learned
+    at once, as whether to keep the next one depends on what is already counted.
+    """
+
+    def __init__(self, feed: NativeFeed, now: float) -> None:
+        app, native = feed.app, feed.native
+        self.now = now
+        self.app, self.native = app, native
+        self.routes = native.routes()
+        self.config, self.router = app.config, app.router
+        self.sampled = self.config.stats.observe_share < 1.0
+        # What cannot change within the batch, per (route name, cluster): None for an
+        # entry of another path, else the route's _Route.
+        self.plans: dict[tuple[str, str], _Route | None] = {}
+        self.pending: list[_Route] = []  # routes with gathered successes, in first-seen order
+
+    def _plan(self, key: tuple[str, str]) -> _Route | None:
+        route_name, cluster = key
+        s = self.routes.get(route_name)
+        plan = None
+        if s is not None and self.config.has_cluster(cluster):
+            offsets = self.app.offsets
+            plan = _Route(s, cluster, cluster in self.native.probes_of(s),
+                          offsets.offset(cluster, s), not offsets.blind(cluster, s))
+        self.plans[key] = plan
+        return plan
+
+    def __call__(self, e: al.HTTPAccessLogEntry) -> bool:
+        c = e.common_properties
+        key = (c.route_name, c.upstream_cluster)
+        plan = self.plans.get(key)
+        if plan is None and (key in self.plans or (plan := self._plan(key)) is None):
+            return self._leave()  # not a slice route, or no known cluster
+        parts = entry_tag(c.custom_tags)
+        if parts is None:
+            return self._leave()  # a bootstrap without the tag
+        status_s, flags, first_s, end_s, tokens_s, rid = parts
+        if flags != "-" or rid or not status_s.isdigit() or not end_s.isdigit():
+            return self._leave()  # a response flag, a tailroute decision, no end time
+        status = int(status_s)
+        if not 200 <= status < 300:
+            return self._leave()
+        end = int(end_s) * 1e-6  # us_seconds
+        tokens = None
+        if tokens_s:
+            n: float
+            if tokens_s.isdigit():
+                n = int(tokens_s)
+            else:
                 try:
                     n = float(tokens_s)
                 except ValueError:
-                    return False  # not a number: as the record path reads it
-                tokens = int(n) if 0 <= n < 1e9 else None
-            cluster = c.upstream_cluster
-            ok = known.get(cluster)
-            if ok is None:
-                ok = known[cluster] = config.has_cluster(cluster)
-            if not ok or e.response.response_code_details.startswith(TAILROUTE_DETAILS_PREFIX):
-                return False
-            envoy["entries"] += 1
-            envoy["native"] += 1
-            counters["logged"] += 1
-            add_load(s, cluster, end)
-            probe_set = probes.get(s)
-            if probe_set is None:
-                probe_set = probes[s] = native.probes_of(s)
-            probe = cluster in probe_set
-            if probe:
-                counters["probes"] += 1
-            elif sampled and not router.wants_observation(cluster, s, now, app.rng):
-                return True
-            ttft = tpot = None
-            if s.streaming:
-                key = (cluster, s)
-                route_timing = timing.get(key)
-                if route_timing is None:
-                    offset = offsets.offset(cluster, s)
-                    route_timing = timing[key] = (offset, not offsets.blind(cluster, s))
-                first = us_seconds(first_s)
-                ttft, tpot = ok_timing(None if first is None else first + route_timing[0],
-                                       end, tokens, route_timing[1])
-            obs = Observation(cluster, s, "ok", status, ttft, tpot, end, tokens or None,
-                              False, probe, False)
-            events = observe(obs, now)
-            if events:
-                log_events(events)
+                    return self._leave()  # not a number: as the record path reads it
+            tokens = int(n) if 0 <= n < 1e9 else None
+        if e.response.response_code_details.startswith(TAILROUTE_DETAILS_PREFIX):
+            return self._leave()
+        s = plan.slice
+        ttft = tpot = None
+        if s.streaming:
+            first = us_seconds(first_s)
+            ttft, tpot = ok_timing(None if first is None else first + plan.offset,
+                                   end, tokens, plan.trust_first)
+        if not (plan.probe or self.sampled):
+            group = plan.samples
+            if not group:
+                self.pending.append(plan)
+            group.append((ttft, tpot, end, tokens or None))
             return True
+        if self.pending:
+            self.finish()
+        cluster = plan.cluster
+        self._count(s, cluster, [end])
+        if plan.probe:
+            self.native.counters["probes"] += 1
+        elif not self.router.wants_observation(cluster, s, self.now, self.app.rng):
+            return True
+        obs = Observation(cluster, s, "ok", status, ttft, tpot, end, tokens or None,
+                          False, plan.probe, False)
+        events = self.router.observe(obs, self.now)
+        if events:
+            self.app.log_events(events)
+        return True
 
-        return take
+    def _leave(self) -> bool:
+        """An entry for the record path: what came before it is learned first."""
+        if self.pending:
+            self.finish()
+        return False
 
+    def _count(self, s: SliceKey, cluster: str, busy: list[float | None]) -> None:
+        envoy, n = self.app.envoy, len(busy)
+        envoy["entries"] += n
+        envoy["native"] += n
+        self.native.counters["logged"] += n
+        self.native.load.add_all(s, cluster, busy)
+
+    def finish(self) -> None:
+        """Learn the gathered successes, a route at a time (class docstring)."""
+        pending, self.pending = self.pending, []
+        observe_ok, now = self.router.observe_ok, self.now
+        for plan in pending:
+            samples, plan.samples = plan.samples, []
+            self._count(plan.slice, plan.cluster, [e2e for _, _, e2e, _ in samples])
+            observe_ok(plan.cluster, plan.slice, samples, now)
+
+
+class _Route:
+    """A native slice route and cluster as one batch reads them (:class:`NativeBatch`)."""
+
+    __slots__ = ("cluster", "offset", "probe", "samples", "slice", "trust_first")
+
+    def __init__(self, s: SliceKey, cluster: str, probe: bool, offset: float,
+                 trust_first: bool) -> None:
+        self.slice, self.cluster, self.probe = s, cluster, probe
+        self.offset, self.trust_first = offset, trust_first  # first-token offset, not blind
+        self.samples: list[OkSample] = []  # successes gathered and not yet learned
