@@ -215,7 +215,10 @@ class AdmissionControl:
                 over = tuple(self._over(c, c.name, req, klass, view, now) for c in cands)
                 if all("violation" in c.scores for c in cands):
                     lane.over = (klass, over)  # else a tail lookup moves with time
-            return any(not over[i] for i in result.kept)
+            for i in result.kept:  # noqa: SIM110 -- a loop, not any(genexpr): per decision
+                if not over[i]:
+                    return True
+            return False
         if result is None or result.panic or result.chosen.dropped is not None:
             return False
         for c in (result.chosen, *result.candidates):

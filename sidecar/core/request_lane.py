@@ -77,13 +77,15 @@ class _Row(NamedTuple):
 class RequestLane:
     """The per-request stage of one plan (module docstring); build with :meth:`of`."""
 
-    __slots__ = ("ctx", "degraded", "k_load", "names", "over", "picker", "plan", "probe_share",
-                 "rows")
+    __slots__ = ("ctx", "degraded", "hot", "k_load", "names", "over", "picker", "plan",
+                 "probe_share", "rows")
 
     def __init__(self, plan: Plan, ctx: SelectionContext, picker: Picker,
                  rows: tuple[_Row, ...], names: tuple[str, ...], k_load: float) -> None:
         self.plan, self.ctx, self.picker = plan, ctx, picker
         self.rows = rows
+        self.hot = tuple((i, r.at, r.limit, r.base, r.health, r.guard)
+                         for i, r in enumerate(rows))  # what pick() reads, unpacked fast
         self.names = names  # every route whose in-flight count a pick reads
         self.k_load = k_load
         self.probe_share = ctx.config.health.probe_share
@@ -123,12 +125,12 @@ class RequestLane:
     def pick(self, inflight: Callable[[str], int], rng: random.Random) -> LanePick | None:
         """Choose for one request (module docstring); None: the full stage must decide
         (a candidate is full, or the class restriction left none)."""
-        counts = tuple([inflight(name) for name in self.names])
+        counts = tuple(map(inflight, self.names))
         k = self.k_load
         kept: list[int] = []
         weights: list[float] = []
         top = 0.0
-        for i, (_, at, limit, base, health, guard, _, _) in enumerate(self.rows):
+        for i, at, limit, base, health, guard in self.hot:
             if guard is not None:
                 # ClassRestriction's herding guard: leave only as fast as others have room.
                 cap = free = 0
@@ -147,8 +149,8 @@ class RequestLane:
             if k:
                 load = 1.0 - n / limit
                 if load < 0.02:
-                    load = 0.02
-                weight *= max(load, 1e-6) ** k
+                    load = 0.02  # so max(load, 1e-6) is load itself
+                weight *= load ** k
             w = weight * health
             if w < 1e-9:
                 w = 1e-9

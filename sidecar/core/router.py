@@ -296,7 +296,9 @@ class Router:
         # what changes per request -- in-flight counts -- comes from the view); as
         # plain arithmetic when that is exact (sidecar.core.request_lane).
         if cached.lane is not None and not req.explain:
-            pick = cached.lane.pick(self.inflight, rng)
+            # Standalone, the in-flight counts are the Counter's own (missing: 0).
+            pick = cached.lane.pick(self.inflight if self.peer_inflight
+                                    else self._inflight.__getitem__, rng)
             if pick is not None:
                 return self._decision(cached, req, pick.name, pick.reason, klass, None), pick
         result = run_request(cached.plan, cached.ctx, self._picker, rng)
