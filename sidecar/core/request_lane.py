@@ -10,7 +10,8 @@ is the default one (picker ``weighted_random``, scorer ``load``, filters class
 restriction, capacity and the failure run's trial limit, which the router checks
 first: while it holds a route back the full stage runs) and computes, from a
 snapshot of the counts, exactly what that stage would -- the same operations in
-the same order, so weights and pick are bit-identical. For each candidate the static stage kept, in order::
+the same order, so weights and pick are bit-identical. For each candidate the
+static stage kept, in order::
 
     restricted for this latency-sensitive class (the herding guard):
         dropped       if  free_alt >= HERD_HEADROOM * cap_alt   (alternatives' room)
