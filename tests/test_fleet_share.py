@@ -54,7 +54,11 @@ def _feed(store: StatsStore, items: list[tuple[str, int, str, float, float]], t0
 def test_merging_a_peers_subwindows_equals_observing_its_requests(
     mine: list[Any], theirs: list[Any]
 ) -> None:
-    cfg = _config().stats
+    """Merged sub-windows read like observed ones. The shift test is off here: its
+    state is each replica's own (sidecar.core.series, "Shifts"), found when that
+    replica folds a completed sub-window, so a peer's sub-windows merged after the
+    fold are not tested again and may leave the two readings apart."""
+    cfg = replace(_config().stats, shift_alpha=0.0)
     t0, now = 1000.0, 1059.5
     local, peer, both = StatsStore(cfg), StatsStore(cfg), StatsStore(cfg)
     _feed(local, mine, t0)

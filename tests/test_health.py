@@ -564,6 +564,22 @@ def test_an_open_run_holds_the_route_while_its_ejecting_trials_are_pending() -> 
     assert h.streak == 0 and not h.run_held(1.31) and not h.run_trials
 
 
+def test_a_failure_whose_send_time_drifted_still_answers_a_trial() -> None:
+    """On a loaded proxy a failure's send time (outcome time minus its measured
+    duration) may drift from the router's record of the send by more than
+    TRIAL_MATCH_S: it answers the oldest trial, or the route would be held back
+    while the failure that should free it already counts in the run."""
+    h = RouteHealth("a", K, HC, SC, 0.0)
+    h.note_outcome(True, 1.05, sent_at=1.0)  # s = 1
+    h.note_sent(1.06)
+    h.note_sent(1.07)
+    assert h.run_held(1.08)
+    h.note_outcome(True, 1.40, sent_at=1.20)  # s = 2; matches no trial within 20 ms
+    assert h.run_trials == [1.07] and h.run_held(1.41)  # one pending of the one needed
+    h.note_outcome(True, 1.45, sent_at=0.5)  # sent before the run: answers none
+    assert h.run_trials == [1.07]
+
+
 @pytest.mark.parametrize(
     ("fail_latency", "unheld_after"),
     [(0.05, 0.35), (1.0, 2.25), (10.0, 20.25)],

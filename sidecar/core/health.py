@@ -555,13 +555,18 @@ class RouteHealth:
 
     def _answer_trial(self, sent: float) -> None:
         """A failure of a request sent at ``sent``: the trial nearest it (within the
-        caller's clock skew) is answered."""
+        caller's clock skew) is answered; a failure sent since the run began that
+        matches none (the proxy's timing of it drifted further, as on a loaded
+        machine) answers the oldest, so an unmatched trial never holds the route
+        back while its failure already counts in the run."""
         trials = self.run_trials
         if not trials:
             return
         i = min(range(len(trials)), key=lambda j: abs(trials[j] - sent))
         if abs(trials[i] - sent) <= TRIAL_MATCH_S:
             trials.pop(i)
+        elif sent >= self.streak_since:
+            trials.pop(0)
 
     def run_held(self, now: float) -> bool:
         """The trial limit (module docstring): no new work while ``K - s`` trials

@@ -41,7 +41,10 @@ before it (:mod:`sidecar.core.shift`): when a few samples confidently left the
 route's own distribution (a run of them beyond its p90 or below its p10), the
 evidence from before the run is read moved by the ratio of medians since,
 until it ages out -- a sparse route's window would otherwise take minutes of
-aging to let a handful of new samples outweigh the old ones.
+aging to let a handful of new samples outweigh the old ones. The shift state is
+the replica's own: a peer's sub-window merged after this replica folded that
+index is not tested again, so two replicas may read a shift differently until
+the evidence from before it ages out (the merged sub-windows themselves agree).
 
 Accuracy: quantiles and CDF points within relative error ``a`` (default 0.02:
 1.00 s means the sample was in 0.98 .. 1.02 s). Freshness: cached evidence is

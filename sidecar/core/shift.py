@@ -16,9 +16,12 @@ before it, per metric, with a one-sided Bernoulli CUSUM in each direction::
 reference quantile with probability ``p0``, the drift is strongly negative and
 a false alarm needs a run of several tail samples in a row -- a stationary
 heavy tail (p99/p50 ~ 8) puts one in the tail now and then, not four of five.
-A tripled latency puts ~9 in 10 there: three to five samples decide it. At
-``alpha`` 0.01 a stationary heavy tail read a few samples per sub-window shifts
-about once per 1000 samples (tests/test_shift.py); a busy sub-window's many
+A tripled latency puts ~9 in 10 there: two to four samples decide it (at the
+default ``alpha`` 0.05 two tail samples in a row, at 0.01 three). A stationary
+heavy tail read three samples per sub-window shifts about once per 1000
+samples at either (6 alarms in 6000 samples of tests/test_shift.py's draw, at
+0.01 and at 0.05: a sub-window's sample inside the tail pulls the statistic
+below the threshold again); a busy sub-window's many
 samples inside the tail pull the statistic back to 0, and the shift factor is
 re-estimated from every later sample, so a false shift fades as samples come.
 
