@@ -547,6 +547,76 @@ def test_a_run_of_hard_failures_ejects_and_a_fresh_success_ends_it() -> None:
     assert h2.streak == 0
 
 
+def test_an_open_run_holds_the_route_while_its_ejecting_trials_are_pending() -> None:
+    """Trial limit: with s failures open, K - s pending trials hold the route; each
+    trial's failure frees its slot; a success of a request sent since ends the run."""
+    h = RouteHealth("a", K, HC, SC, 0.0)
+    assert not h.run_held(1.0)
+    h.note_outcome(True, 1.05, sent_at=1.0)  # s = 1, the failure took 50 ms
+    assert not h.run_held(1.06)
+    h.note_sent(1.06)
+    assert not h.run_held(1.07)  # one of K - s = 2 pending
+    h.note_sent(1.07)
+    assert h.run_held(1.08)
+    h.note_outcome(True, 1.11, sent_at=1.06)  # s = 2: need 1, and 1.07 is pending
+    assert h.run_held(1.12)
+    h.note_outcome(False, 1.30, sent_at=1.07)  # it answered: the run is over
+    assert h.streak == 0 and not h.run_held(1.31) and not h.run_trials
+
+
+@pytest.mark.parametrize(
+    ("fail_latency", "unheld_after"),
+    [(0.05, 0.35), (1.0, 2.25), (10.0, 20.25)],
+)
+def test_a_trial_unanswered_beyond_twice_the_runs_failure_time_stops_holding(
+    fail_latency: float, unheld_after: float,
+) -> None:
+    """H = 2 x the run's slowest failure + RUN_TRIAL_GRACE_S: a trial still unanswered
+    after that is not failing like the run, so a lone failure's hold is short."""
+    h = RouteHealth("a", K, HC, SC, 0.0)
+    h.note_outcome(True, 10.0 + fail_latency, sent_at=10.0)
+    h.note_sent(11.0)
+    h.note_sent(11.0)
+    assert h.run_held(11.0 + unheld_after - 0.01)
+    assert not h.run_held(11.0 + unheld_after + 0.01)
+
+
+def test_a_slice_confined_cluster_run_and_an_open_circuit_hold_nothing() -> None:
+    h = RouteHealth("a", K, HC, SC, 0.0)
+    h.note_outcome(True, 1.0, sent_at=0.99, part="long")
+    h.note_outcome(False, 1.01, sent_at=0.5, part="short")  # another slice answers
+    h.note_sent(1.02)
+    h.note_sent(1.02)
+    assert h.run_confined and not h.run_held(1.03)
+    h2 = RouteHealth("a", K, HC, SC, 0.0)
+    for t in (1.0, 1.1, 1.2):
+        h2.note_outcome(True, t)
+    h2.eject(1.2)
+    h2.note_sent(1.3)
+    assert h2.circuit_open and not h2.run_held(1.3) and not h2.run_trials
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("SFO"), st.floats(0.0, 0.5)), max_size=60))
+def test_trials_stay_bounded_and_a_held_route_always_needs_its_trials(
+    steps: list[tuple[str, float]],
+) -> None:
+    """Property: whatever sends (S) and outcomes (F failure, O success) arrive, the kept
+    trials stay bounded, and the route is held only while a run is open and has at
+    least K - s trials recorded."""
+    h = RouteHealth("a", K, HC, SC, 0.0)
+    now = 0.0
+    for kind, dt in steps:
+        now += dt
+        if kind == "S":
+            h.note_sent(now)
+        elif not h.circuit_open:
+            h.note_outcome(kind == "F", now, sent_at=max(0.0, now - dt))
+        assert len(h.run_trials) <= 64
+        if h.run_held(now):
+            assert h.streak > 0 and len(h.run_trials) >= h.eject_threshold() - h.streak
+
+
 @pytest.mark.parametrize("start", [S.HEALTHY, S.WATCHING, S.DEGRADED, S.RESTORING, S.RESTRICTED])
 def test_fast_ejection_of_the_last_viable_route_restricts_it(start: HealthState) -> None:
     d = Driver(start)

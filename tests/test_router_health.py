@@ -160,3 +160,36 @@ def test_snapshots_round_trip_runs_history_memory_and_fences() -> None:
     assert b.state is S.RESTORING and b.offences == 1
     assert store.series("b", SHORT).to_dict(500.0).get("fence_age") == \
         r.stats.series("b", SHORT).to_dict(now + 6.2).get("fence_age") is not None  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_route_that_went_down_gets_only_the_requests_that_eject_it(seed: int) -> None:
+    """b fails every request from t = 1 s, 40 ms after it was sent; requests arrive
+    every 5 ms (several are sent while each failure is under way). After its first
+    failure b receives no more than the K - 1 = 2 requests that eject it (the trial
+    limit), however many the traffic would have sent it meanwhile."""
+    r = _router()
+    rng = random.Random(seed)
+    pending: list[tuple[float, float, str]] = []  # (due, sent, cluster)
+    first_failure: float | None = None
+    after_first = 0
+    t = 0.0
+    for _ in range(600):
+        t += 0.005
+        for due, sent, cluster in sorted(p for p in pending if p[0] <= t):
+            pending.remove((due, sent, cluster))
+            if cluster == "b" and sent >= 1.0:
+                first_failure = due if first_failure is None else first_failure
+                r.observe(Observation("b", SHORT, "error", status=503, e2e_s=due - sent), due)
+            else:
+                r.observe(ok(cluster), due)
+            r.finished(cluster)
+        d = r.decide(_req(), t, rng)
+        r.started(d.cluster)
+        if d.cluster == "b" and first_failure is not None and r.health("b", SHORT).state \
+                == "healthy":
+            after_first += 1
+        pending.append((t + (0.04 if d.cluster == "b" and t >= 1.0 else 0.7), t, d.cluster))
+    assert first_failure is not None
+    assert r.health("b", SHORT).state == "quarantined"
+    assert after_first <= 2, after_first

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -18,7 +19,11 @@ from sidecar.core.stats import (
 )
 from sidecar.core.types import ANY, Observation, Outcome, SliceKey
 
-CFG = StatsConfig(subwindow_s=10.0, subwindows=6, min_samples=5, decay=0.5, stale_after_s=300)
+# min_aging 0: evidence ages with requests only (time aging has its own tests below);
+# shift_alpha 0: the aging arithmetic alone (shifts: tests/test_shift.py);
+# enough_samples 0: no busy-route bound (its own test below)
+CFG = StatsConfig(subwindow_s=10.0, subwindows=6, min_samples=5, decay=0.5, stale_after_s=300,
+                  min_aging=0.0, shift_alpha=0.0, enough_samples=0.0)
 NARROW = SliceKey("m", "interactive", "short", True)
 MID = SliceKey("m", "interactive", ANY, None)
 WIDE = SliceKey("m", ANY, ANY, None)
@@ -102,7 +107,8 @@ def test_recency_weighting_ages_per_newer_subwindow_and_requests() -> None:
 def test_sparse_traffic_keeps_a_long_window_busy_traffic_a_short_one() -> None:
     """Forgetting is per sub-window when busy and per min_samples requests when sparse:
     1 request per sub-window reaches back minutes, 200 per sub-window ~a minute."""
-    cfg = StatsConfig(subwindow_s=10.0, subwindows=30, min_samples=20, decay=0.7)
+    cfg = StatsConfig(subwindow_s=10.0, subwindows=30, min_samples=20, decay=0.7, min_aging=0.0,
+                      enough_samples=0.0)
     sparse, busy = RouteStats(cfg), RouteStats(cfg)
     for k in range(29):
         feed(sparse, [1.0], k * 10 + 1.0)
@@ -114,6 +120,56 @@ def test_sparse_traffic_keeps_a_long_window_busy_traffic_a_short_one() -> None:
     # busy: weights 1, 0.7, 0.49, ... down to 0.7 ** 8 (0.7 ** 9 < 0.05 is dropped)
     assert ev_busy.samples == 9 * 200
     assert ev_busy.weight == pytest.approx(200 * sum(0.7**i for i in range(9)))
+
+
+@pytest.mark.parametrize(
+    ("per_subwindow", "kept", "weight"),
+    [(10, None, None),  # sparse: decay alone binds (0.7 ** 0.5 < 1 - 10/400), as without
+     (200, 5, 200 * sum(0.5**i for i in range(5))),  # 1 - 200/400 = 0.5 per sub-window
+     (1000, 1, 1000.0)],  # more than enough: the older sub-windows are dropped
+)
+def test_a_busy_route_keeps_about_enough_samples(
+    per_subwindow: int, kept: int | None, weight: float | None,
+) -> None:
+    """enough_samples: a completed sub-window with r requests keeps at most
+    1 - r / enough_samples of the older evidence, so at high rates the window is a
+    short time window of about enough_samples samples, not a minute of thousands."""
+    cfg = StatsConfig(subwindow_s=10.0, subwindows=30, min_samples=20, decay=0.7, min_aging=0.0,
+                      enough_samples=400.0)
+    rs, without = RouteStats(cfg), RouteStats(replace(cfg, enough_samples=0.0))
+    for k in range(12):
+        feed(rs, [1.0] * per_subwindow, k * 10 + 1.0)
+        feed(without, [1.0] * per_subwindow, k * 10 + 1.0)
+    ev, ev0 = rs.evidence("ttft", 125.0, 0.0), without.evidence("ttft", 125.0, 0.0)
+    assert ev is not None and ev0 is not None
+    if kept is None:
+        assert (ev.samples, ev.weight) == (ev0.samples, pytest.approx(ev0.weight))
+        return
+    assert ev.samples == kept * per_subwindow < ev0.samples
+    assert ev.weight == pytest.approx(weight)
+
+
+@pytest.mark.parametrize("per_subwindow", [0, 1, 3])
+def test_time_ages_evidence_however_few_requests_follow(per_subwindow: int) -> None:
+    """min_aging: every completed sub-window ages older evidence by at least
+    decay ** min_aging, also one the route got no request in (its share fell)."""
+    cfg = StatsConfig(subwindow_s=10.0, subwindows=30, min_samples=20, decay=0.7,
+                      stale_after_s=300.0)  # default min_aging 0.5
+    rs = RouteStats(cfg)
+    feed(rs, [0.3] * 40, 1.0)  # sub-window 0: the route was busy then
+    for k in range(1, 7):
+        feed(rs, [3.0] * per_subwindow, k * 10 + 1.0)
+    ev = rs.evidence("ttft", 65.0, 0.0)  # sub-windows 1..5 completed, 6 current
+    assert ev is not None
+    # each completed newer sub-window ages by 0.7 ** max(0.5, r / 20); the current one
+    # by 0.7 ** (r / 20) alone
+    step = 0.7 ** max(0.5, per_subwindow / 20)
+    old = 40 * step**5 * 0.7 ** (per_subwindow / 20)
+    new = per_subwindow * (1 + sum(step**i * 0.7 ** (per_subwindow / 20) for i in range(5)))
+    assert ev.weight == pytest.approx(old + new)
+    # without time aging the 40 old samples would keep 40 * 0.7 ** (r / 20) of their weight
+    # for the r newer requests: all of it at none, 29 at 3 a sub-window
+    assert old < 40 * 0.45
 
 
 def test_window_summary_is_the_last_completed_subwindow() -> None:
@@ -243,27 +299,40 @@ def test_snapshot_roundtrip_rebases_time() -> None:
     ),  # samples per sub-window, oldest first
     st.sampled_from([0.1, 0.5, 0.9, 0.95, 0.99]),
     st.sampled_from([0.5, 0.7, 1.0]),
+    st.sampled_from([0.0, 0.5, 1.0]),
+    st.sampled_from([0.0, 12.0, 400.0]),
 )
 # The oldest sub-window weighs 0.0625 among the completed ones (kept) and 0.03125
 # once the current one's factor applies: the cutoff is the former's.
-@example([[0.5], [1.0] * 3, [1.0] * 9, [1.0] * 4 + [0.5], [1.0, 0.5], [1.0] * 4], 0.1, 0.5)
+@example([[0.5], [1.0] * 3, [1.0] * 9, [1.0] * 4 + [0.5], [1.0, 0.5], [1.0] * 4],
+         0.1, 0.5, 0.0, 0.0)
 def test_window_quantile_is_decay_weighted_nearest_rank(
-    windows: list[list[float]], q: float, decay: float
+    windows: list[list[float]], q: float, decay: float, min_aging: float, enough: float
 ) -> None:
-    """Against the definition: sub-window i weighs the product over newer ones j (the
-    current, last, included) of decay ** min(1, r_j / min_samples); the current weighs 1.
-    The 0.05 cutoff applies when a sub-window is folded in, to its weight among the
-    completed ones (before the current sub-window's factor)."""
-    cfg = StatsConfig(subwindow_s=1.0, subwindows=6, min_samples=2, decay=decay)
+    """Against the definition: sub-window i weighs the product over newer ones j of
+    min(decay ** max(min_aging, min(1, r_j / min_samples)), 1 - r_j / enough_samples)
+    -- for the current, last one min(decay ** min(1, r_j / min_samples), ...) -- and
+    the current weighs 1. The 0.05 cutoff
+    applies when a sub-window is folded in, to its weight among the completed ones
+    (before the current sub-window's factor)."""
+    cfg = StatsConfig(subwindow_s=1.0, subwindows=6, min_samples=2, decay=decay, shift_alpha=0.0,
+                      min_aging=min_aging, enough_samples=enough)
     rs = RouteStats(cfg)
     n = len(windows)
     for k, xs in enumerate(windows):
         feed(rs, xs, k + 0.5)
     now = n - 0.5
     weights, w = [1.0] * n, 1.0
-    current = decay ** min(1.0, len(windows[-1]) / cfg.min_samples)
+
+    def enough_cap(r: int) -> float:
+        return max(1.0 - r / enough, 0.01) if enough and r else 1.0
+
+    current = min(decay ** min(1.0, len(windows[-1]) / cfg.min_samples),
+                  enough_cap(len(windows[-1])))
     for k in range(n - 2, -1, -1):
-        w *= decay ** min(1.0, len(windows[k + 1]) / cfg.min_samples)
+        r = len(windows[k + 1])
+        share = min(1.0, r / cfg.min_samples)
+        w *= min(decay ** (share if k + 1 == n - 1 else max(min_aging, share)), enough_cap(r))
         weights[k] = w if w / current >= 0.05 * (1 - 1e-12) else 0.0
     data = [(x, weights[k]) for k, xs in enumerate(windows) for x in xs if weights[k] > 0]
     got = rs.quantile("ttft", q, now)

@@ -50,6 +50,7 @@ from sidecar.core.config import ClassConfig, Config
 from sidecar.core.evidence import significant
 from sidecar.core.frozen import fast_init
 from sidecar.core.pipeline import Candidate, LatencyValue, PipelineResult, RouteView
+from sidecar.core.request_lane import LanePick, full_result
 from sidecar.core.retry_budget import RetryBudget, RetryMemory
 from sidecar.core.scorers import SLO_TAIL
 from sidecar.core.types import Admission, Decision, RequestInfo
@@ -198,10 +199,26 @@ class AdmissionControl:
 
     def _some_route_ok(
         self, req: RequestInfo, klass: ClassConfig, decision: Decision,
-        result: PipelineResult | None, view: RouteView, now: float,
+        result: PipelineResult | LanePick | None, view: RouteView, now: float,
     ) -> bool:
         """Is some usable candidate below capacity and within budget (``not saturated``)?
         Then, without a deadline, a retry or waiters, no row above 12 can match."""
+        if isinstance(result, LanePick):
+            # Every route the lane kept is below capacity; whether one is over budget
+            # reads only the plan's scores: computed once per plan (and class).
+            lane = result.lane
+            hit = lane.over
+            if hit is not None and hit[0] is klass:
+                over = hit[1]
+            else:
+                cands = [c for c in lane.plan.candidates if c.dropped is None]
+                over = tuple(self._over(c, c.name, req, klass, view, now) for c in cands)
+                if all("violation" in c.scores for c in cands):
+                    lane.over = (klass, over)  # else a tail lookup moves with time
+            for i in result.kept:  # noqa: SIM110 -- a loop, not any(genexpr): per decision
+                if not over[i]:
+                    return True
+            return False
         if result is None or result.panic or result.chosen.dropped is not None:
             return False
         for c in (result.chosen, *result.candidates):
@@ -252,7 +269,8 @@ class AdmissionControl:
 
     def assess(
         self, req: RequestInfo, klass: ClassConfig, decision: Decision,
-        result: PipelineResult | None, view: RouteView, now: float, ticket: str | None,
+        result: PipelineResult | LanePick | None, view: RouteView, now: float,
+        ticket: str | None,
     ) -> Verdict:
         """Decide admission for ``req`` and record it (queue, retry memory, budgets)."""
         cfg = self.cfg
@@ -276,6 +294,7 @@ class AdmissionControl:
                     self._plain.clear()
                 v = self._plain[key] = Verdict("admit", "ok", decision.cluster, timeout, False)
             return v
+        result = full_result(result)
         facts = self._facts(req, klass, decision, result, view, now)
         usable = [f for f in facts if f.usable]
         need = _min(f.p50_ms for f in usable)

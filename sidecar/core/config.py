@@ -106,6 +106,12 @@ class StatsConfig:
     subwindows: int = 30  # maximum age of evidence: subwindows x subwindow_s
     min_samples: int = 20  # fewer samples: percentile not trusted; also the forgetting unit
     decay: float = 0.85  # a newer sub-window ages evidence by decay ** min(1, requests / min)
+    # ... and by at least decay ** min_aging, however few requests it held (time also ages).
+    min_aging: float = 0.5
+    # ... and, on a busy route, so that about this many samples stay in the window:
+    # a sub-window with r requests keeps at most 1 - r / enough_samples of the older
+    # evidence (0: off). At high rates the window is then a short time window.
+    enough_samples: float = 400.0
     stale_after_s: float = 300.0  # no samples for this long: verdict expires
     max_slices: int = 512  # per cluster; beyond this, fold into an overflow slice
     # Share of responses timed by the observing filter once a route's current
@@ -113,6 +119,8 @@ class StatsConfig:
     observe_share: float = 1.0
     # Pseudo-samples a narrow slice borrows from its broader slices (shrinkage).
     prior_samples: float = 10.0
+    # Confidence of the shift test on each completed sub-window (sidecar.core.shift); 0: off.
+    shift_alpha: float = 0.05
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,10 +47,13 @@ def _stats(r: ConfigReader) -> StatsConfig:
         subwindows=r.num("subwindows", 30, lo=1, hi=720, integer=True),
         min_samples=r.num("min_samples", 20, lo=1, integer=True),
         decay=r.num("decay", 0.85, lo=0.01, hi=1.0),
+        min_aging=r.num("min_aging", 0.5, lo=0.0, hi=1.0),
+        enough_samples=r.num("enough_samples", 400.0, lo=0.0),
         stale_after_s=r.num("stale_after_s", 300.0, lo=1),
         max_slices=r.num("max_slices", 512, lo=1, hi=100000, integer=True),
         observe_share=r.num("observe_share", 1.0, lo=0.0, hi=1.0),
         prior_samples=r.num("prior_samples", 10.0, lo=0.0, hi=100000),
+        shift_alpha=r.num("shift_alpha", 0.05, lo=0.0, hi=0.5),
     )
     r.done()
     return cfg

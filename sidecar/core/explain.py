@@ -7,12 +7,16 @@ keeps :class:`RecentDecision` entries whose explain is built only when read.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, NamedTuple
 
 from sidecar.core.config import ModelConfig
 from sidecar.core.latency_aware import enabled_metrics
-from sidecar.core.pipeline import PipelineResult, verdicts_of
+from sidecar.core.pipeline import LatencyValue, PipelineResult, verdicts_of
 from sidecar.core.types import CandidateExplain, Decision, Explain, RequestInfo
+
+if TYPE_CHECKING:
+    from sidecar.core.request_lane import LanePick
 
 
 class RecentDecision(NamedTuple):
@@ -22,13 +26,16 @@ class RecentDecision(NamedTuple):
     at: float
     request: RequestInfo
     decision: Decision
-    result: PipelineResult | None = None
+    result: PipelineResult | LanePick | None = None  # a lane pick is rebuilt when read
     picker: str = ""
 
     def explain(self) -> Explain | None:
-        if self.decision.explain is not None or self.result is None:
+        result = self.result
+        if self.decision.explain is not None or result is None:
             return self.decision.explain
-        return build_explain(self.request, self.result, self.picker)
+        if not isinstance(result, PipelineResult):
+            result = result.result()
+        return build_explain(self.request, result, self.picker)
 
 
 def decision_reason(result: PipelineResult, model: ModelConfig) -> str:
@@ -45,16 +52,19 @@ def decision_reason(result: PipelineResult, model: ModelConfig) -> str:
     return "no_data" if enabled_metrics(model.latency_aware) else "no_percentile"
 
 
-def fallback_kind(decision: Decision, result: PipelineResult | None) -> str | None:
-    """Why a decision did not come from full, narrow-slice evidence (None: it did)."""
+def fallback_kind(
+    decision: Decision, chosen_latency: Mapping[str, LatencyValue] | None
+) -> str | None:
+    """Why a decision did not come from full, narrow-slice evidence (None: it did);
+    ``chosen_latency``: the latencies the pipeline looked up for its chosen candidate."""
     if decision.reason in ("unknown_model", "no_candidate"):
         return "default_route"
     if decision.reason == "panic":
         return "panic"
     if decision.reason in ("no_data", "no_percentile"):
         return "first_candidate"
-    if result is not None:
-        for lv in result.chosen.latency.values():  # a loop, not any(genexpr): per decision
+    if chosen_latency is not None:
+        for lv in chosen_latency.values():  # a loop, not any(genexpr): per decision
             if lv.fell_back:
                 return "broader_slice"
     return None

@@ -125,10 +125,29 @@ class Capacity:
         return f"full: {n}/{cand.cluster.max_concurrency} in flight"
 
 
+@dataclass(frozen=True, slots=True)
+class FailureRun:
+    """A route in an open run of ``s`` hard failures takes no new work while the
+    ``K - s`` requests that would eject it are still unanswered (the trial limit of
+    :mod:`sidecar.core.health`): a provider that just went down gets the run that
+    ejects it, not the traffic sent while that run fails. Soft: when it is the only
+    route left, it serves."""
+
+    name: str = "failure_run"
+    soft: bool = True
+    per_request: bool = True
+
+    def __call__(self, ctx: SelectionContext, cand: Candidate) -> str | None:
+        if ctx.held and cand.name in ctx.held:
+            return "open failure run: its ejecting requests are still unanswered"
+        return None
+
+
 DEFAULT_FILTERS: tuple[Filter, ...] = (
     ModelServed(),
     RegionPolicy(),
     Quarantine(),
     ClassRestriction(),
     Capacity(),
+    FailureRun(),
 )

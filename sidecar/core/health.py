@@ -57,6 +57,23 @@ a route failing every request since its first failure (a hard outage) has no
 success and is ejected within ``K`` requests as before; one failing 30 % of
 them trips on runs that are expected in its ~50 requests.
 
+**Trial limit.** While a run of ``s`` hard failures is open, the requests
+sent to the route since the run began are its *trials*: ``K - s`` of them
+failing ejects it. The route takes no new work (the router's per-request
+``failure_run`` filter) while ``K - s`` trials are pending::
+
+    held  iff  s > 0  and  #{trials unanswered, sent < H ago} >= K - s
+    H = 2 x (slowest failure of the run, send to outcome) + RUN_TRIAL_GRACE_S
+
+so a provider that went down receives exactly the ``K`` requests that eject it
+(plus those already in flight when it failed), not ``K`` plus whatever the
+traffic sends while they fail, and an ejection is never slowed by holding the
+route back: each trial that fails frees a slot for the next. A trial that stays
+unanswered beyond ``H`` (longer than the run's failures took) is not failing
+like them, so a healthy route's lone failure costs it at most ``K - 1``
+requests' worth of slots for ``H``. A slice-confined cluster-wide run (another
+slice answers) holds nothing.
+
 Other signals: COOLDOWN_OVER (time, :meth:`RouteHealth.tick`) and PROBE_OK /
 PROBE_FAIL (:meth:`RouteHealth.record_probe`); a probing route returns to
 quarantine on ``eject_consecutive`` failed probes in a row, not on one. Probes go to probing routes
@@ -126,6 +143,14 @@ FALSE_EJECT_ODDS = 1e-4  # accepted chance per request that a healthy route's ru
 HISTORY_MARGIN = 1.5  # a change: the watch-level share half as much again as the route's usual
 FAIL_RATE_HORIZON = 100  # requests the fast path's failure-rate EWMA averages over
 EPISODE_END_RATE = 1e-3  # a failure episode ends once the failure-rate EWMA is back below this
+# A trial unanswered this much longer than twice the run's slowest failure stops
+# counting as pending (the trial limit above): it is not failing like the run.
+RUN_TRIAL_GRACE_S = 0.25
+RUN_TRIALS_MAX = 64  # send times kept per open run (K is small; bounded memory)
+# A failure's send time (its outcome time minus its measured duration) matches a
+# trial's recorded send time within this (the two clocks are the router's and the
+# proxy's timing of the same request).
+TRIAL_MATCH_S = 0.02
 
 
 class HealthState(StrEnum):
@@ -369,6 +394,8 @@ class RouteHealth:
         self.streak_since = now  # when the current run's first failed request was sent
         self.run_parts: set[str] = set()  # slices that failed in the run (cluster-wide entry)
         self.run_confined = False  # another slice answered during the run
+        self.run_trials: list[float] = []  # send times of unanswered trials (trial limit)
+        self.run_fail_s = 0.0  # slowest failure of the run, send to outcome
         self.fail_rate = 0.0  # EWMA of hard failures per request (fast path)
         self.episode_since: float | None = None  # when the episode's first failure was seen
         self.episode_ok = 0  # successes of requests sent since then
@@ -487,23 +514,69 @@ class RouteHealth:
         if self.circuit_open:
             return False
         self.fail_rate += ((1.0 if hard_failure else 0.0) - self.fail_rate) / FAIL_RATE_HORIZON
-        self._note_episode(hard_failure, now, now if sent_at is None else sent_at)
+        sent = now if sent_at is None else sent_at
+        self._note_episode(hard_failure, now, sent)
         if not hard_failure:
             if self.streak and sent_at is not None and sent_at < self.streak_since:
                 if part is not None and part not in self.run_parts:
                     self.run_confined = True
                 return False
-            self.streak = 0
-            self.run_parts.clear()
-            self.run_confined = False
+            self.end_run()
             return False
         if not self.streak:
-            self.streak_since = now if sent_at is None else sent_at
+            self.streak_since = sent
+            self.run_trials.clear()
+            self.run_fail_s = 0.0
+        else:
+            self._answer_trial(sent)
+        self.run_fail_s = max(self.run_fail_s, now - sent)
         self.streak += 1
         if part is not None:
             self.run_parts.add(part)
         return self.streak >= self.eject_threshold() and (
             not self.run_confined or len(self.run_parts) >= 2)
+
+    def end_run(self) -> None:
+        """Forget the open run of hard failures (a success ended it, or an ejection)."""
+        self.streak = 0
+        self.run_parts.clear()
+        self.run_confined = False
+        self.run_trials.clear()
+
+    def note_sent(self, now: float) -> None:
+        """A request was sent to the route; during an open run it is a trial."""
+        if not self.streak:
+            return
+        trials = self.run_trials
+        horizon = now - (2.0 * self.run_fail_s + RUN_TRIAL_GRACE_S)
+        if trials and (trials[0] <= horizon or len(trials) >= RUN_TRIALS_MAX):
+            trials[:] = [t for t in trials if t > horizon][-(RUN_TRIALS_MAX - 1):]
+        trials.append(now)
+
+    def _answer_trial(self, sent: float) -> None:
+        """A failure of a request sent at ``sent``: the trial nearest it (within the
+        caller's clock skew) is answered."""
+        trials = self.run_trials
+        if not trials:
+            return
+        i = min(range(len(trials)), key=lambda j: abs(trials[j] - sent))
+        if abs(trials[i] - sent) <= TRIAL_MATCH_S:
+            trials.pop(i)
+
+    def run_held(self, now: float) -> bool:
+        """The trial limit (module docstring): no new work while ``K - s`` trials
+        of the open run are pending."""
+        if not self.streak or self.run_confined or self.circuit_open:
+            return False
+        need = self.eject_threshold() - self.streak
+        if need <= 0:
+            return False
+        horizon = now - (2.0 * self.run_fail_s + RUN_TRIAL_GRACE_S)
+        pending = 0
+        for t in self.run_trials:
+            if t > horizon:
+                pending += 1
+        return pending >= need
 
     def _note_episode(self, hard_failure: bool, now: float, sent: float) -> None:
         if hard_failure:
@@ -538,9 +611,8 @@ class RouteHealth:
     def eject(self, now: float, may_quarantine: bool = True) -> list[TransitionEvent]:
         """The run of hard failures reached its threshold: open the circuit now, or,
         when the run is likely by chance on a partly failing route, restrict it."""
-        run, self.streak = self.streak, 0
-        self.run_parts.clear()
-        self.run_confined = False
+        run = self.streak
+        self.end_run()
         if self.run_by_chance(run):
             detail = (f"{run} consecutive hard failures, likely by chance at "
                       f"{self.episode_fail} of {self.episode_ok + self.episode_fail} failed")
@@ -596,7 +668,7 @@ class RouteHealth:
             reason = f"{reason}; relapse {self.relapses}"
         if new is S.QUARANTINED:
             self.offences += 1
-            self.streak = 0
+            self.end_run()
             self._end_episode()  # the circuit's own probes judge it from here
             cooldown = min(
                 self.cfg.cooldown_s * 2.0 ** min(self.offences - 1, 60), self.cfg.cooldown_max_s

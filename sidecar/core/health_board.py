@@ -40,6 +40,8 @@ class HealthBoard:
         # Moves on every change a selection could see (caches keyed on health notice).
         self.version = 0
         self._deadline: tuple[int, float | None] = (-1, None)  # (version, next deadline)
+        # Routes with an open run of hard failures (a superset: entries are checked).
+        self.runs: set[tuple[str, SliceKey]] = set()
 
     def peek(self, cluster: str, slice: SliceKey) -> RouteHealth | None:
         """The stored state, or None for a (default) healthy route."""
@@ -112,9 +114,35 @@ class HealthBoard:
                 return False  # a success on a fresh route changes nothing
             h = self._routes[key] = RouteHealth(cluster, slice, self.cfg, self.stats_cfg, now)
         tripped = h.note_outcome(hard_failure, now, sent_at, part)
+        if h.streak:
+            self.runs.add(key)
+        else:
+            self.runs.discard(key)
         if h.is_default:
             del self._routes[key]
         return tripped
+
+    def _open_runs(self, cluster: str, slice: SliceKey) -> list[RouteHealth]:
+        """The cluster-wide entry and the slice's, where a run is open."""
+        out = []
+        for key in ((cluster, CLUSTER_SLICE), (cluster, slice)):
+            if key in self.runs:
+                h = self._routes.get(key)
+                if h is not None and h.streak:
+                    out.append(h)
+                else:
+                    self.runs.discard(key)
+        return out
+
+    def note_sent(self, cluster: str, slice: SliceKey, now: float) -> None:
+        """A request of ``slice`` was sent to ``cluster``: a trial of any open run."""
+        for h in self._open_runs(cluster, slice):
+            h.note_sent(now)
+
+    def run_held(self, cluster: str, slice: SliceKey, now: float) -> bool:
+        """Does an open run's trial limit hold ``cluster`` back for ``slice``
+        (:meth:`RouteHealth.run_held`)?"""
+        return any(h.run_held(now) for h in self._open_runs(cluster, slice))
 
     def eject(
         self, cluster: str, slice: SliceKey, now: float, may_quarantine: bool = True
@@ -126,7 +154,8 @@ class HealthBoard:
         """Forget a route's current run (its cluster was ejected as a whole)."""
         h = self._routes.get((cluster, slice))
         if h is not None:
-            h.streak = 0
+            h.end_run()
+        self.runs.discard((cluster, slice))
 
     def tick(self, now: float) -> list[TransitionEvent]:
         """Expire cooldowns (quarantined -> probing) and forgive old offences."""

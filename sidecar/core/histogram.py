@@ -284,6 +284,18 @@ class LogHistogram:
         out._counts = None if self._counts is None else self._counts.copy()
         return out
 
+    def shifted(self, factor: float) -> LogHistogram:
+        """A copy with every value multiplied by ``factor > 0`` (to the nearest bucket:
+        a whole-bucket move of the array, clamped to the covered range)."""
+        out = self.copy()
+        if out._counts is None or not factor > 0.0:
+            return out
+        k = round(math.log(factor) * self._inv)
+        move = max(self._lo_idx - out._lo, min(k, self._hi_idx - out._hi))
+        out._lo += move  # the span moves as a whole: _hi tracks the array's last bucket
+        out._hi += move
+        return out
+
     def _cover(self, lo: int, hi: int) -> FloatArray:
         """Grow the dense array so bucket indices ``lo..hi`` fit; returns it."""
         counts = self._counts

@@ -152,6 +152,9 @@ class SelectionContext:
     allowed: float | None = None  # None: 1 - percentile / 100
     # Health views as the plan saw them (per-request filters read these, not the view).
     healths: Mapping[str, HealthView] | None = None
+    # Routes an open run of hard failures holds back for this request (the trial
+    # limit of sidecar.core.health; the router sets it only while such a run is open).
+    held: frozenset[str] = frozenset()
 
     def health_of(self, cluster: str) -> HealthView:
         if self.healths is not None and (h := self.healths.get(cluster)) is not None:
@@ -244,14 +247,14 @@ def exponent_of(weights: Weights) -> dict[str, float]:
 
 
 # Panic tiers by the soft filter that dropped a candidate: lower is less bad.
-_PANIC_TIER = {"capacity": 0, "class_restriction": 1, "quarantine": 2}
+_PANIC_TIER = {"capacity": 0, "class_restriction": 1, "failure_run": 2, "quarantine": 3}
 
 
 def panic_tier(cands: Sequence[Candidate]) -> list[Candidate]:
     """Panic: never leave a class without a route. Serve the least-bad tier of
-    the soft-dropped candidates (healthy but full, then restricted, then circuit
-    open) and let scoring spread the load across it: sending the whole class to
-    one route herds."""
+    the soft-dropped candidates (healthy but full, then restricted, then held by
+    an open failure run, then circuit open) and let scoring spread the load
+    across it: sending the whole class to one route herds."""
     soft = [c for c in cands if c.soft_drop]
     best = min((_PANIC_TIER.get(c.dropped or "", 9) for c in soft), default=9)
     return [c for c in soft if _PANIC_TIER.get(c.dropped or "", 9) == best]

@@ -15,7 +15,8 @@ decisions or :data:`PLAN_SUBWINDOWS` sub-windows (20 s by default), whichever
 comes first: its evidence is at most two sub-windows old at low rates (where
 that is a handful of requests) and a few dozen decisions old at high ones. A
 decision then runs only the per-request stage (capacity, herding guard, load,
-the picker) plus probes and admission.
+the picker) plus probes and admission -- for most requests as a few lines of
+arithmetic over the in-flight counts (:mod:`sidecar.core.request_lane`, exact).
 Hard failures do not wait for a refresh: the fast path changes health, which
 invalidates plans at once.
 """
@@ -46,6 +47,7 @@ from sidecar.core.pipeline import (
     build_plan,
     run_request,
 )
+from sidecar.core.request_lane import LanePick, RequestLane, chosen_latency, full_result
 from sidecar.core.scorers import DEFAULT_SCORERS
 from sidecar.core.series import OkSample, RouteStats, as_metric
 from sidecar.core.stats import StatsStore
@@ -85,6 +87,7 @@ class _CachedPlan:
     layout: int
     deps: tuple[RouteStats, ...]
     versions: tuple[int, ...]
+    lane: RequestLane | None  # the per-request stage as arithmetic, when exact
     # Decisions without explain are a function of (cluster, reason) for a plan: reused.
     decisions: dict[tuple[str, str], Decision] = field(default_factory=dict)
 
@@ -214,6 +217,8 @@ class Router:
         decision, new_event = self._admit(req, decision, result, now, ticket or req.request_id)
         if not new_event:
             return decision
+        if self.board.runs and decision.admission == "admit":
+            self.board.note_sent(decision.cluster, req.slice, now)
         counters = self.counters
         counters[("decision", decision.reason)] += 1
         counters[("admission", decision.admission)] += 1
@@ -221,14 +226,14 @@ class Router:
             counters[("unknown", "class")] += 1  # default class used (documented)
         # Bounded labels: clusters and classes come from config, reasons from a closed set.
         self.decisions[(decision.cluster, req.klass, decision.reason)] += 1
-        fallback = fallback_kind(decision, result)
+        fallback = fallback_kind(decision, chosen_latency(result))
         if fallback:
             counters[("fallback", fallback)] += 1
         self.recent.append(RecentDecision(now, req, decision, result, self._picker.name))
         return decision
 
     def _admit(
-        self, req: RequestInfo, decision: Decision, result: PipelineResult | None,
+        self, req: RequestInfo, decision: Decision, result: PipelineResult | LanePick | None,
         now: float, ticket: str | None,
     ) -> tuple[Decision, bool]:
         """Run admission control (sidecar.core.admission) on a selection result."""
@@ -246,8 +251,8 @@ class Router:
         if not v.requeued and v.reason not in ("ok", "disabled"):
             self.counters[("admission_reason", v.reason)] += 1
         if v.outcome == "admit" and v.cluster != decision.cluster:
-            decision = self._finish(req, v.cluster, decision.reason, klass, result,
-                                    is_probe=decision.is_probe)
+            decision = self._finish(req, v.cluster, decision.reason, klass,
+                                    full_result(result), is_probe=decision.is_probe)
         detail = f"{v.reason}: {v.note}" if v.note or v.outcome != "admit" else decision.detail
         decision = replace(
             decision,
@@ -273,7 +278,7 @@ class Router:
 
     def _decide(
         self, req: RequestInfo, now: float, rng: random.Random
-    ) -> tuple[Decision, PipelineResult | None]:
+    ) -> tuple[Decision, PipelineResult | LanePick | None]:
         cfg = self.config
         model = cfg.model(req.model) if req.model else None
         if model is None:
@@ -290,8 +295,22 @@ class Router:
                         and rng.random() < p.share):
                     return self._decision(cached, req, p.cluster, "probe", klass, None), None
         # The per-request stage reads the plan's context (same model, slice and step;
-        # what changes per request -- in-flight counts -- comes from the view).
-        result = run_request(cached.plan, cached.ctx, self._picker, rng)
+        # what changes per request -- in-flight counts -- comes from the view); as
+        # plain arithmetic when that is exact (sidecar.core.request_lane). An open run
+        # of hard failures may hold routes back: the full stage then decides.
+        ctx = cached.ctx
+        if self.board.runs:
+            held = frozenset(c for c in model.candidates
+                             if self.board.run_held(c, req.slice, now))
+            if held:
+                ctx = replace(ctx, held=held)
+        if cached.lane is not None and not req.explain and not ctx.held:
+            # Standalone, the in-flight counts are the Counter's own (missing: 0).
+            pick = cached.lane.pick(self.inflight if self.peer_inflight
+                                    else self._inflight.__getitem__, rng)
+            if pick is not None:
+                return self._decision(cached, req, pick.name, pick.reason, klass, None), pick
+        result = run_request(cached.plan, ctx, self._picker, rng)
         if result is None:
             decision = Decision(
                 cfg.default_cluster, "no_candidate", detail="hard filters left none"
@@ -364,7 +383,8 @@ class Router:
         ctx = replace(ctx, healths={c.name: c.health for c in plan.candidates})
         cached = _CachedPlan(plan, ctx, self._probes(req.slice, klass, model), now, 0,
                              self.board.version, self.stats.layout, deps,
-                             tuple(rs.version for rs in deps))
+                             tuple(rs.version for rs in deps),
+                             RequestLane.of(plan, ctx, self._picker))
         if len(self._plans) >= _PLAN_CACHE_MAX:
             self._plans.clear()
         self._plans[key] = cached

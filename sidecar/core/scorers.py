@@ -15,6 +15,7 @@ from sidecar.core.latency_aware import enabled_metrics, latency_aware_scores
 from sidecar.core.pipeline import Candidate, LatencyValue, Scorer, SelectionContext
 
 _NEUTRAL = 1.0
+LATENCY_EXPONENT = 2.0  # LatencyRatio: s = 1 / r ** LATENCY_EXPONENT
 SLO_TAIL = "slo_tail"  # Candidate.latency key: the class metric at the SLO percentile
 _NO_TAIL = LatencyValue(None, None, False, 0)
 
@@ -23,9 +24,15 @@ _NO_TAIL = LatencyValue(None, None, False, 0)
 class LatencyRatio:
     """semantic-router ``latency_aware`` ratio score r >= 1, turned into goodness.
 
-        s = 1 / r ** 2
+        s = 1 / r ** LATENCY_EXPONENT        (2)
 
-    so a route twice as slow as the best gets a quarter of the weight. A route
+    so a route 10 % slower than the best keeps 0.83 of its weight, twice as slow
+    1/4. The class's ``weights.latency`` is this score's exponent in the product
+    of scores, so a steeper curve here would also reinterpret every class's
+    weights: at 6, a tolerant class with latency weight 0.2 and cost weight 1.0
+    left a cheap route ten times slower but far inside its budget (r ** -1.2),
+    against the operator's stated preference. Preference among routes that all
+    meet the SLO comes from the attainment score and this ratio together. A route
     without data scores like the worst route that has data (1.0 when none has):
     no evidence must not look like the best evidence (a route whose requests
     all fail or get cancelled has no samples). The pipeline's exploration floor

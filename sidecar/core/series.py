@@ -12,18 +12,36 @@ evidence: replicas exchange and merge exactly these sub-windows.
 counts in full; every newer sub-window ages the older evidence by one decay
 step -- or by part of one, when it held fewer than ``min_samples`` requests::
 
-    w_i = prod_{j newer than i} decay ** min(1, r_j / min_samples)    (current j included)
+    f_j = min(decay ** max(min_aging, min(1, r_j / min_samples)), 1 - r_j / enough_samples)
+    w_i = prod_{j newer than i} f_j
     H   = H_current + sum_i w_i * H_i      (w_i < 0.05 and sub-windows beyond the ring dropped)
 
-with ``r_j`` the requests of sub-window ``j``. At busy rates that is a time
-window (``decay`` per sub-window: 10 s sub-windows halve in ~20 s, and at
-500 req/s the last few sub-windows hold thousands of samples); at sparse
-rates evidence is forgotten per ``min_samples`` newer requests instead, so at
-0.5 req/s the window reaches back over the last few dozen requests, up to the
-maximum age. Counters are weighted the same way. A quantile is ``None`` unless
-the *unweighted* window holds ``>= min_samples`` samples (a percentile of a
-handful of samples is noise); the effective sample weight ``sum w_i n_i`` is
-what the estimators (:mod:`sidecar.core.evidence`) use as their sample size.
+with ``r_j`` the requests of sub-window ``j`` (the current, partial one without
+the ``min_aging`` floor). ``enough_samples`` (400) bounds a busy route's
+window to about that many samples: a sub-window that alone holds a good share
+of them makes the older evidence matter less (at 50 req/s over three routes,
+~170 requests per 10 s sub-window keep ~0.57 of the older evidence per
+sub-window instead of 0.85, so a slowdown dominates the window within a
+sub-window or two instead of four or five; from 400 requests per sub-window on,
+only the current and the last completed one are read). ``min_aging`` (0.5) makes time
+age evidence too: without it a route whose share fell after a slowdown gets
+few requests, so its pre-slowdown samples would age only with those few and
+outweigh the slow new ones for minutes. At busy rates that is a short time
+window (``1 - r / enough_samples`` per sub-window, at most ``decay``); at sparse
+rates evidence is forgotten per ``min_samples`` newer requests, but every
+completed sub-window ages it by at least ``decay ** min_aging`` (half a step
+by default: a half-life of ~85 s), up to the maximum age. Counters are
+weighted the same way. A quantile is ``None`` unless the *unweighted* window
+holds ``>= min_samples`` samples (a percentile of a handful of samples is
+noise); the effective sample weight ``sum w_i n_i`` is what the estimators
+(:mod:`sidecar.core.evidence`) use as their sample size.
+
+**Shifts.** Every completed sub-window is also tested against the window
+before it (:mod:`sidecar.core.shift`): when a few samples confidently left the
+route's own distribution (a run of them beyond its p90 or below its p10), the
+evidence from before the run is read moved by the ratio of medians since,
+until it ages out -- a sparse route's window would otherwise take minutes of
+aging to let a handful of new samples outweigh the old ones.
 
 Accuracy: quantiles and CDF points within relative error ``a`` (default 0.02:
 1.00 s means the sample was in 0.98 .. 1.02 s). Freshness: cached evidence is
@@ -52,6 +70,7 @@ from typing import Any
 from sidecar.core.config import Metric, StatsConfig
 from sidecar.core.frozen import fast_init
 from sidecar.core.histogram import Cumulative, LogHistogram
+from sidecar.core.shift import ShiftState, shift_factor
 from sidecar.core.types import Observation
 
 METRICS: tuple[Metric, ...] = ("ttft", "tpot", "e2e")
@@ -94,12 +113,21 @@ def ok_index_lists(samples: Sequence[OkSample], geometry: LogHistogram) -> Index
             index_of([v for _, _, v, _ in samples if v is not None and v == v]))
 
 
-def aging(requests: int, decay: float, per: float) -> float:
+def aging(requests: int, decay: float, per: float, floor: float = 0.0,
+          enough: float = 0.0) -> float:
     """How much one sub-window with ``requests`` ages older evidence:
-    ``decay ** min(1, requests / min_samples)`` (module docstring)."""
-    if decay >= 1.0 or requests <= 0:
-        return 1.0
-    return float(decay ** min(1.0, requests / per))
+    ``min(decay ** max(floor, min(1, requests / min_samples)), 1 - requests / enough)``
+    (module docstring; ``floor`` is ``stats.min_aging`` for completed sub-windows, 0
+    for the current one; ``enough`` is ``stats.enough_samples``, 0: no such bound)."""
+    share = max(floor, min(1.0, requests / per)) if requests > 0 else floor
+    f = 1.0 if decay >= 1.0 or share <= 0.0 else float(decay ** share)
+    if enough > 0.0 and requests > 0:
+        # Below the 0.05 cut-off the older evidence is dropped outright.
+        f = min(f, max(1.0 - requests / enough, _DROPPED))
+    return f
+
+
+_DROPPED = 0.01  # an aging factor that leaves older evidence below the 0.05 cut-off
 
 
 def as_metric(name: str) -> Metric:
@@ -265,10 +293,13 @@ class _Decayed:
         self.k: int | None = None  # sub-windows below k are covered
         self.rotations = 0
 
-    def add(self, slot: SubWindow, decay: float, per: float) -> None:
-        if not slot.requests:
-            return
-        f = aging(slot.requests, decay, per)
+    def add(
+        self, slot: SubWindow | None, decay: float, per: float, floor: float, enough: float,
+    ) -> None:
+        """Fold in completed sub-window ``slot`` (None or empty: none was recorded;
+        time still ages the older evidence by ``decay ** floor``)."""
+        requests = 0 if slot is None else slot.requests
+        f = aging(requests, decay, per, floor, enough)
         if f != 1.0:
             for m in METRICS:
                 self.hists[m].scale(f)
@@ -277,6 +308,8 @@ class _Decayed:
             self.requests *= f
             for inc in self.included:
                 inc[2] *= f
+        if slot is None or not requests:
+            return
         for m in METRICS:
             if n := slot.samples(m):
                 self.hists[m].merge(slot.hists[m])
@@ -306,8 +339,8 @@ class RouteStats:
     """Rolling statistics of one (cluster, slice)."""
 
     __slots__ = (
-        "_evidence", "_fence", "_past", "_slot", "_unjudged", "accuracy", "cfg", "last_seen",
-        "version", "window",
+        "_evidence", "_fence", "_past", "_shift", "_slot", "_unjudged", "accuracy", "cfg",
+        "last_seen", "version", "window",
     )  # fmt: skip
 
     def __init__(self, cfg: StatsConfig, relative_accuracy: float = 0.02) -> None:
@@ -324,6 +357,7 @@ class RouteStats:
         self._unjudged: int | None = None
         self._fence = _NEVER  # sub-windows before this are not evidence any more (fence())
         self._slot: SubWindow | None = None  # the sub-window observations write into
+        self._shift: dict[Metric, ShiftState] = {}  # per metric (sidecar.core.shift)
 
     def fence(self, now: float) -> None:
         """Forget the evidence of earlier sub-windows (kept in the ring for snapshots
@@ -333,6 +367,7 @@ class RouteStats:
         self._fence = k
         self._past = _Decayed(self.accuracy)
         self._past.k = k
+        self._shift = {}
         self._evidence.clear()
         self.version += 1
         if self._unjudged is None or self._unjudged < k:
@@ -420,16 +455,18 @@ class RouteStats:
         if past.k == k:
             return k
         ring = self.cfg.subwindows
-        if past.k is None or k - past.k >= ring or past.rotations >= _REBUILD_ROTATIONS:
+        start = past.k
+        rebuilt = start is None or k - start >= ring or past.rotations >= _REBUILD_ROTATIONS
+        if start is None or rebuilt:
             past = self._past = _Decayed(self.accuracy)
             start = max(k - ring + 1, self._fence)
-        else:
-            start = past.k
         decay, per = self.cfg.decay, float(max(self.cfg.min_samples, 1))
+        floor, enough = self.cfg.min_aging, self.cfg.enough_samples
         for j in range(start, k):
             slot = self.window.get(j)
-            if slot is not None:
-                past.add(slot, decay, per)
+            if slot is not None and not rebuilt and self.cfg.shift_alpha > 0.0:
+                self._test_shift(j, slot)
+            past.add(slot, decay, per, floor, enough)
         past.expire(k - ring + 1)
         past.k = k
         past.rotations += 1
@@ -455,10 +492,15 @@ class RouteStats:
         cur = self.window.get(k)
         # The current sub-window ages the completed ones too, by its requests so far.
         f = 1.0 if cur is None else aging(cur.requests, self.cfg.decay,
-                                          float(max(self.cfg.min_samples, 1)))
-        n, eff = past.samples[metric], past.weights[metric] * f
+                                          float(max(self.cfg.min_samples, 1)),
+                                          enough=self.cfg.enough_samples)
+        n = past.samples[metric]
         ok, req = past.ok * f, past.requests * f
-        parts: tuple[tuple[LogHistogram, float], ...] = ((past.hists[metric], f),) if n else ()
+        parts: tuple[tuple[LogHistogram, float], ...] = ()
+        eff = 0.0
+        if n:
+            done, w = self._past_parts(metric)
+            parts, eff = tuple((h, s * f) for h, s in done), w * f
         if cur is not None:
             ok += cur.ok
             req += cur.requests
@@ -468,6 +510,52 @@ class RouteStats:
         ev = None if req <= 0 and n == 0 else Evidence(parts, n, eff, ok, req)
         self._evidence[metric] = (k, self.version, now, ev)
         return ev
+
+    def _past_parts(
+        self, metric: Metric
+    ) -> tuple[tuple[tuple[LogHistogram, float], ...], float]:
+        """The completed window of ``metric`` as (histogram, scale) parts and its
+        effective weight; after a detected shift the evidence from before it is
+        moved by the shift's factor (:mod:`sidecar.core.shift`)."""
+        past = self._past
+        plain = ((past.hists[metric], 1.0),), past.weights[metric]
+        st = self._shift.get(metric)
+        if st is None or st.since is None:
+            return plain
+        since = LogHistogram(self.accuracy)
+        for slot, index, w in past.included:
+            if index >= st.since and slot.samples(metric):
+                since.merge(slot.hists[metric], w)
+        before = past.hists[metric].copy()
+        before.remove(since)
+        if before.count <= 1e-9 or since.count <= 0.0:
+            st.since = None  # the evidence from before the shift has aged out
+            return plain
+        factor = shift_factor(before, since)
+        return ((before.shifted(factor), 1.0), (since, 1.0)), past.weights[metric]
+
+    def _test_shift(self, index: int, slot: SubWindow) -> None:
+        """Test completed sub-window ``index`` against the window before it.
+
+        Only sparse sub-windows (fewer than ``min_samples`` requests) are tested: a
+        busy one ages the older evidence by a full decay step by itself, so the
+        window is already a short time window there (and a run is broken)."""
+        busy = slot.requests >= self.cfg.min_samples
+        for m in METRICS:
+            n = slot.samples(m)
+            st = self._shift.get(m)
+            if busy and st is not None:
+                st.up = st.down = 0.0
+            if busy or not n or self._past.samples[m] < self.cfg.min_samples:
+                continue
+            if st is None:
+                st = self._shift[m] = ShiftState()
+            done, _ = self._past_parts(m)
+            ref = LogHistogram(self.accuracy)
+            for h, scale in done:
+                ref.merge(h, scale)
+            st.update(index, ref.cumulative(), slot.hists[m].cumulative(), n,
+                      self.cfg.shift_alpha)
 
     def quantile(self, metric: Metric, q: float, now: float) -> float | None:
         """Window quantile in seconds (module docstring); None when stale or the
