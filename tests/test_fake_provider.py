@@ -303,6 +303,30 @@ async def test_outage_modes_and_recovery() -> None:
 
 
 @async_test
+async def test_hold_keeps_requests_waiting_until_released_and_survives_other_changes() -> None:
+    async with serving() as (provider, client):
+        state = await control(provider.port, {"hold": True})
+        assert state["held"] is True
+        calls = [asyncio.create_task(client.chat.completions.create(model="m", messages=MSGS))
+                 for _ in range(3)]
+        await eventually(lambda: provider.requests_total == 3)
+        # Other changes leave the hold as it is; held requests have not started.
+        state = await control(provider.port, {"error_rate": 0.0})
+        assert state["held"] is True and not any(c.done() for c in calls)
+        assert provider.active_requests == 0
+        with pytest.raises(ConfigError, match="hold must be a boolean"):
+            provider.apply_control({"hold": "no"})
+        await control(provider.port, {"hold": False})
+        assert all([(await c).choices for c in calls])
+        # reset releases too
+        await control(provider.port, {"hold": True})
+        held = asyncio.create_task(client.chat.completions.create(model="m", messages=MSGS))
+        await eventually(lambda: provider.requests_total == 4)
+        assert (await control(provider.port, {"reset": True}))["held"] is False
+        assert (await held).choices
+
+
+@async_test
 async def test_schedule_applies_relative_to_start() -> None:
     schedule = parse_schedule('[{"at_s": 0.05, "set": {"error_rate": 1.0}}]')
     async with serving(schedule=schedule) as (provider, _):

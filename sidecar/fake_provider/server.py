@@ -15,7 +15,12 @@ Control JSON (every field optional; an invalid payload is rejected whole)::
      "role_first": false,                # streamed chat opens with a role-only event
      "streaming_only": false,            # fields above go to the streaming override
      "clear_streaming_override": false,  # drop the override first
-     "reset": false}                     # back to the startup profile first
+     "reset": false,                     # back to the startup profile first (and release)
+     "hold": true | false}               # new completions wait at arrival until released
+
+A hold lets a test keep requests in flight for exactly as long as it needs (until
+it sends ``"hold": false``) instead of for a latency it hopes outlasts its steps;
+a held request's latency profile starts when it is released.
 
 ``GET /control`` returns the settings and counters; ``GET /control/requests`` the
 last requests as received, with the provider's own write times (``first_byte_ms``,
@@ -45,6 +50,7 @@ from .cli import build_arg_parser, main
 from .connection import MAX_BODY, ClientGone, Conn, HttpError, Request, response_head
 from .framing import SSE_EOLS, SSE_SPLITS
 from .latency import (
+    HOLD,
     ConfigError,
     Profile,
     ScheduleEntry,
@@ -61,6 +67,8 @@ _ENDPOINTS = {
     "/v1/responses": "response",
 }
 _log = logging.getLogger(__name__)
+#: How often a held request looks whether it was released (and its client is still there).
+HOLD_POLL_S = 0.02
 
 
 class FakeProvider:
@@ -106,6 +114,7 @@ class FakeProvider:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._status: Counter[int] = Counter()
         self._requests = self._dropped = self._disconnects = self._active = self._seq = 0
+        self._held = False
         # What the last requests looked like on the wire, for tests that must check
         # what the proxy forwarded (headers, rewritten model) and byte-identity of SSE.
         self.recent: deque[dict[str, Any]] = deque(maxlen=64)
@@ -168,6 +177,7 @@ class FakeProvider:
         base, fields = self._base, self._stream_fields
         if flags["reset"]:
             base, fields = self._initial, {}
+            self._held = False
         if flags["clear_streaming_override"]:
             fields = {}
         if flags["streaming_only"]:
@@ -176,6 +186,7 @@ class FakeProvider:
             base = base.updated(changes)
         stream = base.updated(fields)  # also validates before anything is committed
         self._base, self._stream_fields, self._stream = base, fields, stream
+        self._held = flags.get(HOLD, self._held)
         return self.snapshot()
 
     def snapshot(self) -> dict[str, Any]:
@@ -187,6 +198,7 @@ class FakeProvider:
             "streaming_override_fields": sorted(self._stream_fields),
             "max_tokens": self.max_tokens,
             "default_tokens": self.default_tokens,
+            "held": self._held,
             "counters": {
                 "requests_total": self._requests,
                 "by_status": {str(k): v for k, v in sorted(self._status.items())},
@@ -323,6 +335,11 @@ class FakeProvider:
             "first_byte_ms": None, "first_token_ms": None,
         }
         self.recent.append(record)
+        start = t0  # the latency profile runs from arrival, or from release of a hold
+        if self._held:
+            while self._held:  # polled, so a client hanging up meanwhile is noticed
+                await conn.sleep_until(asyncio.get_running_loop().time() + HOLD_POLL_S)
+            start = asyncio.get_running_loop().time()
         prof = self.streaming_profile if stream else self._base
         if prof.outage:
             if prof.outage_mode == "close":
@@ -341,7 +358,7 @@ class FakeProvider:
                        f"{self.name}-{self._seq}")
         # One TPOT per request (not per token): routers see per-request TPOT, and
         # averaging per-token draws would wash the configured tail out.
-        first = t0 + prof.ttft.sample_ms(self._rng) / 1000
+        first = start + prof.ttft.sample_ms(self._rng) / 1000
         tpot, stall = prof.tpot.sample_ms(self._rng) / 1000, prof.stall_ms / 1000
         due = [first] + [first + stall + i * tpot for i in range(1, n)]
         self._active += 1
