@@ -587,7 +587,7 @@ def test_a_failure_whose_send_time_drifted_still_answers_a_trial() -> None:
 def test_a_trial_unanswered_beyond_twice_the_runs_failure_time_stops_holding(
     fail_latency: float, unheld_after: float,
 ) -> None:
-    """H = 2 x the run's slowest failure + RUN_TRIAL_GRACE_S: a trial still unanswered
+    """H = 2 x the run's fastest failure + RUN_TRIAL_GRACE_S: a trial still unanswered
     after that is not failing like the run, so a lone failure's hold is short."""
     h = RouteHealth("a", K, HC, SC, 0.0)
     h.note_outcome(True, 10.0 + fail_latency, sent_at=10.0)
@@ -595,6 +595,18 @@ def test_a_trial_unanswered_beyond_twice_the_runs_failure_time_stops_holding(
     h.note_sent(11.0)
     assert h.run_held(11.0 + unheld_after - 0.01)
     assert not h.run_held(11.0 + unheld_after + 0.01)
+
+
+def test_the_fastest_failure_of_the_run_sets_how_long_a_trial_holds() -> None:
+    """A killed provider: a stream cut mid-answer fails 0.6 s after it was sent, its
+    new requests 5 ms after; a trial then holds the route for 2 x 5 ms + 0.25 s, not
+    for 2 x 0.6 s + 0.25 s."""
+    h = RouteHealth("a", K, HC, SC, 0.0)
+    h.note_outcome(True, 6.1, sent_at=5.5)  # s = 1, the cut stream
+    h.note_outcome(True, 6.105, sent_at=6.1)  # s = 2, a new request: 5 ms
+    h.note_sent(6.11)
+    assert h.run_held(6.11 + 0.25)
+    assert not h.run_held(6.11 + 0.27)
 
 
 def test_a_slice_confined_cluster_run_and_an_open_circuit_hold_nothing() -> None:

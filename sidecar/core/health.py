@@ -63,7 +63,7 @@ failing ejects it. The route takes no new work (the router's per-request
 ``failure_run`` filter) while ``K - s`` trials are pending::
 
     held  iff  s > 0  and  #{trials unanswered, sent < H ago} >= K - s
-    H = 2 x (slowest failure of the run, send to outcome) + RUN_TRIAL_GRACE_S
+    H = 2 x (fastest failure of the run, send to outcome) + RUN_TRIAL_GRACE_S
 
 so a provider that went down receives exactly the ``K`` requests that eject it
 (plus those already in flight when it failed), not ``K`` plus whatever the
@@ -71,7 +71,10 @@ traffic sends while they fail, and an ejection is never slowed by holding the
 route back: each trial that fails frees a slot for the next. A trial that stays
 unanswered beyond ``H`` (longer than the run's failures took) is not failing
 like them, so a healthy route's lone failure costs it at most ``K - 1``
-requests' worth of slots for ``H``. A slice-confined cluster-wide run (another
+requests' worth of slots for ``H``. The *fastest* failure sets ``H``: a killed
+provider's streams that were cut mid-answer fail late, its new requests at
+once, and an answer lost or timed differently on a loaded proxy must not hold
+the route back for long. A slice-confined cluster-wide run (another
 slice answers) holds nothing.
 
 Other signals: COOLDOWN_OVER (time, :meth:`RouteHealth.tick`) and PROBE_OK /
@@ -143,7 +146,7 @@ FALSE_EJECT_ODDS = 1e-4  # accepted chance per request that a healthy route's ru
 HISTORY_MARGIN = 1.5  # a change: the watch-level share half as much again as the route's usual
 FAIL_RATE_HORIZON = 100  # requests the fast path's failure-rate EWMA averages over
 EPISODE_END_RATE = 1e-3  # a failure episode ends once the failure-rate EWMA is back below this
-# A trial unanswered this much longer than twice the run's slowest failure stops
+# A trial unanswered this much longer than twice the run's fastest failure stops
 # counting as pending (the trial limit above): it is not failing like the run.
 RUN_TRIAL_GRACE_S = 0.25
 RUN_TRIALS_MAX = 64  # send times kept per open run (K is small; bounded memory)
@@ -395,7 +398,7 @@ class RouteHealth:
         self.run_parts: set[str] = set()  # slices that failed in the run (cluster-wide entry)
         self.run_confined = False  # another slice answered during the run
         self.run_trials: list[float] = []  # send times of unanswered trials (trial limit)
-        self.run_fail_s = 0.0  # slowest failure of the run, send to outcome
+        self.run_fail_s = 0.0  # fastest failure of the run, send to outcome
         self.fail_rate = 0.0  # EWMA of hard failures per request (fast path)
         self.episode_since: float | None = None  # when the episode's first failure was seen
         self.episode_ok = 0  # successes of requests sent since then
@@ -526,10 +529,10 @@ class RouteHealth:
         if not self.streak:
             self.streak_since = sent
             self.run_trials.clear()
-            self.run_fail_s = 0.0
+            self.run_fail_s = now - sent
         else:
             self._answer_trial(sent)
-        self.run_fail_s = max(self.run_fail_s, now - sent)
+            self.run_fail_s = min(self.run_fail_s, now - sent)
         self.streak += 1
         if part is not None:
             self.run_parts.add(part)
