@@ -191,7 +191,10 @@ async def _scenario(stack: Stack, redis_srv: RedisServer, cfg2: Path) -> None:
                      "both sidecars to reconnect")
         await _until(lambda: _state_of(stack, "s1") == _state_of(stack, "s2"),
                      "both sidecars to agree on provider-a")
-        assert _state_of(stack, "s1") in MOVED  # still slow behind Envoy 1
+        # Still slow behind Envoy 1: not back to full weight. By now the cluster-wide
+        # circuit may have opened and be restoring (its probes pass on any answer, and
+        # evidence ages with time), which still holds provider-a back.
+        assert _state_of(stack, "s1") in (*MOVED, "restoring")
 
         # 4. A third sidecar started mid-run is warm before its first request.
         stack.start_sidecar(cfg2, name="s3")
