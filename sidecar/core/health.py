@@ -551,10 +551,14 @@ class RouteHealth:
         if not self.streak:
             return
         trials = self.run_trials
-        horizon = now - (2.0 * self.run_fail_s + RUN_TRIAL_GRACE_S)
+        horizon = self._trial_horizon(now)
         if trials and (trials[0] <= horizon or len(trials) >= RUN_TRIALS_MAX):
             trials[:] = [t for t in trials if t > horizon][-(RUN_TRIALS_MAX - 1):]
         trials.append(now)
+
+    def _trial_horizon(self, now: float) -> float:
+        """Trials sent before this are no longer pending: ``now - H`` (module docstring)."""
+        return now - (2.0 * self.run_fail_s + RUN_TRIAL_GRACE_S)
 
     def _answer_trial(self, sent: float) -> None:
         """A failure of a request sent at ``sent``: the trial nearest it (within the
@@ -579,7 +583,7 @@ class RouteHealth:
         need = self.eject_threshold() - self.streak
         if need <= 0:
             return False
-        horizon = now - (2.0 * self.run_fail_s + RUN_TRIAL_GRACE_S)
+        horizon = self._trial_horizon(now)
         pending = 0
         for t in self.run_trials:
             if t > horizon:
