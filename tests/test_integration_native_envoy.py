@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +21,9 @@ from sidecar.core.types import SliceKey
 from sidecar.core.weights import SliceWeights
 from sidecar.devtools.bench_native import RtdsThread, split_weights, two_provider_native
 from sidecar.devtools.harness import Stack, free_port, http_json
+from sidecar.shell.bootstrap_filters import usage_share
 from sidecar.shell.bootstrap_native import route_slices
+from sidecar.shell.envoy_contract import TOKENS_KEY, USAGE_NS
 from sidecar.shell.native_keys import runtime_key
 
 pytestmark = pytest.mark.envoy
@@ -33,13 +36,33 @@ def _route_header(boot: dict[str, Any]) -> None:
                                                     "value": "%ROUTE_NAME%"}}]
 
 
+def _usage_log(path: str) -> Any:
+    """Also log each request's id and the token count Envoy lifted, to a file."""
+    def edit(boot: dict[str, Any]) -> None:
+        _route_header(boot)
+        hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        hcm["typed_config"].setdefault("access_log", []).append({
+            "name": "test.usage",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3"
+                         ".FileAccessLog",
+                "path": path,
+                "log_format": {"text_format_source": {"inline_string": (
+                    "%REQ(X-TEST-BATCH)% %REQ(X-REQUEST-ID)% "
+                    f"%DYNAMIC_METADATA({USAGE_NS}:{TOKENS_KEY})%\n")}},
+            },
+        })
+    return edit
+
+
 @pytest.fixture(scope="module")
 def native() -> Iterator[tuple[Stack, RtdsThread]]:
     with Stack() as st:
         two_provider_native(st)
         rtds = RtdsThread(free_port())
         try:
-            st.start_envoy(sidecar_port=rtds.port, edit=_route_header)
+            st.start_envoy(sidecar_port=rtds.port,
+                           edit=_usage_log(str(st.workdir / "usage.log")))
             yield st, rtds
         finally:
             rtds.close()
@@ -65,6 +88,11 @@ CASES: list[tuple[str, dict[str, str], dict[str, Any]]] = [
      {"model": "m", "prompt": "x" * 9000, "max_tokens": 100}),
     ("/v1/responses", {}, {"model": "m", "input": "x" * 70000, "max_output_tokens": 100}),
     ("/v1/chat/completions", {}, {"model": "m", "max_tokens": 1024, "stream": False}),
+    # the default class's routes come first: named, empty, or naming no class
+    ("/v1/chat/completions", {"x-tailroute-class": "interactive"},
+     {"model": "m", "stream": True, "max_tokens": 10}),
+    ("/v1/chat/completions", {"x-tailroute-class": ""}, {"model": "m", "max_tokens": 10}),
+    ("/v1/chat/completions", {"x-tailroute-class": "batchy"}, {"model": "m", "max_tokens": 10}),
     ("/v1/chat/completions", {}, {"model": "m", "max_tokens": 1025, "stream": True}),
 ]
 
@@ -132,3 +160,29 @@ def test_published_weights_route_and_survive_a_dead_sidecar(
     rtds.start()
     rtds.wait_acked(rtds.layer.version)
     assert _split(st, 30) == {"200:a": 30}
+
+
+def test_usage_is_parsed_on_the_sampled_share(native: tuple[Stack, RtdsThread]) -> None:
+    """Native mode parses a quarter of the streams for usage: exactly the requests
+    whose Envoy-made x-request-id starts with 0-3; every other one logs no tokens."""
+    st, _ = native
+    assert st.config is not None and usage_share(st.config) == 0.25
+    log = st.workdir / "usage.log"
+    conn = http.client.HTTPConnection("127.0.0.1", st.ports["envoy"], timeout=10)
+    body = {"model": "m", "stream": True, "max_tokens": 3,
+            "messages": [{"role": "user", "content": "hi"}]}
+    for _ in range(80):
+        status = _send(st, "/v1/chat/completions", body, {"x-test-batch": "usage"}, conn)[0]
+        assert status == 200
+    rows: list[list[str]] = []
+    for _ in range(200):  # the file log is flushed by Envoy's own timer
+        text = log.read_text() if log.exists() else ""
+        rows = [line.split(" ")[1:] for line in text.splitlines() if line.startswith("usage ")]
+        if len(rows) >= 80:
+            break
+        time.sleep(0.05)
+    assert len(rows) == 80
+    sampled = [rid[0] in "0123" for rid, _ in rows]
+    counted = [tokens != "-" for _, tokens in rows]
+    assert counted == sampled and any(sampled) and not all(sampled)
+    assert {t for _, t in rows if t != "-"} == {"3"}

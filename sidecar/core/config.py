@@ -196,6 +196,9 @@ class EnvoyConfig:
     sidecar_max_requests: int | None = None
     # How often Envoy flushes its batched access-log entries to the sidecar.
     access_log_flush_ms: int = 100
+    # Share of requests whose SSE stream Envoy parses for the usage object (the token
+    # count TPOT needs); None: 1 in extproc mode, 0.25 in native and hybrid mode.
+    usage_sample: float | None = None
     # Envoy's active gRPC health check of the sidecar cluster (grpc.health.v1); 0 = none.
     sidecar_health_interval_s: float = 5.0
     # Envoy's HTTP/2 keepalive on its connection to the sidecar: a PING every this many

@@ -147,6 +147,8 @@ def _envoy(r: ConfigReader) -> EnvoyConfig:
         sidecar_max_requests=None if r.raw("sidecar_max_requests") is None else r.num(
             "sidecar_max_requests", 1024, lo=16, hi=1_000_000, integer=True),
         access_log_flush_ms=r.num("access_log_flush_ms", 100, lo=10, hi=10_000, integer=True),
+        usage_sample=None if r.raw("usage_sample") is None else r.num(
+            "usage_sample", 1.0, lo=0.0625, hi=1.0),
         sidecar_health_interval_s=r.num("sidecar_health_interval_s", 5.0, lo=0, hi=3600),
         sidecar_keepalive_s=r.num("sidecar_keepalive_s", 10.0, lo=0, hi=3600),
         sidecar_tls=parse_sidecar_tls(r.sub("sidecar_tls")),

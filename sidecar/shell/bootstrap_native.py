@@ -12,8 +12,11 @@ sidecar's gRPC cluster, the default route) and changes what picks the cluster:
   later rules overwrite earlier ones, and a constant rule keyed on ``model``
   sets the default first.
 * **One route per slice** (model x class x token profile x stream) matching that
-  metadata, the LLM API paths and ``x-tailroute-class`` (the default class's
-  routes come last and take any other class value, as the classifier does).
+  metadata, the LLM API paths and ``x-tailroute-class``. The default class's
+  routes come first, for a header that is absent or names no other class (as
+  the classifier reads it: unknown means the default class), so the common
+  request -- one that sends no class -- is matched by the first routes Envoy
+  tries instead of after every other class's.
   The token profile uses ``content-length`` as the input size (4 bytes per
   token, an upper bound for the prompt's characters) with a variant for
   requests without the header (input size unknown: profile by output budget).
@@ -40,6 +43,7 @@ Why RTDS, and the measurements behind it: docs/native-mode.md.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from sidecar.core.classify import API_PATHS, CHARS_PER_TOKEN, DEFAULT_MAX_TOKENS, TOKEN_PROFILES
@@ -64,6 +68,7 @@ _JSON_TYPES = ("application/json", "application/json; charset=utf-8",
 WEIGHTS_FETCH_TIMEOUT = "1s"
 ACCESS_LOG_BUFFER_BYTES = 256 * 1024  # Envoy start-up waits at most this long for the first weights
 _STRIP_FILTER = "tailroute.strip_client_routing"
+_BUFFER_FILTER = "envoy.filters.http.buffer"
 
 
 def _rule(key: str, target: str, kind: str, missing: Any = None) -> dict[str, Any]:
@@ -121,7 +126,24 @@ def _path_regex() -> str:
     return f"/({alts})/?"
 
 
-def slice_route(config: Config, s: SliceKey, default_class: bool,
+def _class_match(config: Config, s: SliceKey) -> dict[str, Any] | None:
+    """The class header matcher of a slice's routes.
+
+    A non-default class: the header names it. The default class: the header is
+    absent, empty or names none of the other classes -- one regex over the other
+    names, inverted, with a missing header read as empty. ``None`` when the
+    default class is the only one.
+    """
+    if s.klass != config.default_class:
+        return {"name": CLASS_HEADER, "string_match": {"exact": s.klass}}
+    others = [c.name for c in config.classes if c.name != config.default_class]
+    if not others:
+        return None
+    return {"name": CLASS_HEADER, "invert_match": True, "treat_missing_header_as_empty": True,
+            "string_match": {"safe_regex": {"regex": "|".join(re.escape(n) for n in others)}}}
+
+
+def slice_route(config: Config, s: SliceKey,
                 common: dict[str, Any]) -> list[dict[str, Any]]:
     """The routes of one slice: one per content-length variant of its profile."""
     model = config.model(s.model)
@@ -136,8 +158,9 @@ def slice_route(config: Config, s: SliceKey, default_class: bool,
         if profile != s.profile:
             continue
         headers: list[dict[str, Any]] = []
-        if not default_class:
-            headers.append({"name": CLASS_HEADER, "string_match": {"exact": s.klass}})
+        klass_match = _class_match(config, s)
+        if klass_match is not None:
+            headers.append(klass_match)
         if in_bytes is not None:
             headers.append({"name": "content-length",
                             "range_match": {"start": 0, "end": in_bytes + 1}})
@@ -168,15 +191,17 @@ def slice_route(config: Config, s: SliceKey, default_class: bool,
 
 def native_routes(config: Config, common: dict[str, Any],
                   extra: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every slice route, non-default classes before the default class per model."""
+    """Every slice route, the default class's first per model (their class matcher
+    excludes the other classes, so the order only decides how soon Envoy finds
+    the common request's route)."""
     slices = native_slices(config)
     out: list[dict[str, Any]] = []
     for model in config.models:
         mine = [s for s in slices if s.model == model.name]
-        ordered = ([s for s in mine if s.klass != config.default_class]
-                   + [s for s in mine if s.klass == config.default_class])
+        ordered = ([s for s in mine if s.klass == config.default_class]
+                   + [s for s in mine if s.klass != config.default_class])
         for s in ordered:
-            for r in slice_route(config, s, s.klass == config.default_class, common):
+            for r in slice_route(config, s, common):
                 out.append({**r, **extra})
     return out
 
@@ -307,6 +332,12 @@ def render_native_bootstrap(
     for f in hcm["http_filters"]:
         if f["name"] in _EXT_PROC_FILTERS and mode == "native":
             continue  # native: no ext_proc at all
+        if f["name"] == _BUFFER_FILTER and mode == "native":
+            # json_to_metadata already holds the request until its body is complete
+            # (and answers 413 past the buffer limit), so the route is matched on
+            # the body's metadata without it; only ext_proc's one-message path
+            # (hybrid) needs the buffer. Saves Envoy ~7 us per request.
+            continue
         if f["name"] == ec.ROUTE_FILTER:
             # hybrid: the one-message path only for requests that need a decision
             # (the rich path already runs only for deadline / explain requests).

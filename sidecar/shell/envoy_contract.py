@@ -26,6 +26,10 @@ RID_KEY = "rid"
 ROUTE_KEY = "route"
 SLICE_KEY = "slice"
 TOKENS_KEY = "output_tokens"
+# The request id copied into metadata where usage is parsed on a sample of requests
+# (bootstrap_filters.usage_sampled): the sampling matcher reads it there.
+SAMPLE_NS = "tailroute.usage_sample"
+SAMPLE_KEY = "request_id"
 
 ROUTE_FILTER = "tailroute.route"  # one message per request: the buffered body
 RICH_FILTER = "tailroute.route_rich"  # headers + body (+ response headers on request)
