@@ -11,6 +11,7 @@ import pytest
 from sidecar.core.config import Config, ConfigError, parse_config
 from sidecar.devtools.harness import envoy_binary
 from sidecar.shell.bootstrap import to_yaml
+from sidecar.shell.bootstrap_filters import SAMPLE_FILTER, USAGE_FILTER, usage_share
 from sidecar.shell.bootstrap_native import render_for_mode, render_native_bootstrap
 
 
@@ -80,6 +81,73 @@ def test_extproc_mode_and_envoy_alone_render_the_ext_proc_bootstrap() -> None:
     assert "layered_runtime" not in render_for_mode(_cfg())
     alone = render_for_mode(_cfg(mode="native"), with_sidecar=False)
     assert "layered_runtime" not in alone
+
+
+def _filters(mode: str, usage_sample: float | None = None) -> list[dict[str, Any]]:
+    data = _data(mode=mode)
+    if usage_sample is not None:
+        data["envoy"] = {"usage_sample": usage_sample}
+    filters: list[dict[str, Any]] = _hcm(render_for_mode(parse_config(data, "t.yaml")))[
+        "http_filters"]
+    return filters
+
+
+@pytest.mark.parametrize(("mode", "asked", "share", "regex"), [
+    ("extproc", None, 1.0, None),
+    ("native", None, 0.25, "[456789abcdefABCDEF].*"),
+    ("hybrid", None, 0.25, "[456789abcdefABCDEF].*"),
+    ("native", 1.0, 1.0, None),
+    ("extproc", 0.5, 0.5, "[89abcdefABCDEF].*"),
+    ("native", 0.0625, 0.0625, "[123456789abcdefABCDEF].*"),
+    ("native", 0.3, 0.3125, "[56789abcdefABCDEF].*"),  # rounded to sixteenths
+])
+def test_usage_is_parsed_on_the_configured_share(
+    mode: str, asked: float | None, share: float, regex: str | None
+) -> None:
+    data = _data(mode=mode)
+    if asked is not None:
+        data["envoy"] = {"usage_sample": asked}
+    assert usage_share(parse_config(data, "t.yaml")) == share
+    filters = _filters(mode, asked)
+    names = [f["name"] for f in filters]
+    usage = filters[names.index(USAGE_FILTER)]["typed_config"]
+    if regex is None:
+        assert SAMPLE_FILTER not in names and usage["@type"].endswith("SseToMetadata")
+        return
+    # the id is copied into metadata first, then the usage filter skips the rest
+    assert names.index(SAMPLE_FILTER) < names.index(USAGE_FILTER)
+    matcher = usage["xds_matcher"]["matcher_list"]["matchers"][0]["predicate"]
+    value = matcher["single_predicate"]["custom_match"]["typed_config"]["value"]
+    assert value["string_match"]["safe_regex"]["regex"] == regex
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (0, "t.yaml: envoy.usage_sample: must be >= 0.0625"),
+    (1.5, "t.yaml: envoy.usage_sample: must be <= 1"),
+    ("half", "t.yaml: envoy.usage_sample: must be a number"),
+])
+def test_usage_sample_errors_name_the_field(value: object, message: str) -> None:
+    data = _data()
+    data["envoy"] = {"usage_sample": value}
+    with pytest.raises(ConfigError) as exc:
+        parse_config(data, "t.yaml")
+    assert str(exc.value).startswith(message), str(exc.value)
+
+
+def test_native_drops_the_buffer_filter_and_hybrid_keeps_it() -> None:
+    assert "envoy.filters.http.buffer" not in [f["name"] for f in _filters("native")]
+    assert "envoy.filters.http.buffer" in [f["name"] for f in _filters("hybrid")]
+    assert "envoy.filters.http.buffer" in [f["name"] for f in _filters("extproc")]
+
+
+def test_a_sampled_extproc_bootstrap_passes_envoy_validate(tmp_path: Path) -> None:
+    data = _data()
+    data["envoy"] = {"usage_sample": 0.5}
+    path = tmp_path / "envoy.yaml"
+    path.write_text(to_yaml(render_for_mode(parse_config(data, "t.yaml"))))
+    r = subprocess.run([envoy_binary(), "--mode", "validate", "-c", str(path)],
+                       capture_output=True, text=True, check=False, timeout=60)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
 
 
 @pytest.mark.parametrize(("change", "message"), [

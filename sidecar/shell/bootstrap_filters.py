@@ -179,7 +179,7 @@ def usage_sampled(inner: dict[str, Any], share: float) -> list[dict[str, Any]]:
                 "metadata_namespace": ec.SAMPLE_NS, "key": ec.SAMPLE_KEY, "type": "STRING"}}],
         },
     }
-    rest = _HEX[k:]
+    rest = "".join(dict.fromkeys(_HEX[k:] + _HEX[k:].upper()))  # either case, once each
     unsampled = {"single_predicate": {
         "input": {"name": "request_id", "typed_config": {
             "@type": TYPE + "envoy.extensions.matching.common_inputs.network.v3"
@@ -188,7 +188,7 @@ def usage_sampled(inner: dict[str, Any], share: float) -> list[dict[str, Any]]:
         "custom_match": {"name": "request_id_digit", "typed_config": {
             "@type": TYPE + "envoy.extensions.matching.input_matchers.metadata.v3.Metadata",
             "value": {"string_match": {"safe_regex": {
-                "regex": f"[{rest}{rest.upper()}].*"}}}}},
+                "regex": f"[{rest}].*"}}}}},
     }}
     return [copy, _skip_when(USAGE_FILTER, inner["typed_config"], unsampled)]
 
