@@ -48,8 +48,12 @@ def _hcm(boot: dict[str, Any]) -> dict[str, Any]:
 def test_rendered_native_bootstrap_passes_envoy_validate(
     tmp_path: Path, routing: dict[str, Any]
 ) -> None:
+    _assert_envoy_accepts(tmp_path, render_native_bootstrap(_cfg(**routing)))
+
+
+def _assert_envoy_accepts(tmp_path: Path, boot: dict[str, Any]) -> None:
     path = tmp_path / "envoy.yaml"
-    path.write_text(to_yaml(render_native_bootstrap(_cfg(**routing))))
+    path.write_text(to_yaml(boot))
     r = subprocess.run([envoy_binary(), "--mode", "validate", "-c", str(path)],
                        capture_output=True, text=True, check=False, timeout=60)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -83,11 +87,15 @@ def test_extproc_mode_and_envoy_alone_render_the_ext_proc_bootstrap() -> None:
     assert "layered_runtime" not in alone
 
 
-def _filters(mode: str, usage_sample: float | None = None) -> list[dict[str, Any]]:
+def _sampled(mode: str, usage_sample: float | None = None) -> Config:
     data = _data(mode=mode)
     if usage_sample is not None:
         data["envoy"] = {"usage_sample": usage_sample}
-    filters: list[dict[str, Any]] = _hcm(render_for_mode(parse_config(data, "t.yaml")))[
+    return parse_config(data, "t.yaml")
+
+
+def _filters(mode: str, usage_sample: float | None = None) -> list[dict[str, Any]]:
+    filters: list[dict[str, Any]] = _hcm(render_for_mode(_sampled(mode, usage_sample)))[
         "http_filters"]
     return filters
 
@@ -104,10 +112,7 @@ def _filters(mode: str, usage_sample: float | None = None) -> list[dict[str, Any
 def test_usage_is_parsed_on_the_configured_share(
     mode: str, asked: float | None, share: float, regex: str | None
 ) -> None:
-    data = _data(mode=mode)
-    if asked is not None:
-        data["envoy"] = {"usage_sample": asked}
-    assert usage_share(parse_config(data, "t.yaml")) == share
+    assert usage_share(_sampled(mode, asked)) == share
     filters = _filters(mode, asked)
     names = [f["name"] for f in filters]
     usage = filters[names.index(USAGE_FILTER)]["typed_config"]
@@ -141,13 +146,7 @@ def test_native_drops_the_buffer_filter_and_hybrid_keeps_it() -> None:
 
 
 def test_a_sampled_extproc_bootstrap_passes_envoy_validate(tmp_path: Path) -> None:
-    data = _data()
-    data["envoy"] = {"usage_sample": 0.5}
-    path = tmp_path / "envoy.yaml"
-    path.write_text(to_yaml(render_for_mode(parse_config(data, "t.yaml"))))
-    r = subprocess.run([envoy_binary(), "--mode", "validate", "-c", str(path)],
-                       capture_output=True, text=True, check=False, timeout=60)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    _assert_envoy_accepts(tmp_path, render_for_mode(_sampled("extproc", 0.5)))
 
 
 @pytest.mark.parametrize(("change", "message"), [

@@ -129,9 +129,12 @@ def route_filters(timeout_ms: int) -> list[dict[str, Any]]:
     ]
 
 
+BUFFER_FILTER = "envoy.filters.http.buffer"
+
+
 def buffer_filter(max_bytes: int) -> dict[str, Any]:
     return {
-        "name": "envoy.filters.http.buffer",
+        "name": BUFFER_FILTER,
         "typed_config": {"@type": TYPE + "envoy.extensions.filters.http.buffer.v3.Buffer",
                          "max_request_bytes": max_bytes},
     }

@@ -52,7 +52,7 @@ from sidecar.core.types import SliceKey
 from sidecar.core.weights import WEIGHT_SCALE, native_slices, route_candidates
 from sidecar.shell import envoy_contract as ec
 from sidecar.shell.bootstrap import render_bootstrap
-from sidecar.shell.bootstrap_filters import SIDECAR_CLUSTER
+from sidecar.shell.bootstrap_filters import BUFFER_FILTER, SIDECAR_CLUSTER
 from sidecar.shell.native_keys import METADATA_NS, RUNTIME_LAYER, route_name, runtime_prefix
 
 _TYPE = "type.googleapis.com/"
@@ -68,7 +68,6 @@ _JSON_TYPES = ("application/json", "application/json; charset=utf-8",
 WEIGHTS_FETCH_TIMEOUT = "1s"
 ACCESS_LOG_BUFFER_BYTES = 256 * 1024  # Envoy start-up waits at most this long for the first weights
 _STRIP_FILTER = "tailroute.strip_client_routing"
-_BUFFER_FILTER = "envoy.filters.http.buffer"
 
 
 def _rule(key: str, target: str, kind: str, missing: Any = None) -> dict[str, Any]:
@@ -154,13 +153,11 @@ def slice_route(config: Config, s: SliceKey,
     timeout = f"{klass.slo.timeout_ms / 1000:g}s"
     common = {**common, "timeout": timeout, "idle_timeout": timeout}
     routes = []
+    klass_match = _class_match(config, s)
     for profile, out_cap, in_bytes, with_length in _profile_variants():
         if profile != s.profile:
             continue
-        headers: list[dict[str, Any]] = []
-        klass_match = _class_match(config, s)
-        if klass_match is not None:
-            headers.append(klass_match)
+        headers: list[dict[str, Any]] = [] if klass_match is None else [klass_match]
         if in_bytes is not None:
             headers.append({"name": "content-length",
                             "range_match": {"start": 0, "end": in_bytes + 1}})
@@ -332,7 +329,7 @@ def render_native_bootstrap(
     for f in hcm["http_filters"]:
         if f["name"] in _EXT_PROC_FILTERS and mode == "native":
             continue  # native: no ext_proc at all
-        if f["name"] == _BUFFER_FILTER and mode == "native":
+        if f["name"] == BUFFER_FILTER and mode == "native":
             # json_to_metadata already holds the request until its body is complete
             # (and answers 413 past the buffer limit), so the route is matched on
             # the body's metadata without it; only ext_proc's one-message path
