@@ -57,6 +57,11 @@ def _with(path: str, value: Any) -> dict[str, Any]:
         ),
         ("classes", {"x": {"slo": {"metric": "p99"}}}, "classes.x.slo.metric: must be one of"),
         ("health", {"recover_ratio": 0.9}, "health: need recover_ratio < watch_ratio"),
+        ("health", {"explore_share": 0}, "health.explore_share: must be >= 0.001"),
+        ("classes", {"x": {"latency_exponent": 1}}, "classes.x.latency_exponent: must be >= 2"),
+        ("classes", {"x": {"latency_exponent": "steep"}},
+         "classes.x.latency_exponent: must be a number"),
+        ("health", {"explore_share": 1.5}, "health.explore_share: must be <= 1"),
     ],
 )
 def test_errors_name_file_and_field(path: str, value: Any, expect: str) -> None:

@@ -92,6 +92,18 @@ def test_faster_route_gets_more_traffic_but_others_keep_the_floor() -> None:
     assert shares["a"] > shares["b"] > shares["c"] > 0
 
 
+def test_steep_class_concentrates_on_the_faster_route_and_keeps_the_floor() -> None:
+    """latency_exponent 6: with 50 samples E = 4, so b (twice as slow) weighs 1/16 of a
+    (1/4 with the default curve); the exploration floor still keeps c in use."""
+    view = FakeView(ttft={"a": 0.1, "b": 0.2, "c": 0.4})
+    steep = parse_config(base_config_dict(classes={"interactive": {"latency_exponent": 6}}),
+                         "t.yaml")
+    gentle = _shares(view)
+    shares = Counter(_run(view, cfg=steep, seed=i).chosen.name for i in range(400))
+    assert shares["a"] > gentle["a"] and shares["b"] < gentle["b"]
+    assert shares["c"] > 0
+
+
 def test_lowest_score_picker_is_semantic_router_deterministic() -> None:
     ttft_only = parse_config(base_config_dict(algorithm={
         "type": "latency_aware", "latency_aware": {"ttft_percentile": 95}}), "t.yaml")

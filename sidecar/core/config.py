@@ -94,6 +94,9 @@ class ClassConfig:
     priority: int = 5  # higher = more important; admission sheds low priority first
     weights: Weights = Weights()
     latency_sensitive: bool = True  # False: tolerant class, still uses degraded/restricted routes
+    # Steepness of the latency preference (sidecar.core.steepness): the latency score is
+    # r ** -E with E rising from 2 to this with the route's samples. 2: the gentle curve.
+    latency_exponent: float = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +143,9 @@ class HealthConfig:
     cooldown_s: float = 15.0
     cooldown_max_s: float = 300.0
     probe_share: float = 0.05
+    # Exploration floor: every eligible route keeps at least this share of the best
+    # route's weight, so a route that fell behind by score keeps fresh statistics.
+    explore_share: float = 0.05
     probe_successes: int = 5
     restore_step: float = 0.25  # weight returned per healthy window while restoring
     # Escalation needs evidence at this confidence (one-sided binomial test).

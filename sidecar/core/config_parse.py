@@ -83,6 +83,7 @@ def _health(r: ConfigReader) -> HealthConfig:
         cooldown_s=r.num("cooldown_s", d.cooldown_s, lo=0.1),
         cooldown_max_s=r.num("cooldown_max_s", d.cooldown_max_s, lo=0.1),
         probe_share=r.num("probe_share", d.probe_share, lo=0.001, hi=1.0),
+        explore_share=r.num("explore_share", d.explore_share, lo=0.001, hi=1.0),
         probe_successes=r.num("probe_successes", d.probe_successes, lo=1, integer=True),
         restore_step=r.num("restore_step", d.restore_step, lo=0.01, hi=1.0),
         confidence=r.num("confidence", d.confidence, lo=0.5, hi=0.999999),

@@ -195,6 +195,7 @@ def _class(name: str, r: ConfigReader) -> ClassConfig:
         priority=r.num("priority", 5, lo=0, hi=1000, integer=True),
         weights=weights,
         latency_sensitive=r.bool_("latency_sensitive", True),
+        latency_exponent=r.num("latency_exponent", 2.0, lo=2.0, hi=12.0),
     )
     r.done()
     return cfg

@@ -16,7 +16,7 @@ Shape (after the Gateway API Inference Extension's scheduler):
 4. The candidate's **weight** combines them log-linearly with the class's
    weights: ``w = health * prod_i s_i ** k_i``; a class weight k_i = 0 ignores
    the dimension (:data:`EXPONENT_OF` maps scores to class weights). Each
-   survivor keeps at least ``probe_share x max w`` (exploration floor) so its
+   survivor keeps at least ``explore_share x max w`` (exploration floor) so its
    statistics stay fresh.
 5. One **picker** (``sidecar.core.pickers``) chooses, with the injected RNG.
 
@@ -42,8 +42,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from sidecar.core.config import ClassConfig, ClusterConfig, Config, ModelConfig, Weights
+from sidecar.core.config import ClassConfig, ClusterConfig, Config, ModelConfig
 from sidecar.core.frozen import fast_init
+from sidecar.core.steepness import load_factor
 from sidecar.core.types import RequestInfo, SliceKey
 
 if TYPE_CHECKING:
@@ -239,11 +240,13 @@ class Plan:
     request_filter_names: tuple[str, ...] = ()
 
 
-def exponent_of(weights: Weights) -> dict[str, float]:
-    """Class weight per score name. Scores not listed (e.g. the raw ``latency_ratio``,
-    ``violation``) are informational only."""
+def exponent_of(klass: ClassConfig) -> dict[str, float]:
+    """Exponent per score name: the class weight (the load score's steepened by
+    :func:`sidecar.core.steepness.load_factor`). Scores not listed (e.g. the raw
+    ``latency_ratio``, ``violation``) are informational only."""
+    weights = klass.weights
     return {"latency": weights.latency, "attainment": weights.latency, "cost": weights.cost,
-            "quality": weights.quality, "load": weights.capacity}
+            "quality": weights.quality, "load": weights.capacity * load_factor(klass)}
 
 
 # Panic tiers by the soft filter that dropped a candidate: lower is less bad.
@@ -289,7 +292,7 @@ def build_plan(
     for cand in cands:
         _filter(ctx, cand, static_filters, True)
     eligible = [c for c in cands if c.dropped is None or c.soft_drop]
-    exps = exponent_of(ctx.klass.weights)
+    exps = exponent_of(ctx.klass)
     if eligible:
         for s in scorers:
             if not s.per_request:
@@ -345,12 +348,12 @@ def run_request(
         cand.weight = w = max(weight * cand.health.weight, 1e-9)
         if w > top:
             top = w
-    # Exploration floor: every survivor keeps at least probe_share x the best weight.
+    # Exploration floor: every survivor keeps at least health.explore_share x the best weight.
     # Without it a route that was slow once would get almost no traffic, its
     # statistics would never refresh, and neither the health machine nor the
     # latency score could see it recover. Routes the health machine excluded
     # never get here (they are filtered; probes reach them instead).
-    floor = ctx.config.health.probe_share * top
+    floor = ctx.config.health.explore_share * top
     for cand in survivors:
         if cand.weight < floor:
             cand.weight = floor

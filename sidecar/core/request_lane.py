@@ -18,7 +18,7 @@ static stage kept, in order::
         else health = degraded_weight
     load   = max(1 - inflight / max_concurrency, 0.02)
     w      = max(base * max(load, 1e-6) ** k_load * health, 1e-9)
-    then   w = max(w, probe_share * max w)                        (exploration floor)
+    then   w = max(w, explore_share * max w)                      (exploration floor)
     pick   the first i with  u * sum_j w_j - sum_{j <= i} w_j < 0,  u = rng.random()
 
 When a kept candidate is full (capacity would drop it) or none is kept
@@ -81,8 +81,8 @@ class _Row(NamedTuple):
 class RequestLane:
     """The per-request stage of one plan (module docstring); build with :meth:`of`."""
 
-    __slots__ = ("ctx", "degraded", "hot", "k_load", "names", "over", "picker", "plan",
-                 "probe_share", "rows")
+    __slots__ = ("ctx", "degraded", "explore_share", "hot", "k_load", "names", "over",
+                 "picker", "plan", "rows")
 
     def __init__(self, plan: Plan, ctx: SelectionContext, picker: Picker,
                  rows: tuple[_Row, ...], names: tuple[str, ...], k_load: float) -> None:
@@ -92,7 +92,7 @@ class RequestLane:
                          for i, r in enumerate(rows))  # what pick() reads, unpacked fast
         self.names = names  # every route whose in-flight count a pick reads
         self.k_load = k_load
-        self.probe_share = ctx.config.health.probe_share
+        self.explore_share = ctx.config.health.explore_share
         self.degraded = ctx.config.health.degraded_weight
         # Admission's over-budget verdict per row for a class (it reads only the
         # plan's scores); admission fills it in on first use (sidecar.core.admission).
@@ -164,7 +164,7 @@ class RequestLane:
                 top = w
         if not kept:
             return None  # panic
-        floor = self.probe_share * top
+        floor = self.explore_share * top
         for j, w in enumerate(weights):
             if w < floor:
                 weights[j] = floor

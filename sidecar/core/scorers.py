@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from sidecar.core.evidence import with_prior
 from sidecar.core.latency_aware import enabled_metrics, latency_aware_scores
 from sidecar.core.pipeline import Candidate, LatencyValue, Scorer, SelectionContext
+from sidecar.core.steepness import GENTLE, latency_exponent
 
 _NEUTRAL = 1.0
-LATENCY_EXPONENT = 2.0  # LatencyRatio: s = 1 / r ** LATENCY_EXPONENT
 SLO_TAIL = "slo_tail"  # Candidate.latency key: the class metric at the SLO percentile
 _NO_TAIL = LatencyValue(None, None, False, 0)
 
@@ -24,19 +24,21 @@ _NO_TAIL = LatencyValue(None, None, False, 0)
 class LatencyRatio:
     """semantic-router ``latency_aware`` ratio score r >= 1, turned into goodness.
 
-        s = 1 / r ** LATENCY_EXPONENT        (2)
+        s = r ** -E        E = 2 + (E_max - 2) n / (n + 50),  E_max = the class's
+                           ``latency_exponent`` (default 2), n = the route's samples
 
-    so a route 10 % slower than the best keeps 0.83 of its weight, twice as slow
-    1/4. The class's ``weights.latency`` is this score's exponent in the product
-    of scores, so a steeper curve here would also reinterpret every class's
+    With the default a route 10 % slower than the best keeps 0.83 of its weight,
+    twice as slow 1/4; with ``latency_exponent: 6`` and plenty of samples 0.56
+    and 1/64 (:mod:`sidecar.core.steepness` says when that helps and what it
+    costs). The class's ``weights.latency`` is this score's exponent in the
+    product of scores, so a steep default would also reinterpret every class's
     weights: at 6, a tolerant class with latency weight 0.2 and cost weight 1.0
     left a cheap route ten times slower but far inside its budget (r ** -1.2),
-    against the operator's stated preference. Preference among routes that all
-    meet the SLO comes from the attainment score and this ratio together. A route
-    without data scores like the worst route that has data (1.0 when none has):
-    no evidence must not look like the best evidence (a route whose requests
-    all fail or get cancelled has no samples). The pipeline's exploration floor
-    still gives it traffic to earn data.
+    against the operator's stated preference. A route without data scores like
+    the worst route that has data (1.0 when none has): no evidence must not look
+    like the best evidence (a route whose requests all fail or get cancelled has
+    no samples). The pipeline's exploration floor still gives it traffic to earn
+    data.
     """
 
     name: str = "latency"
@@ -45,19 +47,29 @@ class LatencyRatio:
     def __call__(self, ctx: SelectionContext, cands: list[Candidate]) -> None:
         metrics = enabled_metrics(ctx.model.latency_aware)
         values: dict[str, dict[str, float | None]] = {}
+        samples: dict[str, int] = {}
         for c in cands:
             values[c.name] = {}
+            n = -1
             for metric, pct in metrics:
                 lv = ctx.view.latency(c.name, ctx.request.slice, metric, pct, ctx.now)
                 c.latency[f"{metric}_p{pct}"] = lv
                 values[c.name][metric] = lv.value
+                if lv.value is not None:
+                    n = lv.samples if n < 0 else min(n, lv.samples)
+            samples[c.name] = max(n, 0)
         result = latency_aware_scores([c.name for c in cands], values, [m for m, _ in metrics])
-        known = [1.0 / (r * r) for r in result.scores.values()]
-        unknown = min(known) if known else _NEUTRAL
+        klass = ctx.klass
+        scores: dict[str, float] = {}
+        for name, ratio in result.scores.items():
+            e = latency_exponent(klass, samples[name])
+            # 1 / r**2 exactly as before for the default curve: same decisions, bit for bit.
+            scores[name] = 1.0 / (ratio * ratio) if e == GENTLE else ratio ** -e
+        unknown = min(scores.values()) if scores else _NEUTRAL
         for c in cands:
             r = result.scores.get(c.name)
             c.scores["latency_ratio"] = r if r is not None else 0.0
-            c.scores[self.name] = unknown if r is None else 1.0 / (r * r)
+            c.scores[self.name] = scores.get(c.name, unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +88,10 @@ class Attainment:
     so a route that misses one more allowed share ``a`` than the best one gets
     1/e of its weight: for a p95 class a route failing fast on 30 % of its
     requests gets ~exp(-6) of a clean one's, two healthy routes 1 % apart
-    ~0.8 of each other. For a step of a k-way fan-out ``a`` is k times smaller
+    ~0.8 of each other. Sharper scales (a / 2, a / 4) concentrated a little
+    more on generated scenarios but slowed the reaction at 0.5 req/s, where
+    priors dominate thin routes' ``v`` (docs/policy-lab.md, "Concentration").
+    For a step of a k-way fan-out ``a`` is k times smaller
     (the workflow meets the worst of its k calls), and ``budget`` shrinks to
     the caller's remaining deadline. ``violation`` (v) and ``violation_n`` (n)
     are kept as informational scores, the class metric's tail at the SLO
@@ -149,7 +164,9 @@ class Quality:
 
 @dataclass(frozen=True, slots=True)
 class Load:
-    """Spare capacity: ``s = max(1 - inflight / max_concurrency, 0.02)``."""
+    """Spare capacity: ``s = max(1 - inflight / max_concurrency, 0.02)``; its exponent in
+    the product is the class's capacity weight times
+    :func:`sidecar.core.steepness.load_factor` (1 by default)."""
 
     name: str = "load"
     per_request: bool = True
