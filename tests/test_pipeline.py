@@ -83,8 +83,9 @@ def _run(view: FakeView, klass: str = "interactive", cfg: Config | None = None,
     return result
 
 
-def _shares(view: FakeView, klass: str = "interactive", n: int = 400) -> Counter[str]:
-    return Counter(_run(view, klass, seed=i).chosen.name for i in range(n))
+def _shares(view: FakeView, klass: str = "interactive", n: int = 400,
+            cfg: Config | None = None) -> Counter[str]:
+    return Counter(_run(view, klass, cfg, seed=i).chosen.name for i in range(n))
 
 
 def test_faster_route_gets_more_traffic_but_others_keep_the_floor() -> None:
@@ -99,7 +100,7 @@ def test_steep_class_concentrates_on_the_faster_route_and_keeps_the_floor() -> N
     steep = parse_config(base_config_dict(classes={"interactive": {"latency_exponent": 6}}),
                          "t.yaml")
     gentle = _shares(view)
-    shares = Counter(_run(view, cfg=steep, seed=i).chosen.name for i in range(400))
+    shares = _shares(view, cfg=steep)
     assert shares["a"] > gentle["a"] and shares["b"] < gentle["b"]
     assert shares["c"] > 0
 

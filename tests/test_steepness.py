@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecar.core.config import ClassConfig
-from sidecar.core.steepness import GENTLE, latency_exponent, load_factor
+from sidecar.core.steepness import GENTLE, latency_exponent, latency_score, load_factor
 
 DEFAULT = ClassConfig("interactive")
 
@@ -33,5 +33,4 @@ def test_default_class_keeps_the_gentle_curve(n: int) -> None:
 def test_latency_score_never_rewards_a_slower_route(top: float, n: int, r: float,
                                                     dr: float) -> None:
     k = dataclasses.replace(DEFAULT, latency_exponent=top)
-    e = latency_exponent(k, n)
-    assert 0.0 < (r + dr) ** -e <= r ** -e <= 1.0
+    assert 0.0 < latency_score(k, r + dr, n) <= latency_score(k, r, n) <= 1.0

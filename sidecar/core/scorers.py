@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from sidecar.core.evidence import with_prior
 from sidecar.core.latency_aware import enabled_metrics, latency_aware_scores
 from sidecar.core.pipeline import Candidate, LatencyValue, Scorer, SelectionContext
-from sidecar.core.steepness import GENTLE, latency_exponent
+from sidecar.core.steepness import latency_score
 
 _NEUTRAL = 1.0
 SLO_TAIL = "slo_tail"  # Candidate.latency key: the class metric at the SLO percentile
@@ -62,9 +62,7 @@ class LatencyRatio:
         klass = ctx.klass
         scores: dict[str, float] = {}
         for name, ratio in result.scores.items():
-            e = latency_exponent(klass, samples[name])
-            # 1 / r**2 exactly as before for the default curve: same decisions, bit for bit.
-            scores[name] = 1.0 / (ratio * ratio) if e == GENTLE else ratio ** -e
+            scores[name] = latency_score(klass, ratio, samples[name])
         unknown = min(scores.values()) if scores else _NEUTRAL
         for c in cands:
             r = result.scores.get(c.name)

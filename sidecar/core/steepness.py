@@ -12,9 +12,9 @@ Why a steeper curve is offered: every request over budget counts, and with the
 gentle curve a route twice as slow as the best keeps 11-16 % of the traffic, whose
 tail supplied much of the violations that herding baselines avoided on generated
 scenarios (docs/policy-lab.md, "Concentration": ``E_max = 6`` cut summed violations
-by 4-8 % there). Why it is not the default: on the shipped ``burst_queueing`` and
-``overload`` it piled more of a burst onto the fastest route's queue (averaged over
-noise seeds 13.1 -> 15.3 % and 12.2 -> 13.4 %).
+by 4-7 % there). Why it is not the default: on the shipped ``burst_queueing`` and
+``overload`` it piled more of a burst onto the fastest route's queue (mean over four
+noise seeds 13.4 -> 18.4 % and 12.2 -> 13.4 %).
 
 The two refinements that make the steep curve usable at all:
 
@@ -41,6 +41,13 @@ def latency_exponent(klass: ClassConfig, samples: int) -> float:
     if top <= GENTLE:
         return GENTLE
     return GENTLE + (top - GENTLE) * samples / (samples + HALF_SAMPLES)
+
+
+def latency_score(klass: ClassConfig, ratio: float, samples: int) -> float:
+    """``s = r ** -E`` for a route with latency ratio ``ratio >= 1`` on ``samples``."""
+    e = latency_exponent(klass, samples)
+    # 1 / r**2 exactly as before for the default curve: same decisions, bit for bit.
+    return 1.0 / (ratio * ratio) if e == GENTLE else ratio ** -e
 
 
 def load_factor(klass: ClassConfig) -> float:
