@@ -62,6 +62,8 @@ def _with(path: str, value: Any) -> dict[str, Any]:
         ("classes", {"x": {"latency_exponent": "steep"}},
          "classes.x.latency_exponent: must be a number"),
         ("health", {"explore_share": 1.5}, "health.explore_share: must be <= 1"),
+        ("classes", {"x": {"weights": {"queue": -1}}}, "classes.x.weights.queue: must be >= 0"),
+        ("classes", {"x": {"weights": {"queue": 13}}}, "classes.x.weights.queue: must be <= 12"),
     ],
 )
 def test_errors_name_file_and_field(path: str, value: Any, expect: str) -> None:

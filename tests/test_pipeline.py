@@ -38,6 +38,7 @@ class FakeView:
     busy: dict[str, int] = field(default_factory=dict)
     attain: dict[str, float] = field(default_factory=dict)  # success share, all within budget
     no_tpot: set[str] = field(default_factory=set)
+    hold: dict[str, float] = field(default_factory=dict)  # e2e median (s), every sample ok
 
     def latency(self, cluster: str, slice: SliceKey, metric: str, percentile: float,
                 now: float) -> LatencyValue:
@@ -50,6 +51,11 @@ class FakeView:
 
     def evidence(self, cluster: str, slice: SliceKey, metric: str,
                  now: float) -> RouteEvidence | None:
+        if metric == "e2e" and cluster in self.hold:
+            e2e = LogHistogram()
+            e2e.add(self.hold[cluster])
+            return RouteEvidence(e2e.cumulative(), 100, 100.0, 0.0, 100.0, 100.0, True, slice,
+                                 False)
         p = self.attain.get(cluster)
         if p is None:
             return None
@@ -103,6 +109,42 @@ def test_steep_class_concentrates_on_the_faster_route_and_keeps_the_floor() -> N
     shares = _shares(view, cfg=steep)
     assert shares["a"] > gentle["a"] and shares["b"] < gentle["b"]
     assert shares["c"] > 0
+
+
+@pytest.mark.parametrize(("queue", "a_loses"), [(None, True), (2.0, True), (0.0, False)])
+def test_a_route_holding_more_than_its_share_loses_weight_at_once(
+    queue: float | None, a_loses: bool
+) -> None:
+    """Equal statistics, but a holds 12 requests and b 2: by Little's law a is slower
+    now. The queue score (default weight 2) moves weight to b before any response
+    reaches the statistics; ``weights.queue: 0`` leaves the weights as they were."""
+    overrides = {} if queue is None else {
+        "classes": {"interactive": {"weights": {"queue": queue}}}}
+    cfg = parse_config(base_config_dict(**overrides), "t.yaml")
+    view = FakeView(ttft={"a": 0.1, "b": 0.1, "c": 0.1}, busy={"a": 12, "b": 2, "c": 2})
+    cands = {c.name: c for c in _run(view, cfg=cfg).candidates}
+    weights = {n: c.weight for n, c in cands.items()}
+    if a_loses:
+        assert weights["a"] < 0.5 * weights["b"] and weights["b"] == weights["c"]
+    else:  # only the load score (capacity weight 0.5) tells them apart
+        load = {n: c.scores["load"] for n, c in cands.items()}
+        assert weights["a"] / weights["b"] == pytest.approx((load["a"] / load["b"]) ** 0.5)
+
+
+def test_a_route_with_longer_answers_may_hold_more_requests() -> None:
+    """b's requests hold a slot four times as long (its e2e median): holding four times
+    as many as a is what Little's law expects, so the queue score leaves a and b alike;
+    a third route holding as many as b at a's hold time is slower now."""
+    def queue(busy: dict[str, int]) -> dict[str, float]:
+        view = FakeView(ttft={"a": 0.1, "b": 0.1, "c": 0.1},
+                        hold={"a": 1.0, "b": 4.0, "c": 1.0}, busy=busy)
+        return {c.name: c.scores["queue"] for c in _run(view).candidates}
+
+    # (the histogram holds each median within its 2 % bucket error)
+    as_expected = queue({"a": 3, "b": 12, "c": 3})
+    assert as_expected == pytest.approx({"a": 1.0, "b": 1.0, "c": 1.0}, rel=0.05)
+    q = queue({"a": 3, "b": 12, "c": 12})
+    assert q["c"] < 0.5 * min(q["a"], q["b"])
 
 
 def test_lowest_score_picker_is_semantic_router_deterministic() -> None:

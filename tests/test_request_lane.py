@@ -23,7 +23,9 @@ SL = SliceKey("m", "interactive", "short", True)
 LIMIT = 4  # max_concurrency of every cluster: small, so full clusters are common
 
 
-def _config(limit: int = LIMIT, **health: Any) -> Config:
+def _config(limit: int = LIMIT, queue: float | None = None, **health: Any) -> Config:
+    """``queue``: the interactive class's ``weights.queue`` (None: the default)."""
+    classes = {} if queue is None else {"classes": {"interactive": {"weights": {"queue": queue}}}}
     return parse_config({
         "default_cluster": "a",
         "clusters": [{"name": n, "address": f"127.0.0.1:{9001 + i}", "models": ["m"],
@@ -31,6 +33,7 @@ def _config(limit: int = LIMIT, **health: Any) -> Config:
         "models": [{"name": "m", "candidates": ["a", "b", "c"]}],
         "stats": {"min_samples": 5},
         **({"health": health} if health else {}),
+        **classes,
     }, "lane.yaml")
 
 
@@ -72,14 +75,15 @@ def _drive(router: Router, seed: int, n: int, slow: dict[str, float],
     return out
 
 
+@pytest.mark.parametrize("queue", [None, 0.0, 6.0])
 @pytest.mark.parametrize("slow", [{}, {"b": 0.9}, {"a": 0.05, "c": 3.0}])
 def test_router_decides_the_same_with_and_without_the_lane(
-    slow: dict[str, float], monkeypatch: pytest.MonkeyPatch
+    slow: dict[str, float], queue: float | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with_lane = Router(_config())
+    with_lane = Router(_config(queue=queue))
     got = _drive(with_lane, 7, 800, slow)
     monkeypatch.setattr(request_lane.RequestLane, "of", classmethod(lambda *a: None))
-    without = Router(_config())
+    without = Router(_config(queue=queue))
     want = _drive(without, 7, 800, slow)
     assert got == want
     assert with_lane.counters == without.counters
@@ -87,17 +91,19 @@ def test_router_decides_the_same_with_and_without_the_lane(
     assert [rd.explain() for rd in with_lane.recent] == [rd.explain() for rd in without.recent]
 
 
-def _warm_router(seed: int, limit: int = LIMIT, errors: float = 0.05) -> Router:
-    router = Router(_config(limit))
+def _warm_router(seed: int, limit: int = LIMIT, errors: float = 0.05,
+                 queue: float | None = None) -> Router:
+    router = Router(_config(limit, queue))
     _drive(router, seed, 400, {"b": 0.6}, errors)
     return router
 
 
 @functools.cache
-def _warm_plan(seed: int, limit: int, restrict: bool) -> tuple[Router, Any, RequestLane]:
+def _warm_plan(seed: int, limit: int, restrict: bool,
+               queue: float | None = None) -> tuple[Router, Any, RequestLane]:
     """A warmed router, its one cached plan and the plan's lane (read-only below);
     ``restrict``: candidate b restricted for the class (the herding guard runs)."""
-    router = _warm_router(seed, limit)
+    router = _warm_router(seed, limit, queue=queue)
     router.decide(_request(10_000), 20.0, random.Random(0))
     cached = next(iter(router._plans.values()))
     if restrict:
@@ -113,14 +119,15 @@ def _warm_plan(seed: int, limit: int, restrict: bool) -> tuple[Router, Any, Requ
     return router, cached, lane
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(seed=st.integers(0, 3), limit=st.sampled_from([4, 10]), restrict=st.booleans(),
        counts=st.lists(st.integers(0, 10), min_size=3, max_size=3),
-       draw_seed=st.integers(0, 2**32 - 1))
+       draw_seed=st.integers(0, 2**32 - 1), queue=st.sampled_from([None, 0.0, 6.0]))
 def test_a_pick_is_the_full_stage_bit_for_bit(
-    seed: int, limit: int, restrict: bool, counts: list[int], draw_seed: int
+    seed: int, limit: int, restrict: bool, counts: list[int], draw_seed: int,
+    queue: float | None,
 ) -> None:
-    router, cached, lane = _warm_plan(seed, limit, restrict)
+    router, cached, lane = _warm_plan(seed, limit, restrict, queue)
     inflight = dict(zip("abc", [min(n, limit) for n in counts], strict=True))
     rng_lane, rng_full = random.Random(draw_seed), random.Random(draw_seed)
     pick = lane.pick(inflight.__getitem__, rng_lane)

@@ -75,6 +75,10 @@ class SloConfig:
     timeout_ms: float = 30000.0
 
 
+# Default class weight of the live latency ratio (sidecar.core.live_latency).
+QUEUE_WEIGHT = 2.0
+
+
 @dataclass(frozen=True, slots=True)
 class Weights:
     """How much a class cares about each scoring dimension (non-negative, any scale)."""
@@ -83,6 +87,8 @@ class Weights:
     cost: float = 0.0
     quality: float = 0.0
     capacity: float = 0.5
+    # Exponent of the live latency ratio from in-flight counts (sidecar.core.live_latency).
+    queue: float = QUEUE_WEIGHT
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from typing import Any
 
 from sidecar.core.config import (
     DEFAULT_CLASSES,
+    QUEUE_WEIGHT,
     SEMANTIC_ROUTER,
     Algorithm,
     ClassConfig,
@@ -187,6 +188,7 @@ def _class(name: str, r: ConfigReader) -> ClassConfig:
         cost=w.num("cost", 0.0, lo=0),
         quality=w.num("quality", 0.0, lo=0),
         capacity=w.num("capacity", 0.5, lo=0),
+        queue=w.num("queue", QUEUE_WEIGHT, lo=0, hi=12.0),
     )
     w.done()
     cfg = ClassConfig(

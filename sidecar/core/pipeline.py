@@ -15,9 +15,11 @@ Shape (after the Gateway API Inference Extension's scheduler):
    (0, 1] per dimension.
 4. The candidate's **weight** combines them log-linearly with the class's
    weights: ``w = health * prod_i s_i ** k_i``; a class weight k_i = 0 ignores
-   the dimension (:data:`EXPONENT_OF` maps scores to class weights). Each
-   survivor keeps at least ``explore_share x max w`` (exploration floor) so its
-   statistics stay fresh.
+   the dimension (:func:`exponent_of` maps scores to class weights). Then the
+   live latency score ``q = (min x / x) ** weights.queue`` from the in-flight
+   counts against the static weights (:mod:`sidecar.core.live_latency`)
+   multiplies each survivor's weight. Each survivor keeps at least
+   ``explore_share x max w`` (exploration floor) so its statistics stay fresh.
 5. One **picker** (``sidecar.core.pickers``) chooses, with the injected RNG.
 
 **Stages.** Filters and scorers that read only statistics and health
@@ -44,6 +46,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from sidecar.core.config import ClassConfig, ClusterConfig, Config, ModelConfig
 from sidecar.core.frozen import fast_init
+from sidecar.core.live_latency import queue_scores
 from sidecar.core.steepness import load_factor
 from sidecar.core.types import RequestInfo, SliceKey
 
@@ -304,10 +307,29 @@ def build_plan(
                 if k:
                     base *= max(score, 1e-6) ** k
             cand.base = base
+        if ctx.klass.weights.queue:
+            _hold_times(ctx, eligible)
     request_scorers = tuple((s, exps.get(s.name, 0.0)) for s in scorers if s.per_request)
     request_filters = tuple(f for f in filters if f.per_request)
     return Plan(tuple(cands), tuple(eligible), request_filters, request_scorers,
                 tuple(f.name for f in request_filters))
+
+
+def _hold_times(ctx: SelectionContext, cands: Sequence[Candidate]) -> None:
+    """``scores["hold_s"]``: how long a request holds a slot on the route, the median of
+    its end-to-end time in this slice (the queue score's expected in-flight weight); a
+    route without that evidence gets the mean of those with it (1 s when none has)."""
+    slice, now = ctx.request.slice, ctx.now
+    known: list[float] = []
+    for c in cands:
+        ev = ctx.view.evidence(c.name, slice, "e2e", now)
+        hold = ev.quantile(0.5) if ev is not None else None
+        if hold is not None and hold > 0:
+            c.scores["hold_s"] = hold
+            known.append(hold)
+    typical = sum(known) / len(known) if known else 1.0
+    for c in cands:
+        c.scores.setdefault("hold_s", typical)
 
 
 def run_request(
@@ -348,6 +370,9 @@ def run_request(
         cand.weight = w = max(weight * cand.health.weight, 1e-9)
         if w > top:
             top = w
+    beta = ctx.klass.weights.queue
+    if beta:
+        top = _apply_queue(ctx, survivors, beta)
     # Exploration floor: every survivor keeps at least health.explore_share x the best weight.
     # Without it a route that was slow once would get almost no traffic, its
     # statistics would never refresh, and neither the health machine nor the
@@ -359,6 +384,20 @@ def run_request(
             cand.weight = floor
     chosen = picker(ctx, survivors, rng)
     return PipelineResult(chosen, tuple(cands), panic, notes, plan.request_filter_names)
+
+
+def _apply_queue(ctx: SelectionContext, survivors: list[Candidate], beta: float) -> float:
+    """Multiply each survivor's weight by its live latency score (the ``queue``
+    score, :mod:`sidecar.core.live_latency`); returns the new top weight."""
+    counts = [ctx.view.inflight(c.name) for c in survivors]
+    expected = [c.base * c.health.weight * c.scores["hold_s"] for c in survivors]
+    top = 0.0
+    for cand, q in zip(survivors, queue_scores(counts, expected, beta), strict=True):
+        cand.scores["queue"] = q
+        cand.weight = w = max(cand.weight * q, 1e-9)
+        if w > top:
+            top = w
+    return top
 
 
 def run_pipeline(

@@ -18,6 +18,9 @@ static stage kept, in order::
         else health = degraded_weight
     load   = max(1 - inflight / max_concurrency, 0.02)
     w      = max(base * max(load, 1e-6) ** k_load * health, 1e-9)
+    w      = max(w * q, 1e-9),  q = live latency score over the kept candidates from
+                                    the counts and base * health * hold time
+                                    (sidecar.core.live_latency; skipped at beta 0)
     then   w = max(w, explore_share * max w)                      (exploration floor)
     pick   the first i with  u * sum_j w_j - sum_{j <= i} w_j < 0,  u = rng.random()
 
@@ -44,6 +47,7 @@ from sidecar.core.config import ClassConfig
 from sidecar.core.evidence import RouteEvidence
 from sidecar.core.explain import decision_reason
 from sidecar.core.filters import HERD_HEADROOM, Capacity, ClassRestriction, FailureRun
+from sidecar.core.live_latency import queue_scores
 from sidecar.core.pickers import WeightedRandom
 from sidecar.core.pipeline import (
     HealthView,
@@ -76,13 +80,14 @@ class _Row(NamedTuple):
     guard: tuple[tuple[int, int], ...] | None
     reason: str  # the decision reason when this candidate is chosen
     latency: dict[str, LatencyValue]  # looked up by the static stage (shared, read-only)
+    hold: float  # the queue score's hold time (1.0 when the class has no queue score)
 
 
 class RequestLane:
     """The per-request stage of one plan (module docstring); build with :meth:`of`."""
 
-    __slots__ = ("ctx", "degraded", "explore_share", "hot", "k_load", "names", "over",
-                 "picker", "plan", "rows")
+    __slots__ = ("beta", "ctx", "degraded", "explore_share", "holds", "hot", "k_load", "names",
+                 "over", "picker", "plan", "rows")
 
     def __init__(self, plan: Plan, ctx: SelectionContext, picker: Picker,
                  rows: tuple[_Row, ...], names: tuple[str, ...], k_load: float) -> None:
@@ -90,8 +95,10 @@ class RequestLane:
         self.rows = rows
         self.hot = tuple((i, r.at, r.limit, r.base, r.health, r.guard)
                          for i, r in enumerate(rows))  # what pick() reads, unpacked fast
+        self.holds = tuple(r.hold for r in rows)
         self.names = names  # every route whose in-flight count a pick reads
         self.k_load = k_load
+        self.beta = ctx.klass.weights.queue
         self.explore_share = ctx.config.health.explore_share
         self.degraded = ctx.config.health.degraded_weight
         # Admission's over-budget verdict per row for a class (it reads only the
@@ -121,7 +128,7 @@ class RequestLane:
             reason = decision_reason(PipelineResult(c, plan.candidates, False, ()), ctx.model)
             rows.append(_Row(c.name, names.setdefault(c.name, len(names)),
                              c.cluster.max_concurrency, c.base, c.health.weight, guard, reason,
-                             c.latency))
+                             c.latency, c.scores.get("hold_s", 1.0)))
         if not rows:
             return None  # panic: the full stage picks the tier
         return cls(plan, ctx, picker, tuple(rows), tuple(names), plan.request_scorers[0][1])
@@ -133,6 +140,7 @@ class RequestLane:
         k = self.k_load
         kept: list[int] = []
         weights: list[float] = []
+        expected: list[float] = []
         top = 0.0
         for i, at, limit, base, health, guard in self.hot:
             if guard is not None:
@@ -160,10 +168,21 @@ class RequestLane:
                 w = 1e-9
             kept.append(i)
             weights.append(w)
+            expected.append(base * health * self.holds[i])
             if w > top:
                 top = w
         if not kept:
             return None  # panic
+        if self.beta:
+            top = 0.0
+            qs = queue_scores([counts[self.hot[i][1]] for i in kept], expected, self.beta)
+            for j, q in enumerate(qs):
+                w = weights[j] * q
+                if w < 1e-9:
+                    w = 1e-9
+                weights[j] = w
+                if w > top:
+                    top = w
         floor = self.explore_share * top
         for j, w in enumerate(weights):
             if w < floor:
