@@ -45,8 +45,9 @@ def test_shared_replicas_detect_like_one_and_isolated_ones_lag() -> None:
     """The acceptance of fleet mode in the lab: 4 replicas with a quarter of the traffic
     each. Detection is a health transition, so this runs without the queue score: with
     it (the default) the tail's traffic leaves by score, from the in-flight counts,
-    before the health machine holds enough samples to judge, and no mode detects
-    (the next test); what is measured here is how fast shared health evidence is."""
+    before the health machine holds enough samples to judge, and no mode detects (the
+    next test asserts what it does instead); what is measured here is how fast shared
+    health evidence is."""
     modes = _modes(0.0)
     single = modes["single"]["detect_s"]
     assert single is not None
