@@ -159,6 +159,9 @@ class SelectionContext:
     # Routes an open run of hard failures holds back for this request (the trial
     # limit of sidecar.core.health; the router sets it only while such a run is open).
     held: frozenset[str] = frozenset()
+    # The view's in-flight counts are each request's own (False: a window's average,
+    # as native mode's weights read them; the queue score is then left out).
+    live_counts: bool = True
 
     def health_of(self, cluster: str) -> HealthView:
         if self.healths is not None and (h := self.healths.get(cluster)) is not None:
@@ -168,6 +171,13 @@ class SelectionContext:
     @property
     def step_budget_s(self) -> float:
         return self.klass.slo.budget_ms / 1000.0 if self.budget_s is None else self.budget_s
+
+    @property
+    def queue_weight(self) -> float:
+        """The queue score's exponent (:mod:`sidecar.core.live_latency`): the class's
+        ``weights.queue``, 0 unless the counts are live (it exists to act within one
+        request's duration)."""
+        return self.klass.weights.queue if self.live_counts else 0.0
 
     @property
     def step_allowed(self) -> float:
@@ -307,7 +317,7 @@ def build_plan(
                 if k:
                     base *= max(score, 1e-6) ** k
             cand.base = base
-        if ctx.klass.weights.queue:
+        if ctx.queue_weight:
             _hold_times(ctx, eligible)
     request_scorers = tuple((s, exps.get(s.name, 0.0)) for s in scorers if s.per_request)
     request_filters = tuple(f for f in filters if f.per_request)
@@ -370,7 +380,7 @@ def run_request(
         cand.weight = w = max(weight * cand.health.weight, 1e-9)
         if w > top:
             top = w
-    beta = ctx.klass.weights.queue
+    beta = ctx.queue_weight
     if beta:
         top = _apply_queue(ctx, survivors, beta)
     # Exploration floor: every survivor keeps at least health.explore_share x the best weight.

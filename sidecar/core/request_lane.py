@@ -86,19 +86,18 @@ class _Row(NamedTuple):
 class RequestLane:
     """The per-request stage of one plan (module docstring); build with :meth:`of`."""
 
-    __slots__ = ("beta", "ctx", "degraded", "explore_share", "holds", "hot", "k_load", "names",
-                 "over", "picker", "plan", "rows")
+    __slots__ = ("beta", "ctx", "degraded", "explore_share", "hot", "k_load", "names", "over",
+                 "picker", "plan", "rows")
 
     def __init__(self, plan: Plan, ctx: SelectionContext, picker: Picker,
                  rows: tuple[_Row, ...], names: tuple[str, ...], k_load: float) -> None:
         self.plan, self.ctx, self.picker = plan, ctx, picker
         self.rows = rows
-        self.hot = tuple((i, r.at, r.limit, r.base, r.health, r.guard)
+        self.hot = tuple((i, r.at, r.limit, r.base, r.health, r.guard, r.hold)
                          for i, r in enumerate(rows))  # what pick() reads, unpacked fast
-        self.holds = tuple(r.hold for r in rows)
         self.names = names  # every route whose in-flight count a pick reads
         self.k_load = k_load
-        self.beta = ctx.klass.weights.queue
+        self.beta = ctx.queue_weight
         self.explore_share = ctx.config.health.explore_share
         self.degraded = ctx.config.health.degraded_weight
         # Admission's over-budget verdict per row for a class (it reads only the
@@ -138,11 +137,13 @@ class RequestLane:
         (a candidate is full, or the class restriction left none)."""
         counts = tuple(map(inflight, self.names))
         k = self.k_load
+        beta = self.beta
         kept: list[int] = []
         weights: list[float] = []
+        held: list[int] = []  # the queue score's inputs (only when beta)
         expected: list[float] = []
         top = 0.0
-        for i, at, limit, base, health, guard in self.hot:
+        for i, at, limit, base, health, guard, hold in self.hot:
             if guard is not None:
                 # ClassRestriction's herding guard: leave only as fast as others have room.
                 cap = free = 0
@@ -168,15 +169,16 @@ class RequestLane:
                 w = 1e-9
             kept.append(i)
             weights.append(w)
-            expected.append(base * health * self.holds[i])
+            if beta:
+                held.append(n)
+                expected.append(base * health * hold)
             if w > top:
                 top = w
         if not kept:
             return None  # panic
-        if self.beta:
+        if beta:
             top = 0.0
-            qs = queue_scores([counts[self.hot[i][1]] for i in kept], expected, self.beta)
-            for j, q in enumerate(qs):
+            for j, q in enumerate(queue_scores(held, expected, beta)):
                 w = weights[j] * q
                 if w < 1e-9:
                     w = 1e-9

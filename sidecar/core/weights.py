@@ -49,7 +49,7 @@ import math
 import random
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from sidecar.core.classify import LONG_PROFILE, TOKEN_PROFILES
 from sidecar.core.config import Config, ModelConfig
@@ -222,12 +222,10 @@ def _split(config: Config, view: RouteView, slice: SliceKey, now: float,
     for name, share in probing.items():
         shares[name] += share
     rest = max(1.0 - sum(probing.values()), 0.0)
-    if klass.weights.queue:
-        # The queue score reads counts as of now and acts within one request's duration;
-        # a window's average counts, published for a whole interval, are neither (with it
-        # the shipped suite's native total rose 135.6 -> 145.4 %, docs/native-mode.md).
-        klass = replace(klass, weights=replace(klass.weights, queue=0.0))
-    ctx = SelectionContext(config, model, klass, representative(config, slice), view, now)
+    # The counts are a window's average and the weights hold for an interval: no queue
+    # score (with it the suite's native total rose 135.6 -> 145.4 %, docs/native-mode.md).
+    ctx = SelectionContext(config, model, klass, representative(config, slice), view, now,
+                           live_counts=False)
     picker = PICKERS[config.picker]
     # The picker's draw is not used (only its probabilities): any RNG state gives the
     # same weights, so one generator serves a whole computation.
