@@ -134,14 +134,18 @@ def test_status_cli_shows_routes(stack: Stack) -> None:
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     header = next(ln for ln in lines if ln.startswith("CLUSTER"))
-    for col in ("STATE", "WEIGHT", "SAMPLES", "TTFT p50", "TTFT p95", "TTFT p99", "E2E p95",
-                "ERR", "LAST TRANSITION"):
+    for col in ("STATE", "WEIGHT", "SHARE", "SAMPLES", "TTFT p50", "TTFT p95", "TTFT p99",
+                "E2E p95", "ERR", "LAST TRANSITION"):
         assert col in header
     rows = [ln.split() for ln in lines if ln.split() and ln.split()[0] in PROVIDERS]
     state = stack.sidecar_state()
     assert len(rows) == len(e2e_samples(state))
-    total = sum(int(r[4]) for r in rows)  # SAMPLES column
+    total = sum(int(r[5]) for r in rows)  # SAMPLES column
     assert total == N_REQUESTS
+    by_slice: dict[str, int] = {}
+    for r in rows:  # SHARE column: each slice's shares add up (to rounding)
+        by_slice[r[1]] = by_slice.get(r[1], 0) + int(r[4].rstrip("%"))
+    assert all(98 <= v <= 102 for v in by_slice.values()), by_slice
     assert all(r[2] == "healthy" for r in rows)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -29,12 +30,54 @@ from sidecar.core.config import Config, parse_config
 from sidecar.shell.bootstrap import to_yaml
 from sidecar.shell.bootstrap_native import render_for_mode
 
+# Listening ports are drawn below the kernel's ephemeral range. A port the kernel
+# hands out for ``bind(0)`` is an ephemeral one, and every outgoing connection on
+# the machine (Envoy's upstream pools, clients, Redis) takes its source port from
+# the same range: between our probe and the real listener's bind, one of them
+# could take it ("cannot bind 127.0.0.1:37117: Address already in use" in a test
+# run). Outgoing connections never use a port below the range.
+_LISTEN_SPAN = 12000
+_handed: set[int] = set()
+
+
+def _ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int | None:
+    """The first port of the kernel's ephemeral range, None when it cannot be read."""
+    try:
+        with open(path, encoding="ascii") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that was free a moment ago, never handed out twice by
+    this process, chosen below the ephemeral range so that no outgoing connection can
+    take it before the listener binds it (the kernel's ``bind(0)`` choice when the
+    range leaves no room below it)."""
+    low = _ephemeral_low()
+    if low is not None and low - _LISTEN_SPAN >= 10000:
+        rng = random.Random()  # OS-seeded: parallel test processes draw differently
+        for _ in range(200):
+            port = rng.randrange(low - _LISTEN_SPAN, low)
+            if port not in _handed and _bindable(port):
+                _handed.add(port)
+                return port
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _handed:
+            _handed.add(port)
+            return port
 
 
 def envoy_binary() -> str:

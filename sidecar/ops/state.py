@@ -16,7 +16,8 @@ def _ms(v: float | None) -> float | None:
 
 
 def state_json(router: Router, now: float) -> dict[str, Any]:
-    """Per cluster x slice: percentiles, sample counts, state, weight, last transition."""
+    """Per cluster x slice: percentiles, sample counts, requests and their share of the
+    slice's, state, weight, last transition."""
     routes: list[dict[str, Any]] = []
     health = {key: h for key, h in router.board.items()}
     for (cluster, slice), rs in router.stats.items():
@@ -40,6 +41,7 @@ def state_json(router: Router, now: float) -> dict[str, Any]:
             "weight": h.weight if h else 1.0,
             "since": h.since if h else None,
         })
+    _add_shares(routes)
     last: dict[tuple[str, str], dict[str, Any]] = {}
     for e in router.transitions:
         last[(e.cluster, e.slice)] = {"at": e.at, "from": e.old, "to": e.new, "reason": e.reason}
@@ -65,6 +67,20 @@ def state_json(router: Router, now: float) -> dict[str, Any]:
         "transitions": [asdict(e) for e in list(router.transitions)[-50:]],
         "counters": {f"{k}:{label}": v for (k, label), v in sorted(router.counters.items())},
     }
+
+
+def _add_shares(routes: list[dict[str, Any]]) -> None:
+    """``share``: each route's part of its slice's requests over the window (None while
+    the slice has none). A route can stay ``healthy`` at weight 1 while the scores move
+    its traffic elsewhere (slower, failing, holding more than its share in flight); the
+    share is where an operator sees that."""
+    totals: dict[tuple[bool, str], int] = {}
+    for r in routes:
+        key = (r["narrow"], r["slice"])
+        totals[key] = totals.get(key, 0) + r["requests"]
+    for r in routes:
+        total = totals[(r["narrow"], r["slice"])]
+        r["share"] = round(r["requests"] / total, 4) if total else None
 
 
 def decision_json(at: float, decision: Decision, request: dict[str, Any],

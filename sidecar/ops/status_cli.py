@@ -18,9 +18,9 @@ import time
 import urllib.request
 from typing import Any, TextIO
 
-COLUMNS = ("CLUSTER", "SLICE", "STATE", "WEIGHT", "SAMPLES", "TTFT p50", "TTFT p95",
+COLUMNS = ("CLUSTER", "SLICE", "STATE", "WEIGHT", "SHARE", "SAMPLES", "TTFT p50", "TTFT p95",
            "TTFT p99", "E2E p95", "ERR", "LAST TRANSITION")
-_RIGHT = {"WEIGHT", "SAMPLES", "TTFT p50", "TTFT p95", "TTFT p99", "E2E p95", "ERR"}
+_RIGHT = {"WEIGHT", "SHARE", "SAMPLES", "TTFT p50", "TTFT p95", "TTFT p99", "E2E p95", "ERR"}
 
 
 def fetch_state(admin: str, timeout_s: float = 5.0) -> dict[str, Any]:
@@ -52,7 +52,9 @@ def _row(r: dict[str, Any], now: float) -> tuple[str, ...]:
     err = r.get("error_rate")
     t = r.get("last_transition")
     last = "-" if not t else f"{t['from']}->{t['to']} {_ago(now - t['at'])}: {t['reason']}"
-    return (r["cluster"], r["slice"], r["state"], f"{r['weight']:.2f}", str(samples),
+    share = r.get("share")  # the slice's requests that went here (older states: absent)
+    return (r["cluster"], r["slice"], r["state"], f"{r['weight']:.2f}",
+            "-" if share is None else f"{100 * share:.0f}%", str(samples),
             _ms(lat["ttft"]["p50_ms"]), _ms(lat["ttft"]["p95_ms"]), _ms(lat["ttft"]["p99_ms"]),
             _ms(lat["e2e"]["p95_ms"]), "-" if err is None else f"{100 * err:.1f}%", last)
 
