@@ -193,3 +193,59 @@ def test_a_route_that_went_down_gets_only_the_requests_that_eject_it(seed: int) 
     assert first_failure is not None
     assert r.health("b", SHORT).state == "quarantined"
     assert after_first <= 2, after_first
+
+
+def _p_ok(r: Router, cluster: str, now: float) -> float | None:
+    ev = r.evidence(cluster, SHORT, "ttft", now, fresh=True)
+    return None if ev is None else ev.p_ok
+
+
+@pytest.mark.parametrize("verdict", ["success", "ejection", "quiet"])
+def test_trial_failures_wait_for_the_runs_verdict(verdict: str) -> None:
+    """A route failing every request since its first hard failure keeps its outcome
+    evidence until the run is judged (sidecar.core.trial_hold): the score must not
+    starve it of the K requests that eject it. Then the held failures count."""
+    r = _router()
+    for i in range(40):
+        r.observe(ok("b"), 1.0 + i * 0.1)
+    assert _p_ok(r, "b", 5.0) == 1.0
+    r.observe(fail("b"), 5.0)
+    r.observe(fail("b"), 5.1)
+    assert len(r.trials) == 2 and _p_ok(r, "b", 5.1) == 1.0
+    assert r.health("b", SHORT).state == "healthy"
+    if verdict == "success":
+        r.observe(ok("b"), 6.0)  # sent at 5.3: after the run began
+        assert r.health("b", SHORT).state == "healthy"
+    elif verdict == "ejection":
+        r.observe(fail("b"), 5.2)
+        assert r.health("b", SHORT).state == "quarantined"
+    else:
+        r.tick(5.0 + r.config.stats.subwindow_s)  # too quiet to finish within a sub-window
+    assert not r.trials
+    p = _p_ok(r, "b", 6.0 + r.config.stats.subwindow_s)
+    assert p is not None and p < 1.0
+
+
+def test_a_partly_failing_route_is_scored_on_every_failure() -> None:
+    """Once a success came after the first failure, failures count at once."""
+    r = _router()
+    for i in range(20):
+        r.observe(ok("b"), 1.0 + i * 0.1)
+    r.observe(fail("b"), 3.0)
+    r.observe(ok("b"), 4.0)
+    before = _p_ok(r, "b", 4.0)
+    r.observe(fail("b"), 4.1)
+    assert not r.trials
+    after = _p_ok(r, "b", 4.1)
+    assert before is not None and after is not None and after < before
+
+
+def test_timeouts_count_at_once_even_on_trial() -> None:
+    """A timeout is the overload signal of a busy route: never held for the run."""
+    r = _router()
+    for i in range(20):
+        r.observe(ok("b"), 1.0 + i * 0.1)
+    r.observe(fail("b", status=504, outcome="timeout"), 3.0)
+    assert not r.trials
+    p = _p_ok(r, "b", 3.0)
+    assert p is not None and p < 1.0

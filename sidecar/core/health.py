@@ -77,6 +77,15 @@ once, and an answer lost or timed differently on a loaded proxy must not hold
 the route back for long. A slice-confined cluster-wide run (another
 slice answers) holds nothing.
 
+**Trial failures are judged by the run, not the score.** On a route that has
+failed every request sent since its first hard failure (its episode holds no
+success), the open run's ``s`` failures are its :attr:`RouteHealth.trial_failures`:
+the router holds its errors (not its timeouts) out of the statistics until the run ends
+(:mod:`sidecar.core.trial_hold`). Otherwise each failure of a dying route cut
+its share (attainment is steep), the trials that complete the run came ever
+slower, and the ejection took seconds instead of the ``K`` requests it needs;
+the trial limit, not the score, bounds the failures a run costs.
+
 Other signals: COOLDOWN_OVER (time, :meth:`RouteHealth.tick`) and PROBE_OK /
 PROBE_FAIL (:meth:`RouteHealth.record_probe`); a probing route returns to
 quarantine on ``eject_consecutive`` failed probes in a row, not on one. Probes go to probing routes
@@ -440,6 +449,12 @@ class RouteHealth:
     @property
     def circuit_open(self) -> bool:
         return self.state in (S.QUARANTINED, S.PROBING)
+
+    @property
+    def trial_failures(self) -> int:
+        """The open run's failures while every request sent since the episode began
+        failed (module docstring, "Trial failures"); 0 otherwise."""
+        return self.streak if self.streak and not self.episode_ok else 0
 
     @property
     def probe_share(self) -> float:

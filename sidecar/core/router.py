@@ -51,6 +51,7 @@ from sidecar.core.request_lane import LanePick, RequestLane, chosen_latency, ful
 from sidecar.core.scorers import DEFAULT_SCORERS
 from sidecar.core.series import OkSample, RouteStats, as_metric
 from sidecar.core.stats import StatsStore
+from sidecar.core.trial_hold import TrialHold
 from sidecar.core.types import (
     ANY,
     Decision,
@@ -61,6 +62,13 @@ from sidecar.core.types import (
 )
 
 _QUARANTINED = {HealthState.QUARANTINED, HealthState.PROBING}
+
+
+def _is_hard(obs: Observation) -> bool:
+    """A hard failure for the fast path: a timeout, or an error with a 5xx or no status."""
+    return obs.outcome == "timeout" or (
+        obs.outcome == "error" and (obs.status is None or obs.status >= 500))
+
 _HEALTHY = HealthView("healthy", 1.0, False, False)
 _BUDGET_STEPS_PER_E = 20  # step budgets are cached in ~5 % steps (log scale)
 _PLAN_CACHE_MAX = 4096
@@ -113,6 +121,7 @@ class Router:
         self._plans: dict[tuple[str, SliceKey, int | None, int], _CachedPlan] = {}
         self._models_of: dict[str, tuple[ModelConfig, ...]] = {}
         self.compat_sr = compat_sr.SrLatencyBook()  # models under compat: semantic-router
+        self.trials = TrialHold()  # hard failures whose run is still on trial
         self._configure(config)
 
     # ------------------------------------------------------------ config
@@ -133,6 +142,7 @@ class Router:
         A changed sub-window length or ring makes the old windows incomparable:
         statistics start fresh then (health states are kept).
         """
+        self._release_trials(None)  # recorded under the old layout, as observed
         if config.stats != self.config.stats:
             self.stats = StatsStore(config.stats)
         self.board.reconfigure(config.health, config.stats)
@@ -153,6 +163,7 @@ class Router:
         """
         self.stats = stats
         self.board = board
+        self.trials = TrialHold()  # the snapshot does not carry held trial failures
         self.transitions.extend(transitions)
         self._next_eval = self._boundary_after(now)
         self._plans.clear()
@@ -495,17 +506,54 @@ class Router:
         self.counters[("outcome", obs.outcome)] += 1
         if self._next_eval is None:
             self._next_eval = self._boundary_after(now)
-        key = self.stats.observe(obs, now)
-        events: list[TransitionEvent] = []
         if obs.outcome == "cancel":
-            return events
+            self.stats.observe(obs, now)
+            return []
         if obs.is_probe:
+            key = self.stats.observe(obs, now)
             events = self._record_probe(obs, key, now)
         else:
+            key = self.stats.key_of(obs.cluster, obs.slice)
             events = self._fast_path(obs, key, now)
+            self._record(obs, key, now)
         if events:
             self._log(events)
         return events
+
+    def _record(self, obs: Observation, key: SliceKey, now: float) -> None:
+        """Into the statistics after the fast path saw it -- unless it is a failure of
+        a run on trial, held until the run is judged (:mod:`sidecar.core.trial_hold`)."""
+        route = (obs.cluster, key)
+        if not self._judged(route):
+            # Only errors wait: a timeout already waited out the class timeout, its run
+            # cannot finish quickly anyway, and on a loaded route it is the overload
+            # signal the score must see at once (held, they herded traffic onto it).
+            if obs.outcome == "error" and _is_hard(obs):
+                self.trials.hold(route, obs, now)
+                return
+        elif self.trials:
+            hc = self.board.peek(obs.cluster, CLUSTER_SLICE)
+            for r in self.trials.clusters(obs.cluster) if hc and hc.circuit_open else [route]:
+                self._release_trials(r, now)
+        self.stats.observe(obs, now)
+
+    def _judged(self, route: tuple[str, SliceKey]) -> bool:
+        """Is the route's run of hard failures no longer on trial (or not open)?"""
+        h = self.board.peek(*route)
+        if h is None or not h.trial_failures:
+            return True
+        hc = self.board.peek(route[0], CLUSTER_SLICE)
+        return hc is not None and hc.circuit_open
+
+    def _release_trials(self, route: tuple[str, SliceKey] | None, now: float = 0.0) -> None:
+        """Record held trial failures: one route's at ``now``, or (None) all of them,
+        each at the time it was held."""
+        if route is None:
+            for obs, held_at in self.trials.release_all():
+                self.stats.observe(obs, held_at)
+            return
+        for obs in self.trials.release(route):
+            self.stats.observe(obs, now)
 
     def observe_ok(self, cluster: str, slice: SliceKey, samples: Sequence[OkSample],
                    now: float) -> None:
@@ -537,6 +585,8 @@ class Router:
             sent_at = None if e2e is None else now - e2e
             board.note_outcome(cluster, CLUSTER_SLICE, False, now, sent_at, label)
             board.note_outcome(cluster, key, False, now, sent_at)
+        if self.trials and (cluster, key) in self.trials and self._judged((cluster, key)):
+            self._release_trials((cluster, key), now)
 
     def _record_probe(self, obs: Observation, key: SliceKey, now: float) -> list[TransitionEvent]:
         """A cluster-wide probe passes on any answer; a slice's must meet its budget."""
@@ -555,8 +605,7 @@ class Router:
         """Runs of hard failures (5xx, connect failures, resets, timeouts) eject at once:
         the whole cluster when its run trips and another route serves its models,
         else the slice (restricted instead when it is the last viable route)."""
-        hard = obs.outcome == "timeout" or (
-            obs.outcome == "error" and (obs.status is None or obs.status >= 500))
+        hard = _is_hard(obs)
         board = self.board
         sent_at = None if obs.e2e_s is None else now - obs.e2e_s
         hc = board.peek(obs.cluster, CLUSTER_SLICE)
@@ -600,6 +649,10 @@ class Router:
     def tick(self, now: float) -> list[TransitionEvent]:
         """Evaluate finished windows and expire cooldowns. Cheap when nothing is due."""
         events = self.board.tick(now)
+        if self.trials:
+            for _, held in self.trials.due(now, self.config.stats.subwindow_s, self._judged):
+                for obs in held:
+                    self.stats.observe(obs, now)
         if self._next_eval is not None and now >= self._next_eval:
             self._next_eval = self._boundary_after(now)
             events.extend(self._evaluate(now))

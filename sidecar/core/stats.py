@@ -97,13 +97,20 @@ class StatsStore:
         over.add(key)
         return key
 
+    def key_of(self, cluster: str, slice: SliceKey) -> SliceKey:
+        """The narrow key :meth:`observe` records ``slice`` under (admitting it)."""
+        return self._hit(cluster, slice)[1]
+
+    def _hit(self, cluster: str, slice: SliceKey) -> tuple[int, SliceKey, tuple[RouteStats, ...]]:
+        hit = self._routes.get((cluster, slice))
+        if hit is None or hit[0] != self.layout:
+            hit = self._route(cluster, slice)
+        return hit
+
     def observe(self, obs: Observation, now: float) -> SliceKey:
         """Record into the admitted narrow slice and each of its ``broader()``
         slices (so broader slices are true aggregates); returns the narrow key."""
-        route = (obs.cluster, obs.slice)
-        hit = self._routes.get(route)
-        if hit is None or hit[0] != self.layout:
-            hit = self._route(*route)
+        hit = self._hit(obs.cluster, obs.slice)
         indices = latency_indices(obs, self._geometry)
         for rs in hit[2]:
             rs.record(obs.outcome, indices, now)
@@ -113,10 +120,7 @@ class StatsStore:
                    now: float) -> SliceKey:
         """:meth:`observe` of many ``ok`` first attempts of one route at ``now``, each
         value's bucket index computed once for all its series; returns the narrow key."""
-        route = (cluster, slice)
-        hit = self._routes.get(route)
-        if hit is None or hit[0] != self.layout:
-            hit = self._route(*route)
+        hit = self._hit(cluster, slice)
         indices = ok_index_lists(samples, self._geometry)
         n = len(samples)
         for rs in hit[2]:
