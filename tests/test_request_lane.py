@@ -178,7 +178,7 @@ def test_the_herding_guard_runs_in_the_lane() -> None:
 
 
 def test_explain_and_deadline_requests_take_the_full_stage() -> None:
-    router = _warm_router(2)
+    router = _warm_router(2, errors=0.0)  # no open run of failures: no trial pre-empts
     now = 20.0
     d = router.decide(_request(20_000, explain=True), now, random.Random(3))
     assert d.explain is not None  # built from a real pipeline result

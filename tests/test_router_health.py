@@ -249,3 +249,45 @@ def test_timeouts_count_at_once_even_on_trial() -> None:
     assert not r.trials
     p = _p_ok(r, "b", 3.0)
     assert p is not None and p < 1.0
+
+
+def test_a_route_on_trial_takes_its_trials_one_at_a_time_whatever_its_share() -> None:
+    """Trial pace (sidecar.core.health): after a first hard failure on a route the
+    scores left little, it takes the next request as a trial, then none while that
+    trial is pending, then the next: three failures eject it within three of its
+    own requests. A success ends the trial."""
+    r = _router()
+    rng = random.Random(1)
+    for i in range(40):
+        for c, ttft in (("a", 0.2), ("b", 0.2), ("c", 0.9)):
+            r.observe(ok(c, ttft=ttft), 1.0 + i * 0.05)
+    r.observe(fail("c"), 3.0)
+    d = r.decide(_req(), 3.01, rng)
+    assert (d.cluster, d.reason) == ("c", "trial")
+    assert not r.board.trial_due("c", SHORT, 3.02)  # its trial is pending
+    r.observe(Observation("c", SHORT, "error", status=503, e2e_s=0.04), 3.05)
+    d = r.decide(_req(), 3.06, rng)
+    assert (d.cluster, d.reason) == ("c", "trial")
+    r.observe(Observation("c", SHORT, "error", status=503, e2e_s=0.04), 3.1)
+    assert r.health("c", SHORT).state == "quarantined"
+    assert all(r.decide(_req(), 3.2, rng).cluster != "c" for _ in range(50))
+
+
+def test_a_success_ends_the_trial() -> None:
+    r = _router()
+    rng = random.Random(2)
+    for i in range(40):
+        for c in "abc":
+            r.observe(ok(c), 1.0 + i * 0.05)
+    r.observe(fail("b"), 3.0)
+    assert r.decide(_req(), 3.01, rng).reason == "trial"
+    r.observe(Observation("b", SHORT, "ok", status=200, ttft_s=0.05, e2e_s=0.1), 3.3)
+    assert all(r.decide(_req(), 3.4, rng).reason != "trial" for _ in range(50))
+
+
+def test_a_retry_is_never_a_trial() -> None:
+    r = _router()
+    r.observe(fail("b"), 3.0)
+    retry = RequestInfo("chat", "m", True, 100, 100, "interactive", 10, None, SHORT,
+                        retry_attempt=1)
+    assert r.decide(retry, 3.01, random.Random(3)).reason != "trial"

@@ -16,12 +16,14 @@ from sidecar.core.pipeline import HealthView, LatencyValue
 from sidecar.core.router import Router
 from sidecar.core.types import Observation, SliceKey
 from sidecar.core.weights import (
+    TRIAL_SHARE,
     WEIGHT_SCALE,
     compute_weights,
     integer_weights,
     native_slices,
     route_candidates,
     slice_weights,
+    trial_floor,
 )
 from sidecar.core.window_load import LoadedView, WindowLoad, WindowView
 
@@ -197,14 +199,19 @@ def _observe(router: Router, cluster: str, ttft_s: float, now: float, n: int) ->
         router.observe(Observation(cluster, SLICE, "ok", 200, ttft_s, 0.01, ttft_s + 0.1), now)
 
 
-def test_router_tail_moves_share_and_quarantine_is_zero() -> None:
+def _warmed(c_ttft: float) -> tuple[Config, Router, WindowView]:
+    """A native router after 3 s of a and b at 100 ms TTFT and c at ``c_ttft``."""
     cfg = native_config()
     router = Router(cfg)
-    view = WindowView(router, {})
     for t in range(3):
-        for c, ttft in (("a", 0.1), ("b", 0.1), ("c", 0.9)):
+        for c, ttft in (("a", 0.1), ("b", 0.1), ("c", c_ttft)):
             _observe(router, c, ttft, t + 0.5, 10)
         router.tick(t + 1.0)
+    return cfg, router, WindowView(router, {})
+
+
+def test_router_tail_moves_share_and_quarantine_is_zero() -> None:
+    cfg, router, view = _warmed(0.9)
     w = slice_weights(cfg, view, SLICE, now=3.0)
     assert w.weight("c") < w.weight("a") / 4
     for _ in range(10):
@@ -289,3 +296,37 @@ def test_probe_share_shrinks_with_relapses_as_per_request() -> None:
         assert router.health("b", SLICE).state == "restoring"
         t += 0.1
     assert shares[1] == shares[0] // 2, shares
+
+
+def test_a_slow_route_on_trial_gets_the_trial_share_until_its_run_is_judged() -> None:
+    """Trial floor (sidecar.core.weights, step 3): a failure on a route whose scores
+    left it little puts it on trial at >= TRIAL_SHARE; a success ends the trial."""
+    cfg, router, view = _warmed(0.6)
+    before = slice_weights(cfg, view, SLICE, now=3.0).weight("c")
+    assert before < WEIGHT_SCALE * TRIAL_SHARE / 2
+    router.observe(Observation("c", SLICE, "error", 503), 3.1)
+    on_trial = slice_weights(cfg, view, SLICE, now=3.1)
+    assert on_trial.weight("c") == WEIGHT_SCALE * TRIAL_SHARE
+    assert on_trial.weight("a") > 0 and on_trial.weight("b") > 0
+    _observe(router, "c", 0.6, 3.9, 1)  # sent at 3.2: after the run began
+    assert slice_weights(cfg, view, SLICE, now=3.9).weight("c") < WEIGHT_SCALE * TRIAL_SHARE / 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(shares=st.dictionaries(st.sampled_from("abcde"), st.floats(0.0, 10.0), min_size=1),
+       chosen=st.lists(st.sampled_from("abcdef"), max_size=4))
+def test_trial_floor_keeps_the_total_and_raises_only_the_routes_on_trial(
+    shares: dict[str, float], chosen: list[str]
+) -> None:
+    out = trial_floor(shares, chosen)
+    total = sum(shares.values())
+    assert set(out) == set(shares)
+    assert sum(out.values()) == pytest.approx(total, abs=1e-9)
+    on = [c for c in dict.fromkeys(chosen) if c in shares]
+    if total > 0 and on:
+        floor = min(TRIAL_SHARE, 1 / len(on)) * total
+        for c in on:
+            assert out[c] >= floor - 1e-9
+        others = [c for c in shares if c not in on]
+        for c in others:
+            assert out[c] <= shares[c] + 1e-9

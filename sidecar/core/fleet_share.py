@@ -210,13 +210,13 @@ class FollowerBoard(HealthBoard):
 
     def note_outcome(
         self, cluster: str, slice: SliceKey, hard_failure: bool, now: float,
-        sent_at: float | None = None, part: str | None = None,
+        sent_at: float | None = None, part: str | None = None, timeout: bool = False,
     ) -> bool:
         """Runs of hard failures on a followed route are the owner's to count (it
         sees the same outage on its own traffic); no local state is kept for them."""
         if (cluster, slice) in self.followed:
             return False
-        return super().note_outcome(cluster, slice, hard_failure, now, sent_at, part)
+        return super().note_outcome(cluster, slice, hard_failure, now, sent_at, part, timeout)
 
     def next_deadline(self) -> float | None:
         """Cooldowns of followed routes are the owner's to end: a passed one must not

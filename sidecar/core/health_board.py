@@ -103,7 +103,7 @@ class HealthBoard:
 
     def note_outcome(
         self, cluster: str, slice: SliceKey, hard_failure: bool, now: float,
-        sent_at: float | None = None, part: str | None = None,
+        sent_at: float | None = None, part: str | None = None, timeout: bool = False,
     ) -> bool:
         """Fast path: extend or end the route's run of hard failures; True when it
         reached its ejection threshold (see :meth:`RouteHealth.note_outcome`)."""
@@ -113,7 +113,7 @@ class HealthBoard:
             if not hard_failure:
                 return False  # a success on a fresh route changes nothing
             h = self._routes[key] = RouteHealth(cluster, slice, self.cfg, self.stats_cfg, now)
-        tripped = h.note_outcome(hard_failure, now, sent_at, part)
+        tripped = h.note_outcome(hard_failure, now, sent_at, part, timeout)
         if h.streak:
             self.runs.add(key)
         else:
@@ -143,6 +143,17 @@ class HealthBoard:
         """Does an open run's trial limit hold ``cluster`` back for ``slice``
         (:meth:`RouteHealth.run_held`)?"""
         return any(h.run_held(now) for h in self._open_runs(cluster, slice))
+
+    def trial_due(self, cluster: str, slice: SliceKey, now: float) -> bool:
+        """Should ``cluster`` take the next request of ``slice`` as a trial
+        (:meth:`RouteHealth.trial_due`, and no open run holds it back)?"""
+        runs = self._open_runs(cluster, slice)
+        return any(h.trial_due(now) for h in runs) and not any(h.run_held(now) for h in runs)
+
+    def on_trial(self, cluster: str, slice: SliceKey) -> bool:
+        """Is an open run of ``cluster`` (cluster-wide or the slice's) on paced trial
+        (:attr:`RouteHealth.paced`)?"""
+        return any(h.paced for h in self._open_runs(cluster, slice))
 
     def eject(
         self, cluster: str, slice: SliceKey, now: float, may_quarantine: bool = True

@@ -77,6 +77,9 @@ class HealthView:
     # Share of the slice's traffic sent to the route as probes (probing, or restricted
     # for a latency-sensitive class; shrunk by relapse memory); 0 when not probed.
     probe_share: float = 0.0
+    # An open run of hard failures is on trial (sidecar.core.health, "Trial pace"):
+    # native weights give the route at least TRIAL_SHARE (sidecar.core.weights).
+    on_trial: bool = False
 
 
 class RouteView(Protocol):

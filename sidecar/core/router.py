@@ -70,6 +70,7 @@ def _is_hard(obs: Observation) -> bool:
         obs.outcome == "error" and (obs.status is None or obs.status >= 500))
 
 _HEALTHY = HealthView("healthy", 1.0, False, False)
+_HEALTHY_ON_TRIAL = HealthView("healthy", 1.0, False, False, on_trial=True)
 _BUDGET_STEPS_PER_E = 20  # step budgets are cached in ~5 % steps (log scale)
 _PLAN_CACHE_MAX = 4096
 PLAN_REUSE = 48  # decisions a plan serves before new evidence is folded in
@@ -196,8 +197,9 @@ class Router:
         if hc is not None and hc.state is not HealthState.HEALTHY and (
                 h is None or hc.weight <= h.weight):
             h = hc
+        on_trial = bool(self.board.runs) and self.board.on_trial(cluster, slice)
         if h is None or h.state is HealthState.HEALTHY:
-            return _HEALTHY
+            return _HEALTHY_ON_TRIAL if on_trial else _HEALTHY
         klass = self.config.workload_class(slice.klass)
         sensitive = klass.latency_sensitive if klass else True
         return HealthView(
@@ -206,6 +208,7 @@ class Router:
             excluded_for_sensitive=h.excluded_for_sensitive,
             quarantined=h.state in _QUARANTINED,
             probe_share=self._probe_share(cluster, slice, sensitive) or 0.0,
+            on_trial=on_trial,
         )
 
     def inflight(self, cluster: str) -> int:
@@ -305,6 +308,11 @@ class Router:
                 if (self._inflight[p.cluster] < cfg.cluster(p.cluster).max_concurrency
                         and rng.random() < p.share):
                     return self._decision(cached, req, p.cluster, "probe", klass, None), None
+        if self.board.runs and not (req.retry_attempt or req.explain):
+            # Nor an explained request: it shows the pipeline's choice.
+            trial = self._trial(cached, req.slice, now)
+            if trial is not None:
+                return self._decision(cached, req, trial, "trial", klass, None), None
         # The per-request stage reads the plan's context (same model, slice and step;
         # what changes per request -- in-flight counts -- comes from the view); as
         # plain arithmetic when that is exact (sidecar.core.request_lane). An open run
@@ -400,6 +408,18 @@ class Router:
             self._plans.clear()
         self._plans[key] = cached
         return cached
+
+    def _trial(self, cached: _CachedPlan, slice: SliceKey, now: float) -> str | None:
+        """The route, if any, whose open run is on trial with no trial pending
+        (trial pace, :mod:`sidecar.core.health`): it takes this request, so a dead
+        route is judged within its ``K`` requests whatever share the scores left
+        it. Only a route no static filter dropped, and with room."""
+        for cand in cached.plan.candidates:
+            c = cand.name
+            if (cand.dropped is None and self.board.trial_due(c, slice, now)
+                    and self._inflight[c] < self.config.cluster(c).max_concurrency):
+                return c
+        return None
 
     def _probes(
         self, slice: SliceKey, klass: ClassConfig, model: ModelConfig
@@ -611,9 +631,10 @@ class Router:
         hc = board.peek(obs.cluster, CLUSTER_SLICE)
         if hc is not None and hc.circuit_open:
             return []  # stragglers of an ejected cluster: its incident, not its slices'
+        timeout = obs.outcome == "timeout"
         cluster_trip = board.note_outcome(obs.cluster, CLUSTER_SLICE, hard, now, sent_at,
-                                          key.label())
-        slice_trip = board.note_outcome(obs.cluster, key, hard, now, sent_at)
+                                          key.label(), timeout)
+        slice_trip = board.note_outcome(obs.cluster, key, hard, now, sent_at, timeout=timeout)
         if not (cluster_trip or slice_trip):
             return []
         if cluster_trip and self._cluster_ejectable(obs.cluster):

@@ -145,7 +145,7 @@ class Decision:
 
     ``reason`` is a small closed vocabulary (used as a metrics label):
     scored, only_candidate, no_data, no_percentile, unknown_model, panic, probe,
-    admission.
+    trial (a route on trial takes its next trial, sidecar.core.health), admission.
     """
 
     cluster: str

@@ -153,7 +153,8 @@ class NativeRouting:
 
     def wake(self) -> None:
         """A health transition happened outside a tick (e.g. a fast ejection while an
-        access-log batch was read): publish now instead of at the next interval."""
+        access-log batch was read), or a failure put a route on trial (its weight
+        floor, sidecar.core.weights): publish now instead of at the next interval."""
         if self._wake is not None:
             self._wake.set()
 

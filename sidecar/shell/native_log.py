@@ -91,6 +91,11 @@ class NativeFeed:
         )
         if obs is not None:
             app.log_events(app.router.observe(obs, now))
+            board = app.router.board
+            if obs.outcome != "ok" and board.runs and board.on_trial(cluster, s):
+                # The weights give a route on trial its floor now, not at the next
+                # interval (sidecar.core.weights, step 3).
+                self.native.wake()
 
     def batch(self, now: float) -> NativeBatch:
         """The handler for one batch received at ``now`` (:class:`NativeBatch`)."""

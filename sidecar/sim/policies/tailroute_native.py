@@ -6,7 +6,7 @@ cluster of a request is drawn the way Envoy's ``weighted_clusters`` draws it --
 at random in proportion to the slice's integer weights -- and the weights are
 recomputed only every ``routing.publish_interval_s`` (and at once when a health
 transition happens in between: a cooldown ends, a run of hard failures ejects a
-route), with
+route, or a failure puts a route on trial), with
 :func:`sidecar.core.weights.compute_weights` planning the last interval's load,
 as the sidecar's publisher does. Health and latency verdicts change once per
 evaluation window (``stats.subwindow_s``) in every mode.
@@ -107,6 +107,12 @@ class TailrouteNative(Tailroute):
                 self.transitions[e.new] += 1
             if events:  # e.g. a fast ejection: the sidecar publishes at once, not at a tick
                 self.weights = self._compute(now, full=True)
+                self.publications += 1
+            elif obs.outcome != "ok" and self.router.board.runs and \
+                    self.router.board.on_trial(obs.cluster, obs.slice):
+                # As the sidecar: a failure that puts a route on trial is published at
+                # once (its weight floor, sidecar.core.weights).
+                self.weights = self._compute(now, full=False)
                 self.publications += 1
 
     def tick(self, now: float) -> None:
