@@ -45,6 +45,37 @@ def test_outcome_table(status: int, flags: set[str], details: str, outcome: str 
     assert outcome_of(LogRecord(status=status, flags=frozenset(flags), details=details)) == outcome
 
 
+DC = frozenset({"downstream_connection_termination"})
+
+
+@pytest.mark.parametrize(("rec", "outcome"), [
+    # The upstream ended the response before the client left: complete.
+    (LogRecord(status=200, flags=DC, end_s=0.9), "ok"),
+    # The last usage event went through (the SDK closes at [DONE]): complete.
+    (LogRecord(status=200, flags=DC, tokens=6), "ok"),
+    (LogRecord(status=200, flags=frozenset({"downstream_remote_reset"}), tokens=6), "ok"),
+    # Left mid-answer, or before any answer: a cancel.
+    (LogRecord(status=200, flags=DC), "cancel"),
+    (LogRecord(status=0, flags=DC, tokens=6), "cancel"),
+    (LogRecord(status=503, flags=DC, end_s=0.9), "cancel"),
+])
+def test_client_leaving_after_a_complete_answer_is_ok(rec: LogRecord, outcome: str) -> None:
+    assert outcome_of(rec) == outcome
+
+
+def test_complete_then_left_is_timed_until_the_client_left() -> None:
+    rec = LogRecord(status=200, flags=DC, duration_s=1.5, upstream_tx_s=0.1,
+                    first_body_s=0.3, tokens=6)
+    obs = observation_from_log(rec, "a", S, streaming=True)
+    assert obs is not None and obs.outcome == "ok" and not obs.censored
+    assert obs.e2e_s == pytest.approx(1.4) and obs.ttft_s == pytest.approx(0.3)
+    assert obs.tpot_s == pytest.approx((1.4 - 0.3) / 5)
+    done = observation_from_log(LogRecord(status=200, flags=DC, duration_s=1.5,
+                                          upstream_tx_s=0.1, first_body_s=0.3, end_s=1.2,
+                                          tokens=6), "a", S, streaming=True)
+    assert done is not None and done.e2e_s == pytest.approx(1.2)
+
+
 def test_flag_sets_are_disjoint() -> None:
     assert not (CANCEL_FLAGS & TIMEOUT_FLAGS or CANCEL_FLAGS & ERROR_FLAGS
                 or TIMEOUT_FLAGS & ERROR_FLAGS)

@@ -3,6 +3,10 @@ process, fake providers and real HTTP clients on 127.0.0.1.
 
 * Clients that abort 10 % of their streams mid-response: exactly those are
   ``cancel`` in the sidecar, every other request ``ok``.
+* The OpenAI SDK's synchronous stream, which closes the connection at
+  ``data: [DONE]`` without reading the end of the body, against a provider that
+  ends its body 300 ms after ``[DONE]``: Envoy sees the client leave first, and
+  every such request is still ``ok`` with its TTFT and TPOT.
 * TTFT as tailroute records it against the provider's own write times (its
   ground truth, from ``GET /control/requests``), for a provider whose first
   event is a token and for one that opens with a role-only event: within 5 %
@@ -21,6 +25,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import openai
 import pytest
 
 from sidecar.devtools.harness import Stack, http_json
@@ -38,10 +43,12 @@ def _config(ports: dict[str, int]) -> dict[str, Any]:
             {"name": "cut", "address": f"127.0.0.1:{ports['cut']}", "models": ["cut-m"]},
             {"name": "tok", "address": f"127.0.0.1:{ports['tok']}", "models": ["tok-m"]},
             {"name": "role", "address": f"127.0.0.1:{ports['role']}", "models": ["role-m"]},
+            {"name": "late", "address": f"127.0.0.1:{ports['late']}", "models": ["late-m"]},
         ],
         "models": [{"name": "cut-m", "candidates": ["cut"]},
                    {"name": "tok-m", "candidates": ["tok"]},
-                   {"name": "role-m", "candidates": ["role"]}],
+                   {"name": "role-m", "candidates": ["role"]},
+                   {"name": "late-m", "candidates": ["late"]}],
         "stats": {"subwindow_s": 30, "subwindows": 2, "min_samples": 5},
         # Blind (role-first) routes: time every response at its first token, so the
         # recorded TTFT is the provider's whole distribution, not a sample of it.
@@ -56,6 +63,7 @@ def stack() -> Iterator[Stack]:
             "cut": st.start_provider("cut", "20", "10", seed=1),
             "tok": st.start_provider("tok", "150:250", "2", seed=2),
             "role": st.start_provider("role", "150:250", "2", seed=3, extra=["--role-first"]),
+            "late": st.start_provider("late", "20", "5", seed=4),
         }
         st.start_sidecar(st.write_config(_config(ports)))
         st.start_envoy()
@@ -122,6 +130,32 @@ def test_exactly_the_aborted_streams_are_cancels(stack: Stack) -> None:
     # Envoy reset the upstream streams of the clients that left, too.
     snap = http_json(f"http://127.0.0.1:{stack.ports['provider:cut']}/control")
     assert snap["counters"]["client_disconnects"] == aborted
+
+
+def test_sdk_closing_at_done_is_ok_not_cancel(stack: Stack) -> None:
+    control = f"http://127.0.0.1:{stack.ports['provider:late']}/control"
+    http_json(control, {"end_delay_ms": 300})
+    before, gone = _counters(stack), http_json(control)["counters"]["client_disconnects"]
+    client = openai.OpenAI(base_url=stack.base_url, api_key="test", max_retries=0, timeout=30)
+    n = 6
+    for _ in range(n):
+        stream = client.chat.completions.create(
+            model="late-m", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
+            stream=True)
+        assert sum(1 for ev in stream if ev.choices and ev.choices[0].delta.content) == 5
+    # The SDK left before the body ended: Envoy reset the provider's stream each time.
+    _wait(lambda: http_json(control)["counters"]["client_disconnects"] - gone >= n,
+          "the provider to see every client leave")
+
+    def settled() -> dict[str, int] | None:
+        now = _counters(stack)
+        seen = {k: now.get(k, 0) - before.get(k, 0) for k in ("outcome:ok", "outcome:cancel")}
+        return seen if sum(seen.values()) >= n else None
+
+    assert _wait(settled, "an outcome for every request") == {"outcome:ok": n,
+                                                                "outcome:cancel": 0}
+    route = _recorded_ttft(stack, "late", "late-m|interactive|short|stream", n)
+    assert route["samples"] == n
 
 
 def _recorded_ttft(st: Stack, cluster: str, label: str, n: int) -> dict[str, Any]:

@@ -27,6 +27,8 @@ Time base (all seconds, from Envoy's own timestamps):
 Outcome (first matching row wins)::
 
     answered by tailroute itself (details "tailroute_*")    -> None (not route evidence)
+    downstream reset / downstream connection terminated,
+      2xx and the response complete (see below)            -> ok
     downstream reset / downstream connection terminated    -> cancel   (the client went away)
     upstream request timeout, stream idle timeout,
       max stream duration, 408 / 504 from the upstream     -> timeout
@@ -35,6 +37,17 @@ Outcome (first matching row wins)::
     2xx with the response complete                          -> ok
     other 4xx                                               -> None (the caller's fault)
     no response and no flag                                 -> cancel
+
+A client that leaves *after* the response was complete -- the upstream ended it
+(``US_RX_END`` logged) or its usage event, which OpenAI-style streams send last
+before ``data: [DONE]``, went through -- is not a cancel: the OpenAI Python SDK's
+synchronous stream closes the connection at ``[DONE]`` without reading on, so
+Envoy often sees the end of the upstream response after the client is gone
+(more often on a loaded machine). Such an entry is ``ok``; its e2e is the
+upstream's last byte, or without one the time waited until the client left (the
+client had the whole answer by then). A provider that repeats usage in every
+chunk (vLLM's ``continuous_usage_stats``) makes a mid-stream leave look complete:
+it is then a short ``ok``, whose TPOT is still right.
 
 Timeouts and cancels are *censored* exactly as in :mod:`sidecar.core.timing`:
 their TTFT/e2e are the time waited since ``t0`` (lower bounds) and the router
@@ -93,6 +106,8 @@ def outcome_of(rec: LogRecord) -> Outcome | None:
         return None
     flags = rec.flags
     if flags & CANCEL_FLAGS:
+        if 200 <= rec.status < 300 and (rec.end_s is not None or rec.tokens is not None):
+            return "ok"  # the client left once it had the whole answer (module docstring)
         return "cancel"
     if flags & TIMEOUT_FLAGS:
         return "timeout"
@@ -158,6 +173,8 @@ def observation_from_log(
     censored = outcome in ("timeout", "cancel")
     if outcome == "ok":
         e2e = rec.end_s
+        if e2e is None and rec.flags & CANCEL_FLAGS:
+            e2e = waited_s(rec)  # complete, then the client left: as long as it waited
         if streaming:
             ttft, tpot = ok_timing(first, e2e, n, first_token_s is not None or ttft_from_log)
     elif censored:

@@ -23,7 +23,7 @@ OUTAGE_MODES = ("close", "503")
 #: Control fields that change a :class:`Profile`; the rest are flags.
 PROFILE_FIELDS = (
     "ttft_ms", "tpot_ms", "error_rate", "error_status", "stall_ms", "outage", "outage_mode",
-    "role_first",
+    "role_first", "end_delay_ms",
 )
 CONTROL_FLAGS = ("streaming_only", "reset", "clear_streaming_override")
 #: A switch, not a flag: it stays as set until changed, so only a present one counts.
@@ -122,6 +122,9 @@ class Profile:
     #: Streamed chat: open with a role-only event at once (as many servers do), so the
     #: first body byte comes about one prefill before the first token.
     role_first: bool = False
+    #: Streamed: hold the body's terminating chunk this long after ``data: [DONE]`` (a
+    #: server that flushes the last event before it finishes the response).
+    end_delay_ms: float = 0.0
 
     def updated(self, changes: Mapping[str, Any]) -> Profile:
         """Return a copy with control-JSON ``changes`` applied (see ``PROFILE_FIELDS``)."""
@@ -138,11 +141,11 @@ class Profile:
                 if isinstance(value, bool) or not isinstance(value, int) or not 400 <= value <= 599:
                     raise ConfigError(f"error_status must be an int in 400..599, got {value!r}")
                 kw[key] = value
-            elif key == "stall_ms":
-                stall = _num(value, key)
-                if not (math.isfinite(stall) and stall >= 0):
-                    raise ConfigError(f"stall_ms must be >= 0, got {stall}")
-                kw[key] = stall
+            elif key in ("stall_ms", "end_delay_ms"):
+                ms = _num(value, key)
+                if not (math.isfinite(ms) and ms >= 0):
+                    raise ConfigError(f"{key} must be >= 0, got {ms}")
+                kw[key] = ms
             elif key in ("outage", "role_first"):
                 if not isinstance(value, bool):
                     raise ConfigError(f"{key} must be a boolean, got {value!r}")
@@ -166,6 +169,7 @@ class Profile:
             "outage": self.outage,
             "outage_mode": self.outage_mode,
             "role_first": self.role_first,
+            "end_delay_ms": self.end_delay_ms,
         }
 
 

@@ -13,6 +13,7 @@ Control JSON (every field optional; an invalid payload is rejected whole)::
      "tpot_ms": <same forms>, "error_rate": 0.0, "error_status": 500,
      "stall_ms": 0, "outage": false, "outage_mode": "close" | "503",
      "role_first": false,                # streamed chat opens with a role-only event
+     "end_delay_ms": 0,                  # streamed: body ends this long after [DONE]
      "streaming_only": false,            # fields above go to the streaming override
      "clear_streaming_override": false,  # drop the override first
      "reset": false,                     # back to the startup profile first (and release)
@@ -369,7 +370,8 @@ class FakeProvider:
             self._status[200] += 1
             await stream_reply(conn, reply, due, record, t0=t0, name=self.name,
                                keep_alive=req.keep_alive, role_first=prof.role_first,
-                               sse_eol=self.sse_eol, sse_split=self.sse_split)
+                               sse_eol=self.sse_eol, sse_split=self.sse_split,
+                               end_delay_s=prof.end_delay_ms / 1000)
             return req.keep_alive
         except ClientGone:
             self._disconnects += 1

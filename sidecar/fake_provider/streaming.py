@@ -54,12 +54,13 @@ class _Wire:
 
 async def stream_reply(conn: Conn, reply: Reply, due: Sequence[float], record: dict[str, Any],
                        *, t0: float, name: str, keep_alive: bool, role_first: bool,
-                       sse_eol: str, sse_split: str) -> None:
+                       sse_eol: str, sse_split: str, end_delay_s: float = 0.0) -> None:
     """Write the response head, then token ``i``'s events at ``due[i]`` and the tail
     events with the last token, then the terminating chunk.
 
     ``t0`` is the request's arrival (loop time); ``role_first`` opens a chat stream
-    with a role-only event, written at once.
+    with a role-only event, written at once; ``end_delay_s`` holds the terminating
+    chunk back after the last event.
     """
     await conn.write(response_head(200, name, _STREAM_HEADERS, keep_alive))
     wire = _Wire(conn, record, t0)
@@ -86,5 +87,7 @@ async def stream_reply(conn: Conn, reply: Reply, due: Sequence[float], record: d
             if j == 0:
                 wire.first_token()
             await wire.send(data)
+    if end_delay_s > 0:
+        await conn.sleep_until(wire.loop.time() + end_delay_s)
     await conn.write(b"0\r\n\r\n")
     record["sent_sha256"] = wire.digest.hexdigest()
