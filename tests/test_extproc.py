@@ -175,20 +175,23 @@ def test_entry_before_stream_close_releases_the_slot_once(app: App) -> None:
     assert app.router.inflight(cluster) == 1
 
 
-@pytest.mark.parametrize(("flags", "status", "outcome"), [
-    (frozenset({"downstream_connection_termination"}), 200, "cancel"),
-    (frozenset({"downstream_remote_reset"}), 0, "cancel"),
-    (frozenset({"upstream_request_timeout"}), 504, "timeout"),
-    (frozenset({"upstream_connection_failure"}), 503, "error"),
-    (frozenset(), 500, "error"),
-    (frozenset(), 200, "ok"),
+@pytest.mark.parametrize(("flags", "status", "tokens", "outcome"), [
+    # Left mid-answer (no usage event yet), or before any answer.
+    (frozenset({"downstream_connection_termination"}), 200, None, "cancel"),
+    (frozenset({"downstream_remote_reset"}), 0, None, "cancel"),
+    # Left after the usage event, as the OpenAI SDK does at [DONE]: complete.
+    (frozenset({"downstream_connection_termination"}), 200, 5, "ok"),
+    (frozenset({"upstream_request_timeout"}), 504, 5, "timeout"),
+    (frozenset({"upstream_connection_failure"}), 503, 5, "error"),
+    (frozenset(), 500, 5, "error"),
+    (frozenset(), 200, 5, "ok"),
 ])
 def test_outcome_comes_from_status_and_response_flags(
-    app: App, flags: frozenset[str], status: int, outcome: str
+    app: App, flags: frozenset[str], status: int, tokens: int | None, outcome: str
 ) -> None:
     s, _ = fast(app, chat_request())
     s.close(0.1, cancelled=False)
-    OutcomeFeed(app)(entry(s.rid, status=status, flags=flags, end_s=None), 0.2)
+    OutcomeFeed(app)(entry(s.rid, status=status, flags=flags, end_s=None, tokens=tokens), 0.2)
     assert app.router.counters[("outcome", outcome)] == 1
 
 

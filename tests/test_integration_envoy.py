@@ -137,8 +137,23 @@ def _route_state(st: Stack, cluster: str, slice_label: str) -> dict[str, Any] | 
     return None
 
 
+def _outcomes(state: dict[str, Any]) -> int:
+    return sum(v for k, v in state["counters"].items() if k.startswith("outcome:"))
+
+
+def _settled_outcomes(st: Stack) -> int:
+    """The outcome count once no decided request awaits its entry (bounded wait)."""
+    deadline = time.monotonic() + 30
+    while True:
+        state = st.sidecar_state()
+        if state["envoy"]["pending"] == 0 or time.monotonic() > deadline:
+            return _outcomes(state)
+        time.sleep(0.1)
+
+
 def test_sidecar_timing_agrees_with_provider(stack: Stack) -> None:
     client = _client(stack)
+    before = _settled_outcomes(stack)  # earlier tests' entries are all in: the rest is ours
     seen_by_client = []  # ms from before the call to the first content token, per request
     for _ in range(8):
         t0 = time.monotonic()
@@ -153,16 +168,18 @@ def test_sidecar_timing_agrees_with_provider(stack: Stack) -> None:
         assert tokens == 6
     recent = http_json(f"http://127.0.0.1:{stack.ports['provider:fixed']}/control/requests")
     written = [float(r["first_token_ms"]) for r in recent[-8:]]  # from arrival, per request
-    deadline = time.monotonic() + 30  # observations arrive asynchronously; bounded wait
-    route = None
-    while time.monotonic() < deadline:
-        route = _route_state(stack, "fixed", "timed|interactive|short|stream")
-        if route and route["latency"]["ttft"]["samples"] >= 8:
+    # Observations arrive asynchronously: wait (bounded) until all eight are in -- each
+    # outcome is counted as its sample is recorded -- and no longer, so a missing sample
+    # is reported with the outcomes while the window (30 s) still holds the others.
+    deadline = time.monotonic() + 30
+    while True:
+        state = stack.sidecar_state()
+        if _outcomes(state) - before >= 8 or time.monotonic() > deadline:
             break
         time.sleep(0.1)
+    route = _route_state(stack, "fixed", "timed|interactive|short|stream")
     assert route is not None
     ttft, tpot = route["latency"]["ttft"], route["latency"]["tpot"]
-    state = stack.sidecar_state()  # the outcomes say where a missing sample went
     assert ttft["samples"] >= 8 and tpot["samples"] >= 8, json.dumps(
         [[r for r in state["routes"] if r["cluster"] == "fixed"], state["counters"]])
     # Causality brackets each request's TTFT as Envoy timed it (upstream send to first
