@@ -15,13 +15,14 @@ import http.client
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import openai
 import pytest
 
 from sidecar.devtools.harness import Stack, http_json
+from tests.ops_stack import wait_for
 
 pytestmark = pytest.mark.envoy
 
@@ -141,19 +142,17 @@ def _outcomes(state: dict[str, Any]) -> int:
     return sum(v for k, v in state["counters"].items() if k.startswith("outcome:"))
 
 
-def _settled_outcomes(st: Stack) -> int:
-    """The outcome count once no decided request awaits its entry (bounded wait)."""
-    deadline = time.monotonic() + 30
-    while True:
-        state = st.sidecar_state()
-        if state["envoy"]["pending"] == 0 or time.monotonic() > deadline:
-            return _outcomes(state)
-        time.sleep(0.1)
+def _state_if(st: Stack, ready: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+    """The sidecar's /state when ``ready`` holds for it, else None (for wait_for)."""
+    state: dict[str, Any] = st.sidecar_state()
+    return state if ready(state) else None
 
 
 def test_sidecar_timing_agrees_with_provider(stack: Stack) -> None:
     client = _client(stack)
-    before = _settled_outcomes(stack)  # earlier tests' entries are all in: the rest is ours
+    # Once no decided request awaits its entry, every outcome counted later is ours.
+    before = _outcomes(wait_for(lambda: _state_if(stack, lambda s: s["envoy"]["pending"] == 0),
+                                "the earlier tests' entries", 30))
     seen_by_client = []  # ms from before the call to the first content token, per request
     for _ in range(8):
         t0 = time.monotonic()
@@ -171,12 +170,8 @@ def test_sidecar_timing_agrees_with_provider(stack: Stack) -> None:
     # Observations arrive asynchronously: wait (bounded) until all eight are in -- each
     # outcome is counted as its sample is recorded -- and no longer, so a missing sample
     # is reported with the outcomes while the window (30 s) still holds the others.
-    deadline = time.monotonic() + 30
-    while True:
-        state = stack.sidecar_state()
-        if _outcomes(state) - before >= 8 or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+    state = wait_for(lambda: _state_if(stack, lambda s: _outcomes(s) - before >= 8),
+                     "an outcome for each of the eight requests", 30)
     route = _route_state(stack, "fixed", "timed|interactive|short|stream")
     assert route is not None
     ttft, tpot = route["latency"]["ttft"], route["latency"]["tpot"]

@@ -133,8 +133,8 @@ def test_exactly_the_aborted_streams_are_cancels(stack: Stack) -> None:
 
 
 def test_sdk_closing_at_done_is_ok_not_cancel(stack: Stack) -> None:
+    stack.control("late", {"end_delay_ms": 300})
     control = f"http://127.0.0.1:{stack.ports['provider:late']}/control"
-    http_json(control, {"end_delay_ms": 300})
     before, gone = _counters(stack), http_json(control)["counters"]["client_disconnects"]
     client = openai.OpenAI(base_url=stack.base_url, api_key="test", max_retries=0, timeout=30)
     n = 6
