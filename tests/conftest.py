@@ -23,6 +23,18 @@ def base_config_dict(**overrides: Any) -> dict[str, Any]:
     return data
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Once a test has failed, keep the work directories of every stack closed after it
+    (sidecar.devtools.harness): fixtures are torn down after the failing test's report,
+    and their logs are what a post-mortem reads."""
+    outcome = yield
+    if outcome.get_result().failed:
+        from sidecar.devtools.harness import keep_workdirs
+
+        keep_workdirs()
+
+
 @pytest.fixture
 def config() -> Config:
     return parse_config(base_config_dict(), "test.yaml")

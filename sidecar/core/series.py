@@ -413,11 +413,11 @@ class RouteStats:
             return
         hists = slot.hists
         i_ttft, i_tpot, i_e2e = indices
-        if i_ttft is not _NO_VALUE:
+        if i_ttft != _NO_VALUE:
             hists["ttft"].add_index(i_ttft)
-        if i_tpot is not _NO_VALUE:
+        if i_tpot != _NO_VALUE:
             hists["tpot"].add_index(i_tpot)
-        if i_e2e is not _NO_VALUE:
+        if i_e2e != _NO_VALUE:
             hists["e2e"].add_index(i_e2e)
 
     def record_ok(self, n: int, indices: IndexLists, now: float) -> None:

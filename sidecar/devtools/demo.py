@@ -175,7 +175,7 @@ def run_demo(duration_s: float = 60.0, seed: int = 7) -> int:
     root = logging.getLogger()
     if root.level > logging.DEBUG:  # without -v: no per-request INFO logs of the HTTP clients
         root.setLevel(logging.WARNING)
-    with Stack() as stack:
+    with Stack(keep=True) as stack:  # its output points at the logs in the workdir
         ports = {}
         for i, (name, (ttft, tpot)) in enumerate(PROVIDERS.items()):
             ports[name] = stack.start_provider(name, ttft, tpot, seed=seed + i)

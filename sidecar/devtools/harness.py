@@ -3,6 +3,13 @@
 Used by the integration tests, `make demo` and the benchmarks. Every process
 is started in its own process group and stopped (TERM, then KILL) by
 :meth:`Stack.close`, which is safe to call twice.
+
+Each stack writes its configs and logs to its own ``/tmp/tailroute-*`` directory.
+Leaving the ``with`` block normally removes it; it is kept for a post-mortem when
+the block raised, when the stack says ``keep=True`` (the demo prints its path),
+after :func:`keep_workdirs` (the tests' conftest calls it once a
+test has failed, so the fixtures torn down after it keep theirs) and whenever
+``TAILROUTE_KEEP_WORKDIR=1`` is set.
 """
 
 from __future__ import annotations
@@ -111,6 +118,23 @@ def http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 5.0
         return json.loads(r.read() or b"null")
 
 
+KEEP_ENV = "TAILROUTE_KEEP_WORKDIR"
+_keep_from_now = False
+
+
+def keep_workdirs() -> None:
+    """Keep every work directory closed from now on (module docstring)."""
+    global _keep_from_now
+    _keep_from_now = True
+
+
+def discard_workdir(path: Path, *, failed: bool, keep: bool = False) -> None:
+    """Remove ``path`` unless it must stay for a post-mortem (module docstring)."""
+    if failed or keep or _keep_from_now or os.environ.get(KEEP_ENV) == "1":
+        return
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @dataclass
 class Stack:
     """A running set of processes plus their ports; use as a context manager."""
@@ -119,12 +143,14 @@ class Stack:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     config: Config | None = None
+    keep: bool = False  # keep the work directory even after a clean exit
 
     def __enter__(self) -> Stack:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         self.close()
+        discard_workdir(self.workdir, failed=exc_type is not None, keep=self.keep)
 
     def _spawn(
         self, name: str, argv: list[str], log_name: str | None = None

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sidecar.devtools.harness import free_port
+from sidecar.devtools.harness import discard_workdir, free_port
 
 
 def redis_binary() -> str | None:
@@ -33,6 +33,7 @@ class RedisServer:
             raise RuntimeError("redis-server not found (Debian: apt-get install redis-server)")
         self.binary = binary
         self.port = port or free_port()
+        self._own_dir = workdir is None  # a directory it made is its to remove
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="tailroute-redis-"))
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -44,8 +45,10 @@ class RedisServer:
         self.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         self.stop()
+        if self._own_dir:  # the same rule as a Stack's (sidecar.devtools.harness)
+            discard_workdir(self.workdir, failed=exc_type is not None)
 
     def start(self, timeout_s: float = 10.0) -> None:
         argv = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",

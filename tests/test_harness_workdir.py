@@ -1,0 +1,56 @@
+"""When a stack's work directory is removed and when it stays (sidecar.devtools.harness)."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sidecar.devtools import harness
+from sidecar.devtools.harness import KEEP_ENV, Stack
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An earlier failure in the session (conftest's hook) or the caller's environment
+    # must not decide these cases.
+    monkeypatch.setattr(harness, "_keep_from_now", False)
+    monkeypatch.delenv(KEEP_ENV, raising=False)
+
+
+def _exit(stack: Stack, fail: bool) -> Path:
+    (stack.workdir / "sidecar.log").write_text("something to read later\n")
+    with pytest.raises(RuntimeError) if fail else contextlib.nullcontext(), stack:
+        if fail:
+            raise RuntimeError("the test body failed")
+    return stack.workdir
+
+
+@pytest.mark.parametrize(
+    ("keep", "env", "after_failure", "fail", "kept"),
+    [
+        (False, None, False, False, False),  # clean exit: removed
+        (False, None, False, True, True),  # the with block raised: kept
+        (True, None, False, False, True),  # Stack(keep=True): the demo, the soak
+        (False, "1", False, False, True),  # TAILROUTE_KEEP_WORKDIR=1
+        (False, "0", False, False, False),  # only "1" keeps
+        (False, None, True, False, True),  # a test failed earlier in the session
+    ],
+)
+def test_workdir_kept_only_for_a_post_mortem(
+    monkeypatch: pytest.MonkeyPatch, keep: bool, env: str | None, after_failure: bool,
+    fail: bool, kept: bool,
+) -> None:
+    if env is not None:
+        monkeypatch.setenv(KEEP_ENV, env)
+    if after_failure:
+        harness.keep_workdirs()
+    workdir = _exit(Stack(keep=keep), fail)
+    try:
+        assert workdir.exists() is kept
+        if kept:
+            assert (workdir / "sidecar.log").read_text() == "something to read later\n"
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
