@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -157,7 +158,11 @@ class Supervisor:
 
 
 def run_workers(ns: argparse.Namespace, config: Config, n: int) -> int:
-    return Supervisor(ns, config, n).run()
+    sup = Supervisor(ns, config, n)
+    try:
+        return sup.run()
+    finally:  # it holds only the workers' ready files: nothing to keep once they are gone
+        shutil.rmtree(sup.dir, ignore_errors=True)
 
 
 def worker_log_format(index: int) -> None:
