@@ -33,7 +33,7 @@ def _exit(stack: Stack, fail: bool) -> Path:
     [
         (False, None, False, False, False),  # clean exit: removed
         (False, None, False, True, True),  # the with block raised: kept
-        (True, None, False, False, True),  # Stack(keep=True): the demo, the soak
+        (True, None, False, False, True),  # Stack(keep=True): make demo
         (False, "1", False, False, True),  # TAILROUTE_KEEP_WORKDIR=1
         (False, "0", False, False, False),  # only "1" keeps
         (False, None, True, False, True),  # a test failed earlier in the session
