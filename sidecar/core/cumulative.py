@@ -68,6 +68,21 @@ class Cumulative:
             return self._zero
         return self._zero + float(cum[min(p, len(cum) - 1)])
 
+    def weight_below(self, x: float) -> float:
+        """Weight of samples in buckets below the one holding ``x`` (0 when empty): a
+        sample in the same bucket as ``x`` counts as equal to it, not below."""
+        if x <= MIN_VALUE:
+            return 0.0
+        cum = self._cum
+        if cum is None:
+            return self._zero
+        i = self._hi_idx if x >= MAX_VALUE else max(math.ceil(math.log(x) * self._inv),
+                                                      self._lo_idx)
+        p = i - self._lo
+        if p <= 0:
+            return self._zero
+        return self._zero + float(cum[min(p - 1, len(cum) - 1)])
+
     def cdf(self, x: float) -> float | None:
         """``P(X <= x)`` as a share of the total weight; ``None`` when empty."""
         if self.total <= 0.0:
