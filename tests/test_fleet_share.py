@@ -244,7 +244,9 @@ def _run_rhythm(steps: list[Any], cfg: StatsConfig) -> tuple[StatsStore, StatsSt
                 for metric in ("ttft", "e2e"):
                     got, want = (x.lookup("a", sl, metric, 0.9, t) for x in (local, both))
                     if kind == "sync":
-                        assert (got.value, got.samples) == (want.value, want.samples)
+                        assert got.samples == want.samples
+                        if not (_shift_in_effect(local, sl) or _shift_in_effect(both, sl)):
+                            assert got.value == want.value
                     rs_l, rs_b = local.series("a", sl), both.series("a", sl)
                     ev_l = None if rs_l is None else rs_l.evidence(metric, t, 0.0)
                     ev_b = None if rs_b is None else rs_b.evidence(metric, t, 0.0)
@@ -265,7 +267,8 @@ def test_merging_as_it_arrives_equals_observing_through_reads_rotations_and_fenc
     """The sync's rhythm: the peer's sub-windows arrive in pieces (deltas) while the
     local store keeps observing, answering reads (its decayed window advancing
     incrementally), going quiet for longer than the window and fencing routes. At
-    every arrival the local evidence is what one store that saw both streams holds."""
+    every arrival the local evidence is what one store that saw both streams holds
+    (its quantiles too, unless a shift -- each replica's own -- moves either)."""
     _run_rhythm(steps, _config().stats)
 
 
