@@ -392,13 +392,15 @@ class RouteStats:
         self.record(obs.outcome, latency_indices(obs, self.window._ring[0].hists["ttft"]), now)
 
     def record(
-        self, outcome: str, indices: Indices | None, now: float,
+        self, outcome: str, indices: Indices | None, now: float, k: int | None = None,
     ) -> None:
         """:meth:`observe` with the bucket indices of (ttft, tpot, e2e) computed once
         (:func:`latency_indices`; None: no latency evidence), for every series the
-        observation goes to."""
+        observation goes to; ``k``: ``floor(now / subwindow_s)`` if the caller has it."""
         slot = self._slot
-        if slot is None or slot.index != math.floor(now / self.cfg.subwindow_s):
+        if k is None:
+            k = math.floor(now / self.cfg.subwindow_s)
+        if slot is None or slot.index != k:
             self._sync(now)
             slot = self._slot = self.window.current(now)
         if outcome == "ok":

@@ -116,8 +116,9 @@ class StatsStore:
         slices (so broader slices are true aggregates); returns the narrow key."""
         hit = self._hit(obs.cluster, obs.slice)
         indices = latency_indices(obs, self._geometry)
+        k = math.floor(now / self.cfg.subwindow_s)  # every series shares the sub-window length
         for rs in hit[2]:
-            rs.record(obs.outcome, indices, now)
+            rs.record(obs.outcome, indices, now, k)
         return hit[1]
 
     def observe_ok(self, cluster: str, slice: SliceKey, samples: Sequence[OkSample],
