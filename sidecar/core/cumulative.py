@@ -51,7 +51,7 @@ class Cumulative:
         if target <= 0.0:
             pos = int(np.flatnonzero(np.diff(cum, prepend=0.0))[0])
         else:
-            pos = min(int(np.searchsorted(cum, target - self._zero, side="left")), len(cum) - 1)
+            pos = min(int(cum.searchsorted(target - self._zero, side="left")), len(cum) - 1)
         return 2.0 * self._gamma ** (self._lo + pos) / (self._gamma + 1.0)
 
     def weight_at_most(self, x: float) -> float:

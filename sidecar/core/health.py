@@ -555,7 +555,8 @@ class RouteHealth:
                 if part is not None and part not in self.run_parts:
                     self.run_confined = True
                 return False
-            self.end_run()
+            if self.streak or self.run_trials or self.run_parts or self.run_confined:
+                self.end_run()  # (a success with no run open: nothing to end, per request)
             return False
         if not self.streak:
             self.streak_since = sent

@@ -376,7 +376,7 @@ class LogHistogram:
         counts = self._counts
         if counts is None:
             return 0.0 if self._zero > 0.0 else None
-        cum = np.cumsum(counts)
+        cum = counts.cumsum()  # the method: np.cumsum adds two Python-level wrappers
         # The total comes from the same cumulative sum, so the search target
         # can never exceed the last cumulative value through rounding.
         total = float(cum[-1]) + self._zero
@@ -388,7 +388,7 @@ class LogHistogram:
         if target <= 0.0:  # q == 0: the smallest non-empty bucket
             pos = int(np.flatnonzero(counts)[0])
         else:
-            pos = min(int(np.searchsorted(cum, target - self._zero, side="left")), len(cum) - 1)
+            pos = min(int(cum.searchsorted(target - self._zero, side="left")), len(cum) - 1)
         return self.bucket_value(self._lo + pos)
 
     def cumulative(self) -> Cumulative:
@@ -396,7 +396,7 @@ class LogHistogram:
         if self._pending:
             self._flush()
         counts = self._counts
-        cum = None if counts is None else np.cumsum(counts)
+        cum = None if counts is None else counts.cumsum()
         return Cumulative(self._gamma, self._inv, self._lo, cum, self._zero, self._lo_idx,
                           self._hi_idx)
 

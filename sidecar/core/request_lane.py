@@ -47,7 +47,6 @@ from sidecar.core.config import ClassConfig
 from sidecar.core.evidence import RouteEvidence
 from sidecar.core.explain import decision_reason
 from sidecar.core.filters import HERD_HEADROOM, Capacity, ClassRestriction, FailureRun
-from sidecar.core.live_latency import queue_scores
 from sidecar.core.pickers import WeightedRandom
 from sidecar.core.pipeline import (
     HealthView,
@@ -176,10 +175,15 @@ class RequestLane:
                 top = w
         if not kept:
             return None  # panic
-        if beta:
+        if beta and (total_w := sum(expected)) > 0.0:
+            # queue_scores() inlined, the same operations in the same order (it is
+            # every 1.0 when no expected weight is positive: the weights stay as they are).
+            scale = sum(held) / total_w
+            xs = [(1.0 + n) / (1.0 + scale * e) for n, e in zip(held, expected, strict=True)]
+            best = min(xs)
             top = 0.0
-            for j, q in enumerate(queue_scores(held, expected, beta)):
-                w = weights[j] * q
+            for j, x in enumerate(xs):
+                w = weights[j] * (best / x) ** beta
                 if w < 1e-9:
                     w = 1e-9
                 weights[j] = w

@@ -63,7 +63,8 @@ class RetryMemory:
     def remember(self, request_id: str | None, cluster: str, now: float) -> None:
         if request_id is None:
             return
-        self._seen[request_id] = Seen(now, cluster)
+        # tuple.__new__ is Seen(now, cluster) without the generated Python __new__ (per request).
+        self._seen[request_id] = tuple.__new__(Seen, (now, cluster))
         self._seen.move_to_end(request_id)
         while len(self._seen) > self.size:
             self._seen.popitem(last=False)

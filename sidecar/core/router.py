@@ -227,8 +227,11 @@ class Router:
         when capacity frees or at :meth:`queue_until`, and calls :meth:`withdraw`
         if it gives up. A re-ask that stays queued is not counted again.
         """
-        decision, result = self._decide(req, now, rng)
-        decision, new_event = self._admit(req, decision, result, now, ticket or req.request_id)
+        cfg = self.config
+        klass = cfg.workload_class(req.klass) or cfg.workload_class(cfg.default_class)
+        decision, result = self._decide(req, klass, now, rng)
+        decision, new_event = self._admit(req, klass, decision, result, now,
+                                          ticket or req.request_id)
         if not new_event:
             return decision
         if self.board.runs and decision.admission == "admit":
@@ -247,14 +250,13 @@ class Router:
         return decision
 
     def _admit(
-        self, req: RequestInfo, decision: Decision, result: PipelineResult | LanePick | None,
-        now: float, ticket: str | None,
+        self, req: RequestInfo, klass: ClassConfig | None, decision: Decision,
+        result: PipelineResult | LanePick | None, now: float, ticket: str | None,
     ) -> tuple[Decision, bool]:
-        """Run admission control (sidecar.core.admission) on a selection result."""
+        """Run admission control (sidecar.core.admission) on a selection result;
+        ``klass``: the request's class (or the default one)."""
         if decision.reason in ("unknown_model", "no_candidate"):
             return decision, True
-        klass = self.config.workload_class(req.klass) or self.config.workload_class(
-            self.config.default_class)
         assert klass is not None
         v = self.admission.assess(req, klass, decision, result, self, now, ticket)
         if v.outcome == "admit" and v.reason == "ok" and v.cluster == decision.cluster:
@@ -291,13 +293,12 @@ class Router:
             self.counters[("admission_reason", "queue_abandoned")] += 1
 
     def _decide(
-        self, req: RequestInfo, now: float, rng: random.Random
+        self, req: RequestInfo, klass: ClassConfig | None, now: float, rng: random.Random
     ) -> tuple[Decision, PipelineResult | LanePick | None]:
         cfg = self.config
         model = cfg.model(req.model) if req.model else None
         if model is None:
             return Decision(cfg.default_cluster, "unknown_model", detail=str(req.model)), None
-        klass = cfg.workload_class(req.klass) or cfg.workload_class(cfg.default_class)
         assert klass is not None
         if model.compat == SEMANTIC_ROUTER:
             return self._decide_semantic_router(req, model, klass), None
@@ -325,10 +326,12 @@ class Router:
                 ctx = replace(ctx, held=held)
         if cached.lane is not None and not req.explain and not ctx.held:
             # Standalone, the in-flight counts are the Counter's own (missing: 0).
-            pick = cached.lane.pick(self.inflight if self.peer_inflight
-                                    else self._inflight.__getitem__, rng)
+            lane = cached.lane
+            pick = lane.pick(self.inflight if self.peer_inflight
+                             else self._inflight.__getitem__, rng)
             if pick is not None:
-                return self._decision(cached, req, pick.name, pick.reason, klass, None), pick
+                row = lane.rows[pick.chosen]
+                return self._decision(cached, req, row.name, row.reason, klass, None), pick
         result = run_request(cached.plan, ctx, self._picker, rng)
         if result is None:
             decision = Decision(

@@ -94,10 +94,11 @@ def latency_indices(obs: Observation, geometry: LogHistogram) -> Indices | None:
     evidence (an ``ok`` first attempt); unmeasured or NaN metrics are skipped."""
     if obs.is_retry or obs.outcome != "ok":
         return None
-    out = []
-    for v in (obs.ttft_s, obs.tpot_s, obs.e2e_s):
-        out.append(_NO_VALUE if v is None or v != v else geometry.index_of(v))
-    return (out[0], out[1], out[2])
+    index_of = geometry.index_of
+    ttft, tpot, e2e = obs.ttft_s, obs.tpot_s, obs.e2e_s
+    return (_NO_VALUE if ttft is None or ttft != ttft else index_of(ttft),
+            _NO_VALUE if tpot is None or tpot != tpot else index_of(tpot),
+            _NO_VALUE if e2e is None or e2e != e2e else index_of(e2e))
 
 
 # (ttft, tpot, e2e) in seconds and output tokens of one ``ok`` first attempt (None:
@@ -342,8 +343,8 @@ class RouteStats:
     """Rolling statistics of one (cluster, slice)."""
 
     __slots__ = (
-        "_evidence", "_fence", "_past", "_shift", "_slot", "_unjudged", "accuracy", "cfg",
-        "last_seen", "version", "window",
+        "_evidence", "_fence", "_past", "_read", "_shift", "_slot", "_unjudged", "accuracy",
+        "cfg", "last_seen", "version", "window",
     )  # fmt: skip
 
     def __init__(self, cfg: StatsConfig, relative_accuracy: float = 0.02) -> None:
@@ -356,6 +357,8 @@ class RouteStats:
         self.version = 0
         self._past = _Decayed(relative_accuracy)
         self._evidence: dict[Metric, tuple[int, int, float, Evidence | None]] = {}
+        # _reading()'s answer: (k, version, f, ok, requests, current sub-window).
+        self._read: tuple[int, int, float, float, float, SubWindow | None] | None = None
         # First completed sub-window not yet covered by a verdict (see window_summary).
         self._unjudged: int | None = None
         self._fence = _NEVER  # sub-windows before this are not evidence any more (fence())
@@ -389,13 +392,15 @@ class RouteStats:
         self.record(obs.outcome, latency_indices(obs, self.window._ring[0].hists["ttft"]), now)
 
     def record(
-        self, outcome: str, indices: Indices | None, now: float,
+        self, outcome: str, indices: Indices | None, now: float, k: int | None = None,
     ) -> None:
         """:meth:`observe` with the bucket indices of (ttft, tpot, e2e) computed once
         (:func:`latency_indices`; None: no latency evidence), for every series the
-        observation goes to."""
+        observation goes to; ``k``: ``floor(now / subwindow_s)`` if the caller has it."""
         slot = self._slot
-        if slot is None or slot.index != math.floor(now / self.cfg.subwindow_s):
+        if k is None:
+            k = math.floor(now / self.cfg.subwindow_s)
+        if slot is None or slot.index != k:
             self._sync(now)
             slot = self._slot = self.window.current(now)
         if outcome == "ok":
@@ -482,37 +487,55 @@ class RouteStats:
         cached answer is reused within its sub-window while the series is
         unchanged or the answer is younger than ``max_age_s`` (default: half a
         sub-window)."""
-        k = self._sync(now)
-        if self.is_stale(now):
+        cfg = self.cfg
+        # _sync() and is_stale() inlined: a plan build reads ~25 series' evidence.
+        # (The decayed window is at the ring's index whenever it was synced.)
+        k = math.floor(now / cfg.subwindow_s)
+        if self._past.k != k:
+            k = self._sync(now)
+        last = self.last_seen
+        if last is None or now - last > cfg.stale_after_s:
             return None
-        if max_age_s is None:
-            max_age_s = self.cfg.subwindow_s * REFRESH_SHARE_OF_SUBWINDOW
         hit = self._evidence.get(metric)
-        if hit is not None and hit[0] == k and (
-                hit[1] == self.version or now - hit[2] < max_age_s):
+        if hit is not None and hit[0] == k and (hit[1] == self.version or now - hit[2] < (
+                cfg.subwindow_s * REFRESH_SHARE_OF_SUBWINDOW if max_age_s is None
+                else max_age_s)):
             return hit[3]
-        past = self._past
-        cur = self.window.get(k)
-        # The current sub-window ages the completed ones too, by its requests so far.
-        f = 1.0 if cur is None else aging(cur.requests, self.cfg.decay,
-                                          float(max(self.cfg.min_samples, 1)),
-                                          enough=self.cfg.enough_samples)
-        n = past.samples[metric]
-        ok, req = past.ok * f, past.requests * f
+        f, ok, req, cur = self._reading(k)
+        n = self._past.samples[metric]
         parts: tuple[tuple[LogHistogram, float], ...] = ()
         eff = 0.0
         if n:
             done, w = self._past_parts(metric)
-            parts, eff = tuple((h, s * f) for h, s in done), w * f
-        if cur is not None:
-            ok += cur.ok
-            req += cur.requests
-            if cm := cur.samples(metric):
-                parts = (*parts, (cur.hists[metric], 1.0))
-                n, eff = n + cm, eff + cm
+            parts, eff = tuple([(h, s * f) for h, s in done]), w * f
+        if cur is not None and (cm := int(cur.hists[metric].count)):
+            parts = (*parts, (cur.hists[metric], 1.0))
+            n, eff = n + cm, eff + cm
         ev = None if req <= 0 and n == 0 else Evidence(parts, n, eff, ok, req)
         self._evidence[metric] = (k, self.version, now, ev)
         return ev
+
+    def _reading(self, k: int) -> tuple[float, float, float, SubWindow | None]:
+        """What every metric's :meth:`evidence` shares at sub-window ``k`` (synced):
+        the current sub-window's aging factor ``f``, the window's weighted ok and
+        request counts, and the current sub-window. Kept per (``k``, version): the
+        decayed window and the current sub-window change only with either."""
+        r = self._read
+        if r is not None and r[0] == k and r[1] == self.version:
+            return r[2], r[3], r[4], r[5]
+        cfg = self.cfg
+        past = self._past
+        cur = self.window.get(k)
+        # The current sub-window ages the completed ones too, by its requests so far.
+        f = 1.0 if cur is None else aging(cur.requests, cfg.decay,
+                                          float(max(cfg.min_samples, 1)),
+                                          enough=cfg.enough_samples)
+        ok, req = past.ok * f, past.requests * f
+        if cur is not None:
+            ok += cur.ok
+            req += cur.requests
+        self._read = (k, self.version, f, ok, req, cur)
+        return f, ok, req, cur
 
     def _past_parts(
         self, metric: Metric
@@ -554,9 +577,14 @@ class RouteStats:
             if st is None:
                 st = self._shift[m] = ShiftState()
             done, _ = self._past_parts(m)
-            ref = LogHistogram(self.accuracy)
-            for h, scale in done:
-                ref.merge(h, scale)
+            if len(done) == 1 and done[0][1] == 1.0:
+                # One part at scale 1 (no shift in force): its own cumulative answers the
+                # reference quantiles as a merged copy's would (same buckets, same sums).
+                ref = done[0][0]
+            else:
+                ref = LogHistogram(self.accuracy)
+                for h, scale in done:
+                    ref.merge(h, scale)
             st.update(index, ref.cumulative(), slot.hists[m].cumulative(), n,
                       self.cfg.shift_alpha)
 
@@ -640,7 +668,8 @@ class RouteStats:
         if self.is_stale(now):
             self._unjudged = k
             return WindowSummary(k - 1, start, end, metric, q, 0, None, 0, 0, 0, 0)
-        merged: LogHistogram | None = None
+        merged: LogHistogram | None = None  # the first sub-window's own until a second comes
+        copied = False
         n = req = err = tmo = canc = 0
         for idx in range(first, k):
             slot = self.window.get(idx)
@@ -648,8 +677,10 @@ class RouteStats:
                 continue
             if m := slot.samples(metric):
                 if merged is None:
-                    merged = slot.hists[metric].copy()
+                    merged = slot.hists[metric]
                 else:
+                    if not copied:
+                        merged, copied = merged.copy(), True
                     merged.merge(slot.hists[metric])
                 n += m
             req, err, tmo, canc = (req + slot.requests, err + slot.error,

@@ -48,6 +48,8 @@ __all__ = [
 
 OVERFLOW_CLASS = "_overflow"
 GLOBAL_OVERFLOW = SliceKey(OVERFLOW_CLASS, OVERFLOW_CLASS, ANY, None)
+# A slice and its broader slices on one cluster, narrow first, with their series (if any).
+_Levels = tuple[tuple[SliceKey, RouteStats | None], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +74,8 @@ class StatsStore:
         # Moves when series are created or dropped (caches keyed on series must notice).
         self.layout = 0
         self._blends: dict[tuple[str, SliceKey, Metric], _Blend] = {}
+        # _levels()' answers: ((layout, number of series), levels) per (cluster, slice).
+        self._level_cache: dict[tuple[str, SliceKey], tuple[tuple[int, int], _Levels]] = {}
         self._max_age_s = cfg.subwindow_s * REFRESH_SHARE_OF_SUBWINDOW
         self._geometry = LogHistogram(relative_accuracy)  # bucket indices for observe()
         # observe()'s answer per (cluster, observed slice): the layout it holds for, the
@@ -112,8 +116,9 @@ class StatsStore:
         slices (so broader slices are true aggregates); returns the narrow key."""
         hit = self._hit(obs.cluster, obs.slice)
         indices = latency_indices(obs, self._geometry)
+        k = math.floor(now / self.cfg.subwindow_s)  # every series shares the sub-window length
         for rs in hit[2]:
-            rs.record(obs.outcome, indices, now)
+            rs.record(obs.outcome, indices, now, k)
         return hit[1]
 
     def observe_ok(self, cluster: str, slice: SliceKey, samples: Sequence[OkSample],
@@ -162,18 +167,26 @@ class StatsStore:
         if hit is not None and hit.k == k and hit.layout == self.layout and (
                 now - hit.built < age or hit.unchanged()):
             return hit.value
-        deps: list[RouteStats] = []
-        levels = []
-        for s in (slice, *slice.broader()):
-            rs = self._series.get((cluster, s))
-            if rs is not None:
-                deps.append(rs)
-            levels.append((s, None if rs is None else rs.evidence(metric, now, age)))
+        deps = self._levels(cluster, slice)
+        levels = [(s, None if rs is None else rs.evidence(metric, now, age)) for s, rs in deps]
         value = blend(levels, self.cfg.prior_samples, self.cfg.min_samples, self.accuracy)
         if len(self._blends) >= 4096:
             self._blends.clear()
         self._blends[bkey] = _Blend(k, now, self.layout, deps, value)
         return value
+
+    def _levels(self, cluster: str, slice: SliceKey) -> _Levels:
+        """``slice`` and its ``broader()`` slices on ``cluster`` with their series (None:
+        none yet), narrow first. Kept while the layout and the number of series stay
+        (a prune moves the layout; a peer's merge may create series without moving it)."""
+        hit = self._level_cache.get((cluster, slice))
+        if hit is not None and hit[0] == (self.layout, len(self._series)):
+            return hit[1]
+        levels = tuple((s, self._series.get((cluster, s))) for s in (slice, *slice.broader()))
+        if len(self._level_cache) >= 4096:
+            self._level_cache.clear()
+        self._level_cache[(cluster, slice)] = ((self.layout, len(self._series)), levels)
+        return levels
 
     def lookup(self, cluster: str, slice: SliceKey, metric: str, q: float, now: float) -> Lookup:
         """Quantile from the narrowest of ``(slice, *slice.broader())`` holding
@@ -278,11 +291,11 @@ class _Blend:
     __slots__ = ("built", "deps", "k", "layout", "value", "versions")
 
     def __init__(
-        self, k: int, built: float, layout: int, deps: list[RouteStats],
-        value: RouteEvidence | None,
+        self, k: int, built: float, layout: int, levels: _Levels, value: RouteEvidence | None,
     ) -> None:
-        self.k, self.built, self.layout, self.deps, self.value = k, built, layout, deps, value
-        self.versions = [rs.version for rs in deps]
+        self.k, self.built, self.layout, self.value = k, built, layout, value
+        self.deps = [rs for _, rs in levels if rs is not None]
+        self.versions = [rs.version for rs in self.deps]
 
     def unchanged(self) -> bool:
         """No contributing series saw an observation since this was built."""
