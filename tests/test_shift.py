@@ -156,3 +156,31 @@ def test_fence_forgets_a_shift() -> None:
     assert any(s.since is not None for s in rs._shift.values())
     rs.fence(60.0)
     assert not rs._shift
+
+
+def test_a_shift_reads_no_factor_from_the_last_few_samples_before_it() -> None:
+    """The evidence from before a shift ages out of the window a sub-window at a time;
+    with two samples left (0.12 s and 1.55 s) their "median" read F = 31 from the
+    3.78 s and 4.22 s since, moving 1.55 s to ~48 s: a p90 of 12.7 s here (53.5 s in
+    the fleet property's example) from samples up to 4.22 s. Fewer than
+    SHIFT_MIN_BEFORE samples from before: the shift lapses, the window reads plain."""
+    rs = RouteStats(CFG)
+    for k in range(4):
+        feed(rs, [0.3, 0.4, 0.5, 0.6, 2.0], k * 10 + 1.0)  # 20 % at 2.0 s: p90 2.0 s
+    feed(rs, [0.12, 1.55], 41.0)  # inside the window's p10..p90: no run begins
+    feed(rs, [3.78], 51.0)
+    feed(rs, [4.22], 61.0)  # two beyond the p90 in a row: a shift since sub-window 5
+
+    def read(t: float) -> tuple[int | None, float]:
+        ev = rs.evidence("ttft", t, 0.0)
+        assert ev is not None
+        q = ev.merged(rs.accuracy).quantile(0.9)
+        assert q is not None
+        return rs._shift["ttft"].since, q
+
+    since, p90 = read(75.0)
+    assert since == 5 and p90 > 3 * 4.22  # the old tail (2.0 s) moved by ~8: by design
+    since, p90 = read(325.0)  # sub-windows 0..2 gone: 7 samples from before left
+    assert since == 5 and p90 > 3 * 4.22
+    since, p90 = read(335.0)  # only sub-window 4's two left (failed: p90 12.68 s)
+    assert since is None and p90 <= 4.22 * 1.03

@@ -73,7 +73,7 @@ from typing import Any
 from sidecar.core.config import Metric, StatsConfig
 from sidecar.core.frozen import fast_init
 from sidecar.core.histogram import Cumulative, LogHistogram
-from sidecar.core.shift import ShiftState, shift_factor
+from sidecar.core.shift import SHIFT_MIN_BEFORE, ShiftState, shift_factor
 from sidecar.core.types import Observation
 
 METRICS: tuple[Metric, ...] = ("ttft", "tpot", "e2e")
@@ -549,14 +549,18 @@ class RouteStats:
         if st is None or st.since is None:
             return plain
         since = LogHistogram(self.accuracy)
+        older = 0  # unweighted samples from before the shift
         for slot, index, w in past.included:
-            if index >= st.since and slot.samples(metric):
-                since.merge(slot.hists[metric], w)
+            if n := slot.samples(metric):
+                if index >= st.since:
+                    since.merge(slot.hists[metric], w)
+                else:
+                    older += n
+        if older < SHIFT_MIN_BEFORE or since.count <= 0.0:
+            st.since = None  # the evidence from before the shift has (nearly) aged out
+            return plain
         before = past.hists[metric].copy()
         before.remove(since)
-        if before.count <= 1e-9 or since.count <= 0.0:
-            st.since = None  # the evidence from before the shift has aged out
-            return plain
         factor = shift_factor(before, since)
         return ((before.shifted(factor), 1.0), (since, 1.0)), past.weights[metric]
 

@@ -38,6 +38,10 @@ so a tripled latency reads as roughly tripled quantiles after four or five
 samples instead of after minutes of aging. ``F`` is re-estimated from every
 sample since the shift, the weights and the unweighted sample count are
 unchanged (whether a quantile is trusted still needs ``min_samples``).
+
+The shift lapses (the window reads plain) once fewer than
+``SHIFT_MIN_BEFORE`` samples from before it are left: a median of two or three
+is one of them, and ``F`` would be off by their ratio.
 """
 
 from __future__ import annotations
@@ -48,6 +52,10 @@ from sidecar.core.histogram import Cumulative, LogHistogram
 
 SHIFT_TAIL = 0.1  # p0: share of samples beyond the reference quantile under no change
 SHIFT_HIT = 0.7  # p1: the share a shift worth acting on puts there
+# Samples from before a shift needed to read its factor: a median of two is one of
+# them, so F is off by their ratio (0.12 s and 1.55 s before, 3.78 s and 4.22 s
+# since: F 31 moved 1.55 s to 48 s, a p90 of 53.5 s from samples up to 4.22 s).
+SHIFT_MIN_BEFORE = 5
 _HIT = math.log(SHIFT_HIT / SHIFT_TAIL)
 _MISS = math.log((1.0 - SHIFT_HIT) / (1.0 - SHIFT_TAIL))
 
