@@ -61,9 +61,7 @@ class Cumulative:
         cum = self._cum
         if cum is None:
             return self._zero
-        i = self._hi_idx if x >= MAX_VALUE else max(math.ceil(math.log(x) * self._inv),
-                                                      self._lo_idx)
-        p = i - self._lo
+        p = self._offset(x)
         if p < 0:
             return self._zero
         return self._zero + float(cum[min(p, len(cum) - 1)])
@@ -76,12 +74,16 @@ class Cumulative:
         cum = self._cum
         if cum is None:
             return self._zero
-        i = self._hi_idx if x >= MAX_VALUE else max(math.ceil(math.log(x) * self._inv),
-                                                      self._lo_idx)
-        p = i - self._lo
+        p = self._offset(x)
         if p <= 0:
             return self._zero
         return self._zero + float(cum[min(p - 1, len(cum) - 1)])
+
+    def _offset(self, x: float) -> int:
+        """Where the bucket holding ``x`` (> MIN_VALUE) is, from the lowest one stored."""
+        i = self._hi_idx if x >= MAX_VALUE else max(math.ceil(math.log(x) * self._inv),
+                                                      self._lo_idx)
+        return i - self._lo
 
     def cdf(self, x: float) -> float | None:
         """``P(X <= x)`` as a share of the total weight; ``None`` when empty."""
