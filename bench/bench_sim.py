@@ -10,7 +10,11 @@ as simulated requests (calls) per wall second and per CPU second, on one core, a
 the CPU microseconds per request. ``round_robin`` decides in well under a
 microsecond, so its time per request is the engine's own overhead (arrivals,
 providers' sampling, clients, records, metrics and the summary). tailroute runs the
-real decision core per request: its time minus that overhead is the core's.
+real decision core per request: its time minus that overhead is the core's. The
+tailroute policies are slow, so they run once, on at most 600 simulated seconds,
+whatever ``--repeat`` and ``--duration`` say (the header line says "best of N" for
+the others); compare them within one run, or count instructions (callgrind) for a
+figure that a shared machine does not move.
 """
 
 from __future__ import annotations
