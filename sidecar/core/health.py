@@ -555,8 +555,7 @@ class RouteHealth:
                 if part is not None and part not in self.run_parts:
                     self.run_confined = True
                 return False
-            if self.streak or self.run_trials or self.run_parts or self.run_confined:
-                self.end_run()  # (a success with no run open: nothing to end, per request)
+            self.end_run()
             return False
         if not self.streak:
             self.streak_since = sent
@@ -575,6 +574,8 @@ class RouteHealth:
 
     def end_run(self) -> None:
         """Forget the open run of hard failures (a success ended it, or an ejection)."""
+        if not (self.streak or self.run_trials or self.run_parts or self.run_confined):
+            return  # nothing open: the common case, once per successful request
         self.streak = 0
         self.run_parts.clear()
         self.run_confined = False

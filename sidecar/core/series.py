@@ -488,13 +488,12 @@ class RouteStats:
         unchanged or the answer is younger than ``max_age_s`` (default: half a
         sub-window)."""
         cfg = self.cfg
-        # _sync() and is_stale() inlined: a plan build reads ~25 series' evidence.
-        # (The decayed window is at the ring's index whenever it was synced.)
+        # _sync() only when the sub-window moved: a plan build reads ~25 series'
+        # evidence. (The decayed window is at the ring's index whenever it was synced.)
         k = math.floor(now / cfg.subwindow_s)
         if self._past.k != k:
             k = self._sync(now)
-        last = self.last_seen
-        if last is None or now - last > cfg.stale_after_s:
+        if self.is_stale(now):
             return None
         hit = self._evidence.get(metric)
         if hit is not None and hit[0] == k and (hit[1] == self.version or now - hit[2] < (
