@@ -152,6 +152,20 @@ def route_state(st: Stack, cluster: str) -> str:
     return "healthy"
 
 
+def settled(read: Callable[[], dict[str, str]], polls: int = 50) -> dict[str, str]:
+    """The first value ``read`` returns twice in a row, 0.1 s apart: a runtime
+    modification the admin server had already received when its sender died is
+    applied before the layer is taken as final."""
+    last = read()
+    for _ in range(polls):
+        time.sleep(0.1)
+        now = read()
+        if now == last:
+            return now
+        last = now
+    raise AssertionError(f"the runtime did not settle in {polls} reads")
+
+
 def envoy_runtime(st: Stack) -> dict[str, str]:
     rt = http_json(f"http://127.0.0.1:{st.ports['envoy_admin']}/runtime")
     return {k: v["final_value"] for k, v in rt["entries"].items() if k.startswith("tailroute.")}
@@ -256,8 +270,11 @@ def test_sidecar_sigkill_under_load_fails_nothing_and_envoy_keeps_the_weights(
     published: dict[str, str] = {}
 
     def kill_sidecar() -> None:
-        published.update(envoy_runtime(stack))
+        # Read the layer only once its publisher is dead: read before the kill, a
+        # publish landing in between (every publish_interval_s) would differ.
         os.killpg(stack.procs["sidecar"].pid, signal.SIGKILL)
+        stack.procs["sidecar"].wait(30)
+        published.update(settled(lambda: envoy_runtime(stack)))
 
     result = Load(stack.ports["envoy"], 8).across(kill_sidecar)
     assert not result.failures, result.failures
