@@ -94,6 +94,29 @@ def test_the_last_viable_route_is_restricted_not_ejected() -> None:
     assert "panic: last viable route" in r.transitions[-1].reason
 
 
+def test_a_cluster_restricted_as_a_whole_gets_probes_and_leaves_on_them() -> None:
+    """A run of failures likely by chance on a partly failing cluster restricts the
+    whole cluster. Latency-sensitive traffic avoids it, so only probes can show it
+    recovered: without them it sat unused until the stale-verdict timeout (310 s
+    in the outage case at 50 req/s)."""
+    r = _router(probe_successes=3)
+    rng = random.Random(1)
+    now = 1.0
+    for o in "FOFOOFOOFOFOOOFOFOOFFOOFFFFF":  # ~40 % failing: its runs are chance
+        now += 0.1
+        r.observe(fail("b") if o == "F" else
+                  Observation("b", SHORT, "ok", status=200, ttft_s=0.01, e2e_s=0.03), now)
+    assert [(t.slice, t.new) for t in r.transitions] == [(CLUSTER_SLICE.label(), "restricted")]
+    assert r.health("b", SHORT).probe_share > 0
+    probes = [d for d in (r.decide(_req(), now + 0.01, rng) for _ in range(400))
+              if d.cluster == "b"]
+    assert probes and all(d.reason == "probe" for d in probes)
+    for i in range(3):  # the provider is well again: its probes pass
+        r.observe(Observation("b", SHORT, "ok", status=200, ttft_s=0.2, is_probe=True),
+                  now + 0.1 + i * 0.1)
+    assert r.board.get("b", CLUSTER_SLICE).state is not S.RESTRICTED
+
+
 def test_probes_close_the_circuit_and_the_old_failures_stop_counting() -> None:
     r = _router(cooldown_s=12, probe_successes=3)
     for i in range(3):

@@ -431,8 +431,9 @@ class Router:
 
         Probes go to routes whose cooldown has ended (probing; the cluster-wide
         entry or the slice's) and, for latency-sensitive classes, to restricted
-        routes, which otherwise see no such traffic and could never show
-        recovery. Shares shrink with the route's relapses; capacity still applies.
+        routes (the slice's entry or the cluster-wide one), which otherwise see
+        no such traffic and could never show recovery. Shares shrink with the
+        route's relapses; capacity still applies.
         """
         out: list[_Probe] = []
         for c in model.candidates:
@@ -447,12 +448,17 @@ class Router:
         if hc is not None and hc.state is HealthState.PROBING:
             return hc.probe_share
         h = self.board.peek(cluster, slice)
-        if h is None:
-            return None
-        if h.state is HealthState.PROBING:
+        if h is not None and h.state is HealthState.PROBING:
             return h.probe_share
-        if h.state is HealthState.RESTRICTED and sensitive:
-            return self.config.health.probe_share * h.memory
+        if not sensitive:
+            return None
+        # A cluster restricted as a whole (a run of failures likely by chance on a
+        # partly failing route, or the last viable route) needs its probes as much
+        # as a restricted slice: without them a latency-sensitive-only model never
+        # sends it a request, and it would wait out the stale-verdict timeout.
+        for e in (h, hc):
+            if e is not None and e.state is HealthState.RESTRICTED:
+                return self.config.health.probe_share * e.memory
         return None
 
     def _finish(
@@ -615,7 +621,7 @@ class Router:
         """A cluster-wide probe passes on any answer; a slice's must meet its budget."""
         events: list[TransitionEvent] = []
         hc = self.board.peek(obs.cluster, CLUSTER_SLICE)
-        if hc is not None and hc.state is HealthState.PROBING:
+        if hc is not None and hc.state in (HealthState.PROBING, HealthState.RESTRICTED):
             events += self.board.record_probe(obs.cluster, CLUSTER_SLICE, obs.outcome == "ok",
                                               now)
         h = self.board.peek(obs.cluster, key)
