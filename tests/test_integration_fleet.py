@@ -191,10 +191,21 @@ async def _scenario(stack: Stack, redis_srv: RedisServer, cfg2: Path) -> None:
                      "both sidecars to reconnect")
         await _until(lambda: _state_of(stack, "s1") == _state_of(stack, "s2"),
                      "both sidecars to agree on provider-a")
-        # Still slow behind Envoy 1: not back to full weight. By now the cluster-wide
-        # circuit may have opened and be restoring (its probes pass on any answer, and
-        # evidence ages with time), which still holds provider-a back.
-        assert _state_of(stack, "s1") in (*MOVED, "restoring")
+        # Still slow behind Envoy 1: usually not back to full weight yet. By now the
+        # cluster-wide circuit may have opened and be restoring (its probes pass on any
+        # answer, and evidence ages with time), which still holds provider-a back. On a
+        # loaded machine the outage above can last long enough for it to come all the
+        # way back (its evidence mixes s1's slow samples with s2's fast ones); then it
+        # came back through the machine's own rules -- the restore ladder or the
+        # stale-verdict timeout -- not by the empty store erasing the verdict.
+        state = _state_of(stack, "s1")
+        if state == "healthy":
+            news = [t["new"] for t in stack.sidecar_state("s1")["transitions"]
+                    if t["cluster"] == "provider-a"]
+            moved = next(i for i, new in enumerate(news) if new in MOVED)
+            assert {"restoring", "watching"} & set(news[moved:]), news
+        else:
+            assert state in (*MOVED, "restoring", "watching"), state
 
         # 4. A third sidecar started mid-run is warm before its first request.
         stack.start_sidecar(cfg2, name="s3")
