@@ -28,12 +28,8 @@ def _samples(state: dict[str, object]) -> int:
                if r["narrow"])  # type: ignore[index]
 
 
-def test_workers_share_one_port_and_one_fleet_state(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_workers_share_one_port_and_one_fleet_state() -> None:
     with Stack() as stack, RedisServer() as redis_srv:
-        # The supervisor makes its ready-file directory under TMPDIR (tempfile).
-        monkeypatch.setenv("TMPDIR", str(tmp_path))
         ports = start_providers(stack)
         path = stack.write_config(ops_config(
             ports, fleet={"url": redis_srv.url, "push_interval_s": 0.2, "lease_ttl_s": 1.0}))
@@ -52,10 +48,12 @@ def test_workers_share_one_port_and_one_fleet_state(
             states = _worker_states(stack)
         assert _samples(states[0]) == _samples(states[1]) > 0
         sup = stack.procs["sidecar"]
-        assert len(list(tmp_path.glob("tailroute-workers-*"))) == 1
+        # The supervisor keeps its workers' ready files beside its own ready file,
+        # in the directory of whoever started it (removed with it even after a SIGKILL).
+        assert len(list(stack.workdir.glob("tailroute-workers-*"))) == 1
         stack.stop_sidecar()  # SIGTERM to the supervisor's group: every worker drains
         assert sup.returncode == 0
-        assert list(tmp_path.glob("tailroute-workers-*")) == []  # removed on its way out
+        assert list(stack.workdir.glob("tailroute-workers-*")) == []  # removed on its way out
 
 
 @pytest.mark.parametrize(("fleet", "extra", "message"), [

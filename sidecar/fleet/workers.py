@@ -18,7 +18,10 @@ cannot be shared this way).
   minute; beyond that the supervisor stops the rest and exits 1.
 * ``--ready-file``: written once every worker is serving, as
   ``<grpc port> <admin port of worker 0>``; ``<ready-file>.workers`` lists every
-  worker's admin port, one per line.
+  worker's admin port, one per line. The workers' own ready files live in a
+  ``tailroute-workers-*`` directory beside it (under TMPDIR without one); the
+  supervisor removes it on its way out, and a SIGKILLed supervisor leaves it in
+  the directory its starter owns, not in /tmp.
 """
 
 from __future__ import annotations
@@ -79,7 +82,10 @@ class Supervisor:
         self.admin_host, self.admin_port = _split(
             ns.admin if ns.admin is not None else config.listen.admin, "--admin")
         self.ns, self.n = ns, n
-        self.dir = Path(tempfile.mkdtemp(prefix="tailroute-workers-"))
+        # Beside the ready file when there is one: whoever starts us owns that
+        # directory and removes it, even if a SIGKILL skips our own cleanup.
+        where = Path(ns.ready_file).resolve().parent if ns.ready_file else None
+        self.dir = Path(tempfile.mkdtemp(prefix="tailroute-workers-", dir=where))
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.restarts: list[float] = []
         self.stopping = False
