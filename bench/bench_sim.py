@@ -10,11 +10,10 @@ as simulated requests (calls) per wall second and per CPU second, on one core, a
 the CPU microseconds per request. ``round_robin`` decides in well under a
 microsecond, so its time per request is the engine's own overhead (arrivals,
 providers' sampling, clients, records, metrics and the summary). tailroute runs the
-real decision core per request: its time minus that overhead is the core's. The
-tailroute policies are slow, so they run once, on at most 600 simulated seconds,
-whatever ``--repeat`` and ``--duration`` say (the header line says "best of N" for
-the others); compare them within one run, or count instructions (callgrind) for a
-figure that a shared machine does not move.
+real decision core per request: its time minus that overhead is the core's. Every
+policy runs ``--repeat`` times on the same scenario (tailroute takes a few
+seconds per run at the default length); compare figures within one run, or
+count instructions (callgrind) for a figure that a shared machine does not move.
 """
 
 from __future__ import annotations
@@ -65,9 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'policy':<16} {'calls':>8} {'req/wall-s':>11} {'req/cpu-s':>10} {'us/req':>7}")
     overhead = None
     for pol in ns.policy:
-        repeat = 1 if pol.startswith("tailroute") else ns.repeat
-        duration = min(ns.duration, 600.0) if pol.startswith("tailroute") else ns.duration
-        calls, wall, cpu = bench(ns.scenario, pol, duration, repeat)
+        calls, wall, cpu = bench(ns.scenario, pol, ns.duration, ns.repeat)
         us = 1e6 / cpu
         if pol == "round_robin":
             overhead = us
