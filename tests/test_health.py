@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from sidecar.core.config import HealthConfig, SloConfig, StatsConfig
 from sidecar.core.health import (
     TRANSITIONS,
-    HealthBoard,
     HealthState,
     History,
     RouteHealth,
@@ -22,6 +21,7 @@ from sidecar.core.health import (
     WindowVerdict,
     classify,
 )
+from sidecar.core.health_board import HealthBoard
 from sidecar.core.histogram import LogHistogram
 from sidecar.core.stats import StatsStore, WindowSummary
 from sidecar.core.types import Observation, SliceKey, TransitionEvent

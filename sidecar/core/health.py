@@ -148,7 +148,7 @@ Invariants:
    (healthy -> watching: the first elevated window counts toward degraded).
 
 :class:`~sidecar.core.health_board.HealthBoard` keeps every route's
-:class:`RouteHealth` (importable from here too).
+:class:`RouteHealth`.
 """
 
 from __future__ import annotations
@@ -156,15 +156,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
 
 from sidecar.core.config import HealthConfig, SloConfig, StatsConfig
 from sidecar.core.evidence import binom_sf, significant
 from sidecar.core.series import WindowSummary
 from sidecar.core.types import SliceKey, TransitionEvent
-
-if TYPE_CHECKING:
-    from sidecar.core.health_board import HealthBoard as HealthBoard
 
 FALSE_EJECT_ODDS = 1e-4  # accepted chance per request that a healthy route's run ejects it
 HISTORY_MARGIN = 1.5  # a change: the watch-level share half as much again as the route's usual
@@ -767,13 +763,3 @@ def _reason(signal: Signal, n: int, detail: str, cfg: HealthConfig, after: str |
     if signal is G.PROBE_OK:
         return f"{n} consecutive probes ok"
     return detail
-
-
-def __getattr__(name: str) -> Any:
-    """``HealthBoard`` is re-exported lazily: :mod:`sidecar.core.health_board` imports
-    this module, so importing it here at load time would be circular."""
-    if name == "HealthBoard":
-        from sidecar.core.health_board import HealthBoard
-
-        return HealthBoard
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
