@@ -6,6 +6,8 @@ import math
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sidecar.core.config import StatsConfig
 from sidecar.core.histogram import LogHistogram
@@ -182,5 +184,44 @@ def test_a_shift_reads_no_factor_from_the_last_few_samples_before_it() -> None:
     assert since == 5 and p90 > 3 * 4.22  # the old tail (2.0 s) moved by ~8: by design
     since, p90 = read(325.0)  # sub-windows 0..2 gone: 7 samples from before left
     assert since == 5 and p90 > 3 * 4.22
+    rs._sync(335.0)  # the shift lapses as the window moves, before anyone reads it
+    assert rs._shift["ttft"].since is None
     since, p90 = read(335.0)  # only sub-window 4's two left (failed: p90 12.68 s)
     assert since is None and p90 <= 4.22 * 1.03
+
+
+def _answers(rs: RouteStats, now: float) -> list[tuple[int, float | None]]:
+    out = []
+    for metric in ("ttft", "e2e"):
+        ev = rs.evidence(metric, now, 0.0)
+        merged = None if ev is None else ev.merged(rs.accuracy)
+        out.append((0 if ev is None else ev.samples,
+                    None if merged is None else merged.quantile(0.9)))
+    return out
+
+
+_STEPS = st.lists(st.tuples(
+    st.integers(1, 4),  # sub-windows to the next batch of samples
+    st.lists(st.sampled_from([0.3, 0.4, 0.5, 2.0, 3.8, 4.2, 9.0]), max_size=8),
+    st.booleans(),  # read the first series after this batch
+), min_size=1, max_size=60)
+
+
+@given(_STEPS)
+@settings(max_examples=80, deadline=None)
+def test_reading_a_window_never_changes_what_it_says(steps: list[tuple[int, list[float],
+                                                                      bool]]) -> None:
+    """Two series fed the same samples at the same times give the same answers
+    whether one was read after every batch and the other never: a shift begins
+    and lapses as the window moves (sidecar.core.series), not when it is read."""
+    read_often, never_read = RouteStats(CFG), RouteStats(CFG)
+    t = 0.0
+    for gap, values, read in steps:
+        t += gap * CFG.subwindow_s
+        feed(read_often, values, t)
+        feed(never_read, values, t)
+        if read:
+            _answers(read_often, t + 1.0)
+    assert _answers(read_often, t + 5.0) == _answers(never_read, t + 5.0)
+    assert ({m: s.since for m, s in read_often._shift.items()}
+            == {m: s.since for m, s in never_read._shift.items()})

@@ -478,6 +478,8 @@ class RouteStats:
         past.expire(k - ring + 1)
         past.k = k
         past.rotations += 1
+        for m, st in self._shift.items():
+            self._lapse(m, st)
         return self.window.advance(now)
 
     def evidence(
@@ -548,20 +550,34 @@ class RouteStats:
         if st is None or st.since is None:
             return plain
         since = LogHistogram(self.accuracy)
-        older = 0  # unweighted samples from before the shift
         for slot, index, w in past.included:
-            if n := slot.samples(metric):
-                if index >= st.since:
-                    since.merge(slot.hists[metric], w)
-                else:
-                    older += n
-        if older < SHIFT_MIN_BEFORE or since.count <= 0.0:
-            st.since = None  # the evidence from before the shift has (nearly) aged out
+            if index >= st.since and slot.samples(metric):
+                since.merge(slot.hists[metric], w)
+        if since.count <= 0.0:  # not after _lapse(); kept so a read never raises
             return plain
         before = past.hists[metric].copy()
         before.remove(since)
         factor = shift_factor(before, since)
         return ((before.shifted(factor), 1.0), (since, 1.0)), past.weights[metric]
+
+    def _lapse(self, metric: Metric, st: ShiftState) -> None:
+        """End ``metric``'s shift once the evidence from before it has (nearly) aged
+        out of the decayed window: fewer than ``SHIFT_MIN_BEFORE`` samples from
+        before, or nothing weighted since. Run where the window changes (before a
+        sub-window is tested, and after every fold), never on a read: what the
+        window says must not depend on how often anyone reads it."""
+        if st.since is None:
+            return
+        older = 0  # unweighted samples from before the shift
+        since = 0.0  # weighted samples from its start on
+        for slot, index, w in self._past.included:
+            if n := slot.samples(metric):
+                if index >= st.since:
+                    since += w * n
+                else:
+                    older += n
+        if older < SHIFT_MIN_BEFORE or since <= 0.0:
+            st.since = None
 
     def _test_shift(self, index: int, slot: SubWindow) -> None:
         """Test completed sub-window ``index`` against the window before it.
@@ -579,6 +595,7 @@ class RouteStats:
                 continue
             if st is None:
                 st = self._shift[m] = ShiftState()
+            self._lapse(m, st)
             done, _ = self._past_parts(m)
             if len(done) == 1 and done[0][1] == 1.0:
                 # One part at scale 1 (no shift in force): its own cumulative answers the
