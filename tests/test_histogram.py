@@ -231,3 +231,44 @@ def test_weighted_sum_is_bit_identical_to_merging_in_order(
     assert summed.to_dict() == merged.to_dict()
     assert (len(summed), summed.count) == (len(merged), merged.count)  # same span, same total
     assert summed.cumulative().quantile(1.0) == merged.cumulative().quantile(1.0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(st.lists(values, min_size=1, max_size=12), st.floats(0.05, 1.0)),
+             min_size=1, max_size=8),
+    st.data(),
+)
+def test_removing_what_was_merged_leaves_no_residue(
+    parts: list[tuple[list[float], float]], data: st.DataObject
+) -> None:
+    """A decayed window merges sub-windows at their weights and later takes the
+    same ones out. What stays is exactly the buckets of the parts still in, with
+    no rounding residue elsewhere; with every part out, the histogram is empty
+    (no quantile), not 1e-16 of a bucket."""
+    hists = [hist_of(xs) for xs, _ in parts]
+    window = LogHistogram()
+    for h, (_, w) in zip(hists, parts, strict=True):
+        window.merge(h, w)
+    out = data.draw(st.sets(st.integers(0, len(parts) - 1)))
+    for i in sorted(out):
+        window.remove(hists[i], parts[i][1])
+    kept = [i for i in range(len(parts)) if i not in out]
+    expect = LogHistogram()
+    for i in kept:
+        expect.merge(hists[i], parts[i][1])
+    got = window.to_dict()
+    want = expect.to_dict()
+    assert got.get("offset") == want.get("offset")
+    assert len(got.get("counts", [])) == len(want.get("counts", []))
+    for g, e in zip(got.get("counts", []), want.get("counts", []), strict=True):
+        assert (g == 0.0) == (e == 0.0) and math.isclose(g, e, rel_tol=1e-9)
+    if not kept:
+        assert window.count == 0.0 and window.quantile(0.5) is None
+
+
+def hist_of(xs: list[float]) -> LogHistogram:
+    h = LogHistogram()
+    for x in xs:
+        h.add(x)
+    return h

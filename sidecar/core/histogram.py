@@ -51,6 +51,10 @@ __all__ = ["MAX_VALUE", "MIN_VALUE", "Cumulative", "LogHistogram"]
 
 _PAD = 8  # buckets of headroom added around a new index (about +-17% at a = 0.02)
 _EXACT_INTEGERS = float(2**53)  # every whole float64 below this is exact, as is its + 1
+# remove(): what is left of a weight at or below this share of it is rounding, not
+# samples (a sum of float64 terms cancels to within ~1e-15 of its magnitude; a
+# window's real weights are at least its 0.05 cutoff against totals far below 1e7).
+_RESIDUE = 1e-9
 
 
 @lru_cache(maxsize=16)
@@ -248,8 +252,12 @@ class LogHistogram:
             self._counts *= factor
 
     def remove(self, other: LogHistogram, scale: float = 1.0) -> None:
-        """Take ``scale`` x ``other`` back out (inverse of :meth:`merge`); weights
-        that rounding would leave negative are clamped to 0."""
+        """Take ``scale`` x ``other`` back out (inverse of :meth:`merge`).
+
+        A weight that the removal leaves at or below ``_RESIDUE`` of what it was is
+        set to 0: taking out exactly what was merged in leaves rounding residues
+        (~1e-16, either sign) that would otherwise stay in the bucket forever, and a
+        quantile of a window whose real samples have all left could land on one."""
         if other._a != self._a:
             raise ValueError(f"cannot remove accuracy {other._a} from {self._a}")
         if other._pending:
@@ -257,13 +265,15 @@ class LogHistogram:
         if self._pending:
             self._flush()
         src = other._counts
-        self._zero = max(self._zero - other._zero * scale, 0.0)
+        zero = self._zero - other._zero * scale
+        self._zero = zero if zero > self._zero * _RESIDUE else 0.0
         if src is not None and self._counts is not None:
             counts = self._cover(other._lo, other._lo + len(src) - 1)
             start = other._lo - self._lo
             view = counts[start : start + len(src)]
+            was = view * _RESIDUE
             view -= src * scale
-            np.maximum(view, 0.0, out=view)
+            view[view <= was] = 0.0
             self._total = self._zero + float(counts.sum())
         else:
             self._total = max(self._total - other._total * scale, 0.0)
