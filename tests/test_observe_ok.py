@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from sidecar.core.config import parse_config
 from sidecar.core.histogram import MAX_VALUE, LogHistogram
 from sidecar.core.router import Router
-from sidecar.core.series import OkSample
+from sidecar.core.subwindow import OkSample
 from sidecar.core.types import Observation, SliceKey
 from sidecar.ops import snapshot
 

@@ -47,7 +47,7 @@ import math
 from collections.abc import Sequence
 
 from sidecar.core.histogram import Cumulative, LogHistogram
-from sidecar.core.series import Evidence
+from sidecar.core.subwindow import Evidence
 from sidecar.core.types import SliceKey
 
 

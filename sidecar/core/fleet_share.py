@@ -50,8 +50,9 @@ from sidecar.core.config import HealthConfig, Metric, StatsConfig
 from sidecar.core.health import HealthState, RouteHealth
 from sidecar.core.health_board import HealthBoard, _load_route, _route_to_dict
 from sidecar.core.histogram import LogHistogram
-from sidecar.core.series import RouteStats, _Decayed
+from sidecar.core.series import RouteStats
 from sidecar.core.stats import OVERFLOW_CLASS, StatsStore
+from sidecar.core.subwindow import DecayedWindow
 from sidecar.core.types import SliceKey, TransitionEvent
 
 Route = tuple[str, SliceKey]
@@ -167,10 +168,10 @@ def _add(rs: RouteStats, data: SubWindowData, idx: int, now: float,
     for m, h in data.hists.items():
         slot.hists[m].merge(h)
     # Invariant 3: the decayed window (when a completed sub-window changed) and the
-    # evidence cache are stale now; a fresh _Decayed is rebuilt from the ring on
+    # evidence cache are stale now; a fresh DecayedWindow is rebuilt from the ring on
     # the next read, which also honours the route's fence.
     if idx < k:
-        rs._past = _Decayed(rs.accuracy)
+        rs._past = DecayedWindow(rs.accuracy)
     rs._evidence.clear()
     rs.version += 1
     seen = now if seen_at is None else min(seen_at, now)

@@ -159,7 +159,7 @@ from enum import StrEnum
 
 from sidecar.core.config import HealthConfig, SloConfig, StatsConfig
 from sidecar.core.evidence import binom_sf, significant
-from sidecar.core.series import WindowSummary
+from sidecar.core.subwindow import WindowSummary
 from sidecar.core.types import SliceKey, TransitionEvent
 
 FALSE_EJECT_ODDS = 1e-4  # accepted chance per request that a healthy route's run ejects it

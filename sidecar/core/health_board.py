@@ -21,7 +21,7 @@ from typing import Any
 
 from sidecar.core.config import HealthConfig, SloConfig, StatsConfig
 from sidecar.core.health import HealthState, History, RouteHealth, WindowVerdict
-from sidecar.core.series import WindowSummary
+from sidecar.core.subwindow import WindowSummary
 from sidecar.core.types import ANY, SliceKey, TransitionEvent
 
 _Step = Callable[[RouteHealth], list[TransitionEvent]]

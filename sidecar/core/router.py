@@ -49,8 +49,9 @@ from sidecar.core.pipeline import (
 )
 from sidecar.core.request_lane import LanePick, RequestLane, chosen_latency, full_result
 from sidecar.core.scorers import DEFAULT_SCORERS
-from sidecar.core.series import OkSample, RouteStats, as_metric
+from sidecar.core.series import RouteStats
 from sidecar.core.stats import StatsStore
+from sidecar.core.subwindow import OkSample, as_metric
 from sidecar.core.trial_hold import TrialHold
 from sidecar.core.types import (
     ANY,

@@ -48,7 +48,11 @@ from __future__ import annotations
 
 import math
 
+from sidecar.core.config import Metric
 from sidecar.core.histogram import Cumulative, LogHistogram
+from sidecar.core.subwindow import DecayedWindow
+
+Parts = tuple[tuple[LogHistogram, float], ...]  # a window as (histogram, scale) parts
 
 SHIFT_TAIL = 0.1  # p0: share of samples beyond the reference quantile under no change
 SHIFT_HIT = 0.7  # p1: the share a shift worth acting on puts there
@@ -107,3 +111,47 @@ def shift_factor(before: LogHistogram, since: LogHistogram) -> float:
     if not b or not s:
         return 1.0
     return s / b
+
+
+def lapsed(past: DecayedWindow, metric: Metric, since: int) -> bool:
+    """Whether a shift that began at sub-window ``since`` has run its course in the
+    decayed window ``past``: fewer than ``SHIFT_MIN_BEFORE`` samples from before
+    it are left, or nothing weighted from its start on."""
+    older = 0  # unweighted samples from before the shift
+    after = 0.0  # weighted samples from its start on
+    for slot, index, w in past.included:
+        if n := slot.samples(metric):
+            if index >= since:
+                after += w * n
+            else:
+                older += n
+    return older < SHIFT_MIN_BEFORE or after <= 0.0
+
+
+def shifted_parts(past: DecayedWindow, metric: Metric, since: int,
+                  accuracy: float) -> Parts | None:
+    """``past``'s histogram of ``metric`` read with the evidence from before
+    sub-window ``since`` moved by the shift's factor (module docstring), as
+    ``(shift(H_before, F), 1), (H_since, 1)``; None: read it plain (nothing
+    since). Reads only: whether the shift still holds is :func:`lapsed`'s call."""
+    after = LogHistogram(accuracy)
+    for slot, index, w in past.included:
+        if index >= since and slot.samples(metric):
+            after.merge(slot.hists[metric], w)
+    if after.count <= 0.0:
+        return None
+    before = past.hists[metric].copy()
+    before.remove(after)
+    return (before.shifted(shift_factor(before, after)), 1.0), (after, 1.0)
+
+
+def reference(parts: Parts, accuracy: float) -> LogHistogram:
+    """The window that a sub-window is tested against, as one histogram. One part
+    at scale 1 (no shift in force) is its own answer: its cumulative gives the
+    reference quantiles as a merged copy's would (same buckets, same sums)."""
+    if len(parts) == 1 and parts[0][1] == 1.0:
+        return parts[0][0]
+    ref = LogHistogram(accuracy)
+    for h, scale in parts:
+        ref.merge(h, scale)
+    return ref

@@ -20,11 +20,10 @@ from typing import Any
 from sidecar.core.config import Metric, StatsConfig
 from sidecar.core.evidence import RouteEvidence, blend
 from sidecar.core.histogram import LogHistogram
-from sidecar.core.series import (
+from sidecar.core.series import REFRESH_SHARE_OF_SUBWINDOW, RouteStats
+from sidecar.core.subwindow import (
     METRICS,
-    REFRESH_SHARE_OF_SUBWINDOW,
     OkSample,
-    RouteStats,
     SeriesWindow,
     WindowSummary,
     as_metric,

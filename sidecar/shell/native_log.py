@@ -44,7 +44,7 @@ from sidecar.core.envoy_log import (
     ok_timing,
     waited_s,
 )
-from sidecar.core.series import OkSample
+from sidecar.core.subwindow import OkSample
 from sidecar.core.types import Observation, SliceKey
 from sidecar.pb.envoy.data.accesslog.v3 import accesslog_pb2 as al
 from sidecar.shell.access_log import Sink, entry_tag, us_seconds
