@@ -41,9 +41,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    """Once a test has failed, keep the work directories of every stack closed after it
+    """When a test fails, keep the work directories of the stacks open at that moment
     (sidecar.devtools.harness): fixtures are torn down after the failing test's report,
-    and their logs are what a post-mortem reads."""
+    and their logs are what a post-mortem reads. Stacks opened later go as usual."""
     outcome = yield
     if outcome.get_result().failed:
         from sidecar.devtools.harness import keep_workdirs

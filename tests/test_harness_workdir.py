@@ -16,7 +16,7 @@ from sidecar.devtools.harness import KEEP_ENV, Stack
 def _fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     # An earlier failure in the session (conftest's hook) or the caller's environment
     # must not decide these cases.
-    monkeypatch.setattr(harness, "_keep_from_now", False)
+    monkeypatch.setattr(harness, "_kept_workdirs", set())
     monkeypatch.delenv(KEEP_ENV, raising=False)
 
 
@@ -36,7 +36,7 @@ def _exit(stack: Stack, fail: bool) -> Path:
         (True, None, False, False, True),  # Stack(keep=True): make demo
         (False, "1", False, False, True),  # TAILROUTE_KEEP_WORKDIR=1
         (False, "0", False, False, False),  # only "1" keeps
-        (False, None, True, False, True),  # a test failed earlier in the session
+        (False, None, True, False, True),  # a test failed while it was open
     ],
 )
 def test_workdir_kept_only_for_a_post_mortem(
@@ -45,12 +45,20 @@ def test_workdir_kept_only_for_a_post_mortem(
 ) -> None:
     if env is not None:
         monkeypatch.setenv(KEEP_ENV, env)
+    stack = Stack(keep=keep)
     if after_failure:
         harness.keep_workdirs()
-    workdir = _exit(Stack(keep=keep), fail)
+    workdir = _exit(stack, fail)
     try:
         assert workdir.exists() is kept
         if kept:
             assert (workdir / "sidecar.log").read_text() == "something to read later\n"
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_a_stack_opened_after_a_failure_is_removed_as_usual() -> None:
+    """One failing test keeps the stacks it used, not those of every later test."""
+    harness.keep_workdirs()  # a test failed, with no stack open
+    workdir = _exit(Stack(), False)
+    assert not workdir.exists()

@@ -7,8 +7,9 @@ is started in its own process group and stopped (TERM, then KILL) by
 Each stack writes its configs and logs to its own ``/tmp/tailroute-*`` directory.
 Leaving the ``with`` block normally removes it; it is kept for a post-mortem when
 the block raised, when the stack says ``keep=True`` (the demo prints its path),
-after :func:`keep_workdirs` (the tests' conftest calls it once a
-test has failed, so the fixtures torn down after it keep theirs) and whenever
+when it was open at a call of :func:`keep_workdirs` (the tests' conftest calls it
+when a test fails, so the stacks that test used, fixtures torn down after it
+included, keep theirs; stacks opened later go as usual) and whenever
 ``TAILROUTE_KEEP_WORKDIR=1`` is set.
 """
 
@@ -119,18 +120,28 @@ def http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 5.0
 
 
 KEEP_ENV = "TAILROUTE_KEEP_WORKDIR"
-_keep_from_now = False
+_open_workdirs: set[Path] = set()  # made and not yet discarded
+_kept_workdirs: set[Path] = set()  # open at a keep_workdirs() call
+
+
+def open_workdir(prefix: str) -> Path:
+    """A new work directory under TMPDIR, registered for :func:`keep_workdirs`."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    _open_workdirs.add(path)
+    return path
 
 
 def keep_workdirs() -> None:
-    """Keep every work directory closed from now on (module docstring)."""
-    global _keep_from_now
-    _keep_from_now = True
+    """Keep every work directory open now once it is closed (module docstring)."""
+    _kept_workdirs.update(_open_workdirs)
 
 
 def discard_workdir(path: Path, *, failed: bool, keep: bool = False) -> None:
     """Remove ``path`` unless it must stay for a post-mortem (module docstring)."""
-    if failed or keep or _keep_from_now or os.environ.get(KEEP_ENV) == "1":
+    _open_workdirs.discard(path)
+    kept = path in _kept_workdirs
+    _kept_workdirs.discard(path)
+    if failed or keep or kept or os.environ.get(KEEP_ENV) == "1":
         return
     shutil.rmtree(path, ignore_errors=True)
 
@@ -139,7 +150,7 @@ def discard_workdir(path: Path, *, failed: bool, keep: bool = False) -> None:
 class Stack:
     """A running set of processes plus their ports; use as a context manager."""
 
-    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="tailroute-")))
+    workdir: Path = field(default_factory=lambda: open_workdir("tailroute-"))
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     config: Config | None = None

@@ -14,11 +14,10 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
-from sidecar.devtools.harness import discard_workdir, free_port
+from sidecar.devtools.harness import discard_workdir, free_port, open_workdir
 
 
 def redis_binary() -> str | None:
@@ -34,7 +33,7 @@ class RedisServer:
         self.binary = binary
         self.port = port or free_port()
         self._own_dir = workdir is None  # a directory it made is its to remove
-        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="tailroute-redis-"))
+        self.workdir = workdir or open_workdir("tailroute-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
