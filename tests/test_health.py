@@ -12,16 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.core.config import HealthConfig, SloConfig, StatsConfig
-from sidecar.core.health import (
-    TRANSITIONS,
-    HealthState,
-    History,
-    RouteHealth,
-    Signal,
-    WindowVerdict,
-    classify,
-)
+from sidecar.core.health import TRANSITIONS, HealthState, RouteHealth
 from sidecar.core.health_board import HealthBoard
+from sidecar.core.health_signals import History, Signal, WindowVerdict, classify
 from sidecar.core.histogram import LogHistogram
 from sidecar.core.stats import StatsStore, WindowSummary
 from sidecar.core.types import Observation, SliceKey, TransitionEvent

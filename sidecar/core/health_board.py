@@ -20,7 +20,8 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from sidecar.core.config import HealthConfig, SloConfig, StatsConfig
-from sidecar.core.health import HealthState, History, RouteHealth, WindowVerdict
+from sidecar.core.health import HealthState, RouteHealth
+from sidecar.core.health_signals import History, WindowVerdict
 from sidecar.core.subwindow import WindowSummary
 from sidecar.core.types import ANY, SliceKey, TransitionEvent
 
