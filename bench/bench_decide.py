@@ -68,7 +68,7 @@ class _NoPlans(Router):
     """The pipeline rebuilt for every request (what every decision cost before plans)."""
 
     def _plan(self, *args: Any, **kw: Any) -> Any:
-        self._plans.clear()
+        self.plans.clear()
         return super()._plan(*args, **kw)
 
 

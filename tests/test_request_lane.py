@@ -105,7 +105,7 @@ def _warm_plan(seed: int, limit: int, restrict: bool,
     ``restrict``: candidate b restricted for the class (the herding guard runs)."""
     router = _warm_router(seed, limit, queue=queue)
     router.decide(_request(10_000), 20.0, random.Random(0))
-    cached = next(iter(router._plans.values()))
+    cached = next(iter(router.plans.entries.values()))
     if restrict:
         cached = copy.copy(cached)
         cands = tuple(copy.copy(c) for c in cached.plan.candidates)
@@ -155,7 +155,7 @@ def test_the_herding_guard_runs_in_the_lane() -> None:
     in the lane exactly as in the full stage."""
     router = _warm_router(1, limit=100, errors=0.0)
     router.decide(_request(10_000), 20.0, random.Random(0))
-    cached = next(iter(router._plans.values()))
+    cached = next(iter(router.plans.entries.values()))
     c = cached.plan.candidates[1]
     c.health = type(c.health)("restricted", 0.5, True, False)
     lane = RequestLane.of(cached.plan, cached.ctx, router._picker)

@@ -13,6 +13,7 @@ from sidecar.core.config import Config, parse_config
 from sidecar.core.evidence import RouteEvidence
 from sidecar.core.histogram import LogHistogram
 from sidecar.core.pipeline import HealthView, LatencyValue
+from sidecar.core.plan_cache import probes
 from sidecar.core.router import Router
 from sidecar.core.types import Observation, SliceKey
 from sidecar.core.weights import (
@@ -288,7 +289,8 @@ def test_probe_share_shrinks_with_relapses_as_per_request() -> None:
         assert router.health("b", SLICE).state == "probing"
         w = slice_weights(cfg, view, SLICE, now=t)
         assert w.probes == ("b",)
-        per_request = {p.cluster: p.share for p in router._probes(SLICE, klass, model)}
+        planned = probes(router.board, router.config, SLICE, klass, model)
+        per_request = {p.cluster: p.share for p in planned}
         assert w.weight("b") == round(per_request["b"] * WEIGHT_SCALE)
         shares.append(w.weight("b"))
         for _ in range(cfg.health.probe_successes):

@@ -4,17 +4,13 @@ Sans-I/O in the h11/aioquic manner: the server shell and the simulator feed
 events with ``now`` and get decisions back; :meth:`Router.next_deadline` tells
 them when to call :meth:`Router.tick` next. One Router object is the whole
 state: statistics, health, in-flight counts and the recent-decision ring.
+Outcomes come in through :class:`~sidecar.core.intake.Intake` (its observation
+half); windows are judged by :mod:`sidecar.core.window_evaluation`.
 
 **Hot path.** Nothing per request that can be done per refresh: the static
-stage of the selection pipeline (:func:`~sidecar.core.pipeline.build_plan`:
-health views, blended evidence, latency, attainment, cost and quality scores)
-is cached per (model, slice, step budget, fan-out) as a plan. A plan is
-rebuilt when the health board changes, a series is created or dropped, or --
-once one of its series saw new observations -- after :data:`PLAN_REUSE`
-decisions or :data:`PLAN_SUBWINDOWS` sub-windows (20 s by default), whichever
-comes first: its evidence is at most two sub-windows old at low rates (where
-that is a handful of requests) and a few dozen decisions old at high ones. A
-decision then runs only the per-request stage (capacity, herding guard, load,
+stage of the selection pipeline is cached per (model, slice, step budget,
+fan-out) as a plan (:mod:`sidecar.core.plan_cache` says when one is rebuilt).
+A decision then runs only the per-request stage (capacity, herding guard, load,
 the picker) plus probes and admission -- for most requests as a few lines of
 arithmetic over the in-flight counts (:mod:`sidecar.core.request_lane`, exact).
 Hard failures do not wait for a refresh: the fast path changes health, which
@@ -23,11 +19,9 @@ invalidates plans at once.
 
 from __future__ import annotations
 
-import math
 import random
 from collections import Counter, deque
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from sidecar.core import compat_sr
 from sidecar.core.admission import AdmissionControl
@@ -35,74 +29,36 @@ from sidecar.core.config import SEMANTIC_ROUTER, ClassConfig, Config, ModelConfi
 from sidecar.core.evidence import RouteEvidence
 from sidecar.core.explain import RecentDecision, build_explain, decision_reason, fallback_kind
 from sidecar.core.filters import DEFAULT_FILTERS
-from sidecar.core.health import HealthState, RouteHealth
-from sidecar.core.health_board import CLUSTER_SLICE, HealthBoard
+from sidecar.core.health import RouteHealth
+from sidecar.core.health_board import HealthBoard
+from sidecar.core.intake import Intake
 from sidecar.core.pickers import PICKERS
 from sidecar.core.pipeline import (
     HealthView,
     LatencyValue,
     PipelineResult,
-    Plan,
     SelectionContext,
     build_plan,
     run_request,
 )
+from sidecar.core.plan_cache import (
+    CachedPlan,
+    PlanCache,
+    probes,
+    step_budget_s,
+    step_key,
+)
 from sidecar.core.request_lane import LanePick, RequestLane, chosen_latency, full_result
 from sidecar.core.scorers import DEFAULT_SCORERS
-from sidecar.core.series import RouteStats
 from sidecar.core.stats import StatsStore
-from sidecar.core.subwindow import OkSample, as_metric
+from sidecar.core.subwindow import as_metric
 from sidecar.core.trial_hold import TrialHold
-from sidecar.core.types import (
-    ANY,
-    Decision,
-    Observation,
-    RequestInfo,
-    SliceKey,
-    TransitionEvent,
-)
-
-_QUARANTINED = {HealthState.QUARANTINED, HealthState.PROBING}
+from sidecar.core.types import Decision, RequestInfo, SliceKey, TransitionEvent
+from sidecar.core.viability import health_view
+from sidecar.core.window_evaluation import evaluate_windows
 
 
-def _is_hard(obs: Observation) -> bool:
-    """A hard failure for the fast path: a timeout, or an error with a 5xx or no status."""
-    return obs.outcome == "timeout" or (
-        obs.outcome == "error" and (obs.status is None or obs.status >= 500))
-
-_HEALTHY = HealthView("healthy", 1.0, False, False)
-_HEALTHY_ON_TRIAL = HealthView("healthy", 1.0, False, False, on_trial=True)
-_BUDGET_STEPS_PER_E = 20  # step budgets are cached in ~5 % steps (log scale)
-_PLAN_CACHE_MAX = 4096
-PLAN_REUSE = 48  # decisions a plan serves before new evidence is folded in
-PLAN_SUBWINDOWS = 2  # sub-windows a plan may serve before new evidence is folded in
-
-
-@dataclass(slots=True)
-class _Probe:
-    cluster: str
-    share: float
-
-
-@dataclass(slots=True)
-class _CachedPlan:
-    """A plan and what it was built from (see the module docstring)."""
-
-    plan: Plan
-    ctx: SelectionContext
-    probes: tuple[_Probe, ...]
-    built: float
-    uses: int
-    board: int
-    layout: int
-    deps: tuple[RouteStats, ...]
-    versions: tuple[int, ...]
-    lane: RequestLane | None  # the per-request stage as arithmetic, when exact
-    # Decisions without explain are a function of (cluster, reason) for a plan: reused.
-    decisions: dict[tuple[str, str], Decision] = field(default_factory=dict)
-
-
-class Router:
+class Router(Intake):
     """All routing state for one sidecar (or one simulated policy run)."""
 
     def __init__(self, config: Config, recent: int = 64) -> None:
@@ -120,7 +76,7 @@ class Router:
         self._next_eval: float | None = None
         self._picker = PICKERS[config.picker]
         self.admission = AdmissionControl(config)
-        self._plans: dict[tuple[str, SliceKey, int | None, int], _CachedPlan] = {}
+        self.plans = PlanCache(config.stats)
         self._models_of: dict[str, tuple[ModelConfig, ...]] = {}
         self.compat_sr = compat_sr.SrLatencyBook()  # models under compat: semantic-router
         self.trials = TrialHold()  # hard failures whose run is still on trial
@@ -129,9 +85,7 @@ class Router:
     # ------------------------------------------------------------ config
 
     def _configure(self, config: Config) -> None:
-        self._plans.clear()
-        self._refresh_s = config.stats.subwindow_s * PLAN_SUBWINDOWS
-        self._max_age_s = config.stats.subwindow_s * config.stats.subwindows
+        self.plans.configure(config.stats)
         self._fresh = False  # building a plan: read evidence fresh
         self._models_of = {
             c.name: tuple(m for m in config.models if c.name in m.candidates)
@@ -168,7 +122,7 @@ class Router:
         self.trials = TrialHold()  # the snapshot does not carry held trial failures
         self.transitions.extend(transitions)
         self._next_eval = self._boundary_after(now)
-        self._plans.clear()
+        self.plans.clear()
 
     # ------------------------------------------------------------ RouteView
 
@@ -193,24 +147,7 @@ class Router:
 
     def health(self, cluster: str, slice: SliceKey) -> HealthView:
         """What selection sees: the worse of the slice's and the cluster-wide entry."""
-        h = self.board.peek(cluster, slice)
-        hc = self.board.peek(cluster, CLUSTER_SLICE)
-        if hc is not None and hc.state is not HealthState.HEALTHY and (
-                h is None or hc.weight <= h.weight):
-            h = hc
-        on_trial = bool(self.board.runs) and self.board.on_trial(cluster, slice)
-        if h is None or h.state is HealthState.HEALTHY:
-            return _HEALTHY_ON_TRIAL if on_trial else _HEALTHY
-        klass = self.config.workload_class(slice.klass)
-        sensitive = klass.latency_sensitive if klass else True
-        return HealthView(
-            state=h.state.value,
-            weight=h.weight_for(sensitive),
-            excluded_for_sensitive=h.excluded_for_sensitive,
-            quarantined=h.state in _QUARANTINED,
-            probe_share=self._probe_share(cluster, slice, sensitive) or 0.0,
-            on_trial=on_trial,
-        )
+        return health_view(self.board, self.config, cluster, slice)
 
     def inflight(self, cluster: str) -> int:
         n = self._inflight[cluster]
@@ -343,7 +280,7 @@ class Router:
         return self._decision(cached, req, result.chosen.name, reason, klass, result), result
 
     def _decision(
-        self, cached: _CachedPlan, req: RequestInfo, cluster: str, reason: str,
+        self, cached: CachedPlan, req: RequestInfo, cluster: str, reason: str,
         klass: ClassConfig, result: PipelineResult | None,
     ) -> Decision:
         probe = reason == "probe"
@@ -369,33 +306,19 @@ class Router:
             decision = replace(decision, explain=compat_sr.explain(req, choice, candidates))
         return decision
 
-    def _step(self, req: RequestInfo, klass: ClassConfig) -> tuple[int | None, int]:
-        """Plan key parts of a request's step: budget (None: the class's) and fan-out."""
-        fanout = max(1, min(req.fanout, 256))
-        budget_ms = klass.slo.budget_ms
-        if req.deadline_ms is None or req.deadline_ms >= budget_ms:
-            return None, fanout
-        return round(math.log(max(req.deadline_ms, 1.0) / 1000.0) * _BUDGET_STEPS_PER_E), fanout
-
     def _plan(
         self, req: RequestInfo, model: ModelConfig, klass: ClassConfig, now: float
-    ) -> _CachedPlan:
-        budget_key, fanout = self._step(req, klass)
+    ) -> CachedPlan:
+        """The current plan of this request's step (:mod:`sidecar.core.plan_cache`)."""
+        budget_key, fanout = step_key(req, klass)
         key = (model.name, req.slice, budget_key, fanout)
-        hit = self._plans.get(key)
-        if hit is not None and hit.board == self.board.version and \
-                hit.layout == self.stats.layout:
-            hit.uses += 1
-            age = now - hit.built
-            if hit.uses < PLAN_REUSE and age < self._refresh_s:
-                return hit
-            if age < self._max_age_s and all(
-                    rs.version == v for rs, v in zip(hit.deps, hit.versions, strict=True)):
-                hit.uses = 0  # nothing observed since: still current
-                return hit
-        budget_s = None if budget_key is None else math.exp(budget_key / _BUDGET_STEPS_PER_E)
+        hit = self.plans.current(key, self.board.version, self.stats.layout, now)
+        if hit is not None:
+            return hit
+        # The workflow meets the worst of its k calls: each may miss 1/k of the share.
         allowed = max(1.0 - klass.slo.percentile / 100.0, 1e-4) / fanout
-        ctx = SelectionContext(self.config, model, klass, req, self, now, budget_s, allowed)
+        ctx = SelectionContext(self.config, model, klass, req, self, now,
+                               step_budget_s(budget_key), allowed)
         self._fresh = True
         try:
             plan = build_plan(ctx, DEFAULT_FILTERS, DEFAULT_SCORERS)
@@ -404,16 +327,14 @@ class Router:
         deps = tuple(rs for c in model.candidates for s in (req.slice, *req.slice.broader())
                      if (rs := self.stats.series(c, s)) is not None)  # fmt: skip
         ctx = replace(ctx, healths={c.name: c.health for c in plan.candidates})
-        cached = _CachedPlan(plan, ctx, self._probes(req.slice, klass, model), now, 0,
-                             self.board.version, self.stats.layout, deps,
-                             tuple(rs.version for rs in deps),
-                             RequestLane.of(plan, ctx, self._picker))
-        if len(self._plans) >= _PLAN_CACHE_MAX:
-            self._plans.clear()
-        self._plans[key] = cached
+        cached = CachedPlan(plan, ctx, probes(self.board, self.config, req.slice, klass, model),
+                            now, 0, self.board.version, self.stats.layout, deps,
+                            tuple(rs.version for rs in deps),
+                            RequestLane.of(plan, ctx, self._picker))
+        self.plans.store(key, cached)
         return cached
 
-    def _trial(self, cached: _CachedPlan, slice: SliceKey, now: float) -> str | None:
+    def _trial(self, cached: CachedPlan, slice: SliceKey, now: float) -> str | None:
         """The route, if any, whose open run is on trial with no trial pending
         (trial pace, :mod:`sidecar.core.health`): it takes this request, so a dead
         route is judged within its ``K`` requests whatever share the scores left
@@ -423,43 +344,6 @@ class Router:
             if (cand.dropped is None and self.board.trial_due(c, slice, now)
                     and self._inflight[c] < self.config.cluster(c).max_concurrency):
                 return c
-        return None
-
-    def _probes(
-        self, slice: SliceKey, klass: ClassConfig, model: ModelConfig
-    ) -> tuple[_Probe, ...]:
-        """Where a small share of a slice's traffic goes as probes.
-
-        Probes go to routes whose cooldown has ended (probing; the cluster-wide
-        entry or the slice's) and, for latency-sensitive classes, to restricted
-        routes (the slice's entry or the cluster-wide one), which otherwise see
-        no such traffic and could never show recovery. Shares shrink with the
-        route's relapses; capacity still applies.
-        """
-        out: list[_Probe] = []
-        for c in model.candidates:
-            share = self._probe_share(c, slice, klass.latency_sensitive)
-            if share is not None:
-                out.append(_Probe(c, share))
-        return tuple(out)
-
-    def _probe_share(self, cluster: str, slice: SliceKey, sensitive: bool) -> float | None:
-        """The share of ``slice``'s traffic :meth:`_probes` sends ``cluster`` (None: none)."""
-        hc = self.board.peek(cluster, CLUSTER_SLICE)
-        if hc is not None and hc.state is HealthState.PROBING:
-            return hc.probe_share
-        h = self.board.peek(cluster, slice)
-        if h is not None and h.state is HealthState.PROBING:
-            return h.probe_share
-        if not sensitive:
-            return None
-        # A cluster restricted as a whole (a run of failures likely by chance on a
-        # partly failing route, or the last viable route) needs its probes as much
-        # as a restricted slice: without them a latency-sensitive-only model never
-        # sends it a request, and it would wait out the stale-verdict timeout.
-        for e in (h, hc):
-            if e is not None and e.state is HealthState.RESTRICTED:
-                return self.config.health.probe_share * e.memory
         return None
 
     def _finish(
@@ -487,188 +371,7 @@ class Router:
             explain=explain,
         )
 
-    # ------------------------------------------------------------ observations
-
-    def wants_observation(
-        self, cluster: str, slice: SliceKey, now: float, rng: random.Random
-    ) -> bool:
-        """Should this response be timed? Always while the route's current sub-window
-        lacks ``min_samples`` samples (evidence first), else with ``observe_share``."""
-        share = self.config.stats.observe_share
-        if share >= 1.0:
-            return True
-        series = self.stats.series(cluster, slice)
-        if series is None or series.current_samples(now) < self.config.stats.min_samples:
-            return True
-        return rng.random() < share
-
-    def started(self, cluster: str) -> None:
-        """A routed request was released to ``cluster``."""
-        self._inflight[cluster] += 1
-
-    def finished(self, cluster: str) -> None:
-        """A request previously :meth:`started` on ``cluster`` is over (any outcome)."""
-        if self._inflight[cluster] > 0:
-            self._inflight[cluster] -= 1
-
-    def _judge_censored(self, obs: Observation) -> Observation:
-        """A cancel is evidence only if the wait already exceeded the class budget.
-
-        Then it is a client-side timeout (the client gave up on a slow route);
-        before that, a user pressing stop says nothing about the route, so its
-        lower-bound latencies are dropped.
-        """
-        if obs.outcome != "cancel" or not obs.censored:
-            return obs
-        klass = self.config.workload_class(obs.slice.klass)
-        value = None
-        if klass is not None:
-            value = obs.ttft_s if klass.slo.metric == "ttft" else obs.e2e_s
-        if klass is not None and value is not None and value * 1000.0 >= klass.slo.budget_ms:
-            return replace(obs, outcome="timeout")
-        return replace(obs, ttft_s=None, e2e_s=None, censored=False)
-
-    def observe(self, obs: Observation, now: float) -> list[TransitionEvent]:
-        """Record one measured outcome; probes drive the probing state, other
-        outcomes the fast path for hard failures."""
-        self.compat_sr.observe(obs, self.config)
-        obs = self._judge_censored(obs)
-        self.counters[("outcome", obs.outcome)] += 1
-        if self._next_eval is None:
-            self._next_eval = self._boundary_after(now)
-        if obs.outcome == "cancel":
-            self.stats.observe(obs, now)
-            return []
-        if obs.is_probe:
-            key = self.stats.observe(obs, now)
-            events = self._record_probe(obs, key, now)
-        else:
-            key = self.stats.key_of(obs.cluster, obs.slice)
-            events = self._fast_path(obs, key, now)
-            self._record(obs, key, now)
-        if events:
-            self._log(events)
-        return events
-
-    def _record(self, obs: Observation, key: SliceKey, now: float) -> None:
-        """Into the statistics after the fast path saw it -- unless it is a failure of
-        a run on trial, held until the run is judged (:mod:`sidecar.core.trial_hold`)."""
-        route = (obs.cluster, key)
-        if not self._judged(route):
-            # Only errors wait: a timeout already waited out the class timeout, its run
-            # cannot finish quickly anyway, and on a loaded route it is the overload
-            # signal the score must see at once (held, they herded traffic onto it).
-            if obs.outcome == "error" and _is_hard(obs):
-                self.trials.hold(route, obs, now)
-                return
-        elif self.trials:
-            hc = self.board.peek(obs.cluster, CLUSTER_SLICE)
-            for r in self.trials.clusters(obs.cluster) if hc and hc.circuit_open else [route]:
-                self._release_trials(r, now)
-        self.stats.observe(obs, now)
-
-    def _judged(self, route: tuple[str, SliceKey]) -> bool:
-        """Is the route's run of hard failures no longer on trial (or not open)?"""
-        h = self.board.peek(*route)
-        if h is None or not h.trial_failures:
-            return True
-        hc = self.board.peek(route[0], CLUSTER_SLICE)
-        return hc is not None and hc.circuit_open
-
-    def _release_trials(self, route: tuple[str, SliceKey] | None, now: float = 0.0) -> None:
-        """Record held trial failures: one route's at ``now``, or (None) all of them,
-        each at the time it was held."""
-        if route is None:
-            for obs, held_at in self.trials.release_all():
-                self.stats.observe(obs, held_at)
-            return
-        for obs in self.trials.release(route):
-            self.stats.observe(obs, now)
-
-    def observe_ok(self, cluster: str, slice: SliceKey, samples: Sequence[OkSample],
-                   now: float) -> None:
-        """:meth:`observe` of many ``ok`` first attempts of ``slice`` on ``cluster`` that
-        are not probes, all at ``now`` (a batch of log entries), in one pass: the same
-        statistics, counters and fast-path runs as one call per sample in order. A
-        success trips nothing, so there are no events; and on a route the health board
-        holds nothing for, it changes nothing there either."""
-        n = len(samples)
-        if not n:
-            return
-        config = self.config
-        if self.compat_sr.covers(slice.model, config):
-            for ttft, tpot, e2e, tokens in samples:
-                self.compat_sr.observe(
-                    Observation(cluster, slice, "ok", None, ttft, tpot, e2e, tokens), config)
-        self.counters[("outcome", "ok")] += n
-        if self._next_eval is None:
-            self._next_eval = self._boundary_after(now)
-        key = self.stats.observe_ok(cluster, slice, samples, now)
-        board = self.board
-        hc = board.peek(cluster, CLUSTER_SLICE)
-        if hc is not None and hc.circuit_open:
-            return  # stragglers of an ejected cluster (_fast_path)
-        if hc is None and board.peek(cluster, key) is None:
-            return
-        label = key.label()
-        for _, _, e2e, _ in samples:
-            sent_at = None if e2e is None else now - e2e
-            board.note_outcome(cluster, CLUSTER_SLICE, False, now, sent_at, label)
-            board.note_outcome(cluster, key, False, now, sent_at)
-        if self.trials and (cluster, key) in self.trials and self._judged((cluster, key)):
-            self._release_trials((cluster, key), now)
-
-    def _record_probe(self, obs: Observation, key: SliceKey, now: float) -> list[TransitionEvent]:
-        """A cluster-wide probe passes on any answer; a slice's must meet its budget."""
-        events: list[TransitionEvent] = []
-        hc = self.board.peek(obs.cluster, CLUSTER_SLICE)
-        if hc is not None and hc.state in (HealthState.PROBING, HealthState.RESTRICTED):
-            events += self.board.record_probe(obs.cluster, CLUSTER_SLICE, obs.outcome == "ok",
-                                              now)
-        h = self.board.peek(obs.cluster, key)
-        if h is not None and h.state in (HealthState.PROBING, HealthState.RESTRICTED):
-            ok = obs.outcome == "ok" and self._within_budget(obs)
-            events += self.board.record_probe(obs.cluster, key, ok, now)
-        return events
-
-    def _fast_path(self, obs: Observation, key: SliceKey, now: float) -> list[TransitionEvent]:
-        """Runs of hard failures (5xx, connect failures, resets, timeouts) eject at once:
-        the whole cluster when its run trips and another route serves its models,
-        else the slice (restricted instead when it is the last viable route)."""
-        hard = _is_hard(obs)
-        board = self.board
-        sent_at = None if obs.e2e_s is None else now - obs.e2e_s
-        hc = board.peek(obs.cluster, CLUSTER_SLICE)
-        if hc is not None and hc.circuit_open:
-            return []  # stragglers of an ejected cluster: its incident, not its slices'
-        timeout = obs.outcome == "timeout"
-        cluster_trip = board.note_outcome(obs.cluster, CLUSTER_SLICE, hard, now, sent_at,
-                                          key.label(), timeout)
-        slice_trip = board.note_outcome(obs.cluster, key, hard, now, sent_at, timeout=timeout)
-        if not (cluster_trip or slice_trip):
-            return []
-        if cluster_trip and self._cluster_ejectable(obs.cluster):
-            board.reset_run(obs.cluster, key)
-            return board.eject(obs.cluster, CLUSTER_SLICE, now)
-        if not slice_trip:
-            return []
-        return board.eject(obs.cluster, key, now, self._others_viable(obs.cluster, key))
-
-    def _within_budget(self, obs: Observation) -> bool:
-        """Did a probe meet its class SLO budget (the metric it promises)?"""
-        klass = self.config.workload_class(obs.slice.klass)
-        if klass is None:
-            return True
-        value = {"ttft": obs.ttft_s, "tpot": obs.tpot_s, "e2e": obs.e2e_s}[klass.slo.metric]
-        if value is None:
-            value = obs.e2e_s  # e.g. a TTFT class served without streaming
-        return value is None or value * 1000.0 <= klass.slo.budget_ms
-
     # ------------------------------------------------------------ time
-
-    def _boundary_after(self, now: float) -> float:
-        step = self.config.stats.subwindow_s
-        return (int(now / step) + 1) * step
 
     def next_deadline(self) -> float | None:
         """The next time :meth:`tick` has work to do (window end or cooldown end)."""
@@ -686,93 +389,12 @@ class Router:
                     self.stats.observe(obs, now)
         if self._next_eval is not None and now >= self._next_eval:
             self._next_eval = self._boundary_after(now)
-            events.extend(self._evaluate(now))
+            events.extend(evaluate_windows(self.config, self.stats, self.board,
+                                           self._models_of, now))
             self.stats.prune(now)
             self.board.prune(set(self.stats.narrow_keys()))
         self._log(events)
         return events
-
-    def _evaluate(self, now: float) -> list[TransitionEvent]:
-        events: list[TransitionEvent] = []
-        open_clusters = {c for (c, s), h in self.board.items()
-                         if s == CLUSTER_SLICE and h.circuit_open}  # fmt: skip
-        for cluster, slice in self.stats.narrow_keys():
-            klass = self.config.workload_class(slice.klass)
-            if klass is None or cluster in open_clusters:
-                # A cluster whose circuit is open is judged as a whole (its slices'
-                # windows hold the outage and the probes); they start afresh on restore.
-                continue
-            summary = self.stats.window_summary(
-                cluster, slice, klass.slo.metric, klass.slo.percentile / 100.0, now
-            )
-            events.extend(
-                self.board.evaluate(
-                    cluster,
-                    slice,
-                    summary,
-                    klass.slo,
-                    now,
-                    may_quarantine=self._others_viable(cluster, slice),
-                )
-            )
-        k = math.floor(now / self.config.stats.subwindow_s) - 1
-        for (cluster, slice), h in self.board.items():
-            if slice == CLUSTER_SLICE and h.state is not HealthState.HEALTHY:
-                req, fail = self._cluster_outcomes(cluster, k, now)
-                events.extend(self.board.evaluate_outcomes(cluster, slice, k, req, fail, now))
-        return events
-
-    def _cluster_outcomes(self, cluster: str, index: int, now: float) -> tuple[int, int]:
-        """Requests and failures of every model on ``cluster`` in sub-window ``index``."""
-        req = fail = 0
-        for m in self._models_of.get(cluster, ()):
-            rs = self.stats.series(cluster, SliceKey(m.name, ANY, ANY, None))
-            if rs is not None:
-                r, f = rs.outcomes_in(index, index, now)
-                req, fail = req + r, fail + f
-        return req, fail
-
-    def _viable(self, cluster: str, slice: SliceKey | None) -> bool:
-        hc = self.board.peek(cluster, CLUSTER_SLICE)
-        if hc is not None and hc.circuit_open:
-            return False
-        if slice is None:
-            return True
-        h = self.board.peek(cluster, slice)
-        return h is None or (h.state not in _QUARANTINED and not h.excluded_for_sensitive)
-
-    def _others_viable(self, cluster: str, slice: SliceKey) -> bool:
-        """Is there another candidate for this slice that is neither quarantined nor restricted?"""
-        model = self.config.model(slice.model)
-        if model is None:
-            return True
-        return any(self._viable(c, slice) for c in model.candidates if c != cluster)
-
-    def _cluster_ejectable(self, cluster: str) -> bool:
-        """May the whole cluster be ejected: does every model it serves keep another
-        candidate whose cluster-wide circuit is closed, and does every slice of those
-        models that is quarantined or restricted somewhere keep another viable route?
-        (Without the second part, ejecting the cluster could leave a slice whose other
-        routes are all open with none.)"""
-        models = self._models_of.get(cluster, ())
-        if not all(any(self._viable(c, None) for c in m.candidates if c != cluster)
-                   for m in models):
-            return False
-        served = {m.name: m for m in models}
-        troubled = {s for (_, s), h in self.board.items()
-                    if s != CLUSTER_SLICE and s.model in served
-                    and (h.state in _QUARANTINED or h.excluded_for_sensitive)}
-        return all(any(self._viable(c, s) for c in served[s.model].candidates if c != cluster)
-                   for s in troubled)
-
-    def _log(self, events: list[TransitionEvent]) -> None:
-        for e in events:
-            self.transitions.append(e)
-            self.counters[("transition", e.new)] += 1
-            if e.old == "probing" and e.new == "restoring":
-                # The circuit closes again: judge the route on what it does from now on.
-                s = SliceKey.parse(e.slice)
-                self.stats.fence(e.cluster, None if s == CLUSTER_SLICE else s, e.at)
 
 
 def route_health(router: Router, cluster: str, slice: SliceKey) -> RouteHealth | None:

@@ -27,7 +27,7 @@ Accuracy: quantiles and CDF points within relative error ``a`` (default 0.02:
 rebuilt when the sub-window rotates, and when the series saw new observations
 (:attr:`RouteStats.version`) and the cache is older than the caller's
 ``max_age_s`` (the router rebuilds its plans at least every ``subwindow_s / 2``
-and after :data:`~sidecar.core.router.PLAN_REUSE` decisions, see there): a
+and after :data:`~sidecar.core.plan_cache.PLAN_REUSE` decisions, see there): a
 merge per decision under steady traffic is what this buys back (hard failures
 do not wait for it: see :mod:`sidecar.core.health`). Memory per series (``a =
 0.02``): ``3 x (subwindows + 1)`` histograms (the ring and the decayed merge) of at

@@ -1,0 +1,248 @@
+"""The observation half of the router: outcomes in, statistics and health out.
+
+:class:`Intake` is a mixin of :class:`~sidecar.core.router.Router` (the state is
+the router's; this module holds how an outcome is taken in). Per outcome::
+
+    cancel after the class budget     -> a timeout (the client gave up on a slow route)
+    cancel before it                  -> its lower-bound latencies dropped (a user pressed stop)
+    probe                             -> statistics, then the probing or restricted route's
+                                         verdict (a slice's probe must meet its budget)
+    anything else                     -> the fast path (runs of hard failures), then the
+                                         statistics -- unless it is a hard error of a run
+                                         still on trial, held until the run is judged
+
+A hard failure is a timeout or an error with a 5xx or no status
+(:func:`is_hard`). The fast path ejects the whole cluster when its
+cluster-wide run trips and every model it serves keeps another route
+(:func:`~sidecar.core.viability.cluster_ejectable`), else the slice (restricted
+instead of quarantined when it is the last viable route).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, deque
+from collections.abc import Sequence
+from dataclasses import replace
+
+from sidecar.core import compat_sr
+from sidecar.core.config import Config, ModelConfig
+from sidecar.core.health import HealthState
+from sidecar.core.health_board import CLUSTER_SLICE, HealthBoard
+from sidecar.core.stats import StatsStore
+from sidecar.core.subwindow import OkSample
+from sidecar.core.trial_hold import TrialHold
+from sidecar.core.types import Observation, SliceKey, TransitionEvent
+from sidecar.core.viability import cluster_ejectable, others_viable
+
+
+def is_hard(obs: Observation) -> bool:
+    """A hard failure for the fast path: a timeout, or an error with a 5xx or no status."""
+    return obs.outcome == "timeout" or (
+        obs.outcome == "error" and (obs.status is None or obs.status >= 500))
+
+
+def judge_censored(config: Config, obs: Observation) -> Observation:
+    """A cancel is evidence only if the wait already exceeded the class budget.
+
+    Then it is a client-side timeout (the client gave up on a slow route);
+    before that, a user pressing stop says nothing about the route, so its
+    lower-bound latencies are dropped.
+    """
+    if obs.outcome != "cancel" or not obs.censored:
+        return obs
+    klass = config.workload_class(obs.slice.klass)
+    value = None
+    if klass is not None:
+        value = obs.ttft_s if klass.slo.metric == "ttft" else obs.e2e_s
+    if klass is not None and value is not None and value * 1000.0 >= klass.slo.budget_ms:
+        return replace(obs, outcome="timeout")
+    return replace(obs, ttft_s=None, e2e_s=None, censored=False)
+
+
+def within_budget(config: Config, obs: Observation) -> bool:
+    """Did a probe meet its class SLO budget (the metric it promises)?"""
+    klass = config.workload_class(obs.slice.klass)
+    if klass is None:
+        return True
+    value = {"ttft": obs.ttft_s, "tpot": obs.tpot_s, "e2e": obs.e2e_s}[klass.slo.metric]
+    if value is None:
+        value = obs.e2e_s  # e.g. a TTFT class served without streaming
+    return value is None or value * 1000.0 <= klass.slo.budget_ms
+
+
+class Intake:
+    """Outcomes into statistics and health (module docstring); a mixin of the Router."""
+
+    config: Config
+    stats: StatsStore
+    board: HealthBoard
+    trials: TrialHold
+    compat_sr: compat_sr.SrLatencyBook
+    counters: Counter[tuple[str, str]]
+    transitions: deque[TransitionEvent]
+    _inflight: Counter[str]
+    _models_of: dict[str, tuple[ModelConfig, ...]]
+    _next_eval: float | None
+
+    def wants_observation(
+        self, cluster: str, slice: SliceKey, now: float, rng: random.Random
+    ) -> bool:
+        """Should this response be timed? Always while the route's current sub-window
+        lacks ``min_samples`` samples (evidence first), else with ``observe_share``."""
+        share = self.config.stats.observe_share
+        if share >= 1.0:
+            return True
+        series = self.stats.series(cluster, slice)
+        if series is None or series.current_samples(now) < self.config.stats.min_samples:
+            return True
+        return rng.random() < share
+
+    def started(self, cluster: str) -> None:
+        """A routed request was released to ``cluster``."""
+        self._inflight[cluster] += 1
+
+    def finished(self, cluster: str) -> None:
+        """A request previously :meth:`started` on ``cluster`` is over (any outcome)."""
+        if self._inflight[cluster] > 0:
+            self._inflight[cluster] -= 1
+
+    def observe(self, obs: Observation, now: float) -> list[TransitionEvent]:
+        """Record one measured outcome; probes drive the probing state, other
+        outcomes the fast path for hard failures."""
+        self.compat_sr.observe(obs, self.config)
+        obs = judge_censored(self.config, obs)
+        self.counters[("outcome", obs.outcome)] += 1
+        if self._next_eval is None:
+            self._next_eval = self._boundary_after(now)
+        if obs.outcome == "cancel":
+            self.stats.observe(obs, now)
+            return []
+        if obs.is_probe:
+            key = self.stats.observe(obs, now)
+            events = self._record_probe(obs, key, now)
+        else:
+            key = self.stats.key_of(obs.cluster, obs.slice)
+            events = self._fast_path(obs, key, now)
+            self._record(obs, key, now)
+        if events:
+            self._log(events)
+        return events
+
+    def observe_ok(self, cluster: str, slice: SliceKey, samples: Sequence[OkSample],
+                   now: float) -> None:
+        """:meth:`observe` of many ``ok`` first attempts of ``slice`` on ``cluster`` that
+        are not probes, all at ``now`` (a batch of log entries), in one pass: the same
+        statistics, counters and fast-path runs as one call per sample in order. A
+        success trips nothing, so there are no events; and on a route the health board
+        holds nothing for, it changes nothing there either."""
+        n = len(samples)
+        if not n:
+            return
+        config = self.config
+        if self.compat_sr.covers(slice.model, config):
+            for ttft, tpot, e2e, tokens in samples:
+                self.compat_sr.observe(
+                    Observation(cluster, slice, "ok", None, ttft, tpot, e2e, tokens), config)
+        self.counters[("outcome", "ok")] += n
+        if self._next_eval is None:
+            self._next_eval = self._boundary_after(now)
+        key = self.stats.observe_ok(cluster, slice, samples, now)
+        board = self.board
+        hc = board.peek(cluster, CLUSTER_SLICE)
+        if hc is not None and hc.circuit_open:
+            return  # stragglers of an ejected cluster (_fast_path)
+        if hc is None and board.peek(cluster, key) is None:
+            return
+        label = key.label()
+        for _, _, e2e, _ in samples:
+            sent_at = None if e2e is None else now - e2e
+            board.note_outcome(cluster, CLUSTER_SLICE, False, now, sent_at, label)
+            board.note_outcome(cluster, key, False, now, sent_at)
+        if self.trials and (cluster, key) in self.trials and self._judged((cluster, key)):
+            self._release_trials((cluster, key), now)
+
+    def _record(self, obs: Observation, key: SliceKey, now: float) -> None:
+        """Into the statistics after the fast path saw it -- unless it is a failure of
+        a run on trial, held until the run is judged (:mod:`sidecar.core.trial_hold`)."""
+        route = (obs.cluster, key)
+        if not self._judged(route):
+            # Only errors wait: a timeout already waited out the class timeout, its run
+            # cannot finish quickly anyway, and on a loaded route it is the overload
+            # signal the score must see at once (held, they herded traffic onto it).
+            if obs.outcome == "error" and is_hard(obs):
+                self.trials.hold(route, obs, now)
+                return
+        elif self.trials:
+            hc = self.board.peek(obs.cluster, CLUSTER_SLICE)
+            for r in self.trials.clusters(obs.cluster) if hc and hc.circuit_open else [route]:
+                self._release_trials(r, now)
+        self.stats.observe(obs, now)
+
+    def _judged(self, route: tuple[str, SliceKey]) -> bool:
+        """Is the route's run of hard failures no longer on trial (or not open)?"""
+        h = self.board.peek(*route)
+        if h is None or not h.trial_failures:
+            return True
+        hc = self.board.peek(route[0], CLUSTER_SLICE)
+        return hc is not None and hc.circuit_open
+
+    def _release_trials(self, route: tuple[str, SliceKey] | None, now: float = 0.0) -> None:
+        """Record held trial failures: one route's at ``now``, or (None) all of them,
+        each at the time it was held."""
+        if route is None:
+            for obs, held_at in self.trials.release_all():
+                self.stats.observe(obs, held_at)
+            return
+        for obs in self.trials.release(route):
+            self.stats.observe(obs, now)
+
+    def _record_probe(self, obs: Observation, key: SliceKey, now: float) -> list[TransitionEvent]:
+        """A cluster-wide probe passes on any answer; a slice's must meet its budget."""
+        events: list[TransitionEvent] = []
+        hc = self.board.peek(obs.cluster, CLUSTER_SLICE)
+        if hc is not None and hc.state in (HealthState.PROBING, HealthState.RESTRICTED):
+            events += self.board.record_probe(obs.cluster, CLUSTER_SLICE, obs.outcome == "ok",
+                                              now)
+        h = self.board.peek(obs.cluster, key)
+        if h is not None and h.state in (HealthState.PROBING, HealthState.RESTRICTED):
+            ok = obs.outcome == "ok" and within_budget(self.config, obs)
+            events += self.board.record_probe(obs.cluster, key, ok, now)
+        return events
+
+    def _fast_path(self, obs: Observation, key: SliceKey, now: float) -> list[TransitionEvent]:
+        """Runs of hard failures (5xx, connect failures, resets, timeouts) eject at once
+        (module docstring)."""
+        hard = is_hard(obs)
+        board = self.board
+        sent_at = None if obs.e2e_s is None else now - obs.e2e_s
+        hc = board.peek(obs.cluster, CLUSTER_SLICE)
+        if hc is not None and hc.circuit_open:
+            return []  # stragglers of an ejected cluster: its incident, not its slices'
+        timeout = obs.outcome == "timeout"
+        cluster_trip = board.note_outcome(obs.cluster, CLUSTER_SLICE, hard, now, sent_at,
+                                          key.label(), timeout)
+        slice_trip = board.note_outcome(obs.cluster, key, hard, now, sent_at, timeout=timeout)
+        if not (cluster_trip or slice_trip):
+            return []
+        if cluster_trip and cluster_ejectable(board, self._models_of, obs.cluster):
+            board.reset_run(obs.cluster, key)
+            return board.eject(obs.cluster, CLUSTER_SLICE, now)
+        if not slice_trip:
+            return []
+        return board.eject(obs.cluster, key, now,
+                           others_viable(board, self.config, obs.cluster, key))
+
+    def _boundary_after(self, now: float) -> float:
+        """The next sub-window boundary after ``now`` (when windows are judged)."""
+        step = self.config.stats.subwindow_s
+        return (int(now / step) + 1) * step
+
+    def _log(self, events: list[TransitionEvent]) -> None:
+        for e in events:
+            self.transitions.append(e)
+            self.counters[("transition", e.new)] += 1
+            if e.old == "probing" and e.new == "restoring":
+                # The circuit closes again: judge the route on what it does from now on.
+                s = SliceKey.parse(e.slice)
+                self.stats.fence(e.cluster, None if s == CLUSTER_SLICE else s, e.at)

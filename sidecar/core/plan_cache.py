@@ -1,0 +1,140 @@
+"""Cached selection plans: the static stage once per refresh, not once per request.
+
+The static stage of the selection pipeline (:func:`~sidecar.core.pipeline.build_plan`:
+health views, blended evidence, latency, attainment, cost and quality scores)
+depends on the request only through its model, slice, step budget and
+fan-out, so the router caches its result per such key as a :class:`CachedPlan`.
+A cached plan is current while::
+
+    board version and stats layout unchanged       (health or the series set moved: rebuild)
+    and (uses < PLAN_REUSE and age < PLAN_SUBWINDOWS sub-windows
+         or age < the whole window and none of its series saw an observation since)
+
+so its evidence is at most two sub-windows old at low rates (where that is a
+handful of requests) and a few dozen decisions old at high ones. Hard failures
+do not wait for a refresh: the fast path changes health, which moves the board
+version. Step budgets are keyed in ~5 % steps on a log scale, so a workflow's
+shrinking deadline shares plans with its neighbours.
+
+Probes belong to the plan too: which routes take a small share of the slice's
+traffic to show recovery (:func:`probes`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from sidecar.core.config import ClassConfig, Config, ModelConfig, StatsConfig
+from sidecar.core.health_board import HealthBoard
+from sidecar.core.pipeline import Plan, SelectionContext
+from sidecar.core.request_lane import RequestLane
+from sidecar.core.series import RouteStats
+from sidecar.core.types import Decision, RequestInfo, SliceKey
+from sidecar.core.viability import probe_share
+
+PLAN_REUSE = 48  # decisions a plan serves before new evidence is folded in
+PLAN_SUBWINDOWS = 2  # sub-windows a plan may serve before new evidence is folded in
+PLAN_CACHE_MAX = 4096  # plans kept before the cache starts over (bounded by config anyway)
+BUDGET_STEPS_PER_E = 20  # step budgets are cached in ~5 % steps (log scale)
+
+#: (model, slice, step budget key or None for the class's, fan-out)
+PlanKey = tuple[str, SliceKey, int | None, int]
+
+
+@dataclass(slots=True)
+class Probe:
+    """A route that takes ``share`` of a slice's traffic as probes."""
+
+    cluster: str
+    share: float
+
+
+@dataclass(slots=True)
+class CachedPlan:
+    """A plan and what it was built from (see the module docstring)."""
+
+    plan: Plan
+    ctx: SelectionContext
+    probes: tuple[Probe, ...]
+    built: float
+    uses: int
+    board: int
+    layout: int
+    deps: tuple[RouteStats, ...]
+    versions: tuple[int, ...]
+    lane: RequestLane | None  # the per-request stage as arithmetic, when exact
+    # Decisions without explain are a function of (cluster, reason) for a plan: reused.
+    decisions: dict[tuple[str, str], Decision] = field(default_factory=dict)
+
+
+def step_key(req: RequestInfo, klass: ClassConfig) -> tuple[int | None, int]:
+    """Plan key parts of a request's step: budget (None: the class's) and fan-out."""
+    fanout = max(1, min(req.fanout, 256))
+    budget_ms = klass.slo.budget_ms
+    if req.deadline_ms is None or req.deadline_ms >= budget_ms:
+        return None, fanout
+    return round(math.log(max(req.deadline_ms, 1.0) / 1000.0) * BUDGET_STEPS_PER_E), fanout
+
+
+def step_budget_s(budget_key: int | None) -> float | None:
+    """The step budget a key stands for, in seconds (None: the class's)."""
+    return None if budget_key is None else math.exp(budget_key / BUDGET_STEPS_PER_E)
+
+
+class PlanCache:
+    """The current plan per :data:`PlanKey` (module docstring for "current")."""
+
+    __slots__ = ("entries", "max_age_s", "refresh_s")
+
+    def __init__(self, stats: StatsConfig) -> None:
+        self.entries: dict[PlanKey, CachedPlan] = {}
+        self.refresh_s = self.max_age_s = 0.0
+        self.configure(stats)
+
+    def configure(self, stats: StatsConfig) -> None:
+        """Forget every plan and take the window lengths of ``stats``."""
+        self.entries.clear()
+        self.refresh_s = stats.subwindow_s * PLAN_SUBWINDOWS
+        self.max_age_s = stats.subwindow_s * stats.subwindows
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+    def current(self, key: PlanKey, board: int, layout: int, now: float) -> CachedPlan | None:
+        """The cached plan for ``key`` if it is still current (counting this use)."""
+        hit = self.entries.get(key)
+        if hit is None or hit.board != board or hit.layout != layout:
+            return None
+        hit.uses += 1
+        age = now - hit.built
+        if hit.uses < PLAN_REUSE and age < self.refresh_s:
+            return hit
+        if age < self.max_age_s and all(
+                rs.version == v for rs, v in zip(hit.deps, hit.versions, strict=True)):
+            hit.uses = 0  # nothing observed since: still current
+            return hit
+        return None
+
+    def store(self, key: PlanKey, cached: CachedPlan) -> None:
+        if len(self.entries) >= PLAN_CACHE_MAX:
+            self.entries.clear()
+        self.entries[key] = cached
+
+
+def probes(board: HealthBoard, config: Config, slice: SliceKey, klass: ClassConfig,
+           model: ModelConfig) -> tuple[Probe, ...]:
+    """Where a small share of a slice's traffic goes as probes.
+
+    Probes go to routes whose cooldown has ended (probing; the cluster-wide
+    entry or the slice's) and, for latency-sensitive classes, to restricted
+    routes (the slice's entry or the cluster-wide one), which otherwise see
+    no such traffic and could never show recovery. Shares shrink with the
+    route's relapses; capacity still applies.
+    """
+    out: list[Probe] = []
+    for c in model.candidates:
+        share = probe_share(board, config, c, slice, klass.latency_sensitive)
+        if share is not None:
+            out.append(Probe(c, share))
+    return tuple(out)
