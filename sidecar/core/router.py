@@ -29,7 +29,6 @@ from sidecar.core.config import SEMANTIC_ROUTER, ClassConfig, Config, ModelConfi
 from sidecar.core.evidence import RouteEvidence
 from sidecar.core.explain import RecentDecision, build_explain, decision_reason, fallback_kind
 from sidecar.core.filters import DEFAULT_FILTERS
-from sidecar.core.health import RouteHealth
 from sidecar.core.health_board import HealthBoard
 from sidecar.core.intake import Intake
 from sidecar.core.pickers import PICKERS
@@ -395,8 +394,3 @@ class Router(Intake):
             self.board.prune(set(self.stats.narrow_keys()))
         self._log(events)
         return events
-
-
-def route_health(router: Router, cluster: str, slice: SliceKey) -> RouteHealth | None:
-    """The stored health entry of a route (None: fresh and healthy)."""
-    return router.board.peek(cluster, slice)

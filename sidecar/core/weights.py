@@ -172,7 +172,8 @@ def _probe_shares(
     config: Config, view: RouteView, slice: SliceKey, candidates: Iterable[str]
 ) -> dict[str, float]:
     """Routes the per-request path would send probes to, with their probe shares
-    (:attr:`HealthView.probe_share`, as ``Router._probes`` and ``_maybe_probe`` use them)."""
+    (:attr:`HealthView.probe_share`, as the router's probes use them:
+    :func:`sidecar.core.plan_cache.probes`)."""
     out = {}
     for c in candidates:
         share = view.health(c, slice).probe_share
