@@ -8,7 +8,7 @@ import pytest
 
 from sidecar.core.config import parse_config
 from sidecar.core.envoy_log import LogRecord
-from sidecar.core.types import SliceKey
+from sidecar.core.types import Observation, SliceKey
 from sidecar.shell.app import LOG_GRACE_S, App
 from sidecar.shell.envoy_contract import ROUTE_HEADER
 from sidecar.shell.extproc import RouteStream
@@ -164,6 +164,24 @@ def test_access_log_entry_becomes_the_observation(app: App) -> None:
     assert series.quantile("ttft", 0.5, 10.5) == pytest.approx(0.2, rel=0.03)
     assert series.quantile("tpot", 0.5, 10.5) == pytest.approx(0.1, rel=0.03)
     assert series.quantile("e2e", 0.5, 10.5) == pytest.approx(0.5, rel=0.03)
+
+
+def test_the_observation_carries_the_routes_load_when_sent(app: App) -> None:
+    """The access-log observation of a routed request says how loaded its route was
+    when it was released (the light-load book, sidecar.core.light_load, needs it)."""
+    seen: list[Observation] = []
+    app.on_observation = lambda obs, api: seen.append(obs)
+    s, _ = fast(app, chat_request(), now=1.0)
+    s.close(1.2, cancelled=False)
+    OutcomeFeed(app)(entry(s.rid), 1.3)
+    for c in app.config.clusters:  # three in flight on every route: sent under load
+        for _ in range(3):
+            app.router.started(c.name)
+    s2, r2 = fast(app, chat_request(), now=2.0)
+    s2.close(2.2, cancelled=False)
+    OutcomeFeed(app)(entry(s2.rid), 2.3)
+    limit = app.config.cluster(routed_cluster(r2)).max_concurrency  # type: ignore[arg-type]
+    assert [o.sent_load for o in seen] == [0.0, pytest.approx(3 / limit)]
 
 
 def test_entry_before_stream_close_releases_the_slot_once(app: App) -> None:

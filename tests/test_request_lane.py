@@ -57,33 +57,36 @@ def _drive(router: Router, seed: int, n: int, slow: dict[str, float],
     rng = random.Random(seed)
     traffic = random.Random(seed + 1)
     out: list[Decision] = []
-    pending: list[tuple[float, str]] = []
+    pending: list[tuple[float, str, float]] = []
     now = 0.0
     for i in range(n):
         now += 0.05
         while pending and pending[0][0] <= now:
-            _, cluster = pending.pop(0)
+            _, cluster, load = pending.pop(0)
             router.finished(cluster)
-            router.observe(_observation(cluster, traffic, slow, errors), now)
+            # With the load when sent: light-load outcomes cut the slow routes' floor.
+            obs = replace(_observation(cluster, traffic, slow, errors), sent_load=load)
+            router.observe(obs, now)
         if (t := router.next_deadline()) is not None and t <= now:
             router.tick(now)
         d = router.decide(_request(i), now, rng)
         out.append(d)
         if d.admission == "admit":
-            router.started(d.cluster)
-            pending.append((now + 0.6, d.cluster))
+            pending.append((now + 0.6, d.cluster, router.started(d.cluster)))
     return out
 
 
 @pytest.mark.parametrize("queue", [None, 0.0, 6.0])
 @pytest.mark.parametrize("slow", [{}, {"b": 0.9}, {"a": 0.05, "c": 3.0}])
+@pytest.mark.parametrize("limit", [LIMIT, 32])  # 32: light load, so floor shares apply
 def test_router_decides_the_same_with_and_without_the_lane(
-    slow: dict[str, float], queue: float | None, monkeypatch: pytest.MonkeyPatch
+    slow: dict[str, float], queue: float | None, limit: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    with_lane = Router(_config(queue=queue))
+    with_lane = Router(_config(limit, queue=queue))
     got = _drive(with_lane, 7, 800, slow)
     monkeypatch.setattr(request_lane.RequestLane, "of", classmethod(lambda *a: None))
-    without = Router(_config(queue=queue))
+    without = Router(_config(limit, queue=queue))
     want = _drive(without, 7, 800, slow)
     assert got == want
     assert with_lane.counters == without.counters

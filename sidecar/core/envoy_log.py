@@ -155,6 +155,7 @@ def observation_from_log(
     tokens: int | None = None,
     is_retry: bool = False,
     is_probe: bool = False,
+    sent_load: float | None = None,
 ) -> Observation | None:
     """The :class:`Observation` an entry gives, or None when it is not evidence.
 
@@ -193,4 +194,5 @@ def observation_from_log(
         is_retry=is_retry,
         is_probe=is_probe,
         censored=censored,
+        sent_load=sent_load,
     )

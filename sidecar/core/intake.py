@@ -29,6 +29,7 @@ from sidecar.core import compat_sr
 from sidecar.core.config import Config, ModelConfig
 from sidecar.core.health import HealthState
 from sidecar.core.health_board import CLUSTER_SLICE, HealthBoard
+from sidecar.core.light_load import LIGHT, LightOutcomes, load_of
 from sidecar.core.stats import StatsStore
 from sidecar.core.subwindow import OkSample
 from sidecar.core.trial_hold import TrialHold
@@ -84,6 +85,14 @@ class Intake:
     _inflight: Counter[str]
     _models_of: dict[str, tuple[ModelConfig, ...]]
     _next_eval: float | None
+    light: LightOutcomes
+
+    def inflight(self, cluster: str) -> int:
+        raise NotImplementedError  # the Router's (peers' counts included)
+
+    def _max_concurrency(self, cluster: str) -> int:
+        return self.config.cluster(cluster).max_concurrency if self.config.has_cluster(
+            cluster) else 1
 
     def wants_observation(
         self, cluster: str, slice: SliceKey, now: float, rng: random.Random
@@ -98,9 +107,12 @@ class Intake:
             return True
         return rng.random() < share
 
-    def started(self, cluster: str) -> None:
-        """A routed request was released to ``cluster``."""
+    def started(self, cluster: str) -> float:
+        """A routed request was released to ``cluster``; returns the route's load before
+        it (:func:`~sidecar.core.light_load.load_of`), for its observation's ``sent_load``."""
+        load = load_of(self.inflight(cluster), self._max_concurrency(cluster))
         self._inflight[cluster] += 1
+        return load
 
     def finished(self, cluster: str) -> None:
         """A request previously :meth:`started` on ``cluster`` is over (any outcome)."""
@@ -118,6 +130,10 @@ class Intake:
         if obs.outcome == "cancel":
             self.stats.observe(obs, now)
             return []
+        if obs.sent_load is not None and obs.sent_load < LIGHT and load_of(
+                self.inflight(obs.cluster), self._max_concurrency(obs.cluster)) < LIGHT:
+            violated = obs.outcome != "ok" or not within_budget(self.config, obs)
+            self.light.note(obs.cluster, obs.slice, violated, now)
         if obs.is_probe:
             key = self.stats.observe(obs, now)
             events = self._record_probe(obs, key, now)

@@ -19,7 +19,9 @@ Shape (after the Gateway API Inference Extension's scheduler):
    live latency score ``q = (min x / x) ** weights.queue`` from the in-flight
    counts against the static weights (:mod:`sidecar.core.live_latency`)
    multiplies each survivor's weight. Each survivor keeps at least
-   ``explore_share x max w`` (exploration floor) so its statistics stay fresh.
+   ``explore_share x max w`` (exploration floor) so its statistics stay fresh --
+   or its share ``f`` of that when it misses its budget more than the best
+   route under light load (:mod:`sidecar.core.light_load`).
 5. One **picker** (``sidecar.core.pickers``) chooses, with the injected RNG.
 
 **Stages.** Filters and scorers that read only statistics and health
@@ -52,6 +54,10 @@ from sidecar.core.types import RequestInfo, SliceKey
 
 if TYPE_CHECKING:
     from sidecar.core.evidence import RouteEvidence
+    from sidecar.core.light_load import LightOutcomes
+
+
+FLOOR_SHARE = "floor"  # Candidate.scores key: its share of the exploration floor
 
 
 @fast_init
@@ -165,6 +171,10 @@ class SelectionContext:
     # The view's in-flight counts are each request's own (False: a window's average,
     # as native mode's weights read them; the queue score is then left out).
     live_counts: bool = True
+    # Outcomes under light load (sidecar.core.light_load): the attainment scorer
+    # turns them into each candidate's share of the exploration floor. None (native
+    # weights, tests): every survivor keeps the whole floor.
+    light: LightOutcomes | None = None
 
     def health_of(self, cluster: str) -> HealthView:
         if self.healths is not None and (h := self.healths.get(cluster)) is not None:
@@ -391,10 +401,13 @@ def run_request(
     # statistics would never refresh, and neither the health machine nor the
     # latency score could see it recover. Routes the health machine excluded
     # never get here (they are filtered; probes reach them instead).
+    # A route keeps only its share of it (scores["floor"], sidecar.core.light_load)
+    # when it violates more than the best under light load: that excess is its own.
     floor = ctx.config.health.explore_share * top
     for cand in survivors:
-        if cand.weight < floor:
-            cand.weight = floor
+        own = floor * cand.scores.get(FLOOR_SHARE, 1.0)
+        if cand.weight < own:
+            cand.weight = own
     chosen = picker(ctx, survivors, rng)
     return PipelineResult(chosen, tuple(cands), panic, notes, plan.request_filter_names)
 

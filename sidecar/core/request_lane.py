@@ -21,7 +21,8 @@ static stage kept, in order::
     w      = max(w * q, 1e-9),  q = live latency score over the kept candidates from
                                     the counts and base * health * hold time
                                     (sidecar.core.live_latency; skipped at beta 0)
-    then   w = max(w, explore_share * max w)                      (exploration floor)
+    then   w = max(w, explore_share * max w * f)    (exploration floor; f the candidate's
+                                                     share of it, sidecar.core.light_load)
     pick   the first i with  u * sum_j w_j - sum_{j <= i} w_j < 0,  u = rng.random()
 
 When a kept candidate is full (capacity would drop it) or none is kept
@@ -49,6 +50,7 @@ from sidecar.core.explain import decision_reason
 from sidecar.core.filters import HERD_HEADROOM, Capacity, ClassRestriction, FailureRun
 from sidecar.core.pickers import WeightedRandom
 from sidecar.core.pipeline import (
+    FLOOR_SHARE,
     HealthView,
     LatencyValue,
     Picker,
@@ -80,6 +82,7 @@ class _Row(NamedTuple):
     reason: str  # the decision reason when this candidate is chosen
     latency: dict[str, LatencyValue]  # looked up by the static stage (shared, read-only)
     hold: float  # the queue score's hold time (1.0 when the class has no queue score)
+    floor: float  # its share of the exploration floor (sidecar.core.light_load)
 
 
 class RequestLane:
@@ -92,7 +95,7 @@ class RequestLane:
                  rows: tuple[_Row, ...], names: tuple[str, ...], k_load: float) -> None:
         self.plan, self.ctx, self.picker = plan, ctx, picker
         self.rows = rows
-        self.hot = tuple((i, r.at, r.limit, r.base, r.health, r.guard, r.hold)
+        self.hot = tuple((i, r.at, r.limit, r.base, r.health, r.guard, r.hold, r.floor)
                          for i, r in enumerate(rows))  # what pick() reads, unpacked fast
         self.names = names  # every route whose in-flight count a pick reads
         self.k_load = k_load
@@ -126,7 +129,8 @@ class RequestLane:
             reason = decision_reason(PipelineResult(c, plan.candidates, False, ()), ctx.model)
             rows.append(_Row(c.name, names.setdefault(c.name, len(names)),
                              c.cluster.max_concurrency, c.base, c.health.weight, guard, reason,
-                             c.latency, c.scores.get("hold_s", 1.0)))
+                             c.latency, c.scores.get("hold_s", 1.0),
+                             c.scores.get(FLOOR_SHARE, 1.0)))
         if not rows:
             return None  # panic: the full stage picks the tier
         return cls(plan, ctx, picker, tuple(rows), tuple(names), plan.request_scorers[0][1])
@@ -138,11 +142,12 @@ class RequestLane:
         k = self.k_load
         beta = self.beta
         kept: list[int] = []
+        shares: list[float] = []  # of the exploration floor
         weights: list[float] = []
         held: list[int] = []  # the queue score's inputs (only when beta)
         expected: list[float] = []
         top = 0.0
-        for i, at, limit, base, health, guard, hold in self.hot:
+        for i, at, limit, base, health, guard, hold, share in self.hot:
             if guard is not None:
                 # ClassRestriction's herding guard: leave only as fast as others have room.
                 cap = free = 0
@@ -167,6 +172,7 @@ class RequestLane:
             if w < 1e-9:
                 w = 1e-9
             kept.append(i)
+            shares.append(share)
             weights.append(w)
             if beta:
                 held.append(n)
@@ -191,8 +197,9 @@ class RequestLane:
                     top = w
         floor = self.explore_share * top
         for j, w in enumerate(weights):
-            if w < floor:
-                weights[j] = floor
+            own = floor * shares[j]
+            if w < own:
+                weights[j] = own
         u = rng.random()
         x = u * sum(weights)
         chosen = kept[-1]

@@ -31,6 +31,7 @@ from sidecar.core.explain import RecentDecision, build_explain, decision_reason,
 from sidecar.core.filters import DEFAULT_FILTERS
 from sidecar.core.health_board import HealthBoard
 from sidecar.core.intake import Intake
+from sidecar.core.light_load import LightOutcomes
 from sidecar.core.pickers import PICKERS
 from sidecar.core.pipeline import (
     HealthView,
@@ -79,12 +80,16 @@ class Router(Intake):
         self._models_of: dict[str, tuple[ModelConfig, ...]] = {}
         self.compat_sr = compat_sr.SrLatencyBook()  # models under compat: semantic-router
         self.trials = TrialHold()  # hard failures whose run is still on trial
+        self.light = LightOutcomes()  # outcomes under light load (the floor's share)
         self._configure(config)
 
     # ------------------------------------------------------------ config
 
     def _configure(self, config: Config) -> None:
         self.plans.configure(config.stats)
+        # Floor shares from light-load outcomes, standalone only (sidecar.core.light_load,
+        # "Fleet mode"): replicas share one health verdict, which needs each one's path.
+        self._light = self.light if config.fleet is None else None
         self._fresh = False  # building a plan: read evidence fresh
         self._models_of = {
             c.name: tuple(m for m in config.models if c.name in m.candidates)
@@ -317,7 +322,7 @@ class Router(Intake):
         # The workflow meets the worst of its k calls: each may miss 1/k of the share.
         allowed = max(1.0 - klass.slo.percentile / 100.0, 1e-4) / fanout
         ctx = SelectionContext(self.config, model, klass, req, self, now,
-                               step_budget_s(budget_key), allowed)
+                               step_budget_s(budget_key), allowed, light=self._light)
         self._fresh = True
         try:
             plan = build_plan(ctx, DEFAULT_FILTERS, DEFAULT_SCORERS)

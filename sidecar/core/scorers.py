@@ -12,10 +12,14 @@ from dataclasses import dataclass
 
 from sidecar.core.evidence import with_prior
 from sidecar.core.latency_aware import enabled_metrics, latency_aware_scores
-from sidecar.core.pipeline import Candidate, LatencyValue, Scorer, SelectionContext
+from sidecar.core.light_load import floor_share, violation_share
+from sidecar.core.pipeline import FLOOR_SHARE, Candidate, LatencyValue, Scorer, SelectionContext
 from sidecar.core.steepness import latency_score
 
 _NEUTRAL = 1.0
+# Health states that have not moved a route: the floor share applies only there (a
+# moved route's traffic is the health machine's, which must see evidence to judge it).
+UNMOVED = frozenset({"healthy", "watching"})
 SLO_TAIL = "slo_tail"  # Candidate.latency key: the class metric at the SLO percentile
 _NO_TAIL = LatencyValue(None, None, False, 0)
 
@@ -131,6 +135,22 @@ class Attainment:
             best = min(best, v)
         for c in cands:
             c.scores[self.name] = max(math.exp(-(c.scores["violation"] - best) / a), 1e-6)
+        if ctx.light is not None:
+            floor_shares(ctx, cands, a)
+
+
+def floor_shares(ctx: SelectionContext, cands: list[Candidate], a: float) -> None:
+    """Each candidate's share of the exploration floor (``scores["floor"]``, only
+    where below 1), from its outcomes under light load: ``f`` of
+    :mod:`sidecar.core.light_load`, ``a`` the step's allowed violation share."""
+    assert ctx.light is not None
+    slice, now = ctx.request.slice, ctx.now
+    vs = [violation_share(*ctx.light.counts(c.name, slice, now), a) for c in cands]
+    best = min(vs)
+    for c, v in zip(cands, vs, strict=True):
+        f = floor_share(v, best, a)
+        if f < 1.0 and c.health.state in UNMOVED:
+            c.scores[FLOOR_SHARE] = f
 
 
 @dataclass(frozen=True, slots=True)

@@ -110,6 +110,10 @@ class Observation:
     # True for timeouts and cancels: ttft_s / e2e_s are then lower bounds (the
     # time waited so far), not measurements. See sidecar.core.timing.
     censored: bool = False
+    # The route's load when the request was sent (in flight besides it over
+    # max_concurrency, as Router.started returned it); None when unknown (native
+    # mode). Only for sidecar.core.light_load.
+    sent_load: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

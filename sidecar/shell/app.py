@@ -68,6 +68,7 @@ class Pending:
     observer_done: bool = False
     record: LogRecord | None = None  # entry held while the observer may still report
     api: Api = "chat"  # which API the request called (gen_ai.operation.name)
+    sent_load: float | None = None  # the route's load when released (Router.started)
 
 
 @dataclass(slots=True)
@@ -170,7 +171,7 @@ class App:
 
     def register(self, pending: Pending) -> None:
         self.pending[pending.rid] = pending
-        self.router.started(pending.decision.cluster)
+        pending.sent_load = self.router.started(pending.decision.cluster)
 
     def route_closed(self, rid: str, now: float) -> None:
         """The routing stream ended, which Envoy does when the HTTP request is over:
@@ -226,6 +227,7 @@ class App:
             first_token_s=first_token_s,
             ttft_from_log=not self.offsets.blind(cluster, p.slice),
             is_retry=p.is_retry or p.decision.is_retry, is_probe=p.decision.is_probe,
+            sent_load=p.sent_load,
         )
         if obs is not None:
             self.observe(obs, now, p.api)

@@ -108,8 +108,8 @@ class Attempt:
     """One routed request. ``draws`` may hold pre-drawn service randomness (oracle)."""
 
     __slots__ = ("call", "cluster", "deadline", "deadline_kind", "degraded", "draws", "end_at",
-                 "first_token_at", "is_probe", "n", "outcome", "sent_at", "slot_until",
-                 "state", "status", "tokens_done", "tpot_s", "ttft_deadline")
+                 "first_token_at", "is_probe", "n", "outcome", "sent_at", "sent_load",
+                 "slot_until", "state", "status", "tokens_done", "tpot_s", "ttft_deadline")
 
     def __init__(self, call: Call, n: int, now: float) -> None:
         self.call = call
@@ -130,6 +130,7 @@ class Attempt:
         self.is_probe = False
         self.degraded = False
         self.draws: Any = None
+        self.sent_load: float | None = None  # the route's load when sent (Router.started)
 
     # ---------------------------------------------------- Observation-like view
 
@@ -190,9 +191,11 @@ class Attempt:
                     ft = self.first_token_at
                     ttft = (ft if ft is not None else end) - sent
         # Positional, in field order (cluster, slice, outcome, status, ttft_s, tpot_s,
-        # e2e_s, output_tokens, is_retry, is_probe, censored): keywords cost a third more.
+        # e2e_s, output_tokens, is_retry, is_probe, censored, sent_load): keywords cost
+        # a third more.
         return Observation(self.cluster, call.slice, outcome, self.status, ttft, tpot, e2e,
-                           self.tokens_done or None, self.n > 0, self.is_probe, censored)
+                           self.tokens_done or None, self.n > 0, self.is_probe, censored,
+                           self.sent_load)
 
     def request_info(self, now: float) -> RequestInfo:
         """What the classifier would have produced for this attempt's HTTP request."""

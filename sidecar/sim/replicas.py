@@ -100,7 +100,7 @@ class Replicas(BasePolicy):
             self.routers[i].withdraw(_ticket(call))
 
     def on_start(self, att: Attempt, now: float) -> None:
-        self.routers[self._of[id(att)]].started(att.cluster)
+        att.sent_load = self.routers[self._of[id(att)]].started(att.cluster)
 
     def on_result(self, att: Attempt, now: float) -> None:
         i = self._of.pop(id(att))

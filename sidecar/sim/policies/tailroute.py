@@ -80,7 +80,7 @@ class Tailroute(BasePolicy):
         self.router.withdraw(_ticket(call))
 
     def on_start(self, att: Attempt, now: float) -> None:
-        self.router.started(att.cluster)
+        att.sent_load = self.router.started(att.cluster)
 
     def on_result(self, att: Attempt, now: float) -> None:
         self.router.finished(att.cluster)

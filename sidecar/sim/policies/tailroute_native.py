@@ -92,7 +92,7 @@ class TailrouteNative(Tailroute):
 
     def on_start(self, att: Attempt, now: float) -> None:
         if id(att) in self._per_request:
-            self.router.started(att.cluster)
+            att.sent_load = self.router.started(att.cluster)
 
     def on_result(self, att: Attempt, now: float) -> None:
         if id(att) in self._per_request:

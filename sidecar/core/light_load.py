@@ -1,0 +1,116 @@
+"""Outcomes under light load: what a route does when nothing queues on it.
+
+The exploration floor keeps every surviving route at ``explore_share`` of the
+best weight so its statistics stay fresh. Each request the floor sends costs
+the route's excess violation share over the best route's, and on a route that
+is slow *by itself* (a drift, a regression) that cost is paid for as long as
+the evidence lasts. On a route whose violations came from *load* (a burst
+queued on it) the floor is what refreshes its evidence once the load is gone;
+cutting it there piles the next burst onto the others. The window's evidence
+cannot tell the two apart, so this book keeps, per (cluster, slice), the
+latest outcomes of requests served under light load both when sent and when
+finished::
+
+    light   in flight / max_concurrency < LIGHT at send and at finish
+            (peers' counts included in fleet mode; the request itself excluded)
+    ring    the latest RING such outcomes (violated: not ok, or over the class budget)
+    w_i     = 0.5 ** ((now - t_i) / HALF_LIFE_S)
+    x, n    = sum_i w_i [violated_i],  sum_i w_i
+
+and :func:`~sidecar.core.scorers.floor_shares` turns them into each candidate's
+share of the floor (``a`` the step's allowed violation share)::
+
+    v   = (x + PRIOR a) / (n + PRIOR)              no light evidence: v = a
+    f   = min(1, a / (v - min_c v))                 (1 for the best, or within a of it)
+
+so what the floor costs a route is at most ``explore_share x a`` of the best
+weight in excess violations. For a p95 class (``a`` = 0.05) beside a route that
+met its budget on its last ten, a route that missed it on 7 of its last 10
+light-load requests keeps ~11 % of the floor, one that missed once ~75 %.
+
+Counting only the load when sent is not enough: requests sent at a burst's
+start are served under its load. The ring's cap bounds how long one episode
+weighs (a spike's violations age out as ten fresh answers arrive) and the
+half-life lets a route nobody sends to earn its floor back with time.
+
+Only routes the health machine has not moved (``healthy``, ``watching``) lose
+part of the floor. A moved route's traffic is the health machine's: it must
+see evidence to escalate or restore it, and a cut floor starved it (a degraded
+route sat degraded, judged on a sample a minute).
+
+**Fleet mode** keeps the whole floor. Replicas share one health verdict built
+from everyone's evidence, while this book is each replica's own. When a route
+is slow only on one replica's path, that replica's ring cuts its floor and its
+slow samples leave the shared evidence; the others' fast samples then speak for
+the route, and the fleet never judges it (measured in
+``tests/test_integration_fleet.py``: the route stayed ``healthy``).
+
+Outcomes without a send-time load (native mode, where Envoy picks the route;
+unit tests) are not counted: a route without light evidence keeps the whole
+floor. Pure: times come from the caller.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from sidecar.core.types import SliceKey
+
+LIGHT = 0.5  # below this share of max_concurrency in flight, a route is not queueing
+RING = 10  # light outcomes kept per (cluster, slice)
+HALF_LIFE_S = 60.0  # a light outcome's weight halves every minute
+PRIOR = 5.0  # pseudo-outcomes violating at exactly the allowed share
+MAX_ROUTES = 4096  # (cluster, slice) pairs kept before the book starts over
+
+_LN_HALF_PER_S = -0.6931471805599453 / HALF_LIFE_S
+
+
+class LightOutcomes:
+    """The latest light-load outcomes per (cluster, slice) (module docstring)."""
+
+    __slots__ = ("_rings",)
+
+    def __init__(self) -> None:
+        self._rings: dict[tuple[str, SliceKey], deque[tuple[float, bool]]] = {}
+
+    def note(self, cluster: str, slice: SliceKey, violated: bool, now: float) -> None:
+        """One outcome of a request served under light load, finished at ``now``."""
+        ring = self._rings.get((cluster, slice))
+        if ring is None:
+            if len(self._rings) >= MAX_ROUTES:
+                self._rings.clear()
+            ring = self._rings[(cluster, slice)] = deque(maxlen=RING)
+        ring.append((now, violated))
+
+    def counts(self, cluster: str, slice: SliceKey, now: float) -> tuple[float, float]:
+        """``(x, n)``: decayed violations and outcomes (module docstring); (0, 0) if none."""
+        ring = self._rings.get((cluster, slice))
+        if not ring:
+            return 0.0, 0.0
+        x = n = 0.0
+        for t, violated in ring:
+            w = math.exp((now - t) * _LN_HALF_PER_S) if now > t else 1.0
+            n += w
+            if violated:
+                x += w
+        return x, n
+
+    def clear(self) -> None:
+        self._rings.clear()
+
+
+def violation_share(x: float, n: float, a: float) -> float:
+    """``v``: the decayed light-load violations ``x`` of ``n``, with the prior (docstring)."""
+    return (x + PRIOR * a) / (n + PRIOR)
+
+
+def floor_share(v: float, best: float, a: float) -> float:
+    """``f``: the share of the exploration floor a route with ``v`` keeps (docstring)."""
+    excess = v - best
+    return a / excess if excess > a else 1.0
+
+
+def load_of(inflight: int, max_concurrency: int) -> float:
+    """A route's load: requests in flight (besides the one asking) over its limit."""
+    return inflight / max(max_concurrency, 1)
