@@ -66,7 +66,8 @@ def within_budget(config: Config, obs: Observation) -> bool:
     klass = config.workload_class(obs.slice.klass)
     if klass is None:
         return True
-    value = {"ttft": obs.ttft_s, "tpot": obs.tpot_s, "e2e": obs.e2e_s}[klass.slo.metric]
+    metric = klass.slo.metric
+    value = obs.ttft_s if metric == "ttft" else obs.tpot_s if metric == "tpot" else obs.e2e_s
     if value is None:
         value = obs.e2e_s  # e.g. a TTFT class served without streaming
     return value is None or value * 1000.0 <= klass.slo.budget_ms
@@ -90,9 +91,7 @@ class Intake:
     def inflight(self, cluster: str) -> int:
         raise NotImplementedError  # the Router's (peers' counts included)
 
-    def _max_concurrency(self, cluster: str) -> int:
-        return self.config.cluster(cluster).max_concurrency if self.config.has_cluster(
-            cluster) else 1
+    _limits: dict[str, int]  # max_concurrency per cluster (the router's _configure)
 
     def wants_observation(
         self, cluster: str, slice: SliceKey, now: float, rng: random.Random
@@ -110,7 +109,7 @@ class Intake:
     def started(self, cluster: str) -> float:
         """A routed request was released to ``cluster``; returns the route's load before
         it (:func:`~sidecar.core.light_load.load_of`), for its observation's ``sent_load``."""
-        load = load_of(self.inflight(cluster), self._max_concurrency(cluster))
+        load = load_of(self.inflight(cluster), self._limits.get(cluster, 1))
         self._inflight[cluster] += 1
         return load
 
@@ -130,8 +129,9 @@ class Intake:
         if obs.outcome == "cancel":
             self.stats.observe(obs, now)
             return []
-        if obs.sent_load is not None and obs.sent_load < LIGHT and load_of(
-                self.inflight(obs.cluster), self._max_concurrency(obs.cluster)) < LIGHT:
+        sent = obs.sent_load
+        if sent is not None and sent < LIGHT and load_of(
+                self.inflight(obs.cluster), self._limits.get(obs.cluster, 1)) < LIGHT:
             violated = obs.outcome != "ok" or not within_budget(self.config, obs)
             self.light.note(obs.cluster, obs.slice, violated, now)
         if obs.is_probe:

@@ -90,6 +90,7 @@ class Router(Intake):
         # Floor shares from light-load outcomes, standalone only (sidecar.core.light_load,
         # "Fleet mode"): replicas share one health verdict, which needs each one's path.
         self._light = self.light if config.fleet is None else None
+        self._limits = {c.name: c.max_concurrency for c in config.clusters}
         self._fresh = False  # building a plan: read evidence fresh
         self._models_of = {
             c.name: tuple(m for m in config.models if c.name in m.candidates)
