@@ -96,9 +96,6 @@ class LightOutcomes:
                 x += w
         return x, n
 
-    def clear(self) -> None:
-        self._rings.clear()
-
 
 def violation_share(x: float, n: float, a: float) -> float:
     """``v``: the decayed light-load violations ``x`` of ``n``, with the prior (docstring)."""
