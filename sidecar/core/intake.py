@@ -87,11 +87,14 @@ class Intake:
     _models_of: dict[str, tuple[ModelConfig, ...]]
     _next_eval: float | None
     light: LightOutcomes
+    _limits: dict[str, int]  # max_concurrency per cluster (the router's _configure)
 
     def inflight(self, cluster: str) -> int:
         raise NotImplementedError  # the Router's (peers' counts included)
 
-    _limits: dict[str, int]  # max_concurrency per cluster (the router's _configure)
+    def _load(self, cluster: str) -> float:
+        """The route's load now (:func:`~sidecar.core.light_load.load_of`)."""
+        return load_of(self.inflight(cluster), self._limits.get(cluster, 1))
 
     def wants_observation(
         self, cluster: str, slice: SliceKey, now: float, rng: random.Random
@@ -109,7 +112,7 @@ class Intake:
     def started(self, cluster: str) -> float:
         """A routed request was released to ``cluster``; returns the route's load before
         it (:func:`~sidecar.core.light_load.load_of`), for its observation's ``sent_load``."""
-        load = load_of(self.inflight(cluster), self._limits.get(cluster, 1))
+        load = self._load(cluster)
         self._inflight[cluster] += 1
         return load
 
@@ -130,8 +133,7 @@ class Intake:
             self.stats.observe(obs, now)
             return []
         sent = obs.sent_load
-        if sent is not None and sent < LIGHT and load_of(
-                self.inflight(obs.cluster), self._limits.get(obs.cluster, 1)) < LIGHT:
+        if sent is not None and sent < LIGHT and self._load(obs.cluster) < LIGHT:
             violated = obs.outcome != "ok" or not within_budget(self.config, obs)
             self.light.note(obs.cluster, obs.slice, violated, now)
         if obs.is_probe:
