@@ -89,7 +89,7 @@ def test_cli_generate_summarises_per_family(tmp_path: Path,
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["generated"] == {"scenarios": 3, "family_seed": 4,
-                                "families": ["spike", "outage"]}
+                                "families": ["spike", "outage"], "noise_seeds": 1}
     assert set(doc["families"]) == {"spike", "outage", "all"}
     assert doc["families"]["spike"]["scenarios"] == 2
     assert [s["generated"]["family"] for s in doc["scenarios"]] == ["spike", "outage", "spike"]

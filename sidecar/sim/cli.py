@@ -4,7 +4,7 @@
 to ``main(["simulate", ...])``::
 
     simulate --scenario FILE [--scenario FILE ...] [--policy NAME ...] [--seed N]
-             [--json] [--trace PATH] [--duration S] [--out FILE]
+             [--json] [--trace PATH] [--duration S] [--out FILE] [--noise-seeds K]
     simulate --suite [DIR]          (default: the shipped scenarios)
     simulate --generate N [--family-seed S] [--family NAME ...] [--jobs J]
              [--write-scenarios DIR [--write-only]] [--full]
@@ -85,13 +85,16 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="trace CSV for trace-replay workloads (overrides their path)")
     p.add_argument("--duration", type=float, metavar="S",
                    help="override every scenario's duration_s (quick runs)")
+    p.add_argument("--noise-seeds", type=_positive_int, default=1, metavar="K",
+                   help="run each policy K times per scenario on independent service noise "
+                        "and pool the counts (default 1: one run)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
 
 def _run(ns: argparse.Namespace, files: list[Path], keep_going: bool) -> dict[str, Any]:
     progress = None if ns.quiet else StderrProgress()
     doc = run_suite(files, ns.policy, seed=ns.seed, trace=ns.trace, duration=ns.duration,
-                    progress=progress, keep_going=keep_going)
+                    progress=progress, keep_going=keep_going, noise_seeds=ns.noise_seeds)
     if progress is not None:
         progress.done()
     for err in doc.get("errors", []):
@@ -120,7 +123,8 @@ def _cmd_generate(ns: argparse.Namespace) -> int:
     policies = list(dict.fromkeys(ns.policy)) if ns.policy else list(DEFAULT_POLICIES)
     progress = None if ns.quiet else StderrProgress()
     doc = run_generated(items, policies, duration=ns.duration, jobs=ns.jobs, full=ns.full,
-                        progress=None if progress is None else progress.step)
+                        progress=None if progress is None else progress.step,
+                        noise_seeds=ns.noise_seeds)
     if progress is not None:
         progress.done()
     text = json.dumps(doc, indent=1)

@@ -17,7 +17,10 @@ scenarios where tailroute is within 1.1x of that scenario's best baseline
 (plus 0.1 percentage point, so a scenario where the best has 0.00 % and
 tailroute two stray violations in thousands still counts), the share of the
 best-baseline -> oracle gap closed, and any scenario where a policy beat the
-oracle (which the oracle is built to prevent).
+oracle (which the oracle is built to prevent). With ``noise_seeds`` above 1
+every rate is pooled over that many noise draws (:mod:`sidecar.sim.noise_draws`)
+and ``within_1.1x_of_itself`` says how often one draw of tailroute passes the
+"within 1.1x" test against another draw of itself -- the test's noise floor.
 """
 
 from __future__ import annotations
@@ -111,10 +114,13 @@ def run_generated(
     jobs: int = 1,
     full: bool = False,
     progress: Callable[[str], None] | None = None,
+    noise_seeds: int = 1,
 ) -> dict[str, Any]:
     """Run every policy on every generated scenario; the results document with a
-    ``families`` summary. ``full`` keeps each run's time series (large)."""
-    args = [(g.family, g.family_seed, g.ordinal, tuple(policies), duration, full)
+    ``families`` summary. ``full`` keeps each run's time series (large);
+    ``noise_seeds`` pools that many noise draws per policy and scenario
+    (:mod:`sidecar.sim.noise_draws`)."""
+    args = [(g.family, g.family_seed, g.ordinal, tuple(policies), duration, full, noise_seeds)
             for g in items]
     results: list[dict[str, Any]] = []
     if jobs <= 1:
@@ -134,18 +140,19 @@ def run_generated(
         "schema_version": SCHEMA_VERSION,
         "generated": {"scenarios": len(items),
                       "family_seed": items[0].family_seed if items else None,
-                      "families": fams},
+                      "families": fams, "noise_seeds": noise_seeds},
         "scenarios": results,
         "summary": suite_summary(results),
         "families": family_summary(results, fams),
     }
 
 
-def _run_one(a: tuple[str, int, int, tuple[str, ...], float | None, bool]) -> dict[str, Any]:
-    family, seed, k, policies, duration, full = a
+def _run_one(a: tuple[str, int, int, tuple[str, ...], float | None, bool, int]
+             ) -> dict[str, Any]:
+    family, seed, k, policies, duration, full, noise_seeds = a
     g = generate_one(family, seed, k)
     sc = parse_scenario(g.data, f"{g.name}.yaml", duration=duration)
-    res = run_scenario(sc, policies)
+    res = run_scenario(sc, policies, noise_seeds=noise_seeds)
     res["generated"] = g.meta()
     if not full:
         for r in res["policies"].values():
@@ -172,9 +179,16 @@ def family_figures(scenarios: Sequence[dict[str, Any]]) -> dict[str, Any]:
     counts: dict[str, int] = {}
     within = strict = n_cmp = 0
     beaten: list[dict[str, Any]] = []
+    agree: list[float] = []
     for sc in scenarios:
         for p, r in sc["policies"].items():
-            counts[p] = counts.get(p, 0) + sum(c["violations"] for c in r["classes"].values())
+            pooled = r.get("noise_draws")
+            counts[p] = counts.get(p, 0) + (
+                int(pooled["violations"]) if pooled is not None
+                else sum(c["violations"] for c in r["classes"].values()))
+        own = sc["policies"].get("tailroute", {}).get("noise_draws")
+        if own is not None:
+            agree.append(_agreement(own["rates"]))
         s = sc["summary"]
         rates = s["violation_rate"]
         best = s.get("best_baseline")
@@ -191,7 +205,17 @@ def family_figures(scenarios: Sequence[dict[str, Any]]) -> dict[str, Any]:
     figs["within_1.1x_of_best"] = round(within / n_cmp, 4) if n_cmp else None
     figs["within_1.1x_of_best_strict"] = round(strict / n_cmp, 4) if n_cmp else None
     figs["oracle_beaten"] = beaten
+    if agree:
+        figs["within_1.1x_of_itself"] = round(sum(agree) / len(agree), 4)
     return figs
+
+
+def _agreement(rates: Sequence[float]) -> float:
+    """The share of ordered pairs of draws ``(i, j)``, ``i != j``, where draw ``i``'s
+    rate is within 1.1x (+ slack) of draw ``j``'s: how often one run passes the
+    "within 1.1x" test against *the same policy* on other noise."""
+    pairs = [(a, b) for i, a in enumerate(rates) for j, b in enumerate(rates) if i != j]
+    return sum(a <= WITHIN_FACTOR * b + WITHIN_SLACK for a, b in pairs) / len(pairs)
 
 
 def family_lines(doc: dict[str, Any]) -> list[str]:
@@ -215,9 +239,15 @@ def family_lines(doc: dict[str, Any]) -> list[str]:
         ])
     widths = [max(len(x[i]) for x in [header, *rows]) for i in range(len(header))]
     fmt = "  ".join(f"{{:<{w}}}" if i == 0 else f"{{:>{w}}}" for i, w in enumerate(widths))
+    draws = doc.get("generated", {}).get("noise_seeds", 1)
     lines = ["mean SLO violation rate per scenario (ratios and gap closed: of the sums) "
-             "for tailroute",
-             fmt.format(*header), *[fmt.format(*r) for r in rows], ""]
+             "for tailroute" + (f", each pooled over {draws} noise draws" if draws > 1 else ""),
+             fmt.format(*header), *[fmt.format(*r) for r in rows]]
+    itself = fams["all"].get("within_1.1x_of_itself")
+    if itself is not None:
+        lines.append(f"one draw of tailroute within 1.1x of another draw of itself: "
+                     f"{_pct(itself, 1)} of pairs (the noise floor of one run's \"within 1.1x\")")
+    lines.append("")
     policies = [p for p in fams["all"]["sum_violation_rate"] if p in BASELINES
                 or p.startswith("tailroute") or p.startswith("oracle")]
     ph = ["family", *policies]

@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sidecar.sim.engine import run_once
 from sidecar.sim.loader import load_scenario
+from sidecar.sim.noise_draws import counts, run_draws
 from sidecar.sim.policies import BASELINES, DEFAULT_POLICIES
 from sidecar.sim.scenario import EventSpec, Scenario, Trace
 from sidecar.sim.validate import ScenarioError
@@ -87,8 +87,10 @@ def policies_for(sc: Scenario, requested: Sequence[str] | None) -> list[str]:
 
 
 def run_scenario(sc: Scenario, policies: Sequence[str],
-                 progress: Progress | None = None) -> dict[str, Any]:
-    """Every policy on one scenario, plus the scenario's summary figures."""
+                 progress: Progress | None = None, noise_seeds: int = 1) -> dict[str, Any]:
+    """Every policy on one scenario, plus the scenario's summary figures; with
+    ``noise_seeds`` above 1 each policy's figures pool that many noise draws
+    (:mod:`sidecar.sim.noise_draws`)."""
     results: dict[str, Any] = {}
     for i, pol in enumerate(policies):
         tick = None
@@ -96,7 +98,7 @@ def run_scenario(sc: Scenario, policies: Sequence[str],
             label = f"{sc.name} [{i + 1}/{len(policies)}] {pol}"
             progress.step(label)
             tick = _fraction(progress, label)
-        results[pol] = run_once(sc, pol, tick)
+        results[pol] = run_draws(sc, pol, noise_seeds, tick)
     return {
         "name": sc.name,
         "file": sc.source,
@@ -139,6 +141,7 @@ def run_suite(
     duration: float | None = None,
     progress: Progress | None = None,
     keep_going: bool = False,
+    noise_seeds: int = 1,
 ) -> dict[str, Any]:
     """Load and run every scenario file; returns the whole JSON document.
 
@@ -152,7 +155,8 @@ def run_suite(
         try:
             sc = load_scenario(f, seed=seed, trace=trace, duration=duration)
             check_inputs(sc)
-            scenarios.append(run_scenario(sc, policies_for(sc, policies), progress))
+            scenarios.append(run_scenario(sc, policies_for(sc, policies), progress,
+                                          noise_seeds))
         except ScenarioError as exc:
             if not keep_going:
                 raise
@@ -177,9 +181,13 @@ def check_inputs(sc: Scenario) -> None:
 
 
 def violation_rate(result: dict[str, Any]) -> float:
-    """All classes together: violations / scored calls."""
-    scored = sum(c["scored"] for c in result["classes"].values())
-    bad = sum(c["violations"] for c in result["classes"].values())
+    """All classes together: violations / scored calls (pooled over the noise draws
+    when there were several)."""
+    pooled = result.get("noise_draws")
+    if pooled is not None:
+        scored, bad = int(pooled["scored"]), int(pooled["violations"])
+    else:
+        scored, bad = counts(result)
     return bad / scored if scored else 0.0
 
 

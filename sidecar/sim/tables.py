@@ -129,8 +129,12 @@ def _gap_text(gap: float | None) -> str:
 def text_table(sc: dict[str, Any]) -> str:
     header, body = rows(sc)
     widths = [max(len(x[i]) for x in [header, *body]) for i in range(len(header))]
+    draws = max((r.get("noise_draws", {}).get("draws", 1) for r in sc["policies"].values()),
+                default=1)
+    pooled = f"; {draws} noise draws: rows are the first, the summary pools all" \
+        if draws > 1 else ""
     lines = [f"== {sc['name']} (seed {sc['seed']}, {sc['duration_s']:g} s, "
-             f"warm-up {sc['warmup_s']:g} s) =="]
+             f"warm-up {sc['warmup_s']:g} s{pooled}) =="]
     fmt = "  ".join(f"{{:<{w}}}" if i == 0 else f"{{:>{w}}}" for i, w in enumerate(widths))
     lines.append(fmt.format(*header))
     lines += [fmt.format(*r) for r in body]
