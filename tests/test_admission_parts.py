@@ -100,7 +100,7 @@ def test_over_budget_needs_confidence(violation: float, n: float, over: bool) ->
     """A route is over its class budget only when its violation share exceeds the
     allowed share with confidence (the binomial test health escalation uses)."""
     from sidecar.core.admission import AdmissionControl
-    from sidecar.core.pipeline import Candidate, HealthView
+    from sidecar.core.selection import Candidate, HealthView
 
     cfg = parse_config(base_config_dict(), "test.yaml")
     cand = Candidate(cfg.cluster("a"), HealthView("healthy", 1.0, False, False))

@@ -13,14 +13,9 @@ from sidecar.core.evidence import RouteEvidence
 from sidecar.core.filters import DEFAULT_FILTERS
 from sidecar.core.histogram import LogHistogram
 from sidecar.core.pickers import PICKERS
-from sidecar.core.pipeline import (
-    HealthView,
-    LatencyValue,
-    PipelineResult,
-    SelectionContext,
-    run_pipeline,
-)
+from sidecar.core.pipeline import run_pipeline
 from sidecar.core.scorers import DEFAULT_SCORERS
+from sidecar.core.selection import HealthView, LatencyValue, PipelineResult, SelectionContext
 from sidecar.core.types import RequestInfo, SliceKey
 from tests.conftest import base_config_dict
 

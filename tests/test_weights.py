@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from sidecar.core.config import Config, parse_config
 from sidecar.core.evidence import RouteEvidence
 from sidecar.core.histogram import LogHistogram
-from sidecar.core.pipeline import HealthView, LatencyValue
 from sidecar.core.plan_cache import probes
 from sidecar.core.router import Router
+from sidecar.core.selection import HealthView, LatencyValue
 from sidecar.core.types import Observation, SliceKey
 from sidecar.core.weights import (
     TRIAL_SHARE,

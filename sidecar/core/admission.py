@@ -49,10 +49,10 @@ from sidecar.core.admission_rules import RULES, STATUS, Rule, Situation, evaluat
 from sidecar.core.config import ClassConfig, Config
 from sidecar.core.evidence import significant
 from sidecar.core.frozen import fast_init
-from sidecar.core.pipeline import Candidate, LatencyValue, PipelineResult, RouteView
 from sidecar.core.request_lane import LanePick, full_result
 from sidecar.core.retry_budget import RetryBudget, RetryMemory
 from sidecar.core.scorers import SLO_TAIL
+from sidecar.core.selection import Candidate, LatencyValue, PipelineResult, RouteView
 from sidecar.core.types import Admission, Decision, RequestInfo
 
 __all__ = ["RULES", "AdmissionControl", "RouteFacts", "Situation", "Verdict", "evaluate"]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from sidecar.core.config import ModelConfig
 from sidecar.core.latency_aware import enabled_metrics
-from sidecar.core.pipeline import LatencyValue, PipelineResult, verdicts_of
+from sidecar.core.selection import LatencyValue, PipelineResult, verdicts_of
 from sidecar.core.types import CandidateExplain, Decision, Explain, RequestInfo
 
 if TYPE_CHECKING:

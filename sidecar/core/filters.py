@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
-from sidecar.core.pipeline import Candidate, Filter, HealthView, SelectionContext
+from sidecar.core.selection import Candidate, Filter, HealthView, SelectionContext
 
 
 @dataclass(frozen=True, slots=True)

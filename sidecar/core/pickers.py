@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from sidecar.core.pipeline import Candidate, Picker, SelectionContext
+from sidecar.core.selection import Candidate, Picker, SelectionContext
 
 
 @dataclass(frozen=True, slots=True)

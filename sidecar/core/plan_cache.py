@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 from sidecar.core.config import ClassConfig, Config, ModelConfig, StatsConfig
 from sidecar.core.health_board import HealthBoard
-from sidecar.core.pipeline import Plan, SelectionContext
 from sidecar.core.request_lane import RequestLane
+from sidecar.core.selection import Plan, SelectionContext
 from sidecar.core.series import RouteStats
 from sidecar.core.types import Decision, RequestInfo, SliceKey
 from sidecar.core.viability import probe_share

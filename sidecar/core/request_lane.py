@@ -29,7 +29,7 @@ When a kept candidate is full (capacity would drop it) or none is kept
 (panic), :meth:`RequestLane.pick` returns None before drawing and the caller
 runs the full stage. A :class:`LanePick` keeps the counts and the draw;
 :meth:`LanePick.result` replays the full stage on them to give the
-:class:`~sidecar.core.pipeline.PipelineResult` whoever needs it (explain,
+:class:`~sidecar.core.selection.PipelineResult` whoever needs it (explain,
 admission beyond its fast path), and only then. What depends on the chosen
 candidate alone -- the decision reason, the fallback label, admission's
 over-budget verdicts -- is static for the plan and computed once.
@@ -49,7 +49,9 @@ from sidecar.core.evidence import RouteEvidence
 from sidecar.core.explain import decision_reason
 from sidecar.core.filters import HERD_HEADROOM, Capacity, ClassRestriction, FailureRun
 from sidecar.core.pickers import WeightedRandom
-from sidecar.core.pipeline import (
+from sidecar.core.pipeline import run_request
+from sidecar.core.scorers import Load
+from sidecar.core.selection import (
     FLOOR_SHARE,
     HealthView,
     LatencyValue,
@@ -58,9 +60,7 @@ from sidecar.core.pipeline import (
     Plan,
     RouteView,
     SelectionContext,
-    run_request,
 )
-from sidecar.core.scorers import Load
 from sidecar.core.types import SliceKey
 
 # FailureRun drops nothing unless the request's context holds routes back (an open

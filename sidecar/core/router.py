@@ -33,14 +33,7 @@ from sidecar.core.health_board import HealthBoard
 from sidecar.core.intake import Intake
 from sidecar.core.light_load import LightOutcomes
 from sidecar.core.pickers import PICKERS
-from sidecar.core.pipeline import (
-    HealthView,
-    LatencyValue,
-    PipelineResult,
-    SelectionContext,
-    build_plan,
-    run_request,
-)
+from sidecar.core.pipeline import build_plan, run_request
 from sidecar.core.plan_cache import (
     CachedPlan,
     PlanCache,
@@ -50,6 +43,7 @@ from sidecar.core.plan_cache import (
 )
 from sidecar.core.request_lane import LanePick, RequestLane, chosen_latency, full_result
 from sidecar.core.scorers import DEFAULT_SCORERS
+from sidecar.core.selection import HealthView, LatencyValue, PipelineResult, SelectionContext
 from sidecar.core.stats import StatsStore
 from sidecar.core.subwindow import as_metric
 from sidecar.core.trial_hold import TrialHold

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from sidecar.core.evidence import with_prior
 from sidecar.core.latency_aware import enabled_metrics, latency_aware_scores
 from sidecar.core.light_load import floor_share, violation_share
-from sidecar.core.pipeline import FLOOR_SHARE, Candidate, LatencyValue, Scorer, SelectionContext
+from sidecar.core.selection import FLOOR_SHARE, Candidate, LatencyValue, Scorer, SelectionContext
 from sidecar.core.steepness import latency_score
 
 _NEUTRAL = 1.0

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from sidecar.core.config import Config, ModelConfig
 from sidecar.core.health import HealthState
 from sidecar.core.health_board import CLUSTER_SLICE, HealthBoard
-from sidecar.core.pipeline import HealthView
+from sidecar.core.selection import HealthView
 from sidecar.core.types import SliceKey
 
 #: States in which a route takes probes only.

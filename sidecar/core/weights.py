@@ -64,16 +64,9 @@ from sidecar.core.config import Config, ModelConfig
 from sidecar.core.evidence import RouteEvidence
 from sidecar.core.filters import DEFAULT_FILTERS
 from sidecar.core.pickers import PICKERS
-from sidecar.core.pipeline import (
-    Candidate,
-    HealthView,
-    LatencyValue,
-    RouteView,
-    SelectionContext,
-    panic_tier,
-    run_pipeline,
-)
+from sidecar.core.pipeline import panic_tier, run_pipeline
 from sidecar.core.scorers import DEFAULT_SCORERS
+from sidecar.core.selection import Candidate, HealthView, LatencyValue, RouteView, SelectionContext
 from sidecar.core.types import RequestInfo, SliceKey
 from sidecar.core.window_load import LoadedView
 

@@ -6,7 +6,7 @@ request until Envoy logs it) but what a window carries:
 
 * :class:`WindowLoad` measures it: the average requests in flight per cluster
   and per slice over the last window (Little's law).
-* :class:`LoadedView` is a :class:`~sidecar.core.pipeline.RouteView` that reads
+* :class:`LoadedView` is a :class:`~sidecar.core.selection.RouteView` that reads
   another view and counts such a load on top of its in-flight counts -- the
   load a window averaged, or the load :func:`sidecar.core.weights.compute_weights`
   plans for the next one.
@@ -24,8 +24,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
 from sidecar.core.evidence import RouteEvidence
-from sidecar.core.pipeline import HealthView, LatencyValue, RouteView
 from sidecar.core.router import Router
+from sidecar.core.selection import HealthView, LatencyValue, RouteView
 from sidecar.core.types import SliceKey
 
 
