@@ -18,8 +18,8 @@ from sidecar.sim.cli import main
 from sidecar.sim.dists import Stream
 from sidecar.sim.engine import run_once
 from sidecar.sim.loader import parse_scenario
-from sidecar.sim.provider import Provider, finalize_unfinished
-from sidecar.sim.records import CLIENT, Attempt
+from sidecar.sim.provider import Provider
+from sidecar.sim.records import CLIENT, Attempt, finalize_unfinished
 from sidecar.sim.scenario import EventSpec, Mmpp, OnOff, Poisson, SliceMatch, Trace
 from sidecar.sim.traffic import arrivals
 

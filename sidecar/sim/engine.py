@@ -37,8 +37,17 @@ from sidecar.core.types import Decision, SliceKey
 from sidecar.sim.dists import Stream
 from sidecar.sim.metrics import Metrics, slo_value
 from sidecar.sim.policies import BasePolicy, Policy, PolicyContext, make_policy
-from sidecar.sim.provider import Provider, finalize_unfinished, outcome_kind
-from sidecar.sim.records import CLIENT, DONE, ROUTE, USER, Attempt, Call
+from sidecar.sim.provider import Provider
+from sidecar.sim.records import (
+    CLIENT,
+    DONE,
+    ROUTE,
+    USER,
+    Attempt,
+    Call,
+    finalize_unfinished,
+    outcome_kind,
+)
 from sidecar.sim.scenario import Scenario
 from sidecar.sim.traffic import ArrivalItem, Source, arrivals
 from sidecar.sim.workflows import WorkflowRunner

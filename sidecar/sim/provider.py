@@ -37,8 +37,8 @@ from typing import Any
 
 from sidecar.sim.dists import TAIL_CAP, KeyedRows, Lognormal, Stream, Variates
 from sidecar.sim.heavy import HeavyTailed, latency_value
-from sidecar.sim.records import CLIENT, DONE, QUEUED, ROUTE, SERVING, USER, Attempt
-from sidecar.sim.scenario import ErrorSpec, EventSpec, ProviderSpec
+from sidecar.sim.records import CLIENT, QUEUED, SERVING, Attempt
+from sidecar.sim.scenario import ErrorSpec, EventSpec, ProviderSpec, merged_windows
 
 Push = Callable[[float, Callable[[Any], None], Any], None]
 #: One request's service variates (see :meth:`Provider.draw`).
@@ -82,9 +82,9 @@ class Provider:
         self.peak_inflight = 0
         self.cap_events = [e for e in events if e.capacity is not None]
         # Events that change how a request is served (a pure capacity change does not).
-        self._deg_events = [e for e in events if _degrades(e)]
+        self._deg_events = [e for e in events if e.degrades]
         # Their windows merged, to tell "no event active now" cheaply (most requests).
-        self._quiet_lo, self._quiet_hi = _merged_windows(self._deg_events, horizon)
+        self._quiet_lo, self._quiet_hi = merged_windows(self._deg_events, horizon)
         ttft, tpot = spec.ttft, spec.tpot
         self._ttft_med = ttft.median
         self._tpot_med = tpot.median
@@ -381,56 +381,8 @@ class Provider:
         return out
 
 
-def outcome_kind(att: Attempt) -> str:
-    """How the attempt ended from the client's view: ok, error, timeout or cancelled."""
-    if att.outcome == "ok":
-        return "ok"
-    if att.outcome == "error":
-        return "error"
-    return "cancelled" if att.deadline_kind == USER else "timeout"
-
-
-def finalize_unfinished(att: Attempt) -> None:
-    """Set the core outcome of an attempt that hit its deadline.
-
-    The route timeout (Envoy's per-request timeout) answers 504: a ``timeout``.
-    A client or user giving up first closes the downstream: the sidecar sees a
-    ``cancel`` (as :class:`~sidecar.core.timing.ResponseTimer` would report it).
-    """
-    att.state = DONE
-    if att.outcome is None:
-        att.outcome = "timeout" if att.deadline_kind == ROUTE else "cancel"
-        att.status = 504 if att.deadline_kind == ROUTE else None
-
-
 def _cut_at_first_token_deadline(att: Attempt, first_byte: float | None) -> None:
     """The client's first-token timeout fires before the first byte: it gives up then."""
     fdl = att.ttft_deadline
     if fdl < att.deadline and (first_byte is None or first_byte > fdl):
         att.deadline, att.deadline_kind = fdl, CLIENT
-
-
-def _degrades(e: EventSpec) -> bool:
-    return (e.ttft_factor != 1.0 or e.tpot_factor != 1.0 or e.error_rate is not None
-            or e.stall_rate is not None or e.outage or e.tail_rate > 0 or bool(e.errors))
-
-
-def _merged_windows(events: list[EventSpec], horizon: float
-                    ) -> tuple[list[float] | None, list[float]]:
-    """Start and end times of the union of the events' windows (sorted, disjoint), or
-    ``(None, [])`` when they cannot be listed (a window repeating forever)."""
-    spans: list[tuple[float, float]] = []
-    for e in events:
-        if e.every is not None and not math.isfinite(horizon) and e.count > 10_000:
-            return None, []
-        spans += e.windows(horizon if math.isfinite(horizon) else math.inf)
-    spans.sort()
-    lo: list[float] = []
-    hi: list[float] = []
-    for a, b in spans:
-        if lo and a <= hi[-1]:
-            hi[-1] = max(hi[-1], b)
-        else:
-            lo.append(a)
-            hi.append(b)
-    return lo, hi

@@ -209,3 +209,25 @@ class Attempt:
                            c.cls.priority, None, c.slice, f"c{c.id}", self.n, deadline_ms,
                            None if step is None else step.kind,
                            1 if step is None else step.fanout)
+
+
+def outcome_kind(att: Attempt) -> str:
+    """How the attempt ended from the client's view: ok, error, timeout or cancelled."""
+    if att.outcome == "ok":
+        return "ok"
+    if att.outcome == "error":
+        return "error"
+    return "cancelled" if att.deadline_kind == USER else "timeout"
+
+
+def finalize_unfinished(att: Attempt) -> None:
+    """Set the core outcome of an attempt that hit its deadline.
+
+    The route timeout (Envoy's per-request timeout) answers 504: a ``timeout``.
+    A client or user giving up first closes the downstream: the sidecar sees a
+    ``cancel`` (as :class:`~sidecar.core.timing.ResponseTimer` would report it).
+    """
+    att.state = DONE
+    if att.outcome is None:
+        att.outcome = "timeout" if att.deadline_kind == ROUTE else "cancel"
+        att.status = 504 if att.deadline_kind == ROUTE else None

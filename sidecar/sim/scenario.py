@@ -7,6 +7,7 @@ YAML speaks milliseconds where the field name says ``_ms``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -97,6 +98,14 @@ class EventSpec:
     errors: tuple[ErrorSpec, ...] = ()  # a status mix while active (scaled by the ramp level)
     ramp_in: float = 0.0  # seconds over which each window's effect grows from none to full
     ramp_out: float = 0.0  # seconds over which it fades to none before the window ends
+
+    @property
+    def degrades(self) -> bool:
+        """The event changes service (not only capacity): it counts for the
+        degraded-share metric and the provider's quiet-time fast path."""
+        return (self.ttft_factor != 1.0 or self.tpot_factor != 1.0
+                or self.error_rate is not None or self.stall_rate is not None or self.outage
+                or self.tail_rate > 0 or bool(self.errors))
 
     def windows(self, horizon: float) -> list[tuple[float, float]]:
         """The active ``[start, end)`` windows, clipped to ``horizon``."""
@@ -250,3 +259,24 @@ class Scenario:
     policies: tuple[str, ...] = ()
     tags: tuple[str, ...] = field(default=())
     replicas: ReplicaSpec | None = None  # tailroute as k replicas (sidecar.sim.replicas)
+
+
+def merged_windows(events: list[EventSpec], horizon: float
+                    ) -> tuple[list[float] | None, list[float]]:
+    """Start and end times of the union of the events' windows (sorted, disjoint), or
+    ``(None, [])`` when they cannot be listed (a window repeating forever)."""
+    spans: list[tuple[float, float]] = []
+    for e in events:
+        if e.every is not None and not math.isfinite(horizon) and e.count > 10_000:
+            return None, []
+        spans += e.windows(horizon if math.isfinite(horizon) else math.inf)
+    spans.sort()
+    lo: list[float] = []
+    hi: list[float] = []
+    for a, b in spans:
+        if lo and a <= hi[-1]:
+            hi[-1] = max(hi[-1], b)
+        else:
+            lo.append(a)
+            hi.append(b)
+    return lo, hi
