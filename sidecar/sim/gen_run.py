@@ -37,6 +37,7 @@ import yaml
 from sidecar.sim.gen_base import Draw
 from sidecar.sim.gen_families import FAMILIES
 from sidecar.sim.loader import parse_scenario
+from sidecar.sim.noise_draws import pooled_counts
 from sidecar.sim.policies import BASELINES
 from sidecar.sim.runner import SCHEMA_VERSION, _suite_figures, run_scenario, suite_summary
 from sidecar.sim.validate import ScenarioError
@@ -182,10 +183,7 @@ def family_figures(scenarios: Sequence[dict[str, Any]]) -> dict[str, Any]:
     agree: list[float] = []
     for sc in scenarios:
         for p, r in sc["policies"].items():
-            pooled = r.get("noise_draws")
-            counts[p] = counts.get(p, 0) + (
-                int(pooled["violations"]) if pooled is not None
-                else sum(c["violations"] for c in r["classes"].values()))
+            counts[p] = counts.get(p, 0) + pooled_counts(r)[1]
         own = sc["policies"].get("tailroute", {}).get("noise_draws")
         if own is not None:
             agree.append(_agreement(own["rates"]))

@@ -3,7 +3,7 @@
 A generated scenario is short (often a few thousand scored calls), so one run's
 violation rate carries sampling noise of the same size as the differences the
 summary figures compare: tailroute on family seed 1 is within 1.1x (+0.1 point)
-of *its own rate on another noise draw* in only about 82 % of the scenarios
+of *its own rate on another noise draw* in only about 83 % of pairs
 (docs/policy-lab.md, "How noisy one run is"). ``--noise-seeds K`` runs each
 policy ``K`` times on the same traffic (arrivals, prompts and events are the
 scenario's; only the providers' service draws and the policy's own randomness
@@ -40,6 +40,15 @@ def counts(result: dict[str, Any]) -> tuple[int, int]:
     """``(scored, violations)`` of one run, all classes together."""
     classes = result["classes"].values()
     return sum(c["scored"] for c in classes), sum(c["violations"] for c in classes)
+
+
+def pooled_counts(result: dict[str, Any]) -> tuple[int, int]:
+    """``(scored, violations)`` pooled over the noise draws when there were several,
+    else the one run's."""
+    pooled = result.get("noise_draws")
+    if pooled is None:
+        return counts(result)
+    return int(pooled["scored"]), int(pooled["violations"])
 
 
 def run_draws(sc: Scenario, policy: str, draws: int,

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.sim.loader import load_scenario
-from sidecar.sim.noise_draws import counts, run_draws
+from sidecar.sim.noise_draws import pooled_counts, run_draws
 from sidecar.sim.policies import BASELINES, DEFAULT_POLICIES
 from sidecar.sim.scenario import EventSpec, Scenario, Trace
 from sidecar.sim.validate import ScenarioError
@@ -183,11 +183,7 @@ def check_inputs(sc: Scenario) -> None:
 def violation_rate(result: dict[str, Any]) -> float:
     """All classes together: violations / scored calls (pooled over the noise draws
     when there were several)."""
-    pooled = result.get("noise_draws")
-    if pooled is not None:
-        scored, bad = int(pooled["scored"]), int(pooled["violations"])
-    else:
-        scored, bad = counts(result)
+    scored, bad = pooled_counts(result)
     return bad / scored if scored else 0.0
 
 
