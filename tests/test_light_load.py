@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from sidecar.core.config import Config, parse_config
 from sidecar.core.light_load import (
+    FLOOR_PRICE,
     HALF_LIFE_S,
     RING,
     LightOutcomes,
@@ -64,10 +65,11 @@ def test_weights_halve_every_half_life_and_unknown_routes_count_nothing() -> Non
 
 
 @pytest.mark.parametrize(("x", "n", "best", "want"), [
-    (0.0, 0.0, 0.0, 1.0),  # no evidence: the prior, the whole floor
-    (1.0, 10.0, 0.0, 0.75),  # one miss in ten beside a clean route
-    (7.0, 10.0, 0.0, 0.107),  # seven in ten: about a tenth
-    (10.0, 10.0, 0.0, 0.073),
+    (0.0, 0.0, 0.0, 0.375),  # outcomes aged away: the prior, beside a clean route
+    (1.0, 10.0, 0.0, 0.1875),  # one miss in ten beside a clean route
+    (7.0, 10.0, 0.0, 0.0268),  # seven in ten: about a fortieth
+    (10.0, 10.0, 0.0, 0.0188),
+    (1.0, 10.0, 1.0, 1.0),  # the best route itself: the whole floor
 ])
 def test_floor_share_table(x: float, n: float, best: float, want: float) -> None:
     a = 0.05
@@ -89,7 +91,8 @@ def test_floor_share_is_bounded_and_whole_for_the_best(
     f = floor_share(v, best, a)
     assert 0.0 < f <= 1.0
     assert floor_share(best, best, a) == 1.0
-    assert f * (v - best) <= a * (1 + 1e-9)  # what the floor costs is bounded by a
+    # what the floor costs is bounded by FLOOR_PRICE x a
+    assert f * (v - best) <= FLOOR_PRICE * a * (1 + 1e-9)
 
 
 @given(_counts, st.floats(0.01, 5.0), _allowed)

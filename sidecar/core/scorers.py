@@ -142,12 +142,17 @@ class Attainment:
 def floor_shares(ctx: SelectionContext, cands: list[Candidate], a: float) -> None:
     """Each candidate's share of the exploration floor (``scores["floor"]``, only
     where below 1), from its outcomes under light load: ``f`` of
-    :mod:`sidecar.core.light_load`, ``a`` the step's allowed violation share."""
+    :mod:`sidecar.core.light_load`, ``a`` the step's allowed violation share. A route
+    never seen under light load keeps the whole floor (a new route must be explored),
+    though its prior still counts as the best when no route has done better."""
     assert ctx.light is not None
     slice, now = ctx.request.slice, ctx.now
-    vs = [violation_share(*ctx.light.counts(c.name, slice, now), a) for c in cands]
+    counts = [ctx.light.counts(c.name, slice, now) for c in cands]
+    vs = [violation_share(x, n, a) for x, n in counts]
     best = min(vs)
-    for c, v in zip(cands, vs, strict=True):
+    for c, v, (_, n) in zip(cands, vs, counts, strict=True):
+        if n <= 0.0:
+            continue
         f = floor_share(v, best, a)
         if f < 1.0 and c.health.state in UNMOVED:
             c.scores[FLOOR_SHARE] = f
