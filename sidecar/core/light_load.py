@@ -70,8 +70,8 @@ RING = 10  # light outcomes kept per (cluster, slice)
 HALF_LIFE_S = 60.0  # a light outcome's weight halves every minute
 PRIOR = 5.0  # pseudo-outcomes violating at exactly the allowed share
 # The floor may cost a route this share of the allowed violation share per request
-# (module docstring): 1 let three slow routes beside a good one keep ~15 % of the
-# traffic on routes that were merely inside their SLO.
+# (module docstring). At 1 every route within ``a`` of the best kept its whole floor:
+# three such routes beside a good one held ~13 % of the traffic by the floor alone.
 FLOOR_PRICE = 0.25
 MAX_ROUTES = 4096  # (cluster, slice) pairs kept before the book starts over
 
