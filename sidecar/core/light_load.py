@@ -30,11 +30,11 @@ a route that met its budget on its last ten, a route that missed it on 7 of its
 last 10 light-load requests keeps ~2.7 % of the floor, one that missed once
 ~19 %, and one whose light outcomes have all aged away (``v`` back at the prior
 ``a``) ~37 %. A route never seen under light load keeps the whole floor: a new
-route must be explored. ``FLOOR_PRICE`` was 1 until the generated scenarios showed the
-price paid where it bought nothing: on the held-out family seed 41 (pooled over
-four noise draws) 1/4 gave a 2.5 % lower mean violation rate and no change on the shipped
-suite, where a burst's queue, not a slow route, is what the floor must see
-(docs/policy-lab.md, "A cheaper exploration floor").
+route must be explored. ``FLOOR_PRICE`` was 1 until the generated scenarios
+showed the price paid where it bought nothing: on the held-out family seed 41
+(pooled over four noise draws) 1/4 gave a 2.5 % lower mean violation rate and
+no change on the shipped suite, where a burst's queue, not a slow route, is
+what the floor must see (docs/policy-lab.md, "A cheaper exploration floor").
 
 Counting only the load when sent is not enough: requests sent at a burst's
 start are served under its load. The ring's cap bounds how long one episode
