@@ -5,21 +5,18 @@ recovery the route comes back through probing/restoring, not in one jump.
 Windows are 1 s here so the test runs in about 40 s; the load loop is bounded
 in time and count.
 
-Arrivals are open-loop (a fixed rate, as real clients send), not a few workers
-each waiting for its answer: with 8 closed-loop workers only ~8 requests were
-ever in flight on the slowed route, and once the scores moved traffic off it
-(within a second of the first slow answers) those were all the evidence the
-health machine got. A window with 8 of them made the route ``watching``; the
-next held fewer than ``min_samples`` and the route stayed ``watching``, its
-traffic already gone (seen once in CI on a loaded machine, reproduced here
-under CPU load). At a fixed rate the requests in flight when the route slows
-scale with the rate, as they do in production, and the slowed TTFT is spread
-(p99 2.7x the median) so their answers land in more than one 1 s window; with a
-narrow spread they could still all land in one (1 run in 4 under four busy
-processes). A route whose traffic the scores move within one window may stay
-``watching`` until its evidence goes stale (docs/policy-lab.md, "Estimators",
-the exploration floor); this test is about the ladder, so it gives the health
-machine the windows the ladder needs.
+A slowed route's traffic leaves it within a second of its first slow answers
+(the attainment score), and a ``watching`` route's cut exploration floor then
+sends it almost nothing: when the answers in flight all land in one evaluation
+window, the next lacks ``min_samples`` and the route stays ``watching`` until
+its verdict goes stale (docs/policy-lab.md, "Estimators", the exploration floor;
+seen twice in CI with ``degrade_windows: 2``, the second time as "100% of 14
+over budget" and then no second window). This test is about the rest of the
+ladder through the real Envoy, so one significant window degrades the route
+(``degrade_windows: 1``; the persistence rule itself is unit-tested in
+tests/test_health.py). Arrivals are open-loop at a fixed rate, as real clients
+send, so the requests in flight on the route scale with the rate rather than
+with a few closed-loop workers.
 """
 
 from __future__ import annotations
@@ -60,7 +57,7 @@ def _config(ports: dict[str, int]) -> dict[str, Any]:
                       "weights": {"latency": 0.2, "cost": 1.0, "capacity": 1.0}},
         },
         "stats": {"subwindow_s": 1.0, "subwindows": 6, "min_samples": 4},
-        "health": {"degrade_windows": 2, "restrict_windows": 1, "recover_windows": 2,
+        "health": {"degrade_windows": 1, "restrict_windows": 1, "recover_windows": 2,
                    "cooldown_s": 2, "probe_share": 0.1, "probe_successes": 3,
                    "restore_step": 0.25},
     }
@@ -127,7 +124,7 @@ def test_tail_degradation_moves_interactive_only_and_recovers_gradually() -> Non
         asyncio.run(_drive(st, 5, hits, t0, 1))
         base_a = _share(hits, "interactive", 2, 5, "a")
 
-        st.control("a", {"ttft_ms": {"median": 900, "p99": 2400}, "streaming_only": True})
+        st.control("a", {"ttft_ms": {"median": 900, "p99": 1400}, "streaming_only": True})
         t_bad = time.monotonic() - t0
         asyncio.run(_drive(st, 12, hits, t0, 2))
         t_fix = time.monotonic() - t0
@@ -142,7 +139,7 @@ def test_tail_degradation_moves_interactive_only_and_recovers_gradually() -> Non
         states_all = [e["new"] for e in _transitions(st)]
 
     assert base_a > 0.4, f"a is the faster route at first ({base_a:.2f})"
-    # Moved off within the configured windows (2 to degrade + 1 to restrict, plus
+    # Moved off within the configured windows (1 to degrade + 1 to restrict, plus
     # growth of sparse evaluation windows): little interactive traffic left on a.
     assert {"degraded", "restricted"} & set(states_bad), [
         (e["at"], e["new"], e["reason"]) for e in seen_bad]
