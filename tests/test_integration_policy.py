@@ -75,8 +75,9 @@ MAX_IN_FLIGHT = 64  # a slow route must not make the loop unbounded in memory
 
 
 async def _drive(st: Stack, seconds: float, hits: list[Hit], t0: float, seed: int) -> None:
-    """Send ``RATE`` requests per second for ``seconds`` (bounded in count: one per
-    tick; in time: the last request times out after 20 s), 30 % batch."""
+    """Send ``RATE`` requests per second for ``seconds``, 30 % batch: ``seconds x
+    RATE`` requests in all, at most ``MAX_IN_FLIGHT`` at once, each bounded by the
+    client's 20 s timeout."""
     rng = random.Random(seed)
     client = openai.AsyncOpenAI(base_url=st.base_url, api_key="t", max_retries=0, timeout=20)
     gate = asyncio.Semaphore(MAX_IN_FLIGHT)
