@@ -49,26 +49,36 @@ async def _sample_loop(admin: AdminServer, stop: asyncio.Event, every_s: float) 
             await asyncio.wait_for(stop.wait(), timeout=every_s)
 
 
-async def _drain(server: grpc.aio.Server, service: ExtProcService, app: App,
-                 drain_s: float) -> None:
+async def drain(server: grpc.aio.Server, service: ExtProcService, app: App,
+                drain_s: float) -> None:
     """Let in-flight requests finish and their access-log entries arrive, for up to ``drain_s``.
 
     New routing streams are refused at once (Envoy fails open to the default
-    route); access-log streams are still accepted, because a request's outcome
-    arrives after the request, on a stream Envoy may only open then. Once no
-    request has been pending for two checks in a row, the access-log streams
-    are ended with an OK status and the server stops.
+    route); access-log and observing streams are still accepted, because a
+    request's outcome and its first-token time arrive after the request was
+    routed, on streams Envoy may only open then. The app's sweep keeps running
+    (the tick loop has stopped): an entry whose first-token time does not come
+    is observed alone after its short grace, as while serving. Once no request
+    has been pending for two checks in a row, or at ``drain_s``, the access-log
+    streams are ended with an OK status, what is still pending is settled
+    (:meth:`~sidecar.shell.app.App.settle_all`: observed from its entry, or
+    counted lost) and the server stops.
     """
     loop = asyncio.get_running_loop()
     service.draining = True
     deadline, idle = loop.time() + drain_s, 0
     while loop.time() < deadline:
+        app.tick(loop.time())
         idle = idle + 1 if not app.pending else 0
         if idle >= 2:
             break
         await asyncio.sleep(0.05)
     if service.access_log is not None:
         service.access_log.close()
+    observed, lost = app.settle_all(loop.time())
+    if observed or lost:
+        log.warning("drain over after %.1fs: %d requests observed from their entry alone, "
+                    "%d without an entry counted lost", drain_s, observed, lost)
     await server.stop(grace=0.05)
 
 
@@ -258,7 +268,7 @@ async def serve(
     await snap.save()
     log.info("shutting down: draining %d streams, %d requests in flight",
              service.active_streams, len(app.pending))
-    await _drain(server, service, app, drain_s)
+    await drain(server, service, app, drain_s)
     await asyncio.gather(*tasks)
     await snap.save()  # again after the drain, so the last observations are in it
     if fleet is not None:

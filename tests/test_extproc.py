@@ -258,6 +258,25 @@ def test_entry_waits_for_a_sampled_observer_then_uses_its_offset() -> None:
     assert not app.pending and app.router.counters[("outcome", "ok")] == 1
 
 
+def test_settle_all_observes_entries_and_counts_the_rest_lost() -> None:
+    """At shutdown: a sampled request whose entry came but whose first-token time did
+    not is observed from the entry alone; one still streaming is counted lost. Both
+    leave ``pending`` and their in-flight slots."""
+    app = _sampled_app()
+    done, r = fast(app, chat_request(), now=0.0)
+    done.close(0.3, cancelled=False)
+    OutcomeFeed(app)(entry(done.rid, first_body_s=0.02), 0.35)
+    assert done.rid in app.pending  # held for the observer
+    fast(app, chat_request(), now=0.1)  # still streaming: no entry
+    assert app.settle_all(0.4) == (1, 1)
+    assert not app.pending and app.router.counters[("outcome", "ok")] == 1
+    assert app.envoy["lost"] == 1
+    assert all(app.router.inflight(c) == 0 for c in ("a", "b", "c"))
+    series = app.router.stats.series(routed_cluster(r), SLICE)  # type: ignore[arg-type]
+    assert series is not None and series.count("e2e", 0.4) == 1
+    assert app.settle_all(0.5) == (0, 0)
+
+
 def _known_offsets(offset_s: float) -> App:
     app = _sampled_app()
     for c in ("a", "b", "c"):

@@ -266,6 +266,21 @@ class App:
                 continue
             self.give_up(p.rid)
 
+    def settle_all(self, now: float) -> tuple[int, int]:
+        """At shutdown, when nothing more can arrive: every pending request whose entry
+        came is observed from the entry alone (its first-token time will not come); the
+        rest are counted lost. Returns ``(observed, lost)``, so nothing leaves silently."""
+        observed = lost = 0
+        for p in list(self.pending.values()):
+            if p.record is not None:
+                p.observer_done = True
+                self.finalize(p, p.record, now)
+                observed += 1
+            else:
+                self.give_up(p.rid)
+                lost += 1
+        return observed, lost
+
     def deadline_for(self, decision: Decision, now: float) -> float:
         timeout_s = (decision.timeout_ms or 300_000) / 1000.0
         return now + timeout_s + _PENDING_GRACE_S

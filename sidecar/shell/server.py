@@ -68,7 +68,9 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self.app = app
         self.active_streams = 0
         self.access_log: AccessLogService | None = None  # set by start_grpc
-        self.draining = False  # shutting down: new streams are refused (Envoy fails open)
+        # Shutting down: new routing streams are refused (Envoy fails open); observing
+        # streams are still served, since they time requests already routed.
+        self.draining = False
         self._phase = phase_hist
         self._phase_by_kind: dict[str, Any] = {}  # histogram children, looked up once
         self.capacity = CapacitySignal()
@@ -113,12 +115,22 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         loop = asyncio.get_running_loop()
         handler: RouteStream | ObserveStream | None = None
         cancelled = True
+        first: Any = None
         if self.draining:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "tailroute is shutting down")
+            # An observing stream opens when its response starts, which for a request
+            # routed just before SIGTERM is during the drain: refusing it would leave
+            # that request without its first-token time (kept, then observed from the
+            # entry alone). Only a routing stream is refused, after its first message.
+            first = await context.read()
+            if first is _EOF or not first.observability_mode:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "tailroute is shutting down")
         self.active_streams += 1
         try:
             while True:
-                msg = await context.read()
+                if first is not None:
+                    msg, first = first, None
+                else:
+                    msg = await context.read()
                 if msg is _EOF:
                     break
                 now = loop.time()
