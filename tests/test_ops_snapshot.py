@@ -182,11 +182,15 @@ def test_write_is_atomic_and_leaves_no_temp_files(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ process level
 
 
-def _terminate_sidecar(stack: Stack) -> None:
+def _terminate_sidecar(stack: Stack, during_drain: Callable[[], None] | None = None) -> None:
     """SIGTERM and wait for a clean exit: the drain may take its full grace period
-    (Envoy holds observing streams open a while), longer than Stack's stop timeout."""
+    (Envoy holds observing streams open a while), longer than Stack's stop timeout.
+    ``during_drain`` runs once the sidecar has said it is draining."""
     proc = stack.procs["sidecar"]
     proc.send_signal(signal.SIGTERM)
+    if during_drain is not None:
+        wait_for(lambda: "shutting down" in stack.log("sidecar"), "the drain to begin")
+        during_drain()
     assert proc.wait(timeout=30) == 0
     stack.stop_sidecar()  # forget the exited process
 
@@ -223,19 +227,29 @@ def test_restarted_sidecar_starts_warm_then_cold_on_corrupt_snapshot(tmp_path: P
 
 @pytest.mark.envoy
 def test_shutdown_drains_in_flight_request_into_the_final_snapshot(tmp_path: Path) -> None:
+    """The request is routed before SIGTERM and its response starts only during the
+    drain (the providers hold it until then), so the observing stream that times its
+    first token opens while the sidecar drains: it must be served, not refused (a
+    refused one left the request waiting for its first-token time until the drain
+    ended, and the final snapshot without it)."""
     snap = tmp_path / "tailroute.snapshot.json"
     with Stack() as stack:
         start_stack(stack, extra_args=["--snapshot", str(snap)])
-        for name in PROVIDERS:  # ~1 s of tokens: still streaming when SIGTERM arrives
-            stack.control(name, {"tpot_ms": 120})
+        for name in PROVIDERS:  # held at arrival, then ~1 s of tokens
+            stack.control(name, {"tpot_ms": 120, "hold": True})
         served: list[list[str]] = []
         client = threading.Thread(target=lambda: served.append(drive(stack, 1)))
         client.start()
+
+        def release() -> None:
+            for name in PROVIDERS:
+                stack.control(name, {"hold": False})
         try:
             wait_for(lambda: any(c["inflight"] for c in stack.sidecar_state()["clusters"].values()),
                      "the request to be in flight")
-            _terminate_sidecar(stack)
+            _terminate_sidecar(stack, during_drain=release)
         finally:
+            release()
             client.join(timeout=30)
         assert served and served[0][0] in PROVIDERS
         assert "1 requests in flight" in stack.log("sidecar")
