@@ -15,7 +15,6 @@ import logging
 import grpc
 import pytest
 
-from sidecar.core.config import parse_config
 from sidecar.core.types import SliceKey
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from sidecar.serve import drain
@@ -23,7 +22,6 @@ from sidecar.shell.app import App
 from sidecar.shell.extproc import RouteStream
 from sidecar.shell.outcomes import OutcomeFeed
 from sidecar.shell.server import start_grpc
-from tests.conftest import base_config_dict
 from tests.streamharness import (
     POST_CHAT,
     body_only_msg,
@@ -34,15 +32,13 @@ from tests.streamharness import (
     routed_cluster,
     token,
 )
-from tests.test_extproc import SSE_HEADERS, entry
+from tests.test_extproc import SSE_HEADERS, entry, make_app
 
 SLICE = SliceKey("m", "interactive", "short", True)
 
 
 def _sampled_app() -> App:
-    data = base_config_dict(stats={"min_samples": 1},
-                            timing={"token_sample_share": 1.0, "token_sample_min": 1})
-    return App.create(parse_config(data, "t.yaml"), seed=1)
+    return make_app(share=1.0, min_samples=1)  # every response's first token timed
 
 
 def _route(app: App, now: float) -> tuple[str, dict[str, str], str]:
