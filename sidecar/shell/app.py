@@ -258,28 +258,25 @@ class App:
         """Periodic work: health evaluation and sweeping requests whose entry never came."""
         self.last_tick = now
         self.log_events(self.router.tick(now))
-        stale = [p for p in self.pending.values() if now > p.deadline]
-        for p in stale:
-            if p.record is not None:  # the observer never finished: the entry alone
-                p.observer_done = True
-                self.finalize(p, p.record, now)
-                continue
-            self.give_up(p.rid)
+        for p in [p for p in self.pending.values() if now > p.deadline]:
+            self._settle(p, now)
 
     def settle_all(self, now: float) -> tuple[int, int]:
-        """At shutdown, when nothing more can arrive: every pending request whose entry
-        came is observed from the entry alone (its first-token time will not come); the
-        rest are counted lost. Returns ``(observed, lost)``, so nothing leaves silently."""
-        observed = lost = 0
-        for p in list(self.pending.values()):
-            if p.record is not None:
-                p.observer_done = True
-                self.finalize(p, p.record, now)
-                observed += 1
-            else:
-                self.give_up(p.rid)
-                lost += 1
-        return observed, lost
+        """At shutdown, when nothing more can arrive: every pending request is settled
+        as the sweep settles one past its deadline. Returns ``(observed, lost)``, so
+        nothing leaves silently."""
+        settled = [self._settle(p, now) for p in list(self.pending.values())]
+        return settled.count(True), settled.count(False)
+
+    def _settle(self, p: Pending, now: float) -> bool:
+        """Stop waiting for ``p``: observed from its entry alone when the entry came (its
+        first-token time never did; True), else counted lost (False)."""
+        if p.record is not None:
+            p.observer_done = True
+            self.finalize(p, p.record, now)
+            return True
+        self.give_up(p.rid)
+        return False
 
     def deadline_for(self, decision: Decision, now: float) -> float:
         timeout_s = (decision.timeout_ms or 300_000) / 1000.0
