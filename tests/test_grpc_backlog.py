@@ -15,13 +15,20 @@ import importlib
 import json
 import threading
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import grpc
+import pytest
 
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from sidecar.shell.bootstrap import sidecar_max_requests
-from sidecar.shell.server import BACKLOG_ENVOYS, backlog_options, start_grpc
+from sidecar.shell.server import (
+    BACKLOG_ENVOYS,
+    GRPC_HARD_BACKLOG,
+    backlog_options,
+    start_grpc,
+)
 from tests.streamharness import POST_CHAT, headers_msg
 from tests.test_extproc import make_app
 
@@ -109,11 +116,18 @@ def test_streams_beyond_grpcs_default_backlog_all_get_answers() -> None:
     assert got == Counter({"answered": STREAMS})
 
 
-def test_backlog_has_room_for_several_envoys_at_their_circuit_breakers() -> None:
+@pytest.mark.parametrize(("breaker", "limit"), [
+    (None, BACKLOG_ENVOYS * 1024),  # the default breaker (at least 1024)
+    (4096, BACKLOG_ENVOYS * 4096),
+    (10, GRPC_HARD_BACKLOG),  # a tiny breaker never makes gRPC refuse sooner than its default
+])
+def test_backlog_has_room_for_several_envoys_at_their_circuit_breakers(
+        breaker: int | None, limit: int) -> None:
     config = make_app().config
-    limit = BACKLOG_ENVOYS * sidecar_max_requests(config)
+    if breaker is not None:
+        config = replace(config, envoy=replace(config.envoy, sidecar_max_requests=breaker))
+    assert sidecar_max_requests(config) == (breaker or 1024)
     assert dict(backlog_options(config)) == {
         "grpc.server.max_pending_requests": limit,  # equal: no random refusals below it
         "grpc.server.max_pending_requests_hard_limit": limit,
     }
-    assert limit >= 3_000  # never below gRPC's own hard limit

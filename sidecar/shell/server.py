@@ -63,6 +63,7 @@ REUSEPORT_OPTIONS = (("grpc.max_connection_age_ms", 5_000),
                      ("grpc.max_connection_age_grace_ms", 120_000))
 # Envoys whose circuit breakers the call backlog makes room for (backlog_options).
 BACKLOG_ENVOYS = 8
+GRPC_HARD_BACKLOG = 3_000  # gRPC's own default hard limit; the backlog never goes below it
 
 
 def backlog_options(config: Config) -> list[tuple[str, int]]:
@@ -75,10 +76,12 @@ def backlog_options(config: Config) -> list[tuple[str, int]]:
     Envoy failed a few requests per 20,000 open, and the sidecar never saw them, so
     it could not say why. Envoy's circuit breaker already bounds the streams one
     Envoy opens (``sidecar_max_requests``), so the backlog holds that many for
-    ``BACKLOG_ENVOYS`` Envoys, with no random zone below it; a stream that waits
-    too long fails open on Envoy's ``message_timeout``, counted there.
+    ``BACKLOG_ENVOYS`` Envoys (and never fewer than gRPC's own hard limit), with no
+    random zone below it; a stream that waits too long fails open on Envoy's
+    ``message_timeout``, counted there. Set at start: a reload does not resize it
+    (nor the breaker, which is in Envoy's bootstrap).
     """
-    limit = BACKLOG_ENVOYS * sidecar_max_requests(config)
+    limit = max(GRPC_HARD_BACKLOG, BACKLOG_ENVOYS * sidecar_max_requests(config))
     return [("grpc.server.max_pending_requests", limit),
             ("grpc.server.max_pending_requests_hard_limit", limit)]
 
