@@ -1,10 +1,11 @@
 """The gRPC server's backlog: calls that arrive while the event loop is busy wait.
 
-gRPC core holds calls the application has not yet asked for and, by default,
-refuses new ones at random from 1,000 waiting (every one from 3,000). Envoy fails
-such a stream open and the sidecar never sees it. Here the server's loop is held
-while a client opens more streams than that, then released: every stream must
-get its answer. (With gRPC's defaults about 60 of these 1,500 were refused.)
+gRPC core holds calls the application has not yet asked for; beyond
+``BACKLOG_OPTIONS``' first figure it refuses new ones at random (the sidecar's
+overload shedder, docs/response-timing.md). Below it nothing is refused: here the
+server's loop is held while a client opens just fewer streams than that, then
+released, and every stream gets its answer. (Beyond it: 5-55 of 1,500 such
+streams were refused in four runs; random, so measured rather than tested.)
 """
 
 from __future__ import annotations
@@ -15,27 +16,19 @@ import importlib
 import json
 import threading
 from collections import Counter
-from dataclasses import replace
 from typing import Any
 
 import grpc
-import pytest
 
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
-from sidecar.shell.bootstrap import sidecar_max_requests
-from sidecar.shell.server import (
-    BACKLOG_ENVOYS,
-    GRPC_HARD_BACKLOG,
-    backlog_options,
-    start_grpc,
-)
+from sidecar.shell.server import BACKLOG_OPTIONS, start_grpc
 from tests.streamharness import POST_CHAT, headers_msg
 from tests.test_extproc import make_app
 
 # channelz (grpcio's own module; grpcio-channelz is not a dependency): the calls the
 # server's core has taken in, whether or not the application asked for them yet.
 cygrpc = importlib.import_module("grpc._cython.cygrpc")
-STREAMS = 1_500  # beyond gRPC's default of 1,000 waiting calls
+STREAMS = 900  # below the backlog where refusals start (1,000)
 ARRIVAL_WAIT_S = 30.0  # bound on waiting for the server's core to take them all in
 
 
@@ -108,26 +101,10 @@ async def _open_and_answer(port: int, before: int, release: threading.Event) -> 
         return Counter(await asyncio.gather(*(answer(c) for c in calls)))
 
 
-def test_streams_beyond_grpcs_default_backlog_all_get_answers() -> None:
+def test_a_burst_below_the_shedders_backlog_is_answered_in_full() -> None:
+    assert dict(BACKLOG_OPTIONS)["grpc.server.max_pending_requests"] > STREAMS
     with _HeldServer() as srv:
         before = _calls_started()
         srv.hold()
         got = asyncio.run(_open_and_answer(srv.port, before, srv.release))
     assert got == Counter({"answered": STREAMS})
-
-
-@pytest.mark.parametrize(("breaker", "limit"), [
-    (None, BACKLOG_ENVOYS * 1024),  # the default breaker (at least 1024)
-    (4096, BACKLOG_ENVOYS * 4096),
-    (10, GRPC_HARD_BACKLOG),  # a tiny breaker never makes gRPC refuse sooner than its default
-])
-def test_backlog_has_room_for_several_envoys_at_their_circuit_breakers(
-        breaker: int | None, limit: int) -> None:
-    config = make_app().config
-    if breaker is not None:
-        config = replace(config, envoy=replace(config.envoy, sidecar_max_requests=breaker))
-    assert sidecar_max_requests(config) == (breaker or 1024)
-    assert dict(backlog_options(config)) == {
-        "grpc.server.max_pending_requests": limit,  # equal: no random refusals below it
-        "grpc.server.max_pending_requests_hard_limit": limit,
-    }

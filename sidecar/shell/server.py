@@ -25,7 +25,6 @@ from typing import Any
 import grpc
 from prometheus_client import Histogram
 
-from sidecar.core.config import Config
 from sidecar.core.input_limits import grpc_receive_limit
 from sidecar.pb.envoy.service.accesslog.v3 import als_pb2_grpc
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -33,7 +32,6 @@ from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as 
 from sidecar.shell.access_log import AccessLogService, Sink
 from sidecar.shell.admission import CapacitySignal, Hold
 from sidecar.shell.app import App
-from sidecar.shell.bootstrap import sidecar_max_requests
 from sidecar.shell.extproc import RouteStream, continue_unchanged
 from sidecar.shell.grpc_settle import settle
 from sidecar.shell.native import NativeRouting
@@ -61,29 +59,16 @@ _EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # (missing from grpc-
 # serve --workers: connection age (gRPC adds +-10 % jitter) and drain grace, in ms.
 REUSEPORT_OPTIONS = (("grpc.max_connection_age_ms", 5_000),
                      ("grpc.max_connection_age_grace_ms", 120_000))
-# Envoys whose circuit breakers the call backlog makes room for (backlog_options).
-BACKLOG_ENVOYS = 8
-GRPC_HARD_BACKLOG = 3_000  # gRPC's own default hard limit; the backlog never goes below it
-
-
-def backlog_options(config: Config) -> list[tuple[str, int]]:
-    """gRPC's limit on calls that arrived before the application took them.
-
-    gRPC core keeps calls the server has not yet asked for (the event loop is busy)
-    in a backlog and refuses new ones with RESOURCE_EXHAUSTED: at random from 1,000
-    waiting, every one from 3,000 (``grpc.server.max_pending_requests`` and its
-    ``_hard_limit``). A sidecar busy at ~1,000 concurrent requests reached that:
-    Envoy failed a few requests per 20,000 open, and the sidecar never saw them, so
-    it could not say why. Envoy's circuit breaker already bounds the streams one
-    Envoy opens (``sidecar_max_requests``), so the backlog holds that many for
-    ``BACKLOG_ENVOYS`` Envoys (and never fewer than gRPC's own hard limit), with no
-    random zone below it; a stream that waits too long fails open on Envoy's
-    ``message_timeout``, counted there. Set at start: a reload does not resize it
-    (nor the breaker, which is in Envoy's bootstrap).
-    """
-    limit = max(GRPC_HARD_BACKLOG, BACKLOG_ENVOYS * sidecar_max_requests(config))
-    return [("grpc.server.max_pending_requests", limit),
-            ("grpc.server.max_pending_requests_hard_limit", limit)]
+# gRPC core's backlog of calls that reached the server before it asked for them (the
+# event loop busy): from the first figure waiting it refuses new calls at random
+# (RESOURCE_EXHAUSTED; Envoy fails them open), more often as the backlog grows, and
+# every one from the second. That is the sidecar's overload shedder; kept at gRPC's
+# defaults, written out so they are visible and in one place. Raising them (8 x
+# the circuit breaker) removed the few refusals seen at 1,024 clients but at 2,048
+# turned early refusals into ~2.6x as many 500 ms message timeouts
+# (docs/response-timing.md, "Load safety").
+BACKLOG_OPTIONS = (("grpc.server.max_pending_requests", 1_000),
+                   ("grpc.server.max_pending_requests_hard_limit", 3_000))
 
 
 class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -243,7 +228,7 @@ async def start_grpc(
             ("grpc.max_receive_message_length", grpc_receive_limit(app.config)),
             ("grpc.so_reuseport", 1 if reuse_port else 0),
             *KEEPALIVE_OPTIONS,
-            *backlog_options(app.config),
+            *BACKLOG_OPTIONS,
             # Workers: Envoy multiplexes every stream onto one HTTP/2 connection per
             # worker thread, and SO_REUSEPORT places connections, not streams. Aged
             # connections are closed gracefully (GOAWAY: streams in flight finish), so
