@@ -16,7 +16,8 @@ The rendered bootstrap (see ``envoy/envoy.yaml`` for a readable copy) has:
   a per-route buffer limit above Envoy's 1 MiB default so long prompts fit;
 * an access log (gRPC Access Log Service) to the sidecar: every request's
   outcome and Envoy-side timing, batched over one stream per Envoy worker;
-* the upstream clusters from the sidecar config and an HTTP/2 gRPC cluster for
+* the upstream clusters from the sidecar config, with circuit breakers well above
+  their ``max_concurrency`` (:func:`upstream_max_requests`), and an HTTP/2 gRPC cluster for
   the sidecar over TCP or a Unix socket, with explicit circuit breakers
   (:func:`sidecar_max_requests`): Envoy's default of 1024 streams would make it
   fail open under load; health-checked with grpc.health.v1, HTTP/2 keepalive
@@ -30,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from sidecar.core.config import Config
+from sidecar.core.config import ClusterConfig, Config
 from sidecar.shell import bootstrap_filters as bf
 from sidecar.shell import envoy_contract as ec
 from sidecar.shell.bootstrap_filters import SIDECAR_CLUSTER
@@ -107,6 +108,22 @@ def sidecar_max_requests(config: Config) -> int:
         return config.envoy.sidecar_max_requests
     capacity = sum(c.max_concurrency for c in config.clusters) + config.admission.queue_max
     return max(1024, 4 * capacity)
+
+
+def upstream_max_requests(cluster: ClusterConfig) -> int:
+    """Envoy's circuit breaker on a provider's cluster: connections, pending and active
+    requests it lets through at once.
+
+    tailroute keeps each route within ``max_concurrency`` itself (the capacity filter
+    and admission), so this breaker is a backstop that must never be the tighter
+    limit: its overflow is a local 503 (``upstream_overflow``), which the access log
+    counts as the route's error. Envoy's defaults (1,024 connections, 1,024 pending,
+    1,024 requests) were: a provider declared at 4,096 got 503s from Envoy itself at
+    2,048 concurrent requests. ``4 x max_concurrency`` as for the sidecar's cluster,
+    at least Envoy's 1,024 (so it only ever raises the defaults); it still bounds
+    what reaches a provider when nobody decides (fail-open, native mode).
+    """
+    return max(1024, 4 * cluster.max_concurrency)
 
 
 def _circuit_breakers(limit: int) -> dict[str, Any]:
@@ -211,7 +228,8 @@ def render_bootstrap(
     if with_sidecar:
         hcm["access_log"] = bf.access_log(config.envoy.access_log_flush_ms)
     clusters = [
-        _cluster(c.name, _addr(c.address), http2=None, timeout_s=2.0, tls=c.tls)
+        {**_cluster(c.name, _addr(c.address), http2=None, timeout_s=2.0, tls=c.tls),
+         "circuit_breakers": _circuit_breakers(upstream_max_requests(c))}
         for c in config.clusters
     ]
     if with_sidecar:
