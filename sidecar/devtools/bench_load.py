@@ -26,6 +26,7 @@ import time
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sidecar.devtools import http_load
@@ -77,7 +78,7 @@ class Setup:
     mode: str
     envoy_port: int
     envoy_admin: int
-    sidecar_admin: int
+    sidecar_admins: list[int]  # one per process (each worker of serve --workers N)
     sidecar_pids: list[int]  # the sidecar, or the workers of serve --workers N
 
 
@@ -97,11 +98,14 @@ class Level:
     rows: list[Row]
 
 
-def _sidecar_outcomes(admin_port: int) -> Counter[str]:
-    state = http_json(f"http://127.0.0.1:{admin_port}/state")
-    out = Counter({k: int(v) for k, v in state["counters"].items()})
-    out.update({f"envoy:{k}": int(v) for k, v in state.get("envoy", {}).items()
-                if isinstance(v, int)})
+def _sidecar_outcomes(admin_ports: list[int]) -> Counter[str]:
+    """Every sidecar process's counters, summed (each worker decides and logs its own)."""
+    out: Counter[str] = Counter()
+    for port in admin_ports:
+        state = http_json(f"http://127.0.0.1:{port}/state")
+        out.update({k: int(v) for k, v in state["counters"].items()})
+        out.update({f"envoy:{k}": int(v) for k, v in state.get("envoy", {}).items()
+                    if isinstance(v, int)})
     return out
 
 
@@ -134,7 +138,8 @@ def _start_setup(st: Stack, mode: str, provider_port: int, loop_args: list[str],
     port = st.start_envoy()
     st.procs[f"envoy_{mode}"] = st.procs.pop("envoy")
     pids = _worker_pids(sidecar.pid) if workers > 1 else [sidecar.pid]
-    return Setup(mode, port, st.ports["envoy_admin"], st.ports["sidecar_admin"], pids)
+    admins = _worker_admins(st.workdir) if workers > 1 else [st.ports["sidecar_admin"]]
+    return Setup(mode, port, st.ports["envoy_admin"], admins, pids)
 
 
 def run_load_bench(concurrency: tuple[int, ...] = (1, 16, 64, 256), duration_s: float = 30.0,
@@ -177,7 +182,7 @@ def run_load_bench(concurrency: tuple[int, ...] = (1, 16, 64, 256), duration_s: 
                     print(f"-- c={c} round {rnd + 1}/{rounds}: envoy + tailroute ({su.mode})",
                           file=sys.stderr, flush=True)
                     row = rows[su.mode]
-                    e0, s0 = envoy_counters(su.envoy_admin), _sidecar_outcomes(su.sidecar_admin)
+                    e0, s0 = envoy_counters(su.envoy_admin), _sidecar_outcomes(su.sidecar_admins)
                     c0 = sum(cpu_seconds(p) for p in su.sidecar_pids)
                     row.result.merge(drive(su.envoy_port, c, part, su.mode))
                     row.cpu_s += sum(cpu_seconds(p) for p in su.sidecar_pids) - c0
@@ -185,15 +190,24 @@ def run_load_bench(concurrency: tuple[int, ...] = (1, 16, 64, 256), duration_s: 
                         print(f"   cpu per worker (cumulative s): "
                               f"{[round(cpu_seconds(p), 2) for p in su.sidecar_pids]}",
                               file=sys.stderr)
-                    _settle(su.sidecar_admin)
+                    for admin in su.sidecar_admins:
+                        _settle(admin)
                     row.envoy.update(_delta(envoy_counters(su.envoy_admin), e0))
-                    row.sidecar.update(_delta(_sidecar_outcomes(su.sidecar_admin), s0))
+                    row.sidecar.update(_delta(_sidecar_outcomes(su.sidecar_admins), s0))
             levels.append(Level(c, alone, list(rows.values())))
     _print(levels, duration_s, stream, tokens, loop)
     if workers > 1:
         print(f"(sidecar: serve --workers {workers}, state shared through redis-server; "
-              "cpu/req sums every worker; the outcome columns are worker 0's)")
+              "cpu/req and the outcome columns sum every worker)")
     return 0
+
+
+def _worker_admins(workdir: Path) -> list[int]:
+    """The admin ports of the workers of the ``serve --workers N`` started last, from
+    their ready files (``<grpc port> <admin port>``) in the directory its supervisor
+    made beside its own ready file."""
+    dirs = sorted(workdir.glob("tailroute-workers-*"), key=lambda d: d.stat().st_mtime_ns)
+    return sorted(int(p.read_text().split()[1]) for p in dirs[-1].glob("worker-*.ready"))
 
 
 def _worker_pids(supervisor: int) -> list[int]:
