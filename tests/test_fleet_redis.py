@@ -151,6 +151,38 @@ def test_link_keeps_deciding_through_a_killed_store_and_resyncs(
     assert len(down) == 2 and len(back) == 2  # one line each per replica, not per retry
 
 
+def test_an_entry_that_reached_another_replica_reaches_its_decider(
+    server: RedisServer,
+) -> None:
+    """The decider stops waiting for it (``elsewhere``), instead of counting it lost."""
+    from sidecar.shell.outcomes import OutcomeFeed
+    from tests.test_entry_forward import _decided
+    from tests.test_extproc import entry
+
+    cfg = _config(server.url)
+
+    async def main() -> None:
+        apps = [App.create(cfg, seed=i) for i in range(2)]
+        links = [FleetLink(app, cfg.fleet, rid=f"r{i}") for i, app in  # type: ignore[arg-type]
+                 enumerate(apps)]
+        decider, receiver = apps
+        rid = _decided(decider, 0.0)
+        route = decider.pending[rid].decision.cluster + "|interactive|n"
+        OutcomeFeed(receiver)(entry(rid, route=route,
+                                    slice_label="m|interactive|short|stream"), 0.5)
+        await links[1].cycle()  # the receiver forwards the id through the store
+        assert decider.pending
+        await links[0].cycle()  # the decider takes it
+        assert not decider.pending and decider.envoy["elsewhere"] == 1
+        assert decider.envoy["lost"] == 0 and receiver.envoy["orphan"] == 1
+        client = redis.Redis(port=server.port)
+        assert not [k for k in client.keys("*") if b":entries:" in k]  # taken, not left
+        for link in links:
+            await link.close()
+
+    asyncio.run(main())
+
+
 def test_warm_start_fails_fast_without_a_store() -> None:
     from sidecar.devtools.harness import free_port
 

@@ -47,6 +47,17 @@ def test_workers_share_one_port_and_one_fleet_state() -> None:
             time.sleep(0.2)
             states = _worker_states(stack)
         assert _samples(states[0]) == _samples(states[1]) > 0
+        # An entry that reached the other worker is observed there (orphan) and its id
+        # goes back through the store: its decider stops waiting (elsewhere), none lost.
+        env = [s["envoy"] for s in states]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (
+                sum(e["elsewhere"] for e in env) != sum(e["orphan"] for e in env)  # type: ignore[index]
+                or any(e["pending"] for e in env)):  # type: ignore[index]
+            time.sleep(0.2)
+            env = [s["envoy"] for s in _worker_states(stack)]
+        assert sum(e["elsewhere"] for e in env) == sum(e["orphan"] for e in env)  # type: ignore[index]
+        assert [(e["pending"], e["lost"]) for e in env] == [(0, 0), (0, 0)]  # type: ignore[index]
         sup = stack.procs["sidecar"]
         # The supervisor keeps its workers' ready files beside its own ready file,
         # in the directory of whoever started it (removed with it even after a SIGKILL).

@@ -203,11 +203,9 @@ def run_load_bench(concurrency: tuple[int, ...] = (1, 16, 64, 256), duration_s: 
 
 
 def _worker_admins(workdir: Path) -> list[int]:
-    """The admin ports of the workers of the ``serve --workers N`` started last, from
-    their ready files (``<grpc port> <admin port>``) in the directory its supervisor
-    made beside its own ready file."""
-    dirs = sorted(workdir.glob("tailroute-workers-*"), key=lambda d: d.stat().st_mtime_ns)
-    return sorted(int(p.read_text().split()[1]) for p in dirs[-1].glob("worker-*.ready"))
+    """The admin ports of the workers of the ``serve --workers N`` started last: its
+    supervisor lists them beside its ready file (``sidecar.port.workers``)."""
+    return [int(p) for p in (workdir / "sidecar.port.workers").read_text().split()]
 
 
 def _worker_pids(supervisor: int) -> list[int]:

@@ -10,7 +10,7 @@ cycles did with the replies (exported as metrics and read by tests).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
@@ -28,6 +28,11 @@ class Exchange:
     stats_ttl_ms: int
     lease_ttl_ms: int
     health_ttl_ms: int
+    # Access-log entries seen here of requests another process decided: the decider's
+    # request-id prefix -> those request ids, so it stops waiting for them; and the
+    # prefix whose forwarded ids this process takes (sidecar.shell.app, forwarding).
+    entries: dict[str, list[bytes]] = field(default_factory=dict)
+    entries_for: str = ""
 
 
 @dataclass(slots=True)
@@ -39,6 +44,7 @@ class Reply:
     health: dict[str, bytes]
     probes: list[bytes]  # results other replicas forwarded to this one
     stored_fields: int  # sub-window fields this replica's hash held before this write
+    entries: list[bytes] = field(default_factory=list)  # request ids others saw the entry of
 
 
 @dataclass

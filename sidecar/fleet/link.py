@@ -82,14 +82,19 @@ class FleetLink:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         ex = self.sync.outgoing(t0)
+        forwards = self.app.forwards.take()
+        ex.entries = {p: [r.encode() for r in rids] for p, rids in forwards.items()}
+        ex.entries_for = self.app.prefix
         try:
             reply = await asyncio.wait_for(self.store.exchange(ex, time.time() * 1000.0),
                                            self.cfg.timeout_ms / 1000.0)
         except BaseException:
             self.sync.disconnected()
+            self.app.forwards.put_back(forwards)
             raise
         now = loop.time()
         self._record(self.sync.incoming(reply, now))
+        self.app.settled_elsewhere([r.decode(errors="replace") for r in reply.entries])
         self.last_cycle_s = now - t0
 
     def _record(self, events: list[TransitionEvent]) -> None:

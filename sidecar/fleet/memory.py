@@ -29,6 +29,7 @@ class MemoryStore:
     leases: dict[str, tuple[str, float]] = field(default_factory=dict)  # route -> holder, exp
     health: _Expiring = field(default_factory=_Expiring)
     probes: dict[str, list[bytes]] = field(default_factory=dict)
+    entries: dict[str, list[bytes]] = field(default_factory=dict)  # decider prefix -> ids
     commands: int = 0  # what the Redis store would have sent, for sizing in the lab
 
     def flush(self) -> None:
@@ -39,6 +40,7 @@ class MemoryStore:
         self.leases.clear()
         self.health = _Expiring()
         self.probes.clear()
+        self.entries.clear()
 
     def exchange(self, ex: Exchange, now_ms: float) -> Reply:
         self._expire(now_ms)
@@ -63,11 +65,15 @@ class MemoryStore:
         for owner, values in ex.probes.items():
             self.probes.setdefault(owner, []).extend(values)
         inbox = self.probes.pop(ex.rid, [])
+        for prefix, rids in ex.entries.items():
+            self.entries.setdefault(prefix, []).extend(rids)
+        forwarded = self.entries.pop(ex.entries_for or ex.rid, [])
         live = sorted(r for r, t in self.replicas.items() if t >= now_ms - ex.stats_ttl_ms)
         stats = {p: dict(self.stats[p].fields) for p in ex.fetch if p in self.stats}
-        self.commands += 9 + len(ex.fetch) + bool(ex.probes) + bool(ex.stats_del)
+        self.commands += 10 + len(ex.fetch) + bool(ex.probes) + bool(ex.stats_del) \
+            + 2 * len(ex.entries)
         return Reply(holders, live, stats, {p: self.metas.get(p) for p in ex.fetch},
-                     dict(self.health.fields), inbox, stored)
+                     dict(self.health.fields), inbox, stored, forwarded)
 
     def _expire(self, now_ms: float) -> None:
         for rid in [r for r, h in self.stats.items() if h.expires_ms <= now_ms]:

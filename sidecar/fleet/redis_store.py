@@ -9,14 +9,17 @@ every key lives in one slot and the lease script may touch several)::
     {P}:leases            HASH  route field -> "<holder> <expiry ms on the server clock>"
     {P}:health            HASH  route field -> the owner's published state
     {P}:probes:<replica>  LIST  probe results forwarded to that owner
+    {P}:entries:<prefix>  LIST  ids of requests that process decided whose access-log
+                                entries reached another one (sidecar.shell.app, forwarding)
 
 Commands per exchange: EVALSHA (leases), HLEN, HSET, HDEL (when sub-windows left
 the window), PEXPIRE x3, ZADD, ZREMRANGEBYSCORE, HSET (health, when changed),
-RPUSH + PEXPIRE per owner with forwarded probes, LPOP, ZRANGEBYSCORE, HGETALL
-(health), and one HGETALL per peer. That is about 13 + peers commands per push
-interval per replica, whatever the request rate.
+RPUSH + PEXPIRE per owner with forwarded probes, RPUSH + PEXPIRE per decider with
+forwarded entries, LPOP x2, ZRANGEBYSCORE, HGETALL (health), and one HGETALL per
+peer. That is about 14 + peers commands per push interval per replica, whatever the
+request rate.
 
-Key count: 4 + 2 x replicas. Fields: series x sub-windows per replica (series
+Key count: 4 + 3 x replicas. Fields: series x sub-windows per replica (series
 are capped by ``stats.max_slices``), routes in the lease and health hashes.
 
 The lease script uses the server's clock (``TIME``), so hosts whose clocks
@@ -101,6 +104,10 @@ class RedisStore:
         for owner, values in ex.probes.items():
             p.rpush(self.key("probes", owner), *values)
             p.pexpire(self.key("probes", owner), ex.lease_ttl_ms * 4)
+        for prefix, rids in ex.entries.items():
+            p.rpush(self.key("entries", prefix), *rids)
+            p.pexpire(self.key("entries", prefix), ex.lease_ttl_ms * 4)
+        p.lpop(self.key("entries", ex.entries_for or ex.rid), 100_000)
         p.lpop(self.key("probes", ex.rid), 10_000)
         p.zrangebyscore(k_replicas, now_ms - ex.stats_ttl_ms, "+inf")
         p.hgetall(k_health)
@@ -130,6 +137,7 @@ class RedisStore:
         health_raw = res[len(res) - len(ex.fetch) - 1]
         replicas_raw = res[len(res) - len(ex.fetch) - 2]
         probes_raw = res[len(res) - len(ex.fetch) - 3] or []
+        entries_raw = res[len(res) - len(ex.fetch) - 4] or []
         stats: dict[str, dict[str, bytes]] = {}
         metas: dict[str, bytes | None] = {}
         for peer, fields in zip(ex.fetch, peers_raw, strict=True):
@@ -138,7 +146,7 @@ class RedisStore:
             stats[peer] = decoded
         health = {_text(f): bytes(v) for f, v in health_raw.items()}
         return Reply(holders, [_text(r) for r in replicas_raw], stats, metas, health,
-                     [bytes(v) for v in probes_raw], stored)
+                     [bytes(v) for v in probes_raw], stored, [bytes(v) for v in entries_raw])
 
 
 def _text(v: Any) -> str:

@@ -19,6 +19,9 @@ entry after its deadline, or pushed out of the bounded book of finished requests
 (:mod:`sidecar.shell.log_wait`), is counted ``lost`` exactly once — no outcome,
 not evidence — and an entry that still comes for it is counted ``late``, not
 observed. So every decided request ends as exactly one outcome or one ``lost``.
+In fleet mode an entry may reach another process instead: that one observes it
+(``orphan``) and forwards the id (:mod:`sidecar.shell.entry_forward`); here the
+request then ends as ``elsewhere`` (:meth:`App.settled_elsewhere`), not ``lost``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from sidecar.core.envoy_log import LogRecord, observation_from_log
 from sidecar.core.router import Router
 from sidecar.core.ttft_offset import OffsetBook
 from sidecar.core.types import Api, Decision, Observation, SliceKey, TransitionEvent
+from sidecar.shell.entry_forward import EntryForwards
 from sidecar.shell.log_wait import LogWait
 
 log = logging.getLogger("tailroute")
@@ -93,6 +97,15 @@ class App:
     last_entry: float | None = None  # when the last access-log entry arrived
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     _prefix: str = field(default_factory=lambda: f"{random.getrandbits(32):08x}")
+    forwards: EntryForwards = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.forwards = EntryForwards(self._prefix)
+
+    @property
+    def prefix(self) -> str:
+        """This process's request-id prefix (ids are ``<prefix>-<n>``)."""
+        return self._prefix
 
     @classmethod
     def create(cls, config: Config, seed: int | None = None) -> App:
@@ -124,6 +137,8 @@ class App:
         if self.envoy["fail_open"]:
             out["failopen:envoy"] = self.envoy["fail_open"]
         out.update({f"envoy:{k}": v for k, v in self.envoy.items()})
+        if self.forwards.dropped:
+            out["error:forward_dropped"] = self.forwards.dropped
         out["outcome:lost"] = self.envoy["lost"]
         out["envoy:oldest_wait_ms"] = int(self.waiting.oldest_wait(self.last_tick) * 1000)
         return out
@@ -157,6 +172,7 @@ class App:
             "fail_open": env["fail_open"],
             "not_routed": env["not_routed"],
             "orphan": env["orphan"],
+            "elsewhere": env["elsewhere"],  # decided here, entry received by another process
             "native": env["native"],  # routed by Envoy's weights (routing.mode native/hybrid)
             "decided_share": round(env["decided"] / llm, 6) if llm else None,
             "lost": env["lost"],
@@ -253,6 +269,25 @@ class App:
         self.release_pending(p)
         self.waiting.lost(rid)
         self.envoy["lost"] += 1
+
+    def entry_elsewhere(self, rid: str) -> None:
+        """The entry of a request another process decided came here (``orphan``): in
+        fleet mode, note its id for the decider (the fleet link forwards it)."""
+        if self.config.fleet is not None:
+            self.forwards.note(rid)
+
+    def settled_elsewhere(self, rids: list[str]) -> None:
+        """Requests decided here whose entries another process received: stop waiting
+        (``elsewhere``, not ``lost``; that process observed them). One given up on
+        already was counted ``lost``; its forward then counts ``late``, as its entry would."""
+        for rid in rids:
+            p = self.pending.pop(rid, None)
+            if p is not None:
+                self.release_pending(p)
+                self.waiting.done(rid)
+                self.envoy["elsewhere"] += 1
+            elif self.waiting.take_lost(rid):
+                self.envoy["late"] += 1
 
     def tick(self, now: float) -> None:
         """Periodic work: health evaluation and sweeping requests whose entry never came."""

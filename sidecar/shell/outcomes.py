@@ -12,7 +12,8 @@ carries ``tailroute.rid`` of a request this     nothing: it was counted ``lost``
 process gave up on (App.give_up)                (once); counted ``late``
 carries ``tailroute.rid``, request not pending  observation from the entry's own metadata
 (sidecar restarted, another worker decided it)  (route -> cluster, slice label), counted
-                                                ``orphan``
+                                                ``orphan``; in fleet mode its id is
+                                                forwarded to the decider (entry_forward)
 no tailroute metadata, POST to an LLM API path  Envoy served it without a decision: counted
                                                 ``fail_open`` (metric, /state, alert), and
                                                 handed to ``resolve`` if one is set
@@ -92,6 +93,7 @@ class OutcomeFeed:
             env["late"] += 1
             return
         env["orphan"] += 1
+        app.entry_elsewhere(rec.rid)
         cluster, slice = _cluster_of(rec), _slice_of(rec.slice_label)
         if cluster is not None and slice is not None:
             self._observe(rec, cluster, slice, now)
