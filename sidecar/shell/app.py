@@ -227,10 +227,8 @@ class App:
 
     def finalize(self, p: Pending, rec: LogRecord, now: float) -> None:
         """Turn the entry (and a sampled first-token time) into an observation; once."""
-        if self.pending.pop(p.rid, None) is None:
+        if self._close(p.rid) is None:
             return
-        self.waiting.done(p.rid)
-        self.release_pending(p)
         if not p.observed:
             return
         cluster = p.decision.cluster
@@ -260,6 +258,15 @@ class App:
             p.released = True
             self.router.finished(p.decision.cluster)
 
+    def _close(self, rid: str) -> Pending | None:
+        """Stop holding ``rid`` as finished: removed, off the waiting book, its slot given
+        back (once). None if it was not pending."""
+        p = self.pending.pop(rid, None)
+        if p is not None:
+            self.waiting.done(rid)
+            self.release_pending(p)
+        return p
+
     def give_up(self, rid: str) -> None:
         """The request's entry is not coming (grace over, or pushed out of the bounded
         book): counted ``lost`` once, no observation; a late entry is not observed."""
@@ -281,10 +288,7 @@ class App:
         (``elsewhere``, not ``lost``; that process observed them). One given up on
         already was counted ``lost``; its forward then counts ``late``, as its entry would."""
         for rid in rids:
-            p = self.pending.pop(rid, None)
-            if p is not None:
-                self.release_pending(p)
-                self.waiting.done(rid)
+            if self._close(rid) is not None:
                 self.envoy["elsewhere"] += 1
             elif self.waiting.take_lost(rid):
                 self.envoy["late"] += 1
