@@ -33,21 +33,21 @@ def exact(data: list[float], q: float) -> float:
 
 def test_geometry_and_memory_bound() -> None:
     h = LogHistogram(0.02)
-    assert h.gamma == pytest.approx(1.02 / 0.98)
-    assert h.max_buckets == 577  # the bound stated in the module docstring
-    assert LogHistogram(0.01).max_buckets == 1152
+    assert h.buckets.gamma == pytest.approx(1.02 / 0.98)
+    assert h.buckets.max_buckets == 577  # the bound stated in the module docstring
+    assert LogHistogram(0.01).buckets.max_buckets == 1152
     # bucket i holds (gamma**(i-1), gamma**i]
     for i in (-300, -10, 0, 1, 57, 200):
-        hi = h.gamma**i
-        assert h.bucket_index(hi * (1 - 1e-9)) == i
-        assert h.bucket_index(hi * (1 + 1e-9)) == i + 1
+        hi = h.buckets.gamma**i
+        assert h.buckets.bucket_index(hi * (1 - 1e-9)) == i
+        assert h.buckets.bucket_index(hi * (1 + 1e-9)) == i + 1
 
 
 @pytest.mark.parametrize("a", [0.005, 0.01, 0.02, 0.05])
 def test_representative_within_relative_accuracy(a: float) -> None:
     h = LogHistogram(a)
     for x in np.geomspace(1.1e-6, 9e3, 2000):
-        assert within(h.bucket_value(h.bucket_index(float(x))), float(x), a)
+        assert within(h.buckets.bucket_value(h.buckets.bucket_index(float(x))), float(x), a)
 
 
 def test_empty_zero_bucket_and_clamping() -> None:
@@ -99,7 +99,7 @@ def test_growth_in_both_directions_keeps_counts() -> None:
     xs = [1.0, 0.5, 2.0, 1e-4, 50.0, 3e-6, 4e3]
     for x in xs:
         h.add(x)
-    assert len(h) <= h.max_buckets
+    assert len(h) <= h.buckets.max_buckets
     for q, want in zip([i / len(xs) for i in range(1, len(xs) + 1)], sorted(xs), strict=True):
         assert within(h.quantile(q), want)
 
@@ -189,11 +189,11 @@ def test_deferred_unit_adds_are_bit_identical_to_immediate_ones(steps: list[Any]
     deferred, eager = LogHistogram(), LogHistogram()
     for step in steps:
         if step[0] == "index":
-            deferred.add_index(deferred.index_of(step[1]))
+            deferred.add_index(deferred.buckets.index_of(step[1]))
             eager.add(step[1])
         elif step[0] == "burst":
             for x in step[1]:
-                deferred.add_index(deferred.index_of(x))
+                deferred.add_index(deferred.buckets.index_of(x))
                 eager.add(x)
         elif step[0] == "add":
             deferred.add(step[1], step[2])
@@ -201,7 +201,7 @@ def test_deferred_unit_adds_are_bit_identical_to_immediate_ones(steps: list[Any]
         elif step[0] == "merge":
             other = LogHistogram()
             for x in step[1]:
-                other.add_index(other.index_of(x))
+                other.add_index(other.buckets.index_of(x))
             deferred.merge(other, step[2])
             eager.merge(other, step[2])
         elif step[0] == "scale":
@@ -222,7 +222,7 @@ def test_weighted_sum_is_bit_identical_to_merging_in_order(
     for data, scale in parts:
         h = LogHistogram()
         for x in data:
-            h.add_index(h.index_of(x))
+            h.add_index(h.buckets.index_of(x))
         hists.append((h, scale))
     merged = LogHistogram()
     for h, scale in hists:

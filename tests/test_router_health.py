@@ -15,6 +15,7 @@ from sidecar.core.config import parse_config
 from sidecar.core.health import HealthState
 from sidecar.core.health_board import CLUSTER_SLICE, HealthBoard
 from sidecar.core.router import Router
+from sidecar.core.series_snapshot import series_to_dict
 from sidecar.core.stats import StatsStore
 from sidecar.core.types import Observation, RequestInfo, SliceKey
 from tests.conftest import base_config_dict
@@ -181,8 +182,10 @@ def test_snapshots_round_trip_runs_history_memory_and_fences() -> None:
     assert c2.streak_since - 500.0 == pytest.approx(c.streak_since - (now + 6.2))
     b = back.get("b", CLUSTER_SLICE)
     assert b.state is S.RESTORING and b.offences == 1
-    assert store.series("b", SHORT).to_dict(500.0).get("fence_age") == \
-        r.stats.series("b", SHORT).to_dict(now + 6.2).get("fence_age") is not None  # type: ignore[union-attr]
+    restored, original = store.series("b", SHORT), r.stats.series("b", SHORT)
+    assert restored is not None and original is not None
+    assert series_to_dict(restored, 500.0).get("fence_age") == \
+        series_to_dict(original, now + 6.2).get("fence_age") is not None
 
 
 @pytest.mark.parametrize("seed", range(6))

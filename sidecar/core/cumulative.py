@@ -1,11 +1,10 @@
-"""A frozen cumulative view of one log-bucket histogram, and the value range they share.
+"""A frozen cumulative view of one log-bucket histogram.
 
 :meth:`sidecar.core.histogram.LogHistogram.cumulative` freezes a histogram's
 cumulative bucket sums into a :class:`Cumulative`, which answers any number of
 quantiles and CDF points in O(log span) each: the decision path reads a
 window's evidence many times between two refreshes. The geometry (``gamma``,
-bucket indices, the zero bucket and the clamped top) is the histogram's; see
-there.
+bucket indices, the zero bucket and the clamped top) is :mod:`sidecar.core.buckets`.
 """
 
 from __future__ import annotations
@@ -15,8 +14,7 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-MIN_VALUE = 1e-6  # seconds; at or below this a value goes to the zero bucket
-MAX_VALUE = 1e4  # seconds; above this a value is clamped into the top bucket
+from sidecar.core.buckets import MAX_VALUE, MIN_VALUE
 
 FloatArray = npt.NDArray[np.float64]
 

@@ -139,9 +139,10 @@ def _placement(rs: RouteStats | None, index: int, now: float, cfg: StatsConfig) 
         return k
     if rs is None:
         return index
-    if index < rs._fence:
+    if index < rs.fence_index:
         return index  # before a fence: kept in the ring, as the local's own, never evidence
-    return k if rs._unjudged is not None and index < rs._unjudged else index
+    unjudged = rs.span.unjudged
+    return k if unjudged is not None and index < unjudged else index
 
 
 def _admit(store: StatsStore, cluster: str, slice: SliceKey) -> SliceKey:

@@ -1,28 +1,14 @@
 """A mergeable log-bucket histogram (DDSketch-style) for latencies in seconds.
 
-Geometry, for relative accuracy ``a`` (default 0.02)::
+The bucket geometry (indices, representatives, range, zero bucket) is
+:mod:`sidecar.core.buckets`. A quantile is the representative of the bucket holding
+the nearest-rank sample (``inverted_cdf``: the smallest sample whose cumulative
+weight reaches ``q * total``): relative error ``<= a`` for samples in range.
 
-    gamma  = (1 + a) / (1 - a)
-    index  = ceil(log(x) / log(gamma))          bucket i holds (gamma**(i-1), gamma**i]
-    value  = 2 * gamma**i / (gamma + 1)         the bucket's representative
-
-Every value in bucket ``i`` is within ``a`` of the representative:
-``|value - x| / x <= (gamma - 1) / (gamma + 1) = a``. A quantile is answered
-with the representative of the bucket holding the nearest-rank sample
-(``inverted_cdf``: the smallest sample whose cumulative weight reaches
-``q * total``), so the answer's relative error is ``<= a`` for samples in
-range.
-
-Range: values ``<= MIN_VALUE`` (1 microsecond, including negatives produced
-by clock bugs) land in a zero bucket reported as ``0.0``; values above
-``MAX_VALUE`` (1e4 s, longer than any request timeout) are clamped into the top
-bucket, so they are *under*-reported there.
-
-Memory bound: ``MIN_VALUE .. MAX_VALUE`` spans ``ceil(ln(1e10) / ln(gamma)) + 1``
-buckets: 577 for ``a = 0.02`` (1152 for ``a = 0.01``). Counts are a dense float64
-numpy array over the occupied index range only (grown on demand, as DDSketch's
-dense store): ``8 bytes x occupied span`` -- about 0.9 KiB for latencies over
-50 ms .. 5 s -- never more than 4.6 KiB; an empty histogram allocates no array.
+Memory: counts are a dense float64 numpy array over the occupied index range only
+(grown on demand, as DDSketch's dense store): ``8 bytes x occupied span`` -- about
+0.9 KiB for latencies over 50 ms .. 5 s -- never more than 4.6 KiB (577 buckets at
+``a = 0.02``); an empty histogram allocates no array.
 
 ``add`` is O(1); ``merge`` is one vector add; ``quantile`` one cumulative sum
 over the occupied span (:meth:`LogHistogram.cumulative` freezes it for repeated
@@ -40,14 +26,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
-from sidecar.core.cumulative import MAX_VALUE, MIN_VALUE, Cumulative, FloatArray
+from sidecar.core.buckets import MAX_VALUE, MIN_VALUE, Buckets, buckets
+from sidecar.core.cumulative import Cumulative, FloatArray
 
-__all__ = ["MAX_VALUE", "MIN_VALUE", "Cumulative", "LogHistogram"]
+__all__ = ["MAX_VALUE", "MIN_VALUE", "Buckets", "Cumulative", "LogHistogram"]
 
 _PAD = 8  # buckets of headroom added around a new index (about +-17% at a = 0.02)
 _EXACT_INTEGERS = float(2**53)  # every whole float64 below this is exact, as is its + 1
@@ -57,25 +43,17 @@ _EXACT_INTEGERS = float(2**53)  # every whole float64 below this is exact, as is
 _RESIDUE = 1e-9
 
 
-@lru_cache(maxsize=16)
-def _geometry(relative_accuracy: float) -> tuple[float, float, int, int]:
-    """``(gamma, 1/ln(gamma), lowest index, highest index)`` for an accuracy."""
-    if not 0.0 < relative_accuracy < 1.0:
-        raise ValueError(f"relative_accuracy must be in (0, 1), got {relative_accuracy!r}")
-    gamma = (1.0 + relative_accuracy) / (1.0 - relative_accuracy)
-    inv = 1.0 / math.log(gamma)
-    return gamma, inv, math.ceil(math.log(MIN_VALUE) * inv), math.ceil(math.log(MAX_VALUE) * inv)
-
-
 class LogHistogram:
     """Weighted log-bucket histogram with relative-error quantiles (see module docstring)."""
 
     __slots__ = ("_a", "_counts", "_gamma", "_hi", "_hi_idx", "_inv", "_lo", "_lo_idx",
-                 "_pending", "_total", "_zero")
+                 "_pending", "_total", "_zero", "buckets")
 
     def __init__(self, relative_accuracy: float = 0.02) -> None:
         self._a = relative_accuracy
-        self._gamma, self._inv, self._lo_idx, self._hi_idx = _geometry(relative_accuracy)
+        self.buckets = g = buckets(relative_accuracy)  # the geometry, shared
+        # Copied: every add and read uses them, an attribute hop less each time.
+        self._gamma, self._inv, self._lo_idx, self._hi_idx = g.gamma, g.inv, g.lo_idx, g.hi_idx
         self._zero = 0.0  # weight of values <= MIN_VALUE
         self._total = 0.0  # running sum of all weights, for O(1) ``count``
         self._lo = 0  # bucket index of self._counts[0]
@@ -84,31 +62,9 @@ class LogHistogram:
         # Bucket indices of unit samples not yet in _counts (add_index; see _flush).
         self._pending: list[int] = []
 
-    # ------------------------------------------------------------ geometry
-
     @property
     def relative_accuracy(self) -> float:
         return self._a
-
-    @property
-    def gamma(self) -> float:
-        return self._gamma
-
-    @property
-    def max_buckets(self) -> int:
-        """Upper bound on the array length (the memory bound is 8 bytes times this)."""
-        return self._hi_idx - self._lo_idx + 1
-
-    def bucket_index(self, x: float) -> int:
-        """``ceil(log_gamma(x))`` clamped to the covered range; ``x > MIN_VALUE`` required."""
-        if x >= MAX_VALUE:  # also +inf, whose log cannot be ceil'ed
-            return self._hi_idx
-        i = math.ceil(math.log(x) * self._inv)
-        return self._lo_idx if i < self._lo_idx else self._hi_idx if i > self._hi_idx else i
-
-    def bucket_value(self, index: int) -> float:
-        """The representative ``2 * gamma**i / (gamma + 1)`` of bucket ``index``."""
-        return 2.0 * self._gamma**index / (self._gamma + 1.0)
 
     # ------------------------------------------------------------ writing
 
@@ -120,7 +76,7 @@ class LogHistogram:
         if x <= MIN_VALUE:
             self._zero += w
             return
-        # bucket_index() inlined: this is the hot path of every observation.
+        # Buckets.bucket_index() inlined: the hot path of every observation.
         if x < MAX_VALUE:
             i = math.ceil(math.log(x) * self._inv)
             if i < self._lo_idx:
@@ -139,37 +95,8 @@ class LogHistogram:
             p = i - self._lo
         counts[p] += w
 
-    def index_of(self, x: float) -> int | None:
-        """The bucket ``x`` (seconds) falls in; None for the zero bucket. NaN raises.
-        With :meth:`add_index` one computation serves every histogram a value goes to."""
-        if x <= MIN_VALUE:
-            return None
-        if x < MAX_VALUE:
-            i = math.ceil(math.log(x) * self._inv)
-            return self._lo_idx if i < self._lo_idx else i
-        if x == x:
-            return self._hi_idx
-        raise ValueError("cannot add NaN")
-
-    def indices_of(self, values: Sequence[float]) -> list[int | None]:
-        """:meth:`index_of` of each value (NaN raises), in one call."""
-        log, ceil, inv = math.log, math.ceil, self._inv
-        lo_idx, hi_idx = self._lo_idx, self._hi_idx
-        out: list[int | None] = []
-        for x in values:
-            if x <= MIN_VALUE:
-                out.append(None)
-            elif x < MAX_VALUE:
-                i = ceil(log(x) * inv)
-                out.append(lo_idx if i < lo_idx else i)
-            elif x == x:
-                out.append(hi_idx)
-            else:
-                raise ValueError("cannot add NaN")
-        return out
-
     def add_index(self, i: int | None) -> None:
-        """Add one sample (weight 1) in bucket ``i`` from :meth:`index_of`.
+        """Add one sample (weight 1) in bucket ``i`` from :meth:`Buckets.index_of`.
 
         The array grows now (as :meth:`add` would grow it); the count itself is
         deferred to :meth:`_flush` (module docstring)."""
@@ -399,7 +326,7 @@ class LogHistogram:
             pos = int(np.flatnonzero(counts)[0])
         else:
             pos = min(int(cum.searchsorted(target - self._zero, side="left")), len(cum) - 1)
-        return self.bucket_value(self._lo + pos)
+        return self.buckets.bucket_value(self._lo + pos)
 
     def cumulative(self) -> Cumulative:
         """A frozen cumulative view for repeated quantile and CDF reads."""

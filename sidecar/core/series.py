@@ -41,13 +41,14 @@ seen counts as the newest (closed sub-windows were evaluated and must not change
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Iterator
 
+from sidecar.core.buckets import buckets
 from sidecar.core.config import Metric, StatsConfig
+from sidecar.core.evaluation_span import EvaluationSpan
 from sidecar.core.histogram import LogHistogram
 from sidecar.core.shift import ShiftState, lapsed, reference, shifted_parts
 from sidecar.core.subwindow import (
-    COUNTERS,
     METRICS,
     NEVER,
     NO_VALUE,
@@ -59,7 +60,6 @@ from sidecar.core.subwindow import (
     SubWindow,
     WindowSummary,
     aging,
-    as_metric,
     latency_indices,
 )
 from sidecar.core.types import Observation
@@ -73,8 +73,8 @@ class RouteStats:
     """Rolling statistics of one (cluster, slice)."""
 
     __slots__ = (
-        "_evidence", "_fence", "_past", "_read", "_shift", "_slot", "_unjudged", "accuracy",
-        "cfg", "last_seen", "version", "window",
+        "_evidence", "_past", "_read", "_shift", "_slot", "accuracy", "cfg", "fence_index",
+        "last_seen", "span", "version", "window",
     )  # fmt: skip
 
     def __init__(self, cfg: StatsConfig, relative_accuracy: float = 0.02) -> None:
@@ -89,9 +89,8 @@ class RouteStats:
         self._evidence: dict[Metric, tuple[int, int, float, Evidence | None]] = {}
         # _reading()'s answer: (k, version, f, ok, requests, current sub-window).
         self._read: tuple[int, int, float, float, float, SubWindow | None] | None = None
-        # First completed sub-window not yet covered by a verdict (see window_summary).
-        self._unjudged: int | None = None
-        self._fence = NEVER  # sub-windows before this are not evidence any more (fence())
+        self.span = EvaluationSpan()  # what the next verdict covers (window_summary)
+        self.fence_index = NEVER  # sub-windows before this are not evidence any more (fence())
         self._slot: SubWindow | None = None  # the sub-window observations write into
         self._shift: dict[Metric, ShiftState] = {}  # per metric (sidecar.core.shift)
 
@@ -100,14 +99,13 @@ class RouteStats:
         and replicas): a route whose circuit closes again starts afresh rather
         than being judged on the failures that opened it."""
         k = self._sync(now)
-        self._fence = k
+        self.fence_index = k
         self._past = DecayedWindow(self.accuracy)
         self._past.k = k
         self._shift = {}
         self._evidence.clear()
         self.version += 1
-        if self._unjudged is None or self._unjudged < k:
-            self._unjudged = k
+        self.span.fence(k)
 
     def observe(self, obs: Observation, now: float) -> None:
         """Count the outcome; add latency samples for ``ok`` first attempts.
@@ -119,7 +117,7 @@ class RouteStats:
         logical request already contributed via its first attempt, and a retry
         storm would let a few struggling requests dominate the percentile.
         Missing or NaN metric values are skipped."""
-        self.record(obs.outcome, latency_indices(obs, self.window._ring[0].hists["ttft"]), now)
+        self.record(obs.outcome, latency_indices(obs, buckets(self.accuracy)), now)
 
     def record(
         self, outcome: str, indices: Indices | None, now: float, k: int | None = None,
@@ -197,7 +195,7 @@ class RouteStats:
         rebuilt = start is None or k - start >= ring or past.rotations >= _REBUILD_ROTATIONS
         if start is None or rebuilt:
             past = self._past = DecayedWindow(self.accuracy)
-            start = max(k - ring + 1, self._fence)
+            start = max(k - ring + 1, self.fence_index)
         decay, per = self.cfg.decay, float(max(self.cfg.min_samples, 1))
         floor, enough = self.cfg.min_aging, self.cfg.enough_samples
         for j in range(start, k):
@@ -330,6 +328,12 @@ class RouteStats:
 
     # ------------------------------------------------------------ plain counts
 
+    def live(self, now: float) -> Iterator[tuple[int, SubWindow]]:
+        """``(age, sub-window)`` of the ring at ``now``, newest first, after folding
+        what completed into the decayed window (as every read does)."""
+        self._sync(now)
+        return self.window.live(now)
+
     def _rate(self, now: float, field: str) -> float | None:
         self._sync(now)
         live = [] if self.is_stale(now) else [s for _, s in self.window.live(now)]
@@ -369,90 +373,7 @@ class RouteStats:
     # ------------------------------------------------------------ evaluation windows
 
     def window_summary(self, now: float, metric: Metric, q: float) -> WindowSummary:
-        """The next *evaluation window*: completed sub-windows not yet judged.
-
-        Normally that is just the last completed sub-window ``k - 1``. A sparse
-        route may not reach ``min_samples`` (latency) or ``error_min`` requests
-        in one sub-window; its evaluation window then grows over the following
-        sub-windows (unweighted merge, at most ``subwindows - 1`` of them: the
-        maximum age) until it does. Windows never overlap, so no sample is
-        judged twice and one spike cannot count as "sustained" across several
-        verdicts. Until the span is complete the summary carries
-        ``quantile=None`` (insufficient) and the span is kept for the next call.
-        """
+        """The next *evaluation window*: completed sub-windows not yet judged
+        (:mod:`sidecar.core.evaluation_span`)."""
         k = self._sync(now)
-        end = k * self.cfg.subwindow_s
-        oldest = k - (self.cfg.subwindows - 1)
-        first = k - 1 if self._unjudged is None else max(self._unjudged, oldest)
-        first = min(first, k - 1)
-        start = first * self.cfg.subwindow_s
-        if self.is_stale(now):
-            self._unjudged = k
-            return WindowSummary(k - 1, start, end, metric, q, 0, None, 0, 0, 0, 0)
-        merged: LogHistogram | None = None  # the first sub-window's own until a second comes
-        copied = False
-        n = req = err = tmo = canc = 0
-        for idx in range(first, k):
-            slot = self.window.get(idx)
-            if slot is None:
-                continue
-            if m := slot.samples(metric):
-                if merged is None:
-                    merged = slot.hists[metric]
-                else:
-                    if not copied:
-                        merged, copied = merged.copy(), True
-                    merged.merge(slot.hists[metric])
-                n += m
-            req, err, tmo, canc = (req + slot.requests, err + slot.error,
-                                   tmo + slot.timeout, canc + slot.cancel)  # fmt: skip
-        enough = n >= self.cfg.min_samples
-        full_span = first <= oldest
-        if enough or full_span or (req and (err + tmo) >= self.cfg.min_samples):
-            self._unjudged = k  # verdict given: the next window starts fresh
-        else:
-            self._unjudged = first  # keep accumulating
-        cum = None if merged is None else merged.cumulative()
-        value = cum.quantile(q) if enough and cum is not None else None
-        return WindowSummary(k - 1, start, end, metric, q, n, value, req, err, tmo, canc, cum)
-
-    # ------------------------------------------------------------ snapshots
-
-    def to_dict(self, now: float) -> dict[str, Any]:
-        """JSON-safe snapshot; times are stored as ages relative to ``now``."""
-        self._sync(now)
-        subs = [
-            {"age": age, **{c: getattr(s, c) for c in COUNTERS},
-             "hists": {m: h.to_dict() for m, h in s.hists.items() if h.count}}
-            for age, s in self.window.live(now)
-            if s.requests or s.cancel
-        ]  # fmt: skip
-        age = None if self.last_seen is None else now - self.last_seen
-        out: dict[str, Any] = {"last_seen_age": age, "subwindows": subs}
-        if self._fence != NEVER and self.window.current_index is not None:
-            out["fence_age"] = self.window.current_index - self._fence
-        return out
-
-    @classmethod
-    def from_dict(
-        cls, data: dict[str, Any], cfg: StatsConfig, now: float, relative_accuracy: float = 0.02
-    ) -> RouteStats:
-        """Rebuild as if the snapshot were taken at ``now`` (ages are preserved)."""
-        rs = cls(cfg, relative_accuracy)
-        k = rs.window.advance(now)
-        age = data.get("last_seen_age")
-        rs.last_seen = None if age is None else now - float(age)
-        for sub in data.get("subwindows", []):
-            if not 0 <= (a := int(sub["age"])) < cfg.subwindows:
-                continue
-            slot = rs.window._ring[(k - a) % cfg.subwindows]
-            slot.reset(k - a)
-            for c in COUNTERS:
-                setattr(slot, c, int(sub[c]))
-            for m, raw in sub.get("hists", {}).items():
-                slot.hists[as_metric(m)] = h = LogHistogram.from_dict(raw)
-                if h.relative_accuracy != relative_accuracy:
-                    raise ValueError("snapshot histogram accuracy differs from the store's")
-        if data.get("fence_age") is not None:
-            rs._fence = rs._unjudged = k - int(data["fence_age"])
-        return rs
+        return self.span.next_summary(self.window, self.cfg, k, self.is_stale(now), metric, q)

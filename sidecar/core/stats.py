@@ -17,10 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sidecar.core.buckets import buckets
 from sidecar.core.config import Metric, StatsConfig
 from sidecar.core.evidence import RouteEvidence, blend
-from sidecar.core.histogram import LogHistogram
 from sidecar.core.series import REFRESH_SHARE_OF_SUBWINDOW, RouteStats
+from sidecar.core.series_snapshot import series_from_dict, series_to_dict
 from sidecar.core.subwindow import (
     METRICS,
     OkSample,
@@ -76,7 +77,7 @@ class StatsStore:
         # _levels()' answers: ((layout, number of series), levels) per (cluster, slice).
         self._level_cache: dict[tuple[str, SliceKey], tuple[tuple[int, int], _Levels]] = {}
         self._max_age_s = cfg.subwindow_s * REFRESH_SHARE_OF_SUBWINDOW
-        self._geometry = LogHistogram(relative_accuracy)  # bucket indices for observe()
+        self._geometry = buckets(relative_accuracy)  # bucket indices for observe()
         # observe()'s answer per (cluster, observed slice): the layout it holds for, the
         # admitted key and the series it records into. An admitted narrow or per-model
         # overflow key stays admitted until a prune, which moves the layout.
@@ -251,7 +252,7 @@ class StatsStore:
         narrow = set(self.narrow_keys())
         series = [
             {"cluster": c, "slice": s.label(), "narrow": (c, s) in narrow,
-             "stats": rs.to_dict(now)}
+             "stats": series_to_dict(rs, now)}
             for (c, s), rs in self._series.items()
             if not rs.is_stale(now)
         ]  # fmt: skip
@@ -276,7 +277,7 @@ class StatsStore:
                     store._overflow.setdefault(cluster, set()).add(s)
                 elif entry.get("narrow") and store.admit(cluster, s) != s:
                     continue  # max_slices shrank: drop what no longer fits
-                store._series[(cluster, s)] = RouteStats.from_dict(
+                store._series[(cluster, s)] = series_from_dict(
                     entry["stats"], cfg, now, relative_accuracy
                 )
         except (KeyError, TypeError, ValueError) as exc:

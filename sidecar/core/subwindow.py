@@ -44,6 +44,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sidecar.core.buckets import Buckets
 from sidecar.core.config import Metric, StatsConfig
 from sidecar.core.frozen import fast_init
 from sidecar.core.histogram import Cumulative, LogHistogram
@@ -57,7 +58,7 @@ NO_VALUE = -(1 << 61)  # a latency_indices entry: the metric was not measured
 Indices = tuple[int | None, int | None, int | None]
 
 
-def latency_indices(obs: Observation, geometry: LogHistogram) -> Indices | None:
+def latency_indices(obs: Observation, geometry: Buckets) -> Indices | None:
     """Bucket indices of an observation's (ttft, tpot, e2e), None unless it is latency
     evidence (an ``ok`` first attempt); unmeasured or NaN metrics are skipped."""
     if obs.is_retry or obs.outcome != "ok":
@@ -75,7 +76,7 @@ OkSample = tuple[float | None, float | None, float | None, int | None]
 IndexLists = tuple[list[int | None], list[int | None], list[int | None]]
 
 
-def ok_index_lists(samples: Sequence[OkSample], geometry: LogHistogram) -> IndexLists:
+def ok_index_lists(samples: Sequence[OkSample], geometry: Buckets) -> IndexLists:
     """:func:`latency_indices` of many ``ok`` first attempts, per metric: the bucket
     index of each measured value in order (None: the zero bucket); unmeasured or NaN
     values are left out, as there."""
@@ -224,6 +225,12 @@ class SeriesWindow:
         slot = self._ring[k % len(self._ring)]
         if slot.index != k:
             slot.reset(k)
+        return slot
+
+    def reset_slot(self, index: int) -> SubWindow:
+        """The slot of sub-window ``index``, emptied for it (restoring a snapshot)."""
+        slot = self._ring[index % len(self._ring)]
+        slot.reset(index)
         return slot
 
     def get(self, index: int) -> SubWindow | None:
