@@ -52,7 +52,10 @@ def test_parse_chat_body() -> None:
 @pytest.mark.parametrize(
     "body",
     [b"{not json", b"[1,2]", b'{"model": 5}', b'{"stream": "yes"}', b'{"max_tokens": -1}',
-     b'{"max_tokens": true}', b"\xff\xfe"],
+     b'{"max_tokens": true}', b"\xff\xfe",
+     # Beyond Python's integer digit limit: json.loads raises a plain ValueError.
+     b'{"model": "m", "max_tokens": 1' + b"0" * 5000 + b"}",
+     b"[" * 100_000 + b"]" * 100_000],
 )
 def test_bad_bodies_raise(body: bytes) -> None:
     with pytest.raises(BadRequest):
@@ -88,6 +91,18 @@ def test_hostile_headers_fall_back_to_defaults(config: Config, headers: dict[str
     assert info.klass == config.default_class
     assert info.tenant is None
     assert 0 <= info.priority <= 1000
+
+
+@pytest.mark.parametrize(
+    ("raw", "remaining"),
+    [("750", 750), ("0", 0), ("-1", 0), ("-250", 0), ("+40", 40), (" 12 ", 12),
+     ("1e3", None), ("-", None), ("--5", None), ("12ms", None), ("9" * 13, None)],
+)
+def test_deadline_header(config: Config, raw: str, remaining: int | None) -> None:
+    """A negative remaining budget (``deadline - elapsed`` gone past) is exhausted,
+    not ignored; garbage is ignored."""
+    info = classify(config, {"x-tailroute-deadline-ms": raw}, parse_body("chat", _chat()), "chat")
+    assert info.deadline_ms == (None if remaining is None else float(remaining))
 
 
 def test_unknown_model_marks_slice(config: Config) -> None:

@@ -62,11 +62,12 @@ def rich(app: App, body: bytes, headers: dict[str, str] | None = None,
 def entry(rid: str | None, status: int = 200, first_body_s: float | None = 0.1,
           end_s: float | None = 0.3, tokens: int | None = 5, flags: frozenset[str] = frozenset(),
           route: str | None = None, slice_label: str | None = None,
-          details: str = "via_upstream", path: str = "/v1/chat/completions") -> LogRecord:
+          details: str = "via_upstream", path: str = "/v1/chat/completions",
+          upstream: str = "a") -> LogRecord:
     return LogRecord(status=status, flags=flags, details=details, method="POST", path=path,
                      duration_s=0.35, upstream_tx_s=0.01, first_body_s=first_body_s,
                      end_s=end_s, tokens=tokens, rid=rid, route_key=route,
-                     slice_label=slice_label)
+                     slice_label=slice_label, upstream_cluster=upstream)
 
 
 def test_one_message_path_routes_by_metadata(app: App) -> None:
@@ -117,6 +118,9 @@ def test_oversized_body_is_not_parsed_and_goes_default(app: App) -> None:
     _, r = fast(app, big)
     assert routed_cluster(r) == "a"  # type: ignore[arg-type]
     assert app.errors["body_too_large"] == 1
+    # One request, one fail-open reason (its decision also reads "unknown model").
+    failopen = {k: v for k, v in app.shell_counters().items() if k.startswith("failopen:")}
+    assert failopen == {"failopen:body_too_large": 1}
 
 
 def _solo_c() -> App:
@@ -370,6 +374,31 @@ def test_entries_tailroute_never_decided_are_counted_as_envoy_fail_open(app: App
     feed(LogRecord(status=200, method="GET", path="/healthz"), 0.0)
     assert app.envoy["fail_open"] == 1 and app.envoy["not_routed"] == 1
     assert app.shell_counters()["failopen:envoy"] == 1
+
+
+@pytest.mark.parametrize(
+    ("rec", "kind"),
+    [
+        # Over Envoy's buffer limit: Envoy answers 413 before any route is taken.
+        (entry(None, status=413, details="request_payload_too_large", first_body_s=None,
+               end_s=None, tokens=None, upstream=""), "unrouted"),
+        # The client went away mid-upload: no response, no upstream.
+        (entry(None, status=0, flags=frozenset({"downstream_connection_termination"}),
+               details="downstream_remote_disconnect", first_body_s=None, end_s=None,
+               tokens=None, upstream=""), "unrouted"),
+        # Sent to the default cluster without a decision: a fail-open, even if it failed.
+        (entry(None, status=503, flags=frozenset({"upstream_connection_failure"}),
+               first_body_s=None, end_s=None, tokens=None), "fail_open"),
+    ],
+)
+def test_an_undecided_llm_request_is_a_fail_open_only_if_envoy_routed_it(
+        app: App, rec: LogRecord, kind: str) -> None:
+    """The TailrouteEnvoyFailOpen page counts requests served without a decision; one
+    Envoy answered itself (a client's oversize body, a client gone) is not one."""
+    OutcomeFeed(app)(rec, 0.0)
+    assert app.envoy[kind] == 1 and sum(app.envoy[k] for k in ("fail_open", "unrouted")) == 1
+    assert app.envoy_view(0.0)[kind] == 1
+    assert ("failopen:envoy" in app.shell_counters()) == (kind == "fail_open")
 
 
 def test_orphan_entry_is_observed_from_its_own_metadata(app: App) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from sidecar.devtools.harness import Stack
-from tests.ops_stack import MODEL, admin_get, ops_config, start_providers
+from tests.ops_stack import MODEL, admin_get, ops_config, start_providers, wait_for
 
 pytestmark = pytest.mark.envoy
 
@@ -73,8 +73,15 @@ def test_hostile_requests_get_their_documented_answers() -> None:
         assert _counter(stack, "tailroute_fail_open_total",
                         'reason="stream_ended_before_body"') == 1
 
+        # The request above failed open in Envoy too (its access log counts it).
+        wait_for(lambda: _counter(stack, "tailroute_fail_open_total", 'reason="envoy"') == 1,
+                 "the fail-open's access-log entry")
         status, _, _ = _post(stack, _chat(padding="x" * (5 << 20)))
         assert status == 413  # over Envoy's own buffer: Envoy answers
+        # Not a fail-open (nothing was served undecided): its own access-log kind.
+        wait_for(lambda: _counter(stack, "tailroute_access_log_entries_total",
+                                  'kind="unrouted"') == 1, "the 413's access-log entry")
+        assert _counter(stack, "tailroute_fail_open_total", 'reason="envoy"') == 1
 
         status, headers, _ = _post(stack, _chat(), {"x-tailroute-tenant": "t" * 5000,
                                                     "x-tailroute-explain": "1"})

@@ -9,7 +9,7 @@ Headers read (all optional, all treated as untrusted):
 ``x-tailroute-class``       workload class name; unknown -> default class
 ``x-tailroute-priority``    integer 0..1000; default = the class's priority
 ``x-tailroute-tenant``      tenant id (never used as a metrics label)
-``x-tailroute-deadline-ms`` remaining end-to-end budget in ms for the workflow
+``x-tailroute-deadline-ms`` remaining end-to-end budget of the workflow, ms (0 or less: exhausted)
 ``x-tailroute-step``        ``critical`` or ``optional``
 ``x-tailroute-fanout``      parallel calls of this workflow step, 1..256 (default 1)
 ``x-tailroute-explain``     ``1`` asks for the explain response header
@@ -111,7 +111,9 @@ def parse_body(api: Api, body: bytes) -> ParsedBody:
     """
     try:
         data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:
+        # ValueError: not UTF-8, not JSON, or an integer beyond Python's digit limit
+        # (a 5,000-digit max_tokens); RecursionError: nesting deeper than the stack.
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise BadRequest("request body must be a JSON object")
@@ -144,8 +146,11 @@ def _int_header(headers: Mapping[str, str], name: str, lo: int, hi: int) -> int 
     if raw is None:
         return None
     raw = raw.strip()
-    if not raw.isdigit() or len(raw) > 12:
+    digits = raw[1:] if raw[:1] in ("-", "+") else raw
+    if not digits.isdigit() or len(digits) > 12:
         return None  # hostile or garbled: ignore rather than fail the request
+    # Signed values clamp like any other out-of-range one: a workflow that computes
+    # "deadline - elapsed" sends a negative remaining budget, which is exhausted (0).
     return min(max(int(raw), lo), hi)
 
 

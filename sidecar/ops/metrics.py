@@ -143,11 +143,12 @@ class RouterCollector(Collector):
         yield counter(
             "tailroute_access_log_entries",
             "Envoy access-log entries by kind: decided, fail_open (an LLM request Envoy "
-            "served without a decision), not_routed, orphan, late (the entry of a request "
-            "already counted lost), elsewhere (the entry of a request decided here, "
-            "received by another fleet process and forwarded)",
+            "served without a decision), unrouted (an LLM request Envoy answered itself "
+            "before routing: 413, client gone mid-upload), not_routed, orphan, late (the "
+            "entry of a request already counted lost), elsewhere (the entry of a request "
+            "decided here, received by another fleet process and forwarded)",
             [([kind], shell.get(f"envoy:{kind}", 0))
-             for kind in ("decided", "fail_open", "not_routed", "orphan", "late",
+             for kind in ("decided", "fail_open", "unrouted", "not_routed", "orphan", "late",
                           "elsewhere")],
             labels=["kind"])
         yield gauge("tailroute_access_log_streams",

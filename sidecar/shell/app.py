@@ -131,6 +131,10 @@ class App:
                 out[f"failopen:{reason}"] = self.errors[reason]
         for reason in ("unknown_model", "no_candidate"):
             n = self.router.counters[("decision", reason)]
+            if reason == "unknown_model":
+                # An oversize body is not parsed, so its decision reads "unknown model":
+                # one request, already counted as body_too_large above.
+                n = max(n - self.errors["body_too_large"], 0)
             if n:
                 out[f"failopen:{reason}"] = n
         # Requests Envoy served without asking (sidecar down, slow or overflowing).
@@ -170,6 +174,7 @@ class App:
             "entries": env["entries"],
             "decided": env["decided"],
             "fail_open": env["fail_open"],
+            "unrouted": env["unrouted"],  # LLM requests Envoy answered before routing
             "not_routed": env["not_routed"],
             "orphan": env["orphan"],
             "elsewhere": env["elsewhere"],  # decided here, entry received by another process

@@ -14,9 +14,13 @@ carries ``tailroute.rid``, request not pending  observation from the entry's own
 (sidecar restarted, another worker decided it)  (route -> cluster, slice label), counted
                                                 ``orphan``; in fleet mode its id is
                                                 forwarded to the decider (entry_forward)
-no tailroute metadata, POST to an LLM API path  Envoy served it without a decision: counted
-                                                ``fail_open`` (metric, /state, alert), and
+no tailroute metadata, POST to an LLM API       Envoy served it without a decision: counted
+path, an upstream cluster logged                ``fail_open`` (metric, /state, alert), and
                                                 handed to ``resolve`` if one is set
+no tailroute metadata, POST to an LLM API       Envoy answered it itself before routing (body
+path, no upstream cluster                       over its buffer limit: 413; client gone
+                                                mid-upload): counted ``unrouted``, not a
+                                                fail-open (nothing was served undecided)
 no tailroute metadata, anything else            counted ``not_routed`` (GET, health checks)
 ==============================================  =========================================
 
@@ -73,10 +77,14 @@ class OutcomeFeed:
         env["entries"] += 1
         app.last_entry = now
         if rec.rid is None:
-            if is_llm_request(rec):
+            if not is_llm_request(rec):
+                env["not_routed"] += 1
+            elif rec.upstream_cluster:
                 env["fail_open"] += 1
             else:
-                env["not_routed"] += 1
+                # Envoy answered it before any route was taken (a body over its buffer
+                # limit: 413; a client gone mid-upload): nobody served it undecided.
+                env["unrouted"] += 1
             if self.resolve is not None:
                 where = self.resolve(rec)
                 if where is not None:
