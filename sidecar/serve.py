@@ -243,15 +243,18 @@ async def serve(
             loop.add_signal_handler(sig, stop.set)
     with contextlib.suppress(NotImplementedError):
         loop.add_signal_handler(signal.SIGHUP, hup.set)
-    tasks = [asyncio.create_task(tick_loop(app, stop)),
-             asyncio.create_task(_sample_loop(admin, stop, config.stats.subwindow_s / 2)),
-             asyncio.create_task(snap.loop(stop, snapshot_every_s))]
+    tasks = [asyncio.create_task(tick_loop(app, stop), name="tick"),
+             asyncio.create_task(_sample_loop(admin, stop, config.stats.subwindow_s / 2),
+                                 name="metrics sampling"),
+             asyncio.create_task(snap.loop(stop, snapshot_every_s), name="snapshots")]
     if reloader is not None:
-        tasks.append(asyncio.create_task(watch_loop(reloader, stop, hup, watch_every_s)))
+        tasks.append(asyncio.create_task(watch_loop(reloader, stop, hup, watch_every_s),
+                                         name="config watcher"))
     if fleet is not None:
-        tasks.append(asyncio.create_task(fleet.run(stop)))
+        tasks.append(asyncio.create_task(fleet.run(stop), name="fleet link"))
     if native is not None:
-        tasks.append(asyncio.create_task(native.loop(app.tick, stop)))
+        tasks.append(asyncio.create_task(native.loop(app.tick, stop), name="native weights"))
+    died = _watch_tasks(tasks, stop)
     log.info("tailroute serving ext_proc on %s%s; admin on %s:%d",
              f"{tcp.rpartition(':')[0]}:{port}" if port and tcp else "",
              f" unix:{unix}" if unix else "", admin_at.rpartition(":")[0] or "127.0.0.1",
@@ -269,9 +272,32 @@ async def serve(
     log.info("shutting down: draining %d streams, %d requests in flight",
              service.active_streams, len(app.pending))
     await drain(server, service, app, drain_s)
-    await asyncio.gather(*tasks)
+    await asyncio.gather(*tasks, return_exceptions=True)  # a dead one was logged already
     await snap.save()  # again after the drain, so the last observations are in it
     if fleet is not None:
         await fleet.close()
     await admin.stop()
-    return 0
+    return 1 if died else 0
+
+
+def _watch_tasks(tasks: list[asyncio.Task[None]], stop: asyncio.Event) -> list[str]:
+    """Stop the process, loudly, when a background loop dies of an exception.
+
+    Each loop handles the failures it expects (a dead Redis, an unwritable snapshot);
+    one that escapes is a bug, and a sidecar whose tick loop or config watcher is gone
+    keeps answering while its health verdicts or reloads silently stop. Better to log
+    it, drain, save the snapshot and exit 1, so a supervisor restarts a whole process.
+    Returns the names of the loops that died (filled in as they do)."""
+    died: list[str] = []
+
+    def done(task: asyncio.Task[None]) -> None:
+        if task.cancelled() or (exc := task.exception()) is None:
+            return
+        died.append(task.get_name())
+        log.critical("background task %r died: %r; shutting down (exit 1) so that a "
+                     "supervisor restarts tailroute", task.get_name(), exc, exc_info=exc)
+        stop.set()
+
+    for task in tasks:
+        task.add_done_callback(done)
+    return died

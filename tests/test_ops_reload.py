@@ -61,6 +61,33 @@ def test_invalid_reload_keeps_last_good_config(
     assert "keeping the last good config" in msg
 
 
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"# caf\xe9 (latin-1, not UTF-8)\nclusters: []\n",  # not UTF-8
+        b"clusters: [",  # not YAML
+        b"\x00\x01\x02",  # binary
+        b"models:\n- name: m\n  candidates: [[a, b]]\n",  # a list where names go
+    ],
+)
+def test_a_reload_of_any_bad_file_is_one_logged_line_and_the_watcher_lives_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, content: bytes
+) -> None:
+    rl, app, path, data = _reloader(tmp_path)
+    good = app.config
+    path.write_bytes(content)
+    with caplog.at_level(logging.ERROR, logger="tailroute.reload"):
+        assert rl.reload("test") is False  # never raises
+    assert app.config is good
+    assert rl.counters() == {"reload:ok": 0, "reload:invalid": 1, "reload:last_ok": 0}
+    (record,) = caplog.records
+    assert "\n" not in record.getMessage() and str(path) in record.getMessage()
+    data["clusters"][0]["max_concurrency"] = 11  # the next good file still applies
+    _write(path, data)
+    rl.poll()
+    assert rl.poll() is True and app.config.cluster("a").max_concurrency == 11
+
+
 def test_poll_acts_once_the_file_has_settled(tmp_path: Path) -> None:
     rl, app, path, data = _reloader(tmp_path)
     assert rl.poll() is None  # unchanged

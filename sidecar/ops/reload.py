@@ -7,10 +7,11 @@ fingerprint is the same on two consecutive polls, so an editor caught halfway
 through writing does not count as an invalid config. SIGHUP reloads at once.
 
 A valid file is swapped in with ``Router.reload`` (statistics and health are
-kept); an invalid one leaves the last good config serving, logs the
-:class:`ConfigError` (which names the file and the field) and is counted, so
+kept); an invalid one -- whatever is wrong with it: not UTF-8, not YAML, a wrong
+field -- leaves the last good config serving, is logged on one line (the
+:class:`ConfigError` names the file and the field) and is counted, so
 ``tailroute_config_reloads_total{result="invalid"}`` and
-``tailroute_config_last_reload_ok == 0`` show it.
+``tailroute_config_last_reload_ok == 0`` show it; the watcher goes on.
 """
 
 from __future__ import annotations
@@ -80,10 +81,14 @@ class ConfigReloader:
         self._applied = self._seen = fp
         try:
             new = load_config(self.path)
-        except ConfigError as exc:
+        except Exception as exc:  # any problem with the file: a reload never kills the watcher
             self.counts["invalid"] += 1
             self.last_ok = False
-            log.error("config reload (%s) rejected, keeping the last good config: %s", why, exc)
+            # One log line, however many problems the error lists.
+            text = (str(exc) if isinstance(exc, ConfigError)
+                    else f"{self.path}: {type(exc).__name__}: {exc}")
+            log.error("config reload (%s) rejected, keeping the last good config: %s", why,
+                      "; ".join(line.strip() for line in text.splitlines() if line.strip()))
             return False
         old = self.app.config
         try:
