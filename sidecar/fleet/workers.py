@@ -93,7 +93,10 @@ class Supervisor:
     def argv(self, i: int) -> list[str]:
         ns = self.ns
         admin = self.admin_port + i if self.admin_port else 0
-        out = [sys.executable, "-m", "sidecar.cli", *(["-v"] if ns.verbose else []), "serve",
+        # -P: the caller's working directory is not put first on the workers' path, so
+        # a ./sidecar there (an old checkout, a backup) is not what they run (_worker_env).
+        out = [sys.executable, "-P", "-m", "sidecar.cli", *(["-v"] if ns.verbose else []),
+               "serve",
                "--config", ns.config, "--grpc", self.grpc, "--worker-index", str(i),
                "--admin", f"{self.admin_host}:{admin}", "--ready-file", str(self.ready(i)),
                "--snapshot-every", str(ns.snapshot_every)]
@@ -108,7 +111,8 @@ class Supervisor:
 
     def spawn(self, i: int) -> None:
         self.ready(i).unlink(missing_ok=True)
-        self.procs[i] = subprocess.Popen(self.argv(i), stdin=subprocess.DEVNULL)
+        self.procs[i] = subprocess.Popen(self.argv(i), stdin=subprocess.DEVNULL,
+                                         env=_worker_env())
 
     def forward(self, sig: int, _frame: object = None) -> None:
         if sig in (signal.SIGTERM, signal.SIGINT):
@@ -176,3 +180,13 @@ def worker_log_format(index: int) -> None:
     fmt = f"%(asctime)s %(levelname)s [w{index} pid {os.getpid()}] %(name)s: %(message)s"
     for h in logging.getLogger().handlers:
         h.setFormatter(logging.Formatter(fmt))
+
+
+def _worker_env() -> dict[str, str]:
+    """The environment for a worker: this process's own ``sidecar`` package first on
+    ``PYTHONPATH``, so a worker runs the very code its supervisor runs, whether that
+    is installed or a checkout started with ``python -m`` from its root."""
+    root = str(Path(__file__).resolve().parents[2])  # the directory holding sidecar/
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
