@@ -63,7 +63,7 @@ def entry(rid: str | None, status: int = 200, first_body_s: float | None = 0.1,
           end_s: float | None = 0.3, tokens: int | None = 5, flags: frozenset[str] = frozenset(),
           route: str | None = None, slice_label: str | None = None,
           details: str = "via_upstream", path: str = "/v1/chat/completions",
-          upstream: str = "a") -> LogRecord:
+          upstream: str = "") -> LogRecord:
     return LogRecord(status=status, flags=flags, details=details, method="POST", path=path,
                      duration_s=0.35, upstream_tx_s=0.01, first_body_s=first_body_s,
                      end_s=end_s, tokens=tokens, rid=rid, route_key=route,
@@ -154,6 +154,26 @@ def test_unexpected_order_never_raises(app: App, msgs: list[object]) -> None:
     for m in msgs:
         assert s.on_message(m, 0.0) is not None  # type: ignore[arg-type]
     s.close(1.0, cancelled=True)
+
+
+def test_a_decision_envoy_routed_elsewhere_is_not_evidence(app: App) -> None:
+    """A bootstrap without the decision's route (not re-rendered after a new class,
+    hand-written) sends it down another route: counted, warned, not a sample."""
+    s, r = fast(app, chat_request(), now=10.0)
+    cluster = routed_cluster(r)  # type: ignore[arg-type]
+    other = next(c for c in ("a", "b", "c") if c != cluster)
+    s.close(10.4, cancelled=False)
+    OutcomeFeed(app)(entry(s.rid, upstream=other), 10.5)
+    assert not app.pending and app.envoy["misrouted"] == 1
+    assert app.router.counters[("outcome", "ok")] == 0
+    assert app.router.stats.series(cluster, SLICE) is None
+    assert app.router.stats.series(other, SLICE) is None
+    assert app.envoy_view(10.5)["misrouted"] == 1
+    # The same entry naming the decided cluster is the decision's evidence.
+    s2, r2 = fast(app, chat_request(), now=11.0)
+    s2.close(11.4, cancelled=False)
+    OutcomeFeed(app)(entry(s2.rid, upstream=routed_cluster(r2)), 11.5)  # type: ignore[arg-type]
+    assert app.envoy["misrouted"] == 1 and app.router.counters[("outcome", "ok")] == 1
 
 
 def test_access_log_entry_becomes_the_observation(app: App) -> None:
@@ -370,7 +390,7 @@ def test_access_log_status_says_whether_entries_flow(app: App) -> None:
 
 def test_entries_tailroute_never_decided_are_counted_as_envoy_fail_open(app: App) -> None:
     feed = OutcomeFeed(app)
-    feed(entry(None), 0.0)
+    feed(entry(None, upstream="a"), 0.0)
     feed(LogRecord(status=200, method="GET", path="/healthz"), 0.0)
     assert app.envoy["fail_open"] == 1 and app.envoy["not_routed"] == 1
     assert app.shell_counters()["failopen:envoy"] == 1
@@ -388,7 +408,7 @@ def test_entries_tailroute_never_decided_are_counted_as_envoy_fail_open(app: App
                tokens=None, upstream=""), "unrouted"),
         # Sent to the default cluster without a decision: a fail-open, even if it failed.
         (entry(None, status=503, flags=frozenset({"upstream_connection_failure"}),
-               first_body_s=None, end_s=None, tokens=None), "fail_open"),
+               first_body_s=None, end_s=None, tokens=None, upstream="a"), "fail_open"),
     ],
 )
 def test_an_undecided_llm_request_is_a_fail_open_only_if_envoy_routed_it(

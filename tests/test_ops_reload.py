@@ -88,6 +88,67 @@ def test_a_reload_of_any_bad_file_is_one_logged_line_and_the_watcher_lives_on(
     assert rl.poll() is True and app.config.cluster("a").max_concurrency == 11
 
 
+def _add_class(d: dict[str, Any]) -> None:
+    d["classes"] = {**d.get("classes", {}), "chat": {
+        "slo": {"metric": "ttft", "percentile": 95, "budget_ms": 900, "timeout_ms": 20000}}}
+
+
+def _add_cluster(d: dict[str, Any]) -> None:
+    d["clusters"].append({"name": "d", "address": "127.0.0.1:9004", "models": ["m"]})
+    d["models"][0]["candidates"].append("d")
+
+
+def _drop_cluster(d: dict[str, Any]) -> None:
+    d["clusters"] = [c for c in d["clusters"] if c["name"] != "c"]
+    d["models"][0]["candidates"].remove("c")
+
+
+def _longer_timeout(d: dict[str, Any]) -> None:
+    d["classes"] = {"interactive": {
+        "slo": {"metric": "ttft", "percentile": 95, "budget_ms": 800, "timeout_ms": 45000}}}
+
+
+def _default_b(d: dict[str, Any]) -> None:
+    d["default_cluster"] = "b"
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [(_add_class, "routes added"), (_add_cluster, "routes added"),
+     (_drop_cluster, "routes removed"), (_longer_timeout, "routes changed"),
+     (_default_b, "routes changed")],
+)
+def test_a_reload_that_envoys_routes_cannot_follow_is_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, edit: Any, says: str
+) -> None:
+    """Envoy routes a decision by the route named after it in the bootstrap it started
+    with: a new class or cluster would go down its default route while the sidecar
+    counted it against its choice."""
+    rl, app, path, data = _reloader(tmp_path)
+    good = app.config
+    edit(data)
+    _write(path, data)
+    with caplog.at_level(logging.ERROR, logger="tailroute.reload"):
+        assert rl.reload("test") is False
+    assert app.config is good
+    assert rl.counters()["reload:invalid"] == 1
+    msg = caplog.records[0].getMessage()
+    assert says in msg and "tailroute envoy-config" in msg and str(path) in msg
+
+
+def test_a_reload_that_moves_only_an_address_applies_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rl, app, path, data = _reloader(tmp_path)
+    data["clusters"][1]["address"] = "127.0.0.1:9102"
+    _write(path, data)
+    with caplog.at_level(logging.WARNING, logger="tailroute.reload"):
+        assert rl.reload("test") is True
+    assert app.config.cluster("b").address == "127.0.0.1:9102"
+    assert any("Envoy-side settings" in r.getMessage() and "circuit breaker): b)" in
+               r.getMessage() for r in caplog.records)
+
+
 def test_poll_acts_once_the_file_has_settled(tmp_path: Path) -> None:
     rl, app, path, data = _reloader(tmp_path)
     assert rl.poll() is None  # unchanged

@@ -11,7 +11,10 @@ kept); an invalid one -- whatever is wrong with it: not UTF-8, not YAML, a wrong
 field -- leaves the last good config serving, is logged on one line (the
 :class:`ConfigError` names the file and the field) and is counted, so
 ``tailroute_config_reloads_total{result="invalid"}`` and
-``tailroute_config_last_reload_ok == 0`` show it; the watcher goes on.
+``tailroute_config_last_reload_ok == 0`` show it; the watcher goes on. A file
+that would give Envoy other routes (a cluster or class added or removed, a class
+timeout or the default route moved) is refused the same way: Envoy cannot
+reload its bootstrap from here (:mod:`sidecar.ops.envoy_drift`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 
 from sidecar.core.config import Config, ConfigError
 from sidecar.ops.config_file import load_config
+from sidecar.ops.envoy_drift import envoy_drift
 from sidecar.shell.app import App
 
 log = logging.getLogger("tailroute.reload")
@@ -92,6 +96,19 @@ class ConfigReloader:
             return False
         old = self.app.config
         try:
+            blocking, advisory = envoy_drift(old, new)
+        except Exception as exc:  # comparing must not be what breaks a reload
+            blocking, advisory = [], [f"not compared ({type(exc).__name__}: {exc})"]
+        if blocking:
+            self.counts["invalid"] += 1
+            self.last_ok = False
+            log.error("config reload (%s) rejected, keeping the last good config: %s: the "
+                      "Envoy bootstrap rendered from it has other routes (%s); Envoy routes "
+                      "by the bootstrap it started with, so re-render it (tailroute "
+                      "envoy-config) and restart Envoy and tailroute", why, self.path,
+                      "; ".join(blocking))
+            return False
+        try:
             self.app.reload(new)
         except Exception as exc:  # a bug in reload must not take down a serving sidecar
             self.counts["invalid"] += 1
@@ -106,6 +123,10 @@ class ConfigReloader:
         if changed:
             log.warning("config sections %s changed; they take effect on restart",
                         ", ".join(changed))
+        if advisory:
+            log.warning("config reload changed Envoy-side settings (%s); Envoy keeps its "
+                        "old ones until its bootstrap is re-rendered (tailroute envoy-config) "
+                        "and it restarts", "; ".join(advisory))
         if self.on_reload is not None:
             self.on_reload(new)
         return True

@@ -175,6 +175,7 @@ class App:
             "decided": env["decided"],
             "fail_open": env["fail_open"],
             "unrouted": env["unrouted"],  # LLM requests Envoy answered before routing
+            "misrouted": env["misrouted"],  # decided, but Envoy sent them to another cluster
             "not_routed": env["not_routed"],
             "orphan": env["orphan"],
             "elsewhere": env["elsewhere"],  # decided here, entry received by another process
@@ -234,9 +235,19 @@ class App:
         """Turn the entry (and a sampled first-token time) into an observation; once."""
         if self._close(p.rid) is None:
             return
+        cluster = p.decision.cluster
+        if rec.upstream_cluster and rec.upstream_cluster != cluster:
+            # Envoy sent it elsewhere: its routes do not know this decision (a bootstrap
+            # not re-rendered for a new class or cluster, a hand-written one). The
+            # timing is not evidence about the decided route, nor about the other.
+            self.envoy["misrouted"] += 1
+            log.warning("Envoy routed a request decided for %s to %s (route %s): its "
+                        "bootstrap has no route for that decision; re-render it with "
+                        "`tailroute envoy-config`", cluster, rec.upstream_cluster,
+                        rec.route_name or "?")
+            return
         if not p.observed:
             return
-        cluster = p.decision.cluster
         first_token_s = None
         if p.token_offset is not None and rec.first_body_s is not None:
             first_token_s = rec.first_body_s + p.token_offset
