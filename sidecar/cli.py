@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -107,8 +108,13 @@ def _cmd_envoy_config(ns: argparse.Namespace) -> int:
     cfg = load_config(ns.config)
     text = to_yaml(render_for_mode(cfg, grpc_target=ns.grpc, unix_socket=ns.unix))
     if ns.output:
-        with open(ns.output, "w", encoding="utf-8") as f:
-            f.write(text)
+        try:
+            with open(ns.output, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as exc:
+            print(f"tailroute envoy-config: cannot write {ns.output}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 2
     else:
         sys.stdout.write(text)
     return 0
@@ -218,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
                     f"else {DEFAULT_ADMIN})")
     _config_option(st, required=False)
     st.add_argument("--watch", action="store_true", help="refresh until interrupted")
-    st.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
+    st.add_argument("--interval", type=_positive_seconds, default=2.0, metavar="SECONDS",
                     help="seconds between refreshes with --watch (default: 2)")
     st.add_argument("--all", action="store_true",
                     help="also show aggregate (broader) slices, not only the routed ones")
@@ -316,6 +322,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `tailroute status | head`: the reader left. Point stdout at /dev/null so the
+        # interpreter's final flush does not raise again, and exit quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _positive_seconds(raw: str) -> float:
+    """An argparse type: a finite number of seconds above 0."""
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {raw!r}") from None
+    if not 0.0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {raw}")
+    return value
 
 
 if __name__ == "__main__":

@@ -152,3 +152,35 @@ def test_check_config_checks_what_serve_workers_needs(
             " (native weights are published by one process: run serve without --workers)"
             if "routing" in problem else
             " (workers share statistics and health through Redis/Valkey)")
+
+
+def _cli(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sidecar.cli", *args], capture_output=True,
+                          text=True, timeout=60, check=False, **kw)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [(["status", "--watch", "--interval", "-1"], "must be a number of seconds above 0"),
+     (["status", "--interval", "0"], "must be a number of seconds above 0"),
+     (["status", "--interval", "soon"], "not a number of seconds"),
+     (["envoy-config", "-c", "deploy/local/tailroute.yaml", "-o", "/nonexistent/dir/x.yaml"],
+      "cannot write /nonexistent/dir/x.yaml")],
+)
+def test_cli_mistakes_are_one_line_and_exit_2(args: list[str], says: str) -> None:
+    out = _cli(*args, cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 2 and says in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_a_reader_that_leaves_early_is_not_a_traceback() -> None:
+    """`tailroute envoy-config | head`: the pipe closes before the output is written."""
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sidecar.cli", "envoy-config", "-c", "deploy/local/tailroute.yaml"],
+        cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the process has even imported its modules
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1
+    assert "Traceback" not in err and "BrokenPipe" not in err
