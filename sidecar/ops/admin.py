@@ -100,15 +100,18 @@ class AdminServer:
         data["envoy"] = self.app.envoy_view(now)
         for name, view in self.extra_state.items():
             data[name] = view(now)
-        if "history" in q:
+        if q.get("history", ["0"])[-1].lower() not in ("0", "false", "no", ""):
             data["history"] = list(self.history)
         return 200, "application/json", json.dumps(data).encode()
 
     def _explain(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
         try:
-            limit = max(1, min(int(q.get("limit", ["20"])[0]), 64))
+            limit = int(q.get("limit", ["20"])[0])
         except ValueError:
-            return 400, "application/json", b'{"error": "limit must be an integer"}'
+            limit = 0
+        if limit < 1:
+            return 400, "application/json", b'{"error": "limit must be an integer >= 1"}'
+        limit = min(limit, 64)  # the recent-decision ring holds 64
         return 200, "application/json", json.dumps(explain_recent(self.app.router, limit)).encode()
 
     def _metrics(self, accept: str) -> tuple[int, str, bytes]:
@@ -127,12 +130,17 @@ class AdminServer:
                 except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
                     return
                 line = head.split(b"\r\n", 1)[0].decode("latin-1").split()
-                keep = b"connection: close" not in head.lower()
+                # HTTP/1.1 keeps the connection unless told otherwise; HTTP/1.0 closes
+                # it unless asked to keep it (HAProxy's httpchk speaks 1.0).
+                conn = _header(head, b"connection").lower()
+                keep = (conn != "close" if len(line) == 3 and line[2] == "HTTP/1.1"
+                        else conn == "keep-alive")
                 if len(line) != 3:
                     status, ctype, body = 400, "text/plain", b"bad request\n"
                     keep = False
                 elif line[0] not in ("GET", "HEAD"):
                     status, ctype, body = 405, "text/plain", b"method not allowed\n"
+                    keep = False  # a body may follow, which is not a next request
                 else:
                     status, ctype, body = self._dispatch(line[1], _header(head, b"accept"))
                 hdr = (f"HTTP/1.1 {status} {'OK' if status == 200 else 'Error'}\r\n"

@@ -1,0 +1,91 @@
+"""The admin server speaks enough HTTP for probes and operators: HTTP/1.0 closes,
+a refused method closes (its body is not a next request), query values mean what
+they say."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sidecar.core.config import parse_config
+from sidecar.ops.admin import AdminServer
+from sidecar.shell.app import App
+from tests.conftest import base_config_dict
+
+
+async def _exchange(port: int, raw: bytes) -> tuple[bytes, bool]:
+    """Send ``raw``; the response bytes read until the server closes or 2 s of quiet
+    (which says the connection was kept open)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(raw)
+    await writer.drain()
+    out = b""
+    closed = False
+    try:
+        while chunk := await asyncio.wait_for(reader.read(65536), 2.0):
+            out += chunk
+        closed = True
+    except TimeoutError:
+        pass
+    writer.close()
+    return out, closed
+
+
+def _run(requests: list[bytes]) -> list[tuple[bytes, bool]]:
+    async def main() -> list[tuple[bytes, bool]]:
+        app = App.create(parse_config(base_config_dict(), "t.yaml"), seed=1)
+        admin = AdminServer(app, CollectorRegistry(), ready=lambda: True)
+        port = await admin.start("127.0.0.1:0")
+        try:
+            return [await _exchange(port, r) for r in requests]
+        finally:
+            await admin.stop()
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "closes"),
+    [
+        (b"GET /healthz HTTP/1.0\r\n\r\n", b"200", True),  # HAProxy httpchk
+        (b"GET /healthz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", b"200", False),
+        (b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", b"200", False),
+        (b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", b"200", True),
+        # The body of a refused POST must not be read as a second request.
+        (b"POST /state HTTP/1.1\r\nHost: x\r\nContent-Length: 31\r\n\r\n"
+         b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", b"405", True),
+    ],
+)
+def test_connection_handling(raw: bytes, status: bytes, closes: bool) -> None:
+    ((out, closed),) = _run([raw])
+    assert out.startswith(b"HTTP/1.1 " + status)
+    assert out.count(b"HTTP/1.1 ") == 1  # one response, nothing smuggled
+    assert closed == closes
+
+
+def _body(out: bytes) -> object:
+    return json.loads(out.split(b"\r\n\r\n", 1)[1])
+
+
+@pytest.mark.parametrize(
+    ("query", "status"),
+    [("limit=0", b"400"), ("limit=-1", b"400"), ("limit=x", b"400"), ("limit=1", b"200"),
+     ("limit=1000", b"200"), ("", b"200")],
+)
+def test_explain_limit(query: str, status: bytes) -> None:
+    raw = f"GET /explain?{query} HTTP/1.1\r\nConnection: close\r\n\r\n".encode()
+    ((out, _),) = _run([raw])
+    assert out.startswith(b"HTTP/1.1 " + status)
+
+
+@pytest.mark.parametrize(("query", "has"), [("history=1", True), ("history=true", True),
+                                           ("history=0", False), ("history=false", False),
+                                           ("", False)])
+def test_state_history_flag(query: str, has: bool) -> None:
+    raw = f"GET /state?{query} HTTP/1.1\r\nConnection: close\r\n\r\n".encode()
+    ((out, _),) = _run([raw])
+    body = _body(out)
+    assert isinstance(body, dict) and ("history" in body) == has
