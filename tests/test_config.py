@@ -83,6 +83,22 @@ def test_load_config_reports_yaml_line(tmp_path: Any) -> None:
         load_config(p)
 
 
+@pytest.mark.parametrize(("content", "expect"), [
+    (b"default_cluster: a\n# caf\xe9\n",
+     "line 2: byte 0xe9 at offset 24 is not UTF-8 (save the file as UTF-8)"),
+    (b"\xff\xfedefault_cluster: a\n", "line 1: byte 0xff at offset 0 is not UTF-8"),
+])
+def test_load_config_file_problems_name_the_file(tmp_path: Any, content: bytes,
+                                                 expect: str) -> None:
+    from sidecar.ops.config_file import load_config
+
+    p = tmp_path / "tailroute.yaml"
+    p.write_bytes(content)
+    with pytest.raises(ConfigError) as err:
+        load_config(p)
+    assert str(err.value).startswith(f"{p}: {expect}"), str(err.value)
+
+
 def test_example_config_is_valid() -> None:
     from pathlib import Path
 

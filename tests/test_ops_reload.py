@@ -149,6 +149,23 @@ def test_a_reload_that_moves_only_an_address_applies_with_a_warning(
                r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.parametrize(("tail", "expect"), [
+    (b"# caf\xe9\n", "is not UTF-8"),  # a Latin-1 editor's comment
+    (b"clusters: [\n", "invalid YAML"),
+])
+def test_a_file_that_cannot_be_read_as_yaml_is_an_invalid_reload(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, tail: bytes, expect: str
+) -> None:
+    rl, app, path, _ = _reloader(tmp_path)
+    good = app.config
+    path.write_bytes(path.read_bytes() + tail)
+    with caplog.at_level(logging.ERROR, logger="tailroute.reload"):
+        assert rl.reload("test") is False  # counted, never raised into the watcher
+    assert app.config is good
+    assert rl.counters() == {"reload:ok": 0, "reload:invalid": 1, "reload:last_ok": 0}
+    assert expect in caplog.records[0].getMessage()
+
+
 def test_poll_acts_once_the_file_has_settled(tmp_path: Path) -> None:
     rl, app, path, data = _reloader(tmp_path)
     assert rl.poll() is None  # unchanged

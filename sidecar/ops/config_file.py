@@ -19,12 +19,15 @@ def load_config(path: str | Path) -> Config:
 def read_yaml(
     path: Path, what: str = "config", error: type[ConfigError] = ConfigError
 ) -> Any:
-    """Parse the YAML file ``path``; unreadable files and bad YAML raise ``error`` naming
-    the file (``cannot read <what>``) or the line and column of the mistake."""
+    """Parse the YAML file ``path``; unreadable files, bytes that are not UTF-8 and bad
+    YAML raise ``error`` naming the file (``cannot read <what>``) or the line and column
+    of the mistake."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise error(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: {_not_utf8(exc)}") from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -32,3 +35,12 @@ def read_yaml(
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise error(f"{path}: {where}invalid YAML: {problem}") from None
+
+
+def _not_utf8(exc: UnicodeDecodeError) -> str:
+    """Where the first byte that is not UTF-8 sits: a Latin-1 editor's 'é' in a comment
+    otherwise reads as a traceback (and used to stop the reload watcher)."""
+    data = bytes(exc.object)
+    line = data.count(b"\n", 0, exc.start) + 1
+    return (f"line {line}: byte 0x{data[exc.start]:02x} at offset {exc.start} is not "
+            "UTF-8 (save the file as UTF-8)")
