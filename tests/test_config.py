@@ -87,6 +87,10 @@ def test_load_config_reports_yaml_line(tmp_path: Any) -> None:
     (b"default_cluster: a\n# caf\xe9\n",
      "line 2: byte 0xe9 at offset 24 is not UTF-8 (save the file as UTF-8)"),
     (b"\xff\xfedefault_cluster: a\n", "line 1: byte 0xff at offset 0 is not UTF-8"),
+    (b"default_cluster: a\nmodels: []\ndefault_cluster: b\n",
+     "line 3, column 1: invalid YAML: duplicate key 'default_cluster' (first given on line 1"),
+    (b"clusters:\n  - name: a\n    address: x:1\n    name: b\n",
+     "line 4, column 5: invalid YAML: duplicate key 'name' (first given on line 2"),
 ])
 def test_load_config_file_problems_name_the_file(tmp_path: Any, content: bytes,
                                                  expect: str) -> None:
@@ -97,6 +101,14 @@ def test_load_config_file_problems_name_the_file(tmp_path: Any, content: bytes,
     with pytest.raises(ConfigError) as err:
         load_config(p)
     assert str(err.value).startswith(f"{p}: {expect}"), str(err.value)
+
+
+def test_a_key_a_merge_brought_in_may_be_overridden(tmp_path: Any) -> None:
+    from sidecar.ops.config_file import read_yaml
+
+    p = tmp_path / "merge.yaml"
+    p.write_text("base: &b {x: 1, y: 2}\nm:\n  <<: *b\n  x: 3\n")
+    assert read_yaml(p)["m"] == {"x": 3, "y": 2}
 
 
 def test_example_config_is_valid() -> None:

@@ -29,12 +29,52 @@ def read_yaml(
     except UnicodeDecodeError as exc:
         raise error(f"{path}: {_not_utf8(exc)}") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: no arbitrary objects
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise error(f"{path}: {where}invalid YAML: {problem}") from None
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` that rejects a key given twice in one mapping.
+
+    Plain YAML keeps the last value, so a second ``default_cluster:`` further down a
+    long file silently overrides the first. Checked on the node graph before anything
+    is constructed: merge keys (``<<: *base``) are flattened during construction, and
+    an explicit key overriding a merged one is what a merge is for.
+    """
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        self._check_unique_keys(node)
+        return super().construct_document(node)
+
+    def _check_unique_keys(self, root: yaml.Node) -> None:
+        todo, done = [root], set()
+        while todo:
+            node = todo.pop()
+            if id(node) in done:  # aliases share nodes
+                continue
+            done.add(id(node))
+            if isinstance(node, yaml.MappingNode):
+                seen: dict[Any, yaml.Mark] = {}
+                for key_node, value_node in node.value:
+                    todo += (key_node, value_node)
+                    if key_node.tag == _MERGE or not isinstance(key_node, yaml.ScalarNode):
+                        continue
+                    key = self.construct_object(key_node)
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"duplicate key {key!r} (first given on line "
+                            f"{seen[key].line + 1}; YAML would keep only the last)",
+                            key_node.start_mark)
+                    seen[key] = key_node.start_mark
+            elif isinstance(node, yaml.SequenceNode):
+                todo += node.value
+
+
+_MERGE = "tag:yaml.org,2002:merge"
 
 
 def _not_utf8(exc: UnicodeDecodeError) -> str:
