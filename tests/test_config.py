@@ -74,6 +74,47 @@ def test_errors_name_file_and_field(path: str, value: Any, expect: str) -> None:
     assert expect in msg, msg
 
 
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(("path", "value", "expect"), [
+    ("stats", {"subwindow_s": NAN}, "stats.subwindow_s: must be a finite number, got nan"),
+    ("stats", {"enough_samples": INF}, "stats.enough_samples: must be a finite number, got inf"),
+    ("health", {"degraded_weight": NAN}, "health.degraded_weight: must be a finite number"),
+    ("health", {"cooldown_s": INF, "cooldown_max_s": INF},
+     "health.cooldown_s: must be a finite number, got inf"),
+    ("classes", {"x": {"slo": {"budget_ms": NAN}}},
+     "classes.x.slo.budget_ms: must be a finite number, got nan"),
+    ("classes", {"x": {"weights": {"latency": -INF}}},
+     "classes.x.weights.latency: must be a finite number, got -inf"),
+    ("clusters.0.cost_per_1k_tokens", INF,
+     "clusters[0].cost_per_1k_tokens: must be a finite number, got inf"),
+    ("clusters.0.max_concurrency", NAN,  # an integer field
+     "clusters[0].max_concurrency: must be a finite number, got nan"),
+    ("admission", {"queue_wait_ms": NAN}, "admission.queue_wait_ms: must be a finite number"),
+    ("envoy", {"usage_sample": NAN}, "envoy.usage_sample: must be a finite number"),
+    ("models.0.algorithm", {"latency_aware": {"ttft_percentile": NAN}},
+     "models[0].algorithm.latency_aware.ttft_percentile: must be a finite number"),
+    ("stats", {"prior_samples": 10**400},
+     "stats.prior_samples: must be a finite number, got an integer of 401 digits"),
+    ("compat", "semantic-router", None),  # below: semantic-router's own percentile reader
+])
+def test_non_finite_numbers_are_rejected(path: str, value: Any, expect: str | None) -> None:
+    data = _with(path, value)
+    if expect is None:
+        for bad in (NAN, INF, 10**400):
+            data["algorithm"] = {"latency_aware": {"ttft_percentile": bad}}
+            with pytest.raises(ConfigError, match="ttft_percentile: must be an integer "
+                               "between 1 and 100"):
+                parse_config(data, "t.yaml")
+        return
+    with pytest.raises(ConfigError) as err:
+        parse_config(data, "t.yaml")
+    problems = err.value.problems
+    assert problems[0].startswith(f"t.yaml: {expect}"), problems
+    assert all("must be a finite number" in p for p in problems), problems  # no follow-on
+
+
 def test_load_config_reports_yaml_line(tmp_path: Any) -> None:
     from sidecar.ops.config_file import load_config
 
@@ -91,6 +132,8 @@ def test_load_config_reports_yaml_line(tmp_path: Any) -> None:
      "line 3, column 1: invalid YAML: duplicate key 'default_cluster' (first given on line 1"),
     (b"clusters:\n  - name: a\n    address: x:1\n    name: b\n",
      "line 4, column 5: invalid YAML: duplicate key 'name' (first given on line 2"),
+    (b"default_cluster: " + b"9" * 5000 + b"\n",
+     "line 1, column 18: invalid YAML: integer of 5000 digits is too long"),
 ])
 def test_load_config_file_problems_name_the_file(tmp_path: Any, content: bytes,
                                                  expect: str) -> None:

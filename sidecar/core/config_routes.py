@@ -72,7 +72,8 @@ def _sr_percentile(r: ConfigReader, key: str) -> int | None:
     number = isinstance(v, int | float) and not isinstance(v, bool)
     if v is None or (number and v == 0):
         return None
-    if not number or not float(v).is_integer() or not 1 <= v <= 100:
+    # The range first: NaN fails it, and a huge integer never reaches float().
+    if not number or not 1 <= v <= 100 or not float(v).is_integer():
         r.fail(f"must be an integer between 1 and 100 (0 or absent = unset), got {v!r}", key)
     return int(v)
 

@@ -20,6 +20,7 @@ policy-lab scenario reader (:mod:`sidecar.sim.validate`) adds its own.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, NoReturn, Self, TypeVar
 
@@ -42,6 +43,20 @@ def did_you_mean(key: str, known: set[str]) -> str:
     """`` (did you mean x?)`` for the closest known key, or ''."""
     close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
     return f" (did you mean {close[0]}?)" if close else ""
+
+
+def not_finite(v: float) -> str | None:
+    """Why the number ``v`` cannot be a setting, or None.
+
+    NaN compares false with everything, so it slipped past every ``lo``/``hi`` bound
+    (``.nan``, ``.inf`` and ``-.inf`` are valid YAML floats); an integer beyond a
+    float's range would raise OverflowError wherever it is used as one.
+    """
+    try:
+        finite = math.isfinite(v)
+    except OverflowError:  # an int beyond a float's range
+        return f"must be a finite number, got an integer of {len(str(abs(v)))} digits"
+    return None if finite else f"must be a finite number, got {v!r}"
 
 
 class FieldReader:
@@ -190,7 +205,10 @@ class ConfigReader(FieldReader):
         fallback = int(default) if integer else float(default)
         if isinstance(v, bool) or not isinstance(v, int | float):
             return self.bad(f"must be a number, got {v!r}", key, fallback)
-        if integer and not float(v).is_integer():
+        problem = not_finite(v)
+        if problem:
+            return self.bad(problem, key, fallback)
+        if integer and isinstance(v, float) and not v.is_integer():
             return self.bad(f"must be an integer, got {v!r}", key, fallback)
         if lo is not None and v < lo:
             return self.bad(f"must be >= {lo}, got {v!r}", key, fallback)

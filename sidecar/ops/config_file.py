@@ -74,6 +74,16 @@ class _StrictLoader(yaml.SafeLoader):
                 todo += node.value
 
 
+    def _construct_int(self, node: yaml.ScalarNode) -> int:
+        try:
+            return int(super().construct_yaml_int(node))
+        except ValueError:  # Python refuses to read integers of more than 4300 digits
+            raise yaml.constructor.ConstructorError(
+                None, None, f"integer of {len(node.value)} digits is too long",
+                node.start_mark) from None
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader._construct_int)
 _MERGE = "tag:yaml.org,2002:merge"
 
 
