@@ -64,6 +64,14 @@ def _with(path: str, value: Any) -> dict[str, Any]:
         ("health", {"explore_share": 1.5}, "health.explore_share: must be <= 1"),
         ("classes", {"x": {"weights": {"queue": -1}}}, "classes.x.weights.queue: must be >= 0"),
         ("classes", {"x": {"weights": {"queue": 13}}}, "classes.x.weights.queue: must be <= 12"),
+        # a list item of the wrong YAML type: named by its index, never a TypeError
+        ("models.0.candidates", [["a", "b"]],
+         "models[0].candidates[0]: must be a string, got list ['a', 'b']"),
+        ("models.0.candidates", ["a", {"b": None}],
+         "models[0].candidates[1]: must be a string, got dict {'b': None}"),
+        ("models.0.regions", ["eu", ["us"]], "models[0].regions[1]: must be a string, got list"),
+        ("routing", {"per_request_classes": [5]},
+         "routing.per_request_classes[0]: must be a string, got int 5"),
     ],
 )
 def test_errors_name_file_and_field(path: str, value: Any, expect: str) -> None:

@@ -212,7 +212,7 @@ def _routing(
     r: ConfigReader, classes: tuple[ClassConfig, ...], stats: StatsConfig
 ) -> RoutingConfig:
     known = [c.name for c in classes]
-    per_request = tuple(str(x) for x in r.list_("per_request_classes"))
+    per_request = tuple(r.strings("per_request_classes"))
     for name in per_request:
         if name not in known:
             r.bad(f"unknown class {name!r} (known: {', '.join(known)})",

@@ -150,7 +150,7 @@ def _model(r: ConfigReader, clusters: Mapping[str, ClusterConfig],
            compat: Compat = "tailroute", broken: set[str] | None = None) -> ModelConfig:
     name = r.str_("name", required=True)
     compat = r.choice("compat", compat, COMPATS)
-    cands = r.list_("candidates", required=True)
+    cands = r.strings("candidates", required=True, strict=True)
     if not cands:
         r.fail("must list at least one cluster", "candidates")
     for c in cands:
@@ -165,7 +165,7 @@ def _model(r: ConfigReader, clusters: Mapping[str, ClusterConfig],
     if len(set(cands)) != len(cands):
         r.fail("lists a cluster twice", "candidates")
     kind, la = parse_algorithm(r.sub("algorithm"), compat, given="algorithm" in r.data)
-    regions = tuple(str(x) for x in r.list_("regions"))
+    regions = tuple(r.strings("regions"))
     cfg = ModelConfig(name, tuple(cands), kind, la, regions, compat)
     r.done()
     return cfg

@@ -164,6 +164,21 @@ class FieldReader:
             return self.bad(problem, key, [])
         return v
 
+    def strings(self, key: str, required: bool = False, strict: bool = False) -> list[str]:
+        """A list of strings. An item of another type (a nested list, a mapping, a
+        number) is a problem naming its index (``key[i]``): recorded and left out, or,
+        with ``strict`` (the list is meaningless without it), raised."""
+        out: list[str] = []
+        for i, v in enumerate(self.list_(key, required)):
+            if isinstance(v, str):
+                out.append(v)
+                continue
+            problem = f"must be a string, got {type(v).__name__} {v!r}"
+            if strict:
+                self.fail(problem, f"{key}[{i}]")
+            self.bad(problem, f"{key}[{i}]", None)
+        return out
+
 
 class ConfigReader(FieldReader):
     """The typed readers of the tailroute config file (:mod:`sidecar.core.config_parse`).
