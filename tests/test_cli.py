@@ -104,6 +104,24 @@ def test_a_broken_cluster_is_reported_once_not_by_every_model() -> None:
                                   "'nowhere'",)
 
 
+@pytest.mark.parametrize(("interactive", "problem"), [
+    ({"slo": {"budget_ms": 800, "timeout_ms": 10}},
+     "classes.interactive.slo.timeout_ms: must be >= budget_ms (800), got 10"),
+    (5, "classes.interactive: expected a mapping, got int"),
+    ({"slo": 5}, "classes.interactive.slo: expected a mapping, got int"),
+    ({"priority": 5, "colour": "red"}, "classes.interactive: unknown field(s): colour"),
+])
+def test_a_broken_class_is_reported_once_not_by_what_names_it(interactive: Any,
+                                                              problem: str) -> None:
+    data = base_config_dict(classes={"interactive": interactive, "batch": {}},
+                            default_class="interactive",
+                            routing={"mode": "hybrid", "per_request_classes": ["interactive"]})
+    data["clusters"][2]["models"] = ["m"]  # hybrid routing cannot rename the model
+    with pytest.raises(ConfigError) as err:
+        parse_config(data, "bad.yaml")
+    assert err.value.problems == (f"bad.yaml: {problem}",)
+
+
 def test_check_config_prints_every_problem(tmp_path: Path) -> None:
     path = _write(tmp_path / "bad.yaml", _many_mistakes())
     out = _cli("check-config", "--config", str(path))

@@ -209,12 +209,13 @@ def _fleet(r: ConfigReader, stats: StatsConfig) -> FleetConfig | None:
 
 
 def _routing(
-    r: ConfigReader, classes: tuple[ClassConfig, ...], stats: StatsConfig
+    r: ConfigReader, classes: tuple[ClassConfig, ...], stats: StatsConfig,
+    broken: set[str] | None = None,
 ) -> RoutingConfig:
     known = [c.name for c in classes]
     per_request = tuple(r.strings("per_request_classes"))
     for name in per_request:
-        if name not in known:
+        if name not in known and name not in (broken or ()):
             r.bad(f"unknown class {name!r} (known: {', '.join(known)})",
                   "per_request_classes", None)
     cfg = RoutingConfig(
@@ -293,9 +294,11 @@ def _parse(root: ConfigReader, source: str) -> Config:
             root.bad(f"duplicate model {m.name!r}", f"models[{i}].name", None)
         models.append(m)
 
-    classes = root.attempt(lambda: parse_classes(root, source), DEFAULT_CLASSES)
+    broken_classes: set[str] = set()  # reported already: references say nothing more
+    classes = root.attempt(lambda: parse_classes(root, source, broken_classes),
+                           DEFAULT_CLASSES)
     default_class = root.str_("default_class", classes[0].name)
-    if default_class not in {c.name for c in classes}:
+    if default_class not in {c.name for c in classes} and default_class not in broken_classes:
         root.bad(f"unknown class {default_class!r}", "default_class", None)
 
     default_cluster = root.str_("default_cluster", next(iter(clusters), ""))
@@ -327,8 +330,8 @@ def _parse(root: ConfigReader, source: str) -> Config:
         limits=section(_limits, "limits", LimitsConfig()),
         envoy=section(_envoy, "envoy", EnvoyConfig()),
         timing=section(_timing, "timing", TimingConfig()),
-        routing=section(partial(_routing, classes=classes, stats=stats), "routing",
-                        RoutingConfig()),
+        routing=section(partial(_routing, classes=classes, stats=stats,
+                                broken=broken_classes), "routing", RoutingConfig()),
         snapshot_path=root.opt_str("snapshot_path"),
         fleet=fleet_section(stats),
         source=source,

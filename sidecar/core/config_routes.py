@@ -182,7 +182,7 @@ def _class(name: str, r: ConfigReader) -> ClassConfig:
     )
     s.done()
     if r.clean_since(mark) and slo.timeout_ms < slo.budget_ms:
-        s.fail(f"timeout_ms ({slo.timeout_ms}) must be >= budget_ms ({slo.budget_ms})")
+        s.fail(f"must be >= budget_ms ({slo.budget_ms:g}), got {slo.timeout_ms:g}", "timeout_ms")
     w = r.sub("weights")
     weights = Weights(
         latency=w.num("latency", 1.0, lo=0),
@@ -213,7 +213,10 @@ def model_item(root: ConfigReader, i: int, raw: Any, clusters: Mapping[str, Clus
     return _model(root.item("models", i, raw), clusters, compat, broken)
 
 
-def parse_classes(root: ConfigReader, source: str) -> tuple[ClassConfig, ...]:
+def parse_classes(root: ConfigReader, source: str,
+                  broken: set[str] | None = None) -> tuple[ClassConfig, ...]:
+    """The ``classes`` mapping; the names of classes left out for a mistake go to
+    ``broken``, so a reference to one is not reported a second time as unknown."""
     classes_raw = root.raw("classes")
     if classes_raw is None:
         return DEFAULT_CLASSES
@@ -224,9 +227,12 @@ def parse_classes(root: ConfigReader, source: str) -> tuple[ClassConfig, ...]:
         r = ConfigReader(v, source, f"classes.{k}") if isinstance(v, Mapping | None) else None
         if r is None:
             root.bad(f"expected a mapping, got {type(v).__name__}", f"classes.{k}", None)
-            continue
-        r.errors = root.errors
-        c: ClassConfig | None = root.attempt(partial(_class, str(k), r), None)
-        if c is not None:
-            out.append(c)
+        else:
+            r.errors = root.errors
+            c: ClassConfig | None = root.attempt(partial(_class, str(k), r), None)
+            if c is not None:
+                out.append(c)
+                continue
+        if broken is not None:
+            broken.add(str(k))
     return tuple(out) or DEFAULT_CLASSES
