@@ -64,6 +64,10 @@ def _with(path: str, value: Any) -> dict[str, Any]:
         ("health", {"explore_share": 1.5}, "health.explore_share: must be <= 1"),
         ("classes", {"x": {"weights": {"queue": -1}}}, "classes.x.weights.queue: must be >= 0"),
         ("classes", {"x": {"weights": {"queue": 13}}}, "classes.x.weights.queue: must be <= 12"),
+        # 4 x max_concurrency is an Envoy breaker threshold, a UInt32
+        ("clusters.0.max_concurrency", 10**12,
+         "clusters[0].max_concurrency: must be <= 1000000, got 1000000000000"),
+        ("admission", {"queue_max": 10**10}, "admission.queue_max: must be <= 1000000"),
         # a list item of the wrong YAML type: named by its index, never a TypeError
         ("models.0.candidates", [["a", "b"]],
          "models[0].candidates[0]: must be a string, got list ['a', 'b']"),

@@ -34,6 +34,31 @@ def _config(provider_port: int) -> dict[str, object]:
     }
 
 
+@pytest.mark.parametrize(("clusters", "max_concurrency", "queue_max"), [
+    (1, 1_000_000, 1_000_000),  # the largest one cluster may declare
+    (2_000, 1_000_000, 0),  # their sum, x 4, would not fit: the sidecar's breaker is capped
+    (3, 64, 64),
+])
+def test_every_rendered_breaker_fits_envoys_uint32(clusters: int, max_concurrency: int,
+                                                   queue_max: int) -> None:
+    from sidecar.core.config import parse_config
+    from sidecar.shell.bootstrap import UINT32_MAX, render_bootstrap
+
+    data = {
+        "default_cluster": "p0",
+        "clusters": [{"name": f"p{i}", "address": f"127.0.0.1:{9000 + i % 1000}",
+                      "models": ["m"], "max_concurrency": max_concurrency}
+                     for i in range(clusters)],
+        "models": [{"name": "m", "candidates": ["p0"]}],
+        "admission": {"queue_max": queue_max},
+    }
+    boot = render_bootstrap(parse_config(data, "t.yaml"), grpc_target="127.0.0.1:50051")
+    limits = [v for c in boot["static_resources"]["clusters"]
+              for t in c.get("circuit_breakers", {}).get("thresholds", [])
+              for k, v in t.items() if k.startswith("max_")]
+    assert limits and all(0 < v <= UINT32_MAX for v in limits), max(limits)
+
+
 async def _burst(port: int) -> list[int | str]:
     payload = request_bytes(stream=False, tokens=4)
 

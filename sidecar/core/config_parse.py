@@ -107,7 +107,8 @@ def _health(r: ConfigReader) -> HealthConfig:
 def _admission(r: ConfigReader) -> AdmissionConfig:
     cfg = AdmissionConfig(
         enabled=r.bool_("enabled", True),
-        queue_max=r.num("queue_max", 64, lo=0, integer=True),
+        # Part of the sidecar cluster's rendered breaker, 4 x (capacity + queue_max).
+        queue_max=r.num("queue_max", 64, lo=0, hi=1_000_000, integer=True),
         queue_wait_ms=r.num("queue_wait_ms", 250.0, lo=0),
         defer_retry_after_s=r.num("defer_retry_after_s", 2, lo=1, integer=True),
         shed_below_priority=r.num("shed_below_priority", 5, lo=0, integer=True),

@@ -29,6 +29,9 @@ from sidecar.core.config import (
 from sidecar.core.fields import ConfigReader, did_you_mean
 
 COMPATS: tuple[Compat, ...] = ("tailroute", SEMANTIC_ROUTER)
+# The rendered Envoy circuit breakers are 4 x max_concurrency (sidecar.shell.bootstrap),
+# UInt32 fields in Envoy: this keeps them (and a sum over a few hundred clusters) in range.
+MAX_CONCURRENCY = 1_000_000
 
 
 def _percentile_or_none(r: ConfigReader, key: str) -> int | None:
@@ -122,7 +125,7 @@ def _cluster(r: ConfigReader) -> ClusterConfig:
         name=name,
         address=address,
         models=models,
-        max_concurrency=r.num("max_concurrency", 64, lo=1, integer=True),
+        max_concurrency=r.num("max_concurrency", 64, lo=1, hi=MAX_CONCURRENCY, integer=True),
         cost_per_1k_tokens=r.num("cost_per_1k_tokens", 1.0, lo=0),
         quality=r.num("quality", 1.0, lo=0),
         region=r.str_("region", ""),

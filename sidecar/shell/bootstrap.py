@@ -107,7 +107,10 @@ def sidecar_max_requests(config: Config) -> int:
     if config.envoy.sidecar_max_requests is not None:
         return config.envoy.sidecar_max_requests
     capacity = sum(c.max_concurrency for c in config.clusters) + config.admission.queue_max
-    return max(1024, 4 * capacity)
+    return min(max(1024, 4 * capacity), UINT32_MAX)  # Envoy rejects a larger threshold
+
+
+UINT32_MAX = 2**32 - 1  # Envoy's circuit-breaker thresholds are UInt32Value
 
 
 def upstream_max_requests(cluster: ClusterConfig) -> int:
