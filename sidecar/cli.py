@@ -106,6 +106,7 @@ def _cmd_envoy_config(ns: argparse.Namespace) -> int:
     from sidecar.shell.bootstrap_native import render_for_mode
 
     cfg = load_config(ns.config)
+    _check_sidecar_target(cfg, ns.grpc, ns.unix)
     text = to_yaml(render_for_mode(cfg, grpc_target=ns.grpc, unix_socket=ns.unix))
     if ns.output:
         try:
@@ -118,6 +119,27 @@ def _cmd_envoy_config(ns: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _check_sidecar_target(cfg: Config, grpc: str | None, unix: str | None) -> None:
+    """ConfigError unless Envoy gets an address it can connect to: a listen address the
+    config may give (port 0, ``""`` = TCP off) is no target for Envoy's sidecar cluster."""
+    from sidecar.core.hostport import split_hostport
+
+    if unix or (grpc is None and cfg.listen.grpc_unix):
+        return
+    if grpc is not None:
+        setting, addr, hint = "--grpc", grpc, ""
+    else:
+        setting, addr = f"{cfg.source}: listen.grpc", cfg.listen.grpc
+        hint = " (give --grpc HOST:PORT or --unix PATH for Envoy)"
+        if not addr:
+            raise ConfigError(f"{setting}: TCP is off ('') and listen.grpc_unix is not set: "
+                              f"Envoy has no address to reach the sidecar at{hint}")
+    try:
+        split_hostport(addr)
+    except ValueError as exc:
+        raise ConfigError(f"{setting}: {exc}{hint}") from None
 
 
 def _cmd_status(ns: argparse.Namespace) -> int:

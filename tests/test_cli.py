@@ -140,6 +140,31 @@ def test_check_config_positional_file_still_works_with_a_note(tmp_path: Path) ->
     assert _cli("check-config").returncode == 2
 
 
+@pytest.mark.parametrize(("listen", "args", "problem"), [
+    ({}, ["--grpc", "garbage"], "--grpc: must be host:port, got 'garbage'"),
+    ({}, ["--grpc", "127.0.0.1:99999"],
+     "--grpc: must be host:port with a port of 1..65535, got '127.0.0.1:99999'"),
+    ({"grpc": "127.0.0.1:0"}, [],
+     "listen.grpc: must be host:port with a port of 1..65535, got '127.0.0.1:0' (give --grpc"),
+    ({"grpc": ""}, [], "listen.grpc: TCP is off ('') and listen.grpc_unix is not set"),
+    ({}, ["--grpc", "[::1]:50051"], None),
+    ({"grpc": ""}, ["--unix", "/tmp/t.sock"], None),
+])
+def test_envoy_config_needs_an_address_envoy_can_reach_the_sidecar_at(
+    tmp_path: Path, listen: dict[str, str], args: list[str], problem: str | None
+) -> None:
+    path = _write(tmp_path / "t.yaml", base_config_dict(listen=listen))
+    out = _cli("envoy-config", "--config", str(path), *args)
+    if problem is None:
+        assert out.returncode == 0, out.stderr
+        if "--grpc" in args:  # an IPv6 address without its brackets, as Envoy takes it
+            assert "address: ::1\n" in out.stdout
+        return
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.startswith("config error: "), out.stderr
+    assert problem in out.stderr.splitlines()[0], out.stderr
+
+
 def test_status_finds_the_admin_address_in_the_config(tmp_path: Path) -> None:
     path = _write(tmp_path / "c.yaml", base_config_dict(listen={"admin": "127.0.0.1:1"}))
     out = _cli("status", "--config", str(path))

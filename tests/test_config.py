@@ -68,6 +68,20 @@ def _with(path: str, value: Any) -> dict[str, Any]:
         ("clusters.0.max_concurrency", 10**12,
          "clusters[0].max_concurrency: must be <= 1000000, got 1000000000000"),
         ("admission", {"queue_max": 10**10}, "admission.queue_max: must be <= 1000000"),
+        # addresses are checked when the file is read, not when something binds or renders
+        ("listen", {"admin": "127.0.0.1:70000"},
+         "listen.admin: must be host:port with a port of 0..65535, got '127.0.0.1:70000'"),
+        ("listen", {"grpc": "garbage"}, "listen.grpc: must be host:port, got 'garbage'"),
+        ("listen", {"admin": ""}, "listen.admin: must be host:port, got ''"),
+        ("envoy", {"listen": "xx"}, "envoy.listen: must be host:port, got 'xx'"),
+        ("envoy", {"admin": "::1:9901"},
+         "envoy.admin: must be host:port with an IPv6 host in brackets ([::1]:9901)"),
+        ("envoy", {"listen": "[nope]:10000"},
+         "envoy.listen: must be host:port with an IPv6 address in the brackets"),
+        ("envoy", {"listen": "a b:10000"},
+         "envoy.listen: must be host:port with a host name or IP address"),
+        ("clusters.0.address", "127.0.0.1:0",  # Envoy connects there
+         "clusters[0].address: must be host:port with a port of 1..65535, got '127.0.0.1:0'"),
         # a list item of the wrong YAML type: named by its index, never a TypeError
         ("models.0.candidates", [["a", "b"]],
          "models[0].candidates[0]: must be a string, got list ['a', 'b']"),
@@ -84,6 +98,18 @@ def test_errors_name_file_and_field(path: str, value: Any, expect: str) -> None:
     msg = str(err.value)
     assert msg.startswith("conf/tailroute.yaml: "), msg
     assert expect in msg, msg
+
+
+@pytest.mark.parametrize(("section", "value"), [
+    ("listen", {"grpc": "", "grpc_unix": "/tmp/t.sock"}),  # TCP off
+    ("listen", {"grpc": "[::1]:0", "admin": "localhost:0"}),  # 0: any free port
+    ("envoy", {"listen": "0.0.0.0:10000", "admin": "[::]:9901"}),
+    ("clusters", [{"name": "a", "address": "[fd00::1]:8001", "models": ["m"]},
+                  {"name": "b", "address": "api.example.com:443", "models": ["m"]},
+                  {"name": "c", "address": "10.0.0.3:8003", "models": ["m"]}]),
+])
+def test_valid_addresses(section: str, value: Any) -> None:
+    parse_config(_with(section, value), "t.yaml")
 
 
 NAN, INF = float("nan"), float("inf")

@@ -44,6 +44,18 @@ def test_busy_port_in_config(tmp_path: Path, busy_port: int, which: str, setting
                      f"({setting}): address already in use (another process listens there)"]
 
 
+@pytest.mark.parametrize(("flag", "addr", "problem"), [
+    ("--grpc", "127.0.0.1:99999", "must be host:port with a port of 0..65535"),
+    ("--admin", "nowhere", "must be host:port, got 'nowhere'"),
+])
+def test_a_malformed_address_on_the_command_line_names_the_flag(
+    tmp_path: Path, flag: str, addr: str, problem: str
+) -> None:
+    out = _serve(tmp_path, {"grpc": "127.0.0.1:0", "admin": "127.0.0.1:0"}, flag, addr)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert f"({flag}): {problem}" in out.stderr, out.stderr
+
+
 def test_busy_port_given_on_the_command_line_names_the_flag(tmp_path: Path,
                                                             busy_port: int) -> None:
     out = _serve(tmp_path, {"grpc": "127.0.0.1:0", "admin": "127.0.0.1:0"},

@@ -120,9 +120,9 @@ def _admission(r: ConfigReader) -> AdmissionConfig:
 
 def _listen(r: ConfigReader) -> ListenConfig:
     cfg = ListenConfig(
-        grpc=r.str_("grpc", "127.0.0.1:50051"),
+        grpc=r.address("grpc", "127.0.0.1:50051", off=True),
         grpc_unix=r.opt_str("grpc_unix"),
-        admin=r.str_("admin", "127.0.0.1:9911"),
+        admin=r.address("admin", "127.0.0.1:9911"),
         tls=parse_listen_tls(r.sub("tls")),
     )
     r.done()
@@ -143,8 +143,8 @@ def _limits(r: ConfigReader) -> LimitsConfig:
 
 def _envoy(r: ConfigReader) -> EnvoyConfig:
     cfg = EnvoyConfig(
-        listen=r.str_("listen", "127.0.0.1:10000"),
-        admin=r.str_("admin", "127.0.0.1:9901"),
+        listen=r.address("listen", "127.0.0.1:10000"),
+        admin=r.address("admin", "127.0.0.1:9901"),
         route_buffer_bytes=r.num("route_buffer_bytes", 16 * 1024 * 1024, lo=1024, integer=True),
         sidecar_max_requests=None if r.raw("sidecar_max_requests") is None else r.num(
             "sidecar_max_requests", 1024, lo=16, hi=1_000_000, integer=True),

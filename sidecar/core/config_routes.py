@@ -27,6 +27,7 @@ from sidecar.core.config import (
     Weights,
 )
 from sidecar.core.fields import ConfigReader, did_you_mean
+from sidecar.core.hostport import split_hostport
 
 COMPATS: tuple[Compat, ...] = ("tailroute", SEMANTIC_ROUTER)
 # The rendered Envoy circuit breakers are 4 x max_concurrency (sidecar.shell.bootstrap),
@@ -118,9 +119,10 @@ def _cluster(r: ConfigReader) -> ClusterConfig:
     else:
         r.fail("must be a list of model names or a mapping name -> upstream name", "models")
     address = r.str_("address", required=True)
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        r.fail(f"must be host:port, got {address!r}", "address")
+    try:
+        split_hostport(address)  # Envoy connects there: port 0 is no port
+    except ValueError as exc:
+        r.fail(str(exc), "address")
     cfg = ClusterConfig(
         name=name,
         address=address,

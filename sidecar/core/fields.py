@@ -24,6 +24,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, NoReturn, Self, TypeVar
 
+from sidecar.core.hostport import split_hostport
+
 T = TypeVar("T")
 
 
@@ -198,6 +200,18 @@ class ConfigReader(FieldReader):
             if required or default is None:
                 self.fail(f"must be a non-empty string, got {v!r}", key)
             return self.bad(f"must be a string, got {v!r}", key, default)
+        return v
+
+    def address(self, key: str, default: str, off: bool = False) -> str:
+        """A ``host:port`` something binds (port 0: any free port); ``off``: ``""`` is
+        allowed and turns the listener off."""
+        v = self.str_(key, default)
+        if off and v == "":
+            return v
+        try:
+            split_hostport(v, port_zero=True)
+        except ValueError as exc:
+            return self.bad(str(exc), key, default)
         return v
 
     def opt_str(self, key: str) -> str | None:

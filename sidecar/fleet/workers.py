@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 from sidecar.core.config import Config, ConfigError
+from sidecar.core.hostport import join_hostport, split_hostport
 from sidecar.devtools.harness import free_port
 
 log = logging.getLogger("tailroute.workers")
@@ -46,10 +47,10 @@ _RESTARTS_PER_MINUTE = 5
 
 
 def _split(addr: str, what: str) -> tuple[str, int]:
-    host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError(f"{what}: must be host:port, got {addr!r}")
-    return host or "127.0.0.1", int(port)
+    try:
+        return split_hostport(addr, port_zero=True)
+    except ValueError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
 
 
 def check_workers(config: Config, n: int, grpc: str, unix: str | None) -> None:
@@ -78,7 +79,7 @@ class Supervisor:
         check_workers(config, n, grpc, ns.unix if ns.unix is not None else
                       config.listen.grpc_unix)
         host, port = _split(grpc, "--grpc")
-        self.grpc = f"{host}:{port or free_port()}"
+        self.grpc = join_hostport(host, port or free_port())
         self.admin_host, self.admin_port = _split(
             ns.admin if ns.admin is not None else config.listen.admin, "--admin")
         self.ns, self.n = ns, n
@@ -98,7 +99,7 @@ class Supervisor:
         out = [sys.executable, "-P", "-m", "sidecar.cli", *(["-v"] if ns.verbose else []),
                "serve",
                "--config", ns.config, "--grpc", self.grpc, "--worker-index", str(i),
-               "--admin", f"{self.admin_host}:{admin}", "--ready-file", str(self.ready(i)),
+               "--admin", join_hostport(self.admin_host, admin), "--ready-file", str(self.ready(i)),
                "--snapshot-every", str(ns.snapshot_every)]
         if ns.snapshot:
             out += ["--snapshot", ns.snapshot]
@@ -156,7 +157,7 @@ class Supervisor:
 
     def _announce(self) -> None:
         ports = [self.ready(i).read_text().split() for i in range(self.n)]
-        admins = ", ".join(f"{self.admin_host}:{p[1]}" for p in ports)
+        admins = ", ".join(join_hostport(self.admin_host, int(p[1])) for p in ports)
         log.info("%d workers serving ext_proc on %s (SO_REUSEPORT); admin on %s", self.n,
                  self.grpc, admins)
         if self.ns.ready_file:

@@ -29,6 +29,7 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from sidecar.core.hostport import split_hostport
 from sidecar.ops.state import explain_recent, state_json
 from sidecar.shell.app import App
 
@@ -61,8 +62,8 @@ class AdminServer:
         }
 
     async def start(self, addr: str) -> int:
-        host, _, port = addr.rpartition(":")
-        self._server = await asyncio.start_server(self._conn, host or "127.0.0.1", int(port))
+        host, port = split_hostport(addr, port_zero=True)  # IPv6: without its brackets
+        self._server = await asyncio.start_server(self._conn, host, port)
         return int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:

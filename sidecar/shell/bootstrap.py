@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from sidecar.core.config import ClusterConfig, Config
+from sidecar.core.hostport import split_hostport
 from sidecar.shell import bootstrap_filters as bf
 from sidecar.shell import envoy_contract as ec
 from sidecar.shell.bootstrap_filters import SIDECAR_CLUSTER
@@ -48,8 +49,8 @@ _HTTP_OPTS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtoco
 
 
 def _addr(hostport: str) -> dict[str, Any]:
-    host, _, port = hostport.rpartition(":")
-    return {"socket_address": {"address": host, "port_value": int(port)}}
+    host, port = split_hostport(hostport, port_zero=True)  # IPv6: without its brackets
+    return {"socket_address": {"address": host, "port_value": port}}
 
 
 def _is_ip(host: str) -> bool:

@@ -13,6 +13,8 @@ import errno
 import os
 import socket
 
+from sidecar.core import hostport
+
 _REASONS = {
     errno.EADDRINUSE: "address already in use (another process listens there)",
     errno.EADDRNOTAVAIL: "address not available on this host",
@@ -38,10 +40,9 @@ def bind_error(what: str, addr: str, setting: str, exc: BaseException) -> Startu
 
 
 def split_hostport(addr: str) -> tuple[str, int]:
-    host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"must be host:port, got {addr!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    """``(host, port)`` of an address to bind (port 0: any free port); ValueError if
+    malformed (the config checks its own addresses at parse time; flags land here)."""
+    return hostport.split_hostport(addr, port_zero=True)
 
 
 def check_bindable(what: str, addr: str, setting: str) -> None:
