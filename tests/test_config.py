@@ -112,6 +112,63 @@ def test_valid_addresses(section: str, value: Any) -> None:
     parse_config(_with(section, value), "t.yaml")
 
 
+def _rename_cluster(name: str) -> dict[str, Any]:
+    data = base_config_dict(default_cluster=name)
+    data["clusters"][0]["name"] = name
+    data["models"][0]["candidates"][0] = name
+    return data
+
+
+def _rename_class(name: Any) -> dict[str, Any]:
+    return base_config_dict(classes={name: {}, "batch": {}}, default_class=str(name),
+                            routing={"per_request_classes": [str(name)]})
+
+
+def _rename_model(name: str) -> dict[str, Any]:
+    data = base_config_dict()
+    data["models"][0]["name"] = name
+    for c in data["clusters"]:
+        c["models"] = [name]
+    return data
+
+
+@pytest.mark.parametrize(("data", "problem"), [
+    (_rename_cluster("tailroute_sidecar"), "clusters[0].name: 'tailroute_sidecar' is "
+     "reserved: the rendered Envoy bootstrap's cluster for the sidecar has that name"),
+    (_rename_cluster("a|b"), "clusters[0].name: must be 1-128 letters, digits or "
+     ". _ : / @ + -, got 'a|b'"),
+    (_rename_cluster("a b"), "clusters[0].name: must be 1-128 letters"),
+    (_rename_cluster("*"), "clusters[0].name: must be 1-128 letters"),
+    (_rename_class("a|b"), "classes.a|b: class name must be 1-128 letters, digits or "
+     ". _ : / @ + - (what the x-tailroute-class header accepts; '|' separates slice "
+     "labels), got 'a|b'"),
+    (_rename_class("*"), "classes.*: class name '*' is reserved: the sidecar's own slices "
+     "use it"),
+    (_rename_class("_overflow"), "classes._overflow: class name '_overflow' is reserved"),
+    (_rename_class(""), "classes.: class name must be 1-128 letters"),
+    (_rename_class("two words"), "classes.two words: class name must be 1-128 letters"),
+    (_rename_model("a|b"), "models[0].name: must not contain '|' or control characters, "
+     "got 'a|b'"),
+    (_rename_model("m\n"), "models[0].name: must not contain '|' or control characters"),
+    (_rename_model("*"), "models[0].name: '*' is reserved: the sidecar's own slices use it"),
+    (_rename_model("_unknown"), "models[0].name: '_unknown' is reserved"),
+    (_rename_model(""), "models[0].name: must be a non-empty string, got ''"),
+])
+def test_reserved_names_and_characters(data: dict[str, Any], problem: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(data, "t.yaml")
+    assert len(err.value.problems) == 1, err.value.problems  # references stay quiet
+    assert err.value.problems[0].startswith(f"t.yaml: {problem}"), err.value.problems
+
+
+@pytest.mark.parametrize("data", [
+    _rename_cluster("eu-west.provider_a:v2"), _rename_class(7), _rename_class("tier/gold@2"),
+    _rename_model("meta-llama/Llama-3.1-8B Instruct"),
+])
+def test_names_clients_and_envoy_can_use(data: dict[str, Any]) -> None:
+    parse_config(data, "t.yaml")
+
+
 NAN, INF = float("nan"), float("inf")
 
 

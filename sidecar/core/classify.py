@@ -22,13 +22,12 @@ Headers read (all optional, all treated as untrusted):
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.core.config import Config
-from sidecar.core.types import Api, RequestInfo, SliceKey, Step
+from sidecar.core.types import NAME_OK, UNKNOWN_MODEL, Api, RequestInfo, SliceKey, Step
 
 # Token-profile buckets: (name, upper bound of expected output tokens). Output
 # length dominates end-to-end time, input length dominates TTFT (prefill), so
@@ -45,7 +44,7 @@ TOKEN_PROFILES = _PROFILES
 LONG_PROFILE = _LONG
 DEFAULT_MAX_TOKENS = _DEFAULT_MAX_TOKENS
 CHARS_PER_TOKEN = 4  # approx_tokens: ceil(chars / 4)
-_NAME_OK = re.compile(r"^[A-Za-z0-9._:/@+-]{1,128}$")
+_NAME_OK = NAME_OK
 
 API_PATHS: dict[str, Api] = {
     "/v1/chat/completions": "chat",
@@ -196,7 +195,7 @@ def classify(
     if step_raw == "optional":
         step = "optional"
 
-    slice_model = model if model_known and model is not None else "_unknown"
+    slice_model = model if model_known and model is not None else UNKNOWN_MODEL
     return RequestInfo(
         api=api,
         model=model,

@@ -18,6 +18,10 @@ from typing import Any, Literal
 from sidecar.core.fields import ConfigError as ConfigError  # re-exported
 from sidecar.core.tls_config import ListenTlsConfig, SidecarTlsConfig
 
+# The rendered Envoy bootstrap's cluster for the sidecar (sidecar.shell.bootstrap): an
+# upstream cluster of that name would be a duplicate Envoy refuses.
+SIDECAR_CLUSTER = "tailroute_sidecar"
+
 Metric = Literal["ttft", "tpot", "e2e"]
 PickerMode = Literal["weighted_random", "lowest_score"]
 RoutingMode = Literal["extproc", "native", "hybrid"]

@@ -17,6 +17,7 @@ from sidecar.core.config import (
     DEFAULT_CLASSES,
     QUEUE_WEIGHT,
     SEMANTIC_ROUTER,
+    SIDECAR_CLUSTER,
     Algorithm,
     ClassConfig,
     ClusterConfig,
@@ -28,6 +29,7 @@ from sidecar.core.config import (
 )
 from sidecar.core.fields import ConfigReader, did_you_mean
 from sidecar.core.hostport import split_hostport
+from sidecar.core.types import ANY, NAME_OK, OVERFLOW_CLASS, UNKNOWN_MODEL
 
 COMPATS: tuple[Compat, ...] = ("tailroute", SEMANTIC_ROUTER)
 # The rendered Envoy circuit breakers are 4 x max_concurrency (sidecar.shell.bootstrap),
@@ -102,8 +104,17 @@ def _sr_latency_aware(r: ConfigReader, kind: Algorithm, given: bool) -> LatencyA
     return cfg
 
 
+_NAME_RULE = "1-128 letters, digits or . _ : / @ + -"
+
+
 def _cluster(r: ConfigReader) -> ClusterConfig:
     name = r.str_("name", required=True)
+    if name == SIDECAR_CLUSTER:
+        r.fail(f"{name!r} is reserved: the rendered Envoy bootstrap's cluster for the "
+               "sidecar has that name", "name")
+    if not NAME_OK.match(name):
+        # Envoy route keys are cluster|class|sampled; labels and headers carry it too.
+        r.fail(f"must be {_NAME_RULE}, got {name!r}", "name")
     models_raw = r.raw("models", {})
     models: dict[str, str] = {}
     if isinstance(models_raw, list):
@@ -154,6 +165,12 @@ def _provider(r: ConfigReader) -> str:
 def _model(r: ConfigReader, clusters: Mapping[str, ClusterConfig],
            compat: Compat = "tailroute", broken: set[str] | None = None) -> ModelConfig:
     name = r.str_("name", required=True)
+    if name in (ANY, UNKNOWN_MODEL, OVERFLOW_CLASS):
+        r.fail(f"{name!r} is reserved: the sidecar's own slices use it", "name")
+    if "|" in name or not name.isprintable():
+        # Clients send any model name, so only what breaks a slice label ('|' joins its
+        # parts) or a log line is refused.
+        r.fail(f"must not contain '|' or control characters, got {name!r}", "name")
     compat = r.choice("compat", compat, COMPATS)
     cands = r.strings("candidates", required=True, strict=True)
     if not cands:
@@ -230,7 +247,14 @@ def parse_classes(root: ConfigReader, source: str,
     out: list[ClassConfig] = []
     for k, v in classes_raw.items():
         r = ConfigReader(v, source, f"classes.{k}") if isinstance(v, Mapping | None) else None
-        if r is None:
+        if str(k) in (ANY, OVERFLOW_CLASS):
+            root.bad(f"class name {str(k)!r} is reserved: the sidecar's own slices use it",
+                     f"classes.{k}", None)
+        elif not NAME_OK.match(str(k)):
+            root.bad(f"class name must be {_NAME_RULE} (what the x-tailroute-class header "
+                     f"accepts; '|' separates slice labels), got {str(k)!r}",
+                     f"classes.{k}", None)
+        elif r is None:
             root.bad(f"expected a mapping, got {type(v).__name__}", f"classes.{k}", None)
         else:
             r.errors = root.errors

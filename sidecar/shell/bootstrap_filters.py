@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from sidecar.core.config import SIDECAR_CLUSTER as SIDECAR_CLUSTER  # reserved in the config
 from sidecar.shell import envoy_contract as ec
 
 if TYPE_CHECKING:
@@ -49,7 +50,6 @@ _MATCHED = TYPE + "envoy.extensions.common.matching.v3.ExtensionWithMatcher"
 _SKIP = TYPE + "envoy.extensions.filters.common.matcher.action.v3.SkipFilter"
 _HEADER_INPUT = TYPE + "envoy.type.matcher.v3.HttpRequestHeaderMatchInput"
 EXT_PROC_PER_ROUTE = TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
-SIDECAR_CLUSTER = "tailroute_sidecar"
 
 _ROUTE_ONLY = {"request_trailer_mode": "SKIP", "response_trailer_mode": "SKIP",
                "response_header_mode": "SKIP", "response_body_mode": "NONE"}
