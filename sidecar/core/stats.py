@@ -31,8 +31,7 @@ from sidecar.core.subwindow import (
     latency_indices,
     ok_index_lists,
 )
-from sidecar.core.types import ANY, Observation, SliceKey
-from sidecar.core.types import OVERFLOW_CLASS as _OVERFLOW_CLASS
+from sidecar.core.types import ANY, OVERFLOW_CLASS, Observation, SliceKey
 
 __all__ = [
     "GLOBAL_OVERFLOW",
@@ -47,7 +46,6 @@ __all__ = [
     "as_metric",
 ]
 
-OVERFLOW_CLASS = _OVERFLOW_CLASS  # reserved in the config (sidecar.core.types)
 GLOBAL_OVERFLOW = SliceKey(OVERFLOW_CLASS, OVERFLOW_CLASS, ANY, None)
 # A slice and its broader slices on one cluster, narrow first, with their series (if any).
 _Levels = tuple[tuple[SliceKey, RouteStats | None], ...]
