@@ -66,6 +66,8 @@ def _error(data: Any) -> str:
          "bad.yaml: workloads[0].workflow.steps[0].step: must be one of"),
         (lambda d: d.update(policies=["nope"]), "bad.yaml: policies[0]: unknown policy 'nope'"),
         (lambda d: d.pop("config"), "bad.yaml: <root>: give exactly one of 'config'"),
+        (lambda d: d.update(duration_s=10**400),
+         "bad.yaml: duration_s: must be a finite number, got an integer too large"),
     ],
 )
 def test_validation_errors_name_file_and_field(mutate: Any, expected: str) -> None:

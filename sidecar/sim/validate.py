@@ -58,7 +58,10 @@ class Reader(FieldReader):
             self.fail(f"must be > {gt:g}, got {v!r}", key)
         if hi is not None and v > hi:
             self.fail(f"must be <= {hi:g}, got {v!r}", key)
-        return float(v)
+        try:
+            return float(v)
+        except OverflowError:  # an integer beyond any float: a typo, not a number we use
+            self.fail("must be a finite number, got an integer too large for one", key)
 
     def opt_num(
         self, key: str, lo: float | None = None, hi: float | None = None, gt: float | None = None
