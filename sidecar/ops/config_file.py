@@ -73,7 +73,6 @@ class _StrictLoader(yaml.SafeLoader):
             elif isinstance(node, yaml.SequenceNode):
                 todo += node.value
 
-
     def _construct_int(self, node: yaml.ScalarNode) -> int:
         try:
             return int(super().construct_yaml_int(node))
