@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -322,14 +324,32 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _interrupt_on_sigterm(signum: int, _frame: object) -> None:
+    """SIGTERM (``timeout``, ``kill``, a CI cancel, ``docker stop``) stops a command the way
+    Ctrl-C does: the exception unwinds its ``with Stack()`` blocks, which stop every
+    process the command started (they run in sessions of their own and never see the
+    signal). A second SIGTERM ends the process without that cleanup."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "fake-provider":
         return _cmd_fake_provider(argv[1:])
+    if not argv or argv[0] != "serve":
+        # serve handles SIGTERM in its event loop (drain, snapshot); everything else
+        # (demo, bench, simulate) cleans up through KeyboardInterrupt.
+        with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
+            signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
     if argv and argv[0] in ("simulate", "report"):
         from sidecar.sim.cli import main as sim_main
 
-        return sim_main(argv)
+        try:
+            return sim_main(argv)
+        except KeyboardInterrupt:
+            print("tailroute: interrupted", file=sys.stderr)
+            return 130
     ns = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if ns.verbose else logging.INFO,

@@ -26,9 +26,10 @@ and ``within_1.1x_of_itself`` says how often one draw of tailroute passes the
 from __future__ import annotations
 
 import multiprocessing
+import signal
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from multiprocessing.pool import Pool
 from pathlib import Path
 from typing import Any
 
@@ -130,9 +131,13 @@ def run_generated(
             if progress is not None:
                 progress(f"[{i + 1}/{len(args)}] {items[i].name}")
     else:
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-            for i, res in enumerate(pool.map(_run_one, args)):
+        # A Pool, not a ProcessPoolExecutor: leaving its block terminates the workers,
+        # so Ctrl-C or SIGTERM stops the run at once instead of waiting for every
+        # scenario in flight. The workers start with SIGINT ignored (a terminal sends it
+        # to the whole group; an ignored signal stays ignored across exec) and leave
+        # the interrupt to this process.
+        with _pool_ignoring_sigint(jobs) as pool:
+            for i, res in enumerate(pool.imap(_run_one, args)):
                 results.append(res)
                 if progress is not None:
                     progress(f"[{i + 1}/{len(args)}] {items[i].name}")
@@ -146,6 +151,18 @@ def run_generated(
         "summary": suite_summary(results),
         "families": family_summary(results, fams),
     }
+
+
+def _pool_ignoring_sigint(jobs: int) -> Pool:
+    """A spawn-context pool of ``jobs`` workers started with SIGINT ignored."""
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: signals are the main thread's business
+        return multiprocessing.get_context("spawn").Pool(jobs)
+    try:
+        return multiprocessing.get_context("spawn").Pool(jobs)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _run_one(a: tuple[str, int, int, tuple[str, ...], float | None, bool, int]
