@@ -46,3 +46,16 @@ def split_hostport(addr: str, port_zero: bool = False) -> tuple[str, int]:
     if not _HOST.match(host):
         raise ValueError(f"must be host:port with a host name or IP address, got {addr!r}")
     return host, int(port)
+
+
+def redacted(url: str) -> str:
+    """``url`` fit for a log line or an error: a user name or password (the fleet's
+    ``redis://user:secret@host``) is replaced by ``***``; anything else is unchanged."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, path = rest.partition("/")
+    userinfo, at, hostpart = authority.rpartition("@")
+    if not at or not userinfo:
+        return url
+    return f"{scheme}://***@{hostpart}{slash}{path}"

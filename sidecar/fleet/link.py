@@ -29,6 +29,7 @@ from typing import Protocol
 from redis.exceptions import RedisError
 
 from sidecar.core.config import FleetConfig
+from sidecar.core.hostport import redacted
 from sidecar.core.types import TransitionEvent
 from sidecar.fleet.exchange import Exchange, Reply
 from sidecar.fleet.redis_store import RedisStore
@@ -123,17 +124,17 @@ class FleetLink:
         if self.up is not False:
             self._down_since = time.monotonic()
             log.warning("fleet store %s unreachable (%s); continuing on local state, "
-                        "retrying with backoff", self.cfg.url, _describe(exc))
+                        "retrying with backoff", redacted(self.cfg.url), _describe(exc))
         self.up = False
 
     def _came_up(self) -> None:
         self.syncs_ok += 1
         if self.up is False and self._down_since is not None:
-            log.info("fleet store %s back after %.1fs; state resynced", self.cfg.url,
+            log.info("fleet store %s back after %.1fs; state resynced", redacted(self.cfg.url),
                      time.monotonic() - self._down_since)
         elif self.up is None:
             log.info("fleet mode: replica %s sharing through %s (%d peers)", self.rid,
-                     self.cfg.url, len([p for p in self.sync.peers if p != self.rid]))
+                     redacted(self.cfg.url), len([p for p in self.sync.peers if p != self.rid]))
         self.up, self._failures, self._down_since = True, 0, None
 
     # ------------------------------------------------------------ lifecycle
