@@ -3,8 +3,10 @@ stale or corrupt snapshot means a logged cold start, never a crash."""
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
+import math
 import signal
 import threading
 from collections.abc import Callable
@@ -141,7 +143,31 @@ CORRUPT: dict[str, Callable[[dict[str, Any]], bytes]] = {
     "other sub-window": lambda d: json.dumps({**d, "stats": {**d["stats"],
                                                              "subwindow_s": 3.0}}).encode(),
     "bad transitions": lambda d: json.dumps({**d, "transitions": [{"age": "x"}]}).encode(),
+    # Values of the right type that no running sidecar writes (a NaN cooldown crashed
+    # every tick after a "warm start", and the shutdown snapshot wrote it back).
+    "NaN cooldown": lambda d: _route_field(d, "cooldown_until", math.nan),
+    "infinite since": lambda d: _route_field(d, "since", math.inf),
+    "negative offences": lambda d: _route_field(d, "offences", -2),
+    "fail_rate above 1": lambda d: _route_field(d, "fail_rate", 3.0),
+    "NaN history": lambda d: _route_field(d, "history", {"windows": 1, "watch": math.nan,
+                                                         "recover": 0.0}),
+    "negative count": lambda d: _subwindow_field(d, "ok", -3),
+    "huge count": lambda d: _subwindow_field(d, "ok", 10**30),
+    "sub-window from the future": lambda d: _subwindow_field(d, "age", -1),
 }
+
+
+def _route_field(d: dict[str, Any], field: str, value: Any) -> bytes:
+    d = copy.deepcopy(d)
+    route = d["health"]["routes"][0]["health"]
+    route[field] = value
+    return json.dumps(d).encode()  # NaN and Infinity as Python's json writes them
+
+
+def _subwindow_field(d: dict[str, Any], field: str, value: Any) -> bytes:
+    d = copy.deepcopy(d)
+    d["stats"]["series"][0]["stats"]["subwindows"][0][field] = value
+    return json.dumps(d).encode()
 
 
 @pytest.mark.parametrize("kind", sorted(CORRUPT))

@@ -248,25 +248,57 @@ def _route_to_dict(h: RouteHealth, now: float) -> dict[str, Any]:
     return out
 
 
+def _finite(raw: Any) -> float:
+    """A snapshot number that is a number: NaN or an infinity in a time would reach the
+    health machine's arithmetic (a NaN cooldown crashed every tick, and was written back
+    into the next snapshot)."""
+    x = float(raw)
+    if not math.isfinite(x):
+        raise ValueError(f"not a finite number: {raw!r}")
+    return x
+
+
+def _count(raw: Any) -> int:
+    n = int(raw)
+    if n < 0:
+        raise ValueError(f"negative count: {raw!r}")
+    return n
+
+
+def _like(current: Any, raw: Any) -> Any:
+    """``raw`` read as the type of the field's current value, checked."""
+    if isinstance(current, bool):
+        return bool(raw)
+    if isinstance(current, int):
+        return _count(raw)
+    if isinstance(current, float):
+        return _finite(raw)
+    return type(current)(raw)
+
+
 def _load_route(h: RouteHealth, d: dict[str, Any], now: float) -> None:
-    """Inverse of :func:`_route_to_dict`; raises KeyError/ValueError/TypeError if malformed."""
+    """Inverse of :func:`_route_to_dict`; raises KeyError/ValueError/TypeError if malformed
+    (non-finite times and shares, negative counts included)."""
     k = math.floor(now / h.stats_cfg.subwindow_s)
     for f in _PLAIN:
-        setattr(h, f, type(getattr(h, f))(d[f]))
+        setattr(h, f, _like(getattr(h, f), d[f]))
     for f in _PLAIN_OPTIONAL:
         if f in d:
-            setattr(h, f, type(getattr(h, f))(d[f]))
+            setattr(h, f, _like(getattr(h, f), d[f]))
+    if not (0.0 <= h.restore_base <= 1.0 and 0.0 <= h.fail_rate <= 1.0):
+        raise ValueError("restore_base and fail_rate must be shares in [0, 1]")
     for f in _TIMES:
-        setattr(h, f, None if d[f] is None else now - float(d[f]))
+        setattr(h, f, None if d[f] is None else now - _finite(d[f]))
     for f in _TIMES_OPTIONAL:
         if d.get(f) is not None:
-            setattr(h, f, now - float(d[f]))
+            setattr(h, f, now - _finite(d[f]))
     h.state = HealthState(d["state"])
-    h.votes = {HealthState(t): int(n) for t, n in d["votes"].items()}
+    h.votes = {HealthState(t): _count(n) for t, n in d["votes"].items()}
     h.last_index = None if d["last_index"] is None else k - int(d["last_index"])
     hist = d.get("history")
     if hist is not None:
-        h.history = History(int(hist["windows"]), float(hist["watch"]), float(hist["recover"]))
+        h.history = History(_count(hist["windows"]), _finite(hist["watch"]),
+                            _finite(hist["recover"]))
     run = d.get("run")
     if run is not None:
         h.run_parts, h.run_confined = {str(p) for p in run["parts"]}, bool(run["confined"])

@@ -10,12 +10,15 @@ the shift tests and the caches are not stored: they are rebuilt from the ring.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from sidecar.core.config import StatsConfig
 from sidecar.core.histogram import LogHistogram
 from sidecar.core.series import RouteStats
 from sidecar.core.subwindow import COUNTERS, NEVER, as_metric
+
+_MAX_COUNT = 2**53  # counts above this are not requests anyone served
 
 
 def series_to_dict(rs: RouteStats, now: float) -> dict[str, Any]:
@@ -41,13 +44,19 @@ def series_from_dict(
     rs = RouteStats(cfg, relative_accuracy)
     k = rs.window.advance(now)
     age = data.get("last_seen_age")
+    if age is not None and not math.isfinite(float(age)):
+        raise ValueError(f"last_seen_age is not a finite number: {age!r}")
     rs.last_seen = None if age is None else now - float(age)
     for sub in data.get("subwindows", []):
-        if not 0 <= (a := int(sub["age"])) < cfg.subwindows:
-            continue
+        if (a := int(sub["age"])) < 0:
+            raise ValueError(f"a sub-window from the future (age {a})")
+        if a >= cfg.subwindows:
+            continue  # aged out while the process was down
         slot = rs.window.reset_slot(k - a)
         for c in COUNTERS:
-            setattr(slot, c, int(sub[c]))
+            if not 0 <= (n := int(sub[c])) < _MAX_COUNT:
+                raise ValueError(f"sub-window count {c} out of range: {n}")
+            setattr(slot, c, n)
         for m, raw in sub.get("hists", {}).items():
             slot.hists[as_metric(m)] = h = LogHistogram.from_dict(raw)
             if h.relative_accuracy != relative_accuracy:
