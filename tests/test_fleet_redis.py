@@ -86,8 +86,9 @@ def test_exchanges_share_statistics_once_with_a_bounded_command_count(
         fast, now = await burst(100, 1005.0)
         print(f"commands per replica per cycle: {slow:.1f} at 5 req, {fast:.1f} at 100 req")
         # Never a write per request: 20x the rate, the same commands (up to an HDEL
-        # when a sub-window leaves the window); ~13 per cycle plus 3 per route (lease script).
-        assert abs(slow - fast) <= 0.5 and fast <= 20
+        # when a sub-window leaves the window); ~13 per cycle plus 3 per route (lease
+        # script) plus 3 inside each of the two inbox takes (acknowledge, two checks).
+        assert abs(slow - fast) <= 0.5 and fast <= 25
         await cycle(now + 0.1)
         assert [_samples(r, now + 0.1) for r in routers] == [2100, 2100]
         client.flushall()  # the store loses everything: re-pushed, never counted twice
@@ -176,7 +177,12 @@ def test_an_entry_that_reached_another_replica_reaches_its_decider(
         assert not decider.pending and decider.envoy["elsewhere"] == 1
         assert decider.envoy["lost"] == 0 and receiver.envoy["orphan"] == 1
         client = redis.Redis(port=server.port)
+        # Kept until the decider's next take acknowledges it (a lost reply loses nothing).
+        assert [k for k in client.keys("*") if b":entries:" in k] == [
+            f"{{tailroute}}:entries:{decider.prefix}:taken:0".encode()]
+        await links[0].cycle()
         assert not [k for k in client.keys("*") if b":entries:" in k]  # taken, not left
+        assert decider.envoy["elsewhere"] == 1  # delivered once
         for link in links:
             await link.close()
 
@@ -227,3 +233,53 @@ async def _until(probe: Any, timeout: float = 10.0) -> None:
         if loop.time() > deadline:
             raise AssertionError("condition not reached")
         await asyncio.sleep(0.02)
+
+
+# Holds the single-threaded server busy for ARGV[1] seconds (no DEBUG command needed).
+_BUSY_LUA = """
+local function now() local t = redis.call('TIME') return t[1] + t[2] / 1e6 end
+local start = now()
+repeat until now() - start > tonumber(ARGV[1])
+return 1
+"""
+
+
+def _inbox_exchange(rid: str, gen: int, ack: int | None,
+                    entries: dict[str, list[bytes]] | None = None,
+                    probes: dict[str, list[bytes]] | None = None) -> Any:
+    from sidecar.fleet.exchange import Exchange
+
+    return Exchange(rid=rid, meta=b"m", routes=[], stats_set={}, stats_del=[], health_set={},
+                    probes=probes or {}, fetch=[], stats_ttl_ms=10_000, lease_ttl_ms=1_500,
+                    health_ttl_ms=10_000, entries=entries or {}, entries_for=rid,
+                    take_gen=gen, ack_gen=ack)
+
+
+def test_a_take_whose_reply_is_lost_is_delivered_again(server: RedisServer) -> None:
+    """The server ran the take, the client gave up waiting for it (a slow store): the
+    forwarded request ids and probe results come with the next take, once, instead of
+    being gone (they were LPOPped with the lost reply)."""
+
+    async def main() -> None:
+        sender, taker = RedisStore(server.url, "t", 0.2), RedisStore(server.url, "t", 0.2)
+        now = 1e12
+        await taker.exchange(_inbox_exchange("dec", 0, None), now)  # connected; nothing yet
+        await sender.exchange(_inbox_exchange("A", 0, None, {"dec": [b"dec-1", b"dec-2"]},
+                                              {"dec": [b"p1"]}), now)
+        blocker = redis.Redis.from_url(server.url)
+        busy = asyncio.get_running_loop().run_in_executor(
+            None, lambda: blocker.eval(_BUSY_LUA, 0, "0.6"))
+        await asyncio.sleep(0.1)
+        with pytest.raises(TimeoutError):  # what FleetLink.cycle sees: a failed cycle
+            await asyncio.wait_for(taker.exchange(_inbox_exchange("dec", 1, 0), now), 0.2)
+        await busy  # the server then ran the take the client had given up on
+        blocker.close()
+        again = await taker.exchange(_inbox_exchange("dec", 1, 0), now)  # same take, retried
+        assert again.entries == [b"dec-1", b"dec-2"] and again.probes == [b"p1"]
+        after = await taker.exchange(_inbox_exchange("dec", 2, 1), now)  # acknowledged
+        assert after.entries == [] and after.probes == []
+        assert not redis.Redis.from_url(server.url).keys("{t}:*taken*")  # nothing left over
+        await sender.close()
+        await taker.close()
+
+    asyncio.run(main())

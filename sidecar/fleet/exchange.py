@@ -33,6 +33,11 @@ class Exchange:
     # prefix whose forwarded ids this process takes (sidecar.shell.app, forwarding).
     entries: dict[str, list[bytes]] = field(default_factory=dict)
     entries_for: str = ""
+    # Taking this replica's inboxes (forwarded entries and probes): the number of this
+    # take, and the last take whose reply was processed (acknowledged: the store may
+    # drop it). Until acknowledged, a take whose reply was lost is delivered again.
+    take_gen: int = 0
+    ack_gen: int | None = None
 
 
 @dataclass(slots=True)

@@ -65,6 +65,10 @@ class FleetLink:
         offset = time.time() - loop.time()
         self.sync = FleetSync(app.router, self.rid, cfg.stats_ttl_s, cfg.lease_ttl_s, offset)
         self.up: bool | None = None  # None until the first cycle
+        # The inbox take (Exchange.take_gen / ack_gen): a reply lost to a timeout is
+        # delivered again by the next cycle instead of lost with it.
+        self._take_gen = 0
+        self._acked: int | None = None
         self.syncs_ok = 0
         self.syncs_failed = 0
         self.last_cycle_s = 0.0
@@ -86,6 +90,7 @@ class FleetLink:
         forwards = self.app.forwards.take()
         ex.entries = {p: [r.encode() for r in rids] for p, rids in forwards.items()}
         ex.entries_for = self.app.prefix
+        ex.take_gen, ex.ack_gen = self._take_gen, self._acked
         try:
             reply = await asyncio.wait_for(self.store.exchange(ex, time.time() * 1000.0),
                                            self.cfg.timeout_ms / 1000.0)
@@ -93,6 +98,8 @@ class FleetLink:
             self.sync.disconnected()
             self.app.forwards.put_back(forwards)
             raise
+        # Processed below: the next cycle acknowledges this take and starts another.
+        self._acked, self._take_gen = self._take_gen, self._take_gen + 1
         now = loop.time()
         self._record(self.sync.incoming(reply, now))
         self.app.settled_elsewhere([r.decode(errors="replace") for r in reply.entries])

@@ -11,11 +11,14 @@ every key lives in one slot and the lease script may touch several)::
     {P}:probes:<replica>  LIST  probe results forwarded to that owner
     {P}:entries:<prefix>  LIST  ids of requests that process decided whose access-log
                                 entries reached another one (sidecar.shell.app, forwarding)
+    {P}:<list>:taken:<g>  LIST  what the consumer took in its take number g, kept until it
+                                acknowledges (its next take), so a lost reply loses nothing
 
 Commands per exchange: EVALSHA (leases), HLEN, HSET, HDEL (when sub-windows left
 the window), PEXPIRE x3, ZADD, ZREMRANGEBYSCORE, HSET (health, when changed),
 RPUSH + PEXPIRE per owner with forwarded probes, RPUSH + PEXPIRE per decider with
-forwarded entries, LPOP x2, ZRANGEBYSCORE, HGETALL (health), and one HGETALL per
+forwarded entries, EVAL x2 (take the forwarded entries and probes, acknowledging
+the last take: :data:`_TAKE_LUA`), ZRANGEBYSCORE, HGETALL (health), and one HGETALL per
 peer. That is about 14 + peers commands per push interval per replica, whatever the
 request rate.
 
@@ -63,6 +66,24 @@ return out
 """
 
 
+# Taking a list (forwarded request ids, probe results) so that a lost reply loses
+# nothing. KEYS[1] = the list others push to; KEYS[2] = this take's generation
+# (``<list>:taken:<g>``); KEYS[3] = the generation the caller processed last, deleted
+# when ARGV[1] == '1' (its acknowledgement). A generation that exists already was
+# taken by a round trip whose reply never arrived: it is delivered again, unchanged.
+# Otherwise the whole list is renamed to it (O(1), pushes after that start a new list).
+# ARGV[2] = its TTL in ms (a consumer that vanished leaves nothing behind for long).
+_TAKE_LUA = """
+if ARGV[1] == '1' then redis.call('DEL', KEYS[3]) end
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  if redis.call('EXISTS', KEYS[1]) == 0 then return {} end
+  redis.call('RENAME', KEYS[1], KEYS[2])
+end
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return redis.call('LRANGE', KEYS[2], 0, -1)
+"""
+
+
 class RedisStore:
     """Carries out exchanges against one Redis/Valkey (``redis.asyncio``)."""
 
@@ -107,8 +128,9 @@ class RedisStore:
         for prefix, rids in ex.entries.items():
             p.rpush(self.key("entries", prefix), *rids)
             p.pexpire(self.key("entries", prefix), ex.lease_ttl_ms * 4)
-        p.lpop(self.key("entries", ex.entries_for or ex.rid), 100_000)
-        p.lpop(self.key("probes", ex.rid), 10_000)
+        ttl = str(ex.lease_ttl_ms * 4)
+        for inbox in (self.key("entries", ex.entries_for or ex.rid), self.key("probes", ex.rid)):
+            self._take(p, inbox, ex.take_gen, ex.ack_gen, ttl)
         p.zrangebyscore(k_replicas, now_ms - ex.stats_ttl_ms, "+inf")
         p.hgetall(k_health)
         for peer in ex.fetch:
@@ -124,6 +146,13 @@ class RedisStore:
             if isinstance(r, Exception):
                 raise r if isinstance(r, ResponseError) else ResponseError(str(r))
         return self._reply(ex, res)
+
+    @staticmethod
+    def _take(p: Any, inbox: str, gen: int, ack: int | None, ttl: str) -> None:
+        """Queue the take of ``inbox`` (:data:`_TAKE_LUA`) on pipeline ``p``."""
+        acked = f"{inbox}:taken:{ack}" if ack is not None else f"{inbox}:taken:none"
+        p.eval(_TAKE_LUA, 3, inbox, f"{inbox}:taken:{gen}", acked,
+               "1" if ack is not None else "0", ttl)
 
     @staticmethod
     def _reply(ex: Exchange, res: list[Any]) -> Reply:
