@@ -62,8 +62,24 @@ def test_flush_reports_pending_counts_once(
     clock.t = 2.5
     assert throttle.flush() == 47
     assert caplog.records[-1].getMessage() == (
-        "handler error; answering CONTINUE [47 similar lines suppressed in 2.5 s]")
+        "handler error; answering CONTINUE [47 similar lines suppressed in 2.5 s; "
+        "the last of them shown]")
     assert throttle.flush() == 0
+
+
+def test_flush_shows_the_last_suppressed_line_formatted(
+    setup: tuple[logging.Logger, LogThrottle, Clock], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not the bare template: the same call site may say other things (ENOSPC, then
+    EROFS), and "cannot write snapshot %s: %s" says neither."""
+    log, throttle, _ = setup
+    for _ in range(5):
+        log.warning("cannot write snapshot %s: %s", "/var/s.json", "No space left on device")
+    log.warning("cannot write snapshot %s: %s", "/var/s.json", "Read-only file system")
+    assert throttle.flush() == 3
+    assert caplog.records[-1].getMessage() == (
+        "cannot write snapshot /var/s.json: Read-only file system [3 similar lines "
+        "suppressed in 0.0 s; the last of them shown]")
 
 
 def test_keys_are_bounded() -> None:

@@ -34,6 +34,7 @@ class _Bucket:
     at: float
     suppressed: int = 0
     since: float = 0.0  # when the first suppressed line of the current run came
+    last: str = ""  # the newest suppressed line, formatted
 
 
 class LogThrottle(logging.Filter):
@@ -71,6 +72,9 @@ class LogThrottle(logging.Filter):
                 b.since = now
             b.suppressed += 1
             self.suppressed_total += 1
+            # The newest one, formatted, for flush(): same template, maybe other facts
+            # (ENOSPC then EROFS), and a bare template says neither.
+            b.last = record.getMessage()
             self._loggers.setdefault(key, logging.getLogger(record.name))
             return False
         b.tokens -= 1.0
@@ -91,8 +95,9 @@ class LogThrottle(logging.Filter):
             logger = self._loggers.get(key) or logging.getLogger(name)
             n, took = b.suppressed, now - b.since
             b.suppressed = 0
+            text = f"{b.last or template} [{_note(n, took)}; the last of them shown]"
             logger.handle(logger.makeRecord(
-                name, logging.WARNING, "(throttle)", 0, "%s", (f"{template} [{_note(n, took)}]",),
+                name, logging.WARNING, "(throttle)", 0, "%s", (text,),
                 None, extra={"throttle_summary": True}))  # not throttled itself
         return pending
 
