@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from test_sim_fixtures import CONV_TRACE, SCENARIOS, tiny
 
+from sidecar.core.config import ConfigError
 from sidecar.sim.engine import run_once
 from sidecar.sim.loader import load_scenario, parse_scenario
 from sidecar.sim.runner import run_suite, violation_rate
@@ -87,6 +88,116 @@ def test_trace_arrivals_refuse_token_fields() -> None:
     data = tiny()
     data["workloads"][0]["arrival"] = {"process": "trace", "path": "x.csv"}
     assert "workloads[0].input_tokens: tokens come from the trace" in _error(data)
+
+
+# ---------------------------------------------------------------- bounds (sidecar.sim.bounds)
+
+_WORKFLOW = {"deadline_ms": 30000, "steps": [{"name": "plan"}, {"name": "tools", "fanout": 200}]}
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda d: d.update(duration_s=10**12), "bad.yaml: duration_s: must be <= 259200"),
+        (lambda d: d.update(drain_s=1e15), "bad.yaml: drain_s: must be <= 86400"),
+        (lambda d: d.update(bucket_s=1e-9),
+         "bad.yaml: bucket_s: too small for duration_s + drain_s = 150 s: 150,000,000,000 "
+         "time buckets, more than 100,000 (use bucket_s >= 0.0015)"),
+        (lambda d: d.update(duration_s=259200, bucket_s=1),
+         "bad.yaml: bucket_s: too small for duration_s + drain_s = 259290 s: 259,290 "
+         "time buckets"),
+        (lambda d: d["workloads"][0]["arrival"].update(rate_per_s=1e9),
+         "bad.yaml: workloads[0].arrival.rate_per_s: must be <= 10000, got 1000000000.0"),
+        (lambda d: d["workloads"][0]["arrival"].update(rate_changes=[
+            {"at_s": 5, "rate_per_s": 1e6}]),
+         "bad.yaml: workloads[0].arrival.rate_changes[0].rate_per_s: must be <= 10000"),
+        (lambda d: d["workloads"][0].update(arrival={
+            "process": "onoff", "rate_on": 50000, "on_s": 1, "off_s": 1}),
+         "bad.yaml: workloads[0].arrival.rate_on: must be <= 10000"),
+        (lambda d: d["workloads"][0].update(arrival={"process": "mmpp", "states": [
+            {"rate_per_s": 1, "mean_s": 5}, {"rate_per_s": 1e7, "mean_s": 5}]}),
+         "bad.yaml: workloads[0].arrival.states[1].rate_per_s: must be <= 10000"),
+        # the general guard: each number in bounds, their product is not
+        (lambda d: d.update(duration_s=200000, bucket_s=60) or d["workloads"][0][
+            "arrival"].update(rate_per_s=100),
+         "bad.yaml: workloads: about 2e+07 simulated requests expected (arrival rate x "
+         "200000 s, workflow fan-out included; most from workloads[0] 'chat'), more than "
+         "the cap of 2,000,000"),
+        # a workflow's calls count: 100/s for an hour is 360 thousand arrivals, 201 calls each
+        (lambda d: d.update(duration_s=3600) or d["workloads"][0].update(
+            arrival={"process": "poisson", "rate_per_s": 100}, workflow=_WORKFLOW),
+         "bad.yaml: workloads: about 7.24e+07 simulated requests expected"),
+        (lambda d: d.update(events=[{"provider": "a", "at_s": 0, "duration_s": 1e-7,
+                                     "outage": True,
+                                     "repeat": {"every_s": 1e-6, "count": 10**12}}]),
+         "bad.yaml: events[0].repeat: 150,000,000 windows within duration_s + drain_s = 150 s, "
+         "more than 100,000"),
+    ],
+)
+def test_sizes_beyond_the_bounds_are_refused_naming_the_field(mutate: Any,
+                                                             expected: str) -> None:
+    data = tiny()
+    mutate(data)
+    assert expected in _error(data)
+
+
+@pytest.mark.parametrize("duration", [float("nan"), float("inf"), 0.0, -5.0, 1e12])
+def test_a_duration_override_out_of_bounds_is_refused(duration: float) -> None:
+    with pytest.raises(ScenarioError, match=r"^bad.yaml: --duration: must be a number of "
+                       r"seconds above 0 and at most 259200, got "):
+        parse_scenario(tiny(), "bad.yaml", duration=duration)
+
+
+@pytest.mark.parametrize(
+    ("arrival", "calls"),
+    [
+        ({"process": "poisson", "rate_per_s": 5}, 300.0),
+        ({"process": "poisson", "rate_per_s": 2, "rate_changes": [{"at_s": 30,
+                                                                     "rate_per_s": 4}]}, 180.0),
+        ({"process": "poisson", "rate_per_s": 0.001, "interpolate": "linear",
+          "rate_changes": [{"at_s": 20, "rate_per_s": 10}]}, 100.01 + 400.0),
+        ({"process": "onoff", "rate_on": 9, "rate_off": 1, "on_s": 1, "off_s": 3}, 180.0),
+        ({"process": "mmpp", "states": [{"rate_per_s": 1, "mean_s": 3},
+                                        {"rate_per_s": 7, "mean_s": 1}]}, 150.0),
+    ],
+)
+def test_expected_calls_are_rate_times_duration(arrival: dict[str, Any], calls: float) -> None:
+    from sidecar.sim.bounds import expected_calls
+
+    sc = parse_scenario(tiny(workloads=[{"name": "w", "arrival": arrival, "input_tokens": 10,
+                                         "output_tokens": 10}]), "ok.yaml")
+    assert expected_calls(sc.workloads[0], sc.duration) == pytest.approx(calls)
+
+
+def test_the_longest_duration_with_sparse_traffic_still_loads() -> None:
+    data = tiny(duration_s=259200, bucket_s=10)
+    data["workloads"][0]["arrival"]["rate_per_s"] = 5  # 1.3 million calls: under the cap
+    assert parse_scenario(data, "long.yaml").duration == 259200
+
+
+@pytest.mark.parametrize("what", ["dev_zero", "sparse_17_mib", "config_file_dev_zero"])
+def test_a_huge_scenario_file_is_refused_before_it_is_read(tmp_path: Path, what: str) -> None:
+    if what == "dev_zero":
+        path, big = Path("/dev/zero"), "/dev/zero"
+    elif what == "sparse_17_mib":
+        path = big = tmp_path / "big.yaml"
+        with path.open("wb") as f:
+            f.truncate(17 << 20)
+    else:
+        path, big = tmp_path / "s.yaml", "/dev/zero"
+        path.write_text("name: s\nconfig_file: /dev/zero\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=f"^{big}: .*file is larger than 16 MiB: refused"):
+        load_scenario(path)
+
+
+def test_a_huge_trace_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    trace = tmp_path / "huge.csv"
+    with trace.open("wb") as f:
+        f.truncate(17 << 20)
+    sc = load_scenario(SCENARIOS / "trace_replay.yaml", duration=20, trace=trace)
+    with pytest.raises(ScenarioError, match=r"workloads\[0\]\.arrival\.path: trace .*huge.csv "
+                       r"is larger than 16 MiB: refused"):
+        run_once(sc, "round_robin")
 
 
 # ---------------------------------------------------------------- shipped suite

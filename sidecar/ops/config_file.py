@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +18,18 @@ def load_config(path: str | Path) -> Config:
 
 
 def read_yaml(
-    path: Path, what: str = "config", error: type[ConfigError] = ConfigError
+    path: Path, what: str = "config", error: type[ConfigError] = ConfigError,
+    max_bytes: int | None = None,
 ) -> Any:
     """Parse the YAML file ``path``; unreadable files, bytes that are not UTF-8 and bad
     YAML raise ``error`` naming the file (``cannot read <what>``) or the line and column
-    of the mistake."""
+    of the mistake. With ``max_bytes`` a larger file is refused before it is read (see
+    :func:`read_capped`)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes() if max_bytes is None else read_capped(path, max_bytes)
+        text = raw.decode("utf-8")
+    except TooLarge as exc:
+        raise error(f"{path}: {what} file is larger than {exc}: refused") from None
     except OSError as exc:
         raise error(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
@@ -35,6 +41,24 @@ def read_yaml(
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise error(f"{path}: {where}invalid YAML: {problem}") from None
+
+
+class TooLarge(Exception):
+    """A file beyond the size its reader accepts; ``str()`` is the limit (``16 MiB``)."""
+
+
+def read_capped(path: Path, max_bytes: int) -> bytes:
+    """The bytes of ``path``, or :class:`TooLarge` when there are more than ``max_bytes``.
+
+    A regular file's size is checked before reading; a device or a pipe that gives
+    no size (``/dev/zero``) is read only up to the limit, so neither can exhaust memory.
+    """
+    with path.open("rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        data = b"" if size > max_bytes else f.read(max_bytes + 1)
+    if size > max_bytes or len(data) > max_bytes:
+        raise TooLarge(f"{max_bytes / (1 << 20):g} MiB")
+    return data
 
 
 class _StrictLoader(yaml.SafeLoader):

@@ -7,12 +7,14 @@ The embedded tailroute config is validated by the core's own
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from sidecar.core.config import Config, ConfigError, parse_config
-from sidecar.ops.config_file import load_config, read_yaml
+from sidecar.ops.config_file import read_yaml
+from sidecar.sim import bounds
 from sidecar.sim.loader_dists import parse_errors, parse_latency_ms
 from sidecar.sim.loader_workloads import resolve, workload
 from sidecar.sim.replica_spec import parse_replicas
@@ -32,7 +34,7 @@ def load_scenario(
 ) -> Scenario:
     """Read ``path``; ``duration``/``seed``/``trace`` override the file (CLI, tests)."""
     p = Path(path)
-    data = read_yaml(p, "scenario", ScenarioError)
+    data = read_yaml(p, "scenario", ScenarioError, max_bytes=bounds.MAX_FILE_BYTES)
     return parse_scenario(data, str(p), base=p.parent, duration=duration, seed=seed, trace=trace)
 
 
@@ -52,9 +54,9 @@ def parse_scenario(
     root = Reader(data, source, "")
     cfg = _config(root, base)
     name = root.str_("name", Path(source).stem)
-    dur = root.num("duration_s", lo=1)
+    dur = root.num("duration_s", lo=1, hi=bounds.MAX_DURATION_S)
     if duration is not None:
-        dur = float(duration)
+        dur = _duration_override(root, duration)
     warm = root.num("warmup_s", 0.0, lo=0)
     if duration is not None:
         warm = min(warm, dur * 0.2)
@@ -78,6 +80,9 @@ def parse_scenario(
         if pol not in POLICY_NAMES:
             root.fail(f"unknown policy {pol!r} (known: {', '.join(POLICY_NAMES)})",
                       f"policies[{i}]")
+    drain = root.num("drain_s", _default_drain(cfg), lo=0, hi=bounds.MAX_DRAIN_S)
+    bucket = root.num("bucket_s", 10.0, gt=0)
+    _check_size(root, dur, drain, bucket, events, workloads)
     sc = Scenario(
         name=name,
         description=root.str_("description", ""),
@@ -85,8 +90,8 @@ def parse_scenario(
         seed=root.int_("seed", 1, lo=0) if seed is None else _override(root, "seed", seed),
         duration=dur,
         warmup=warm,
-        bucket=root.num("bucket_s", 10.0, gt=0),
-        drain=root.num("drain_s", _default_drain(cfg), lo=0),
+        bucket=bucket,
+        drain=drain,
         config=cfg,
         providers=providers,
         events=events,
@@ -99,6 +104,38 @@ def parse_scenario(
     return sc
 
 
+def _duration_override(root: Reader, duration: float) -> float:
+    """``--duration``: the file's own duration_s bounds, checked here for every caller."""
+    d = float(duration)
+    if not 0.0 < d <= bounds.MAX_DURATION_S:  # NaN fails too
+        raise ScenarioError(f"{root.source}: --duration: must be a number of seconds above 0 "
+                            f"and at most {bounds.MAX_DURATION_S:g}, got {duration!r}")
+    return d
+
+
+def _check_size(root: Reader, dur: float, drain: float, bucket: float,
+                events: tuple[EventSpec, ...], workloads: list[WorkloadSpec]) -> None:
+    """The run's size within :mod:`sidecar.sim.bounds`: time buckets, event windows and
+    expected requests (before anything is allocated or simulated)."""
+    horizon = dur + drain
+    n_buckets = math.ceil(horizon / bucket)
+    if n_buckets > bounds.MAX_BUCKETS:
+        root.fail(f"too small for duration_s + drain_s = {horizon:g} s: {n_buckets:,} time "
+                  f"buckets, more than {bounds.MAX_BUCKETS:,} (use bucket_s >= "
+                  f"{horizon / bounds.MAX_BUCKETS:.3g})", "bucket_s")
+    for i, ev in enumerate(events):
+        if ev.every is None or ev.at >= horizon:
+            continue
+        n = min(ev.count, math.ceil((horizon - ev.at) / ev.every))
+        if n > bounds.MAX_EVENT_WINDOWS:
+            root.fail(f"{n:,} windows within duration_s + drain_s = {horizon:g} s, more than "
+                      f"{bounds.MAX_EVENT_WINDOWS:,} (raise every_s or set count)",
+                      f"events[{i}].repeat")
+    problem = bounds.calls_problem(workloads, dur)
+    if problem is not None:
+        root.fail(problem, "workloads")
+
+
 # ---------------------------------------------------------------- config
 
 
@@ -107,7 +144,8 @@ def _config(root: Reader, base: Path) -> Config:
     if has_inline == has_file:
         root.fail("give exactly one of 'config' (inline tailroute config) or 'config_file'")
     if has_file:
-        return load_config(resolve(base, root.str_("config_file")))
+        path = resolve(base, root.str_("config_file"))
+        return parse_config(read_yaml(path, max_bytes=bounds.MAX_FILE_BYTES), str(path))
     try:
         return parse_config(root.raw("config"), _CFG_TOKEN)
     except ConfigError as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sidecar.core.config import Config
+from sidecar.sim.bounds import MAX_RATE_PER_S
 from sidecar.sim.loader_dists import parse_tokens
 from sidecar.sim.scenario import (
     Arrival,
@@ -88,20 +89,22 @@ def _arrival(r: Reader, base: Path, trace: str | Path | None) -> Arrival:
         changes: list[tuple[float, float]] = []
         for i, raw in enumerate(r.list_("rate_changes")):
             c = r.item("rate_changes", i, raw)
-            changes.append((c.num("at_s", lo=0), c.num("rate_per_s", lo=0)))
+            changes.append((c.num("at_s", lo=0), c.num("rate_per_s", lo=0, hi=MAX_RATE_PER_S)))
             c.done()
             if len(changes) > 1 and changes[-1][0] <= changes[-2][0]:
                 c.fail("at_s must increase from one change to the next", "at_s")
         shape = r.choice("interpolate", "step", ("step", "linear"))
-        out = Poisson(r.num("rate_per_s", gt=0), tuple(changes), linear=shape == "linear")
+        out = Poisson(r.num("rate_per_s", gt=0, hi=MAX_RATE_PER_S), tuple(changes),
+                      linear=shape == "linear")
     elif kind == "onoff":
-        out = OnOff(r.num("rate_on", gt=0), r.num("rate_off", 0.0, lo=0), r.num("on_s", gt=0),
+        out = OnOff(r.num("rate_on", gt=0, hi=MAX_RATE_PER_S),
+                    r.num("rate_off", 0.0, lo=0, hi=MAX_RATE_PER_S), r.num("on_s", gt=0),
                     r.num("off_s", gt=0), r.num("phase_s", 0.0, lo=0))
     elif kind == "mmpp":
         states: list[tuple[float, float]] = []
         for i, raw in enumerate(r.list_("states", required=True)):
             s = r.item("states", i, raw)
-            states.append((s.num("rate_per_s", lo=0), s.num("mean_s", gt=0)))
+            states.append((s.num("rate_per_s", lo=0, hi=MAX_RATE_PER_S), s.num("mean_s", gt=0)))
             s.done()
         if len(states) < 2:
             r.fail("needs at least two states", "states")

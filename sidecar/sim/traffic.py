@@ -19,6 +19,8 @@ import datetime as _dt
 from collections.abc import Iterator
 from pathlib import Path
 
+from sidecar.ops.config_file import TooLarge, read_capped
+from sidecar.sim.bounds import MAX_FILE_BYTES
 from sidecar.sim.dists import Stream
 from sidecar.sim.scenario import Arrival, Mmpp, OnOff, Poisson, Trace, WorkloadSpec
 from sidecar.sim.validate import ScenarioError
@@ -122,12 +124,19 @@ def load_trace(path: Path, where: str = "") -> list[tuple[float, int, int]]:
     if cached is not None:
         return cached
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = read_capped(path, MAX_FILE_BYTES).decode("utf-8").splitlines()
+    except TooLarge as exc:
+        raise ScenarioError(
+            f"{where or path}: trace {path} is larger than {exc}: refused (replay a slice "
+            "of it)") from None
     except OSError as exc:
         raise ScenarioError(
             f"{where or path}: cannot read trace {path}: {exc.strerror or exc} "
             f"(pass --trace PATH to point at AzureLLMInferenceTrace_*.csv)"
         ) from None
+    except UnicodeDecodeError:
+        raise ScenarioError(f"{where or path}: {path} is not an Azure LLM inference trace "
+                            "(not UTF-8 text)") from None
     if not lines or lines[0].strip().split(",")[:3] != [
         "TIMESTAMP", "ContextTokens", "GeneratedTokens",
     ]:

@@ -52,16 +52,17 @@ class Reader(FieldReader):
             self.fail(f"must be a number, got {v!r}", key)
         if v != v or v in (float("inf"), float("-inf")):
             self.fail(f"must be a finite number, got {v!r}", key)
+        try:
+            f = float(v)
+        except OverflowError:  # an integer beyond any float: a typo, not a number we use
+            self.fail("must be a finite number, got an integer too large for one", key)
         if lo is not None and v < lo:
             self.fail(f"must be >= {lo:g}, got {v!r}", key)
         if gt is not None and v <= gt:
             self.fail(f"must be > {gt:g}, got {v!r}", key)
         if hi is not None and v > hi:
             self.fail(f"must be <= {hi:g}, got {v!r}", key)
-        try:
-            return float(v)
-        except OverflowError:  # an integer beyond any float: a typo, not a number we use
-            self.fail("must be a finite number, got an integer too large for one", key)
+        return f
 
     def opt_num(
         self, key: str, lo: float | None = None, hi: float | None = None, gt: float | None = None
