@@ -174,9 +174,7 @@ def _cmd_bench(ns: argparse.Namespace) -> int:
     if ns.what == "load":
         from sidecar.devtools.bench_load import run_load_bench
 
-        levels = tuple(int(x) for x in (ns.levels or "1,16,64,256").split(","))
-        if ns.rounds < 1:
-            raise ConfigError(f"--rounds: must be >= 1, got {ns.rounds}")
+        levels: tuple[int, ...] = ns.levels or (1, 16, 64, 256)
         modes = tuple(m.strip() for m in ns.modes.split(","))
         bad = [m for m in modes if m not in ("extproc", "native", "hybrid")]
         if bad:
@@ -202,6 +200,17 @@ def _cmd_bench_soak(ns: argparse.Namespace) -> int:
 
 
 DEFAULT_ADMIN = "127.0.0.1:9911"
+# Bounds of the demo's and the benchmarks' options: far above any useful run, low enough
+# that a typo is refused instead of starting hours of load or a thousand threads.
+MAX_CLIENTS = 1024  # concurrent clients (--concurrency, --levels)
+MAX_REQUESTS = 1_000_000  # bench overhead --requests
+MAX_TOKENS = 4096  # bench load --tokens (output tokens per request)
+MAX_RUN_S = 86400.0  # one day: demo --duration, bench load --duration
+MAX_SOAK_MIN = 1440.0  # one day: bench soak --minutes, --warmup-min
+MAX_RATE = 10_000.0  # bench soak --rate (requests per second)
+MAX_ROUNDS = 100  # bench load --rounds
+MAX_WORKERS = 64  # bench load --workers
+MIN_DEMO_S = 1.0  # demo --duration: it sends at most 40 requests a second
 CONFIG_HELP = "the sidecar's config file (YAML; `tailroute check-config` validates it)"
 
 
@@ -279,9 +288,12 @@ def build_parser() -> argparse.ArgumentParser:
                    add_help=False)
 
     d = sub.add_parser("demo", help="Envoy + sidecar + 3 simulated providers, one degrades")
-    d.add_argument("--duration", type=float, default=60.0, metavar="SECONDS",
-                   help="how long to drive traffic (default: 60)")
-    d.add_argument("--seed", type=int, default=7, help="seed of the traffic and the providers")
+    d.add_argument("--duration", type=_number("seconds", MAX_RUN_S, MIN_DEMO_S, lo_ok=True),
+                   default=60.0, metavar="SECONDS",
+                   help=f"how long to drive traffic (default: 60; {MIN_DEMO_S:g} to "
+                        f"{MAX_RUN_S:g})")
+    d.add_argument("--seed", type=_integer(0), default=7,
+                   help="seed of the traffic and the providers (>= 0)")
     d.set_defaults(func=_cmd_demo)
 
     b = sub.add_parser("bench", help="benchmarks (print figures; not tests)")
@@ -291,30 +303,39 @@ def build_parser() -> argparse.ArgumentParser:
                         "soak: memory under steady load (RSS slope); "
                         "publish: how fast native-mode weights reach Envoy, what a dead "
                         "sidecar leaves")
-    b.add_argument("--requests", type=int, default=400, help="overhead: requests per setup")
-    b.add_argument("--concurrency", type=int, default=8,
-                   help="overhead, soak: concurrent clients")
-    b.add_argument("--levels", default=None, metavar="C1,C2,...",
-                   help="load: concurrency levels (default 1,16,64,256)")
-    b.add_argument("--duration", type=float, default=30.0, metavar="SECONDS",
-                   help="load: seconds per setup and level (default 30)")
-    b.add_argument("--tokens", type=int, default=4, help="load: output tokens per request")
+    b.add_argument("--requests", type=_integer(1, MAX_REQUESTS), default=400,
+                   help=f"overhead: requests per setup (1 to {MAX_REQUESTS})")
+    b.add_argument("--concurrency", type=_integer(1, MAX_CLIENTS), default=8,
+                   help=f"overhead, soak: concurrent clients (1 to {MAX_CLIENTS})")
+    b.add_argument("--levels", type=_levels, default=None, metavar="C1,C2,...",
+                   help=f"load: concurrency levels (default 1,16,64,256; each 1 to "
+                        f"{MAX_CLIENTS})")
+    b.add_argument("--duration", type=_number("seconds", MAX_RUN_S), default=30.0,
+                   metavar="SECONDS",
+                   help=f"load: seconds per setup and level (default 30; at most "
+                        f"{MAX_RUN_S:g})")
+    b.add_argument("--tokens", type=_integer(1, MAX_TOKENS), default=4,
+                   help=f"load: output tokens per request (1 to {MAX_TOKENS})")
     b.add_argument("--no-stream", action="store_true", help="load: non-streaming requests")
-    b.add_argument("--workers", type=int, default=1, metavar="N",
+    b.add_argument("--workers", type=_integer(1, MAX_WORKERS), default=1, metavar="N",
                    help="load: the sidecar as `serve --workers N` sharing state through a "
-                        "redis-server started for the run (needs redis-server)")
+                        f"redis-server started for the run (needs redis-server; 1 to "
+                        f"{MAX_WORKERS})")
     b.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                    help="load: the sidecar's event loop")
-    b.add_argument("--rounds", type=int, default=3,
+    b.add_argument("--rounds", type=_integer(1, MAX_ROUNDS), default=3,
                    help="load: alternate the setups this many times per level (drift on a "
-                        "shared machine then hits all alike)")
+                        f"shared machine then hits all alike; 1 to {MAX_ROUNDS})")
     b.add_argument("--modes", default="extproc", metavar="M1,M2,...",
                    help="load: routing modes to run beside Envoy alone: extproc, native, "
                         "hybrid (10 %% per-request traffic); default extproc")
     soak = b.add_argument_group("soak (memory under steady load)")
-    soak.add_argument("--minutes", type=float, default=30.0, help="soak length (bounded)")
-    soak.add_argument("--rate", type=float, default=70.0, help="requests per second")
-    soak.add_argument("--warmup-min", type=float, default=None,
+    soak.add_argument("--minutes", type=_number("minutes", MAX_SOAK_MIN), default=30.0,
+                      help=f"soak length (above 0, at most {MAX_SOAK_MIN:g})")
+    soak.add_argument("--rate", type=_number("requests per second", MAX_RATE), default=70.0,
+                      help=f"requests per second (above 0, at most {MAX_RATE:g})")
+    soak.add_argument("--warmup-min", type=_number("minutes", MAX_SOAK_MIN, lo_ok=True),
+                      default=None,
                       help="minutes before the RSS slope is fitted (default: min(5, M/5))")
     soak.add_argument("--distinct", action="store_true",
                       help="a distinct tenant and request id per request")
@@ -380,6 +401,49 @@ def _positive_seconds(raw: str) -> float:
     if not 0.0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {raw}")
     return value
+
+
+def _number(what: str, hi: float, lo: float = 0.0, lo_ok: bool = False
+            ) -> Callable[[str], float]:
+    """An argparse type: a number of ``what`` above ``lo`` (or equal to it with ``lo_ok``)
+    and at most ``hi`` (finite); NaN fails."""
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of {what}: {raw!r}") from None
+        if not ((value >= lo if lo_ok else value > lo) and value <= hi):
+            floor = f">= {lo:g}" if lo_ok else f"above {lo:g}"
+            raise argparse.ArgumentTypeError(
+                f"must be a number of {what} {floor} and at most {hi:g}, got {raw}")
+        return value
+
+    return parse
+
+
+def _integer(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer from ``lo`` to ``hi`` (no upper bound if None)."""
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {raw!r}") from None
+        if value < lo or (hi is not None and value > hi):
+            span = f">= {lo}" if hi is None else f"from {lo} to {hi}"
+            raise argparse.ArgumentTypeError(f"must be an integer {span}, got {raw}")
+        return value
+
+    return parse
+
+
+def _levels(raw: str) -> tuple[int, ...]:
+    """An argparse type: ``C1,C2,...``, concurrency levels of `bench load`."""
+    level = _integer(1, MAX_CLIENTS)
+    try:
+        return tuple(level(part.strip()) for part in raw.split(","))
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{exc} (a comma-separated list of concurrency levels, e.g. 1,16,64)") from None
 
 
 if __name__ == "__main__":

@@ -208,7 +208,14 @@ def _cli(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
      (["status", "--interval", "0"], "must be a number of seconds above 0"),
      (["status", "--interval", "soon"], "not a number of seconds"),
      (["envoy-config", "-c", "deploy/local/tailroute.yaml", "-o", "/nonexistent/dir/x.yaml"],
-      "cannot write /nonexistent/dir/x.yaml")],
+      "cannot write /nonexistent/dir/x.yaml"),
+     (["bench", "load", "--levels", "abc"], "argument --levels: not an integer: 'abc'"),
+     (["bench", "soak", "--minutes", "0"], "argument --minutes: must be a number of minutes"),
+     (["demo", "--duration", "nan"], "argument --duration: must be a number of seconds >= 1"),
+     (["simulate", "--generate", "1", "--duration", "1e12"],
+      "argument --duration: must be a number of seconds above 0 and at most 259200"),
+     (["simulate", "--scenario", "/dev/zero"],
+      "/dev/zero: scenario file is larger than 16 MiB: refused")],
 )
 def test_cli_mistakes_are_one_line_and_exit_2(args: list[str], says: str) -> None:
     out = _cli(*args, cwd=Path(__file__).resolve().parents[1])
@@ -227,3 +234,78 @@ def test_a_reader_that_leaves_early_is_not_a_traceback() -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 1
     assert "Traceback" not in err and "BrokenPipe" not in err
+
+
+def _parse(args: list[str]) -> argparse.Namespace:
+    """What `tailroute ARGS` parses to (the policy lab has its own parser)."""
+    parser = sim_parser() if args[0] in ("simulate", "report") else build_parser()
+    return parser.parse_args(args)
+
+
+_SCENARIO = "sidecar/sim/scenarios/isolated_spike.yaml"
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["demo", "--duration", "0"], "--duration: must be a number of seconds >= 1"),
+        (["demo", "--duration", "-5"], "--duration: must be a number of seconds >= 1"),
+        (["demo", "--seed", "-1"], "--seed: must be an integer >= 0, got -1"),
+        (["bench", "overhead", "--concurrency", "0"],
+         "--concurrency: must be an integer from 1 to 1024, got 0"),
+        (["bench", "overhead", "--concurrency", "5000"], "--concurrency: must be an integer"),
+        (["bench", "overhead", "--requests", "0"],
+         "--requests: must be an integer from 1 to 1000000, got 0"),
+        (["bench", "overhead", "--requests", "-5"], "--requests: must be an integer"),
+        (["bench", "overhead", "--requests", "1e3"], "--requests: not an integer: '1e3'"),
+        (["bench", "load", "--levels", "0"], "--levels: must be an integer from 1 to 1024, "
+         "got 0 (a comma-separated list of concurrency levels, e.g. 1,16,64)"),
+        (["bench", "load", "--levels", "1,,16"], "--levels: not an integer: ''"),
+        (["bench", "load", "--tokens", "-3"], "--tokens: must be an integer from 1 to 4096"),
+        (["bench", "load", "--duration", "nan"],
+         "--duration: must be a number of seconds above 0 and at most 86400, got nan"),
+        (["bench", "load", "--rounds", "0"], "--rounds: must be an integer from 1 to 100"),
+        (["bench", "load", "--workers", "0"], "--workers: must be an integer from 1 to 64"),
+        (["bench", "soak", "--minutes", "-1"],
+         "--minutes: must be a number of minutes above 0 and at most 1440, got -1"),
+        (["bench", "soak", "--minutes", "nan"], "--minutes: must be a number of minutes"),
+        (["bench", "soak", "--rate", "0"],
+         "--rate: must be a number of requests per second above 0 and at most 10000, got 0"),
+        (["bench", "soak", "--warmup-min", "-1"], "--warmup-min: must be a number of minutes "
+         ">= 0"),
+        (["simulate", "--scenario", _SCENARIO, "--duration", "nan"],
+         "--duration: must be a number of seconds above 0 and at most 259200, got nan"),
+        (["simulate", "--scenario", _SCENARIO, "--duration", "inf"], "--duration: must be"),
+        (["simulate", "--scenario", _SCENARIO, "--seed", "-1"],
+         "--seed: must be an integer >= 0, got -1"),
+        (["simulate", "--generate", "1", "--noise-seeds", "100000000"],
+         "--noise-seeds: must be an integer from 1 to 100, got 100000000"),
+        (["simulate", "--generate", "100000000", "--write-only"],
+         "--generate: must be an integer from 1 to 10000, got 100000000"),
+        (["simulate", "--generate", "2", "--jobs", "500"],
+         "--jobs: must be an integer from 1 to 64, got 500"),
+        (["report", "--out", "r", "--duration", "0"], "--duration: must be a number"),
+    ],
+)
+def test_out_of_range_options_are_refused_naming_the_option(
+        args: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        _parse(args)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: argument {says}" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("args", "field", "value"),
+    [
+        (["demo", "--duration", "1"], "duration", 1.0),
+        (["bench", "load", "--levels", "1, 16,1024"], "levels", (1, 16, 1024)),
+        (["bench", "load"], "levels", None),
+        (["bench", "soak", "--warmup-min", "0"], "warmup_min", 0.0),
+        (["simulate", "--generate", "10000", "--jobs", "64", "--noise-seeds", "100",
+          "--seed", "0", "--duration", "259200"], "jobs", 64),
+    ],
+)
+def test_options_at_their_bounds_are_accepted(args: list[str], field: str, value: Any) -> None:
+    assert getattr(_parse(args), field) == value

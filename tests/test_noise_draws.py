@@ -98,4 +98,4 @@ def test_cli_noise_seeds(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["simulate", "--generate", "2", "--noise-seeds", "0", "-q"])
     assert exc.value.code == 2
-    assert "--noise-seeds: must be >= 1, got 0" in capsys.readouterr().err
+    assert "--noise-seeds: must be an integer from 1 to 100, got 0" in capsys.readouterr().err

@@ -179,6 +179,10 @@ def run_soak(minutes: float = 30.0, rate: float = 70.0, concurrency: int = 8,
         final_rss = rss_mb(pid)
         growth = (_top_growth(Path(f"{prefix}.0.snap"), Path(f"{prefix}.1.snap"))
                   if traced and Path(f"{prefix}.1.snap").exists() else [])
+    if not result.samples:  # the sidecar never answered /state: nothing to report
+        print(f"\nsoak benchmark: no samples in {minutes:g} min (the sidecar's /state never "
+              "answered)", file=sys.stderr)
+        return 1
     slope = result.slope_mb_per_min()
     post = [s for s in result.samples if s.t_s >= warmup_s]
     print(f"\nsoak benchmark: {minutes:g} min at {rate:g} req/s, {len(result.samples)} samples "
