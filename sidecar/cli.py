@@ -210,6 +210,8 @@ MAX_SOAK_MIN = 1440.0  # one day: bench soak --minutes, --warmup-min
 MAX_RATE = 10_000.0  # bench soak --rate (requests per second)
 MAX_ROUNDS = 100  # bench load --rounds
 MAX_WORKERS = 64  # bench load --workers
+MIN_SNAPSHOT_S = 0.1  # serve --snapshot-every: each write serialises the whole state
+MAX_SNAPSHOT_S = 86400.0
 MIN_DEMO_S = 1.0  # demo --duration: it sends at most 40 requests a second
 CONFIG_HELP = "the sidecar's config file (YAML; `tailroute check-config` validates it)"
 
@@ -241,8 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=None, help="seed the picker's RNG")
     s.add_argument("--snapshot", default=None, metavar="PATH",
                    help="warm-restart snapshot file (default: snapshot_path from the config)")
-    s.add_argument("--snapshot-every", type=float, default=30.0, metavar="SECONDS",
-                   help="how often to rewrite the snapshot (also written on shutdown)")
+    s.add_argument("--snapshot-every", default=30.0, metavar="SECONDS",
+                   type=_number("seconds", MAX_SNAPSHOT_S, lo=MIN_SNAPSHOT_S, lo_ok=True),
+                   help=f"how often to rewrite the snapshot (also written on shutdown; "
+                        f"{MIN_SNAPSHOT_S:g} to {MAX_SNAPSHOT_S:g})")
     s.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                    help="event loop: uvloop when installed (auto, the default) or asyncio")
     s.add_argument("--workers", type=int, default=1, metavar="N",

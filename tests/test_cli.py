@@ -209,6 +209,8 @@ def _cli(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
      (["status", "--interval", "soon"], "not a number of seconds"),
      (["envoy-config", "-c", "deploy/local/tailroute.yaml", "-o", "/nonexistent/dir/x.yaml"],
       "cannot write /nonexistent/dir/x.yaml"),
+     (["serve", "-c", "deploy/local/tailroute.yaml", "--snapshot-every", "0"],
+      "argument --snapshot-every: must be a number of seconds >= 0.1 and at most 86400"),
      (["bench", "load", "--levels", "abc"], "argument --levels: not an integer: 'abc'"),
      (["bench", "soak", "--minutes", "0"], "argument --minutes: must be a number of minutes"),
      (["demo", "--duration", "nan"], "argument --duration: must be a number of seconds >= 1"),
@@ -248,6 +250,10 @@ _SCENARIO = "sidecar/sim/scenarios/isolated_spike.yaml"
 @pytest.mark.parametrize(
     ("args", "says"),
     [
+        (["serve", "-c", "x.yaml", "--snapshot-every", "-1"], "--snapshot-every: must be a "
+         "number of seconds >= 0.1 and at most 86400, got -1"),
+        (["serve", "-c", "x.yaml", "--snapshot-every", "nan"], "--snapshot-every: must be"),
+        (["serve", "-c", "x.yaml", "--snapshot-every", "0.01"], "--snapshot-every: must be"),
         (["demo", "--duration", "0"], "--duration: must be a number of seconds >= 1"),
         (["demo", "--duration", "-5"], "--duration: must be a number of seconds >= 1"),
         (["demo", "--seed", "-1"], "--seed: must be an integer >= 0, got -1"),
@@ -299,6 +305,7 @@ def test_out_of_range_options_are_refused_naming_the_option(
 @pytest.mark.parametrize(
     ("args", "field", "value"),
     [
+        (["serve", "-c", "x.yaml", "--snapshot-every", "0.1"], "snapshot_every", 0.1),
         (["demo", "--duration", "1"], "duration", 1.0),
         (["bench", "load", "--levels", "1, 16,1024"], "levels", (1, 16, 1024)),
         (["bench", "load"], "levels", None),
