@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from sidecar.cli_types import MAX_CLIENTS, integer, levels_type, number, positive_seconds
 from sidecar.core.config import Config, ConfigError
 
 
@@ -202,7 +203,6 @@ def _cmd_bench_soak(ns: argparse.Namespace) -> int:
 DEFAULT_ADMIN = "127.0.0.1:9911"
 # Bounds of the demo's and the benchmarks' options: far above any useful run, low enough
 # that a typo is refused instead of starting hours of load or a thousand threads.
-MAX_CLIENTS = 1024  # concurrent clients (--concurrency, --levels)
 MAX_REQUESTS = 1_000_000  # bench overhead --requests
 MAX_TOKENS = 4096  # bench load --tokens (output tokens per request)
 MAX_RUN_S = 86400.0  # one day: demo --duration, bench load --duration
@@ -244,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--snapshot", default=None, metavar="PATH",
                    help="warm-restart snapshot file (default: snapshot_path from the config)")
     s.add_argument("--snapshot-every", default=30.0, metavar="SECONDS",
-                   type=_number("seconds", MAX_SNAPSHOT_S, lo=MIN_SNAPSHOT_S, lo_ok=True),
+                   type=number("seconds", MAX_SNAPSHOT_S, lo=MIN_SNAPSHOT_S, lo_ok=True),
                    help=f"how often to rewrite the snapshot (also written on shutdown; "
                         f"{MIN_SNAPSHOT_S:g} to {MAX_SNAPSHOT_S:g})")
     s.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
@@ -261,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
                     f"else {DEFAULT_ADMIN})")
     _config_option(st, required=False)
     st.add_argument("--watch", action="store_true", help="refresh until interrupted")
-    st.add_argument("--interval", type=_positive_seconds, default=2.0, metavar="SECONDS",
+    st.add_argument("--interval", type=positive_seconds, default=2.0, metavar="SECONDS",
                     help="seconds between refreshes with --watch (default: 2)")
     st.add_argument("--all", action="store_true",
                     help="also show aggregate (broader) slices, not only the routed ones")
@@ -292,11 +292,11 @@ def build_parser() -> argparse.ArgumentParser:
                    add_help=False)
 
     d = sub.add_parser("demo", help="Envoy + sidecar + 3 simulated providers, one degrades")
-    d.add_argument("--duration", type=_number("seconds", MAX_RUN_S, MIN_DEMO_S, lo_ok=True),
+    d.add_argument("--duration", type=number("seconds", MAX_RUN_S, MIN_DEMO_S, lo_ok=True),
                    default=60.0, metavar="SECONDS",
                    help=f"how long to drive traffic (default: 60; {MIN_DEMO_S:g} to "
                         f"{MAX_RUN_S:g})")
-    d.add_argument("--seed", type=_integer(0), default=7,
+    d.add_argument("--seed", type=integer(0), default=7,
                    help="seed of the traffic and the providers (>= 0)")
     d.set_defaults(func=_cmd_demo)
 
@@ -307,38 +307,38 @@ def build_parser() -> argparse.ArgumentParser:
                         "soak: memory under steady load (RSS slope); "
                         "publish: how fast native-mode weights reach Envoy, what a dead "
                         "sidecar leaves")
-    b.add_argument("--requests", type=_integer(1, MAX_REQUESTS), default=400,
+    b.add_argument("--requests", type=integer(1, MAX_REQUESTS), default=400,
                    help=f"overhead: requests per setup (1 to {MAX_REQUESTS})")
-    b.add_argument("--concurrency", type=_integer(1, MAX_CLIENTS), default=8,
+    b.add_argument("--concurrency", type=integer(1, MAX_CLIENTS), default=8,
                    help=f"overhead, soak: concurrent clients (1 to {MAX_CLIENTS})")
-    b.add_argument("--levels", type=_levels, default=None, metavar="C1,C2,...",
+    b.add_argument("--levels", type=levels_type, default=None, metavar="C1,C2,...",
                    help=f"load: concurrency levels (default 1,16,64,256; each 1 to "
                         f"{MAX_CLIENTS})")
-    b.add_argument("--duration", type=_number("seconds", MAX_RUN_S), default=30.0,
+    b.add_argument("--duration", type=number("seconds", MAX_RUN_S), default=30.0,
                    metavar="SECONDS",
                    help=f"load: seconds per setup and level (default 30; at most "
                         f"{MAX_RUN_S:g})")
-    b.add_argument("--tokens", type=_integer(1, MAX_TOKENS), default=4,
+    b.add_argument("--tokens", type=integer(1, MAX_TOKENS), default=4,
                    help=f"load: output tokens per request (1 to {MAX_TOKENS})")
     b.add_argument("--no-stream", action="store_true", help="load: non-streaming requests")
-    b.add_argument("--workers", type=_integer(1, MAX_WORKERS), default=1, metavar="N",
+    b.add_argument("--workers", type=integer(1, MAX_WORKERS), default=1, metavar="N",
                    help="load: the sidecar as `serve --workers N` sharing state through a "
                         f"redis-server started for the run (needs redis-server; 1 to "
                         f"{MAX_WORKERS})")
     b.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                    help="load: the sidecar's event loop")
-    b.add_argument("--rounds", type=_integer(1, MAX_ROUNDS), default=3,
+    b.add_argument("--rounds", type=integer(1, MAX_ROUNDS), default=3,
                    help="load: alternate the setups this many times per level (drift on a "
                         f"shared machine then hits all alike; 1 to {MAX_ROUNDS})")
     b.add_argument("--modes", default="extproc", metavar="M1,M2,...",
                    help="load: routing modes to run beside Envoy alone: extproc, native, "
                         "hybrid (10 %% per-request traffic); default extproc")
     soak = b.add_argument_group("soak (memory under steady load)")
-    soak.add_argument("--minutes", type=_number("minutes", MAX_SOAK_MIN), default=30.0,
+    soak.add_argument("--minutes", type=number("minutes", MAX_SOAK_MIN), default=30.0,
                       help=f"soak length (above 0, at most {MAX_SOAK_MIN:g})")
-    soak.add_argument("--rate", type=_number("requests per second", MAX_RATE), default=70.0,
+    soak.add_argument("--rate", type=number("requests per second", MAX_RATE), default=70.0,
                       help=f"requests per second (above 0, at most {MAX_RATE:g})")
-    soak.add_argument("--warmup-min", type=_number("minutes", MAX_SOAK_MIN, lo_ok=True),
+    soak.add_argument("--warmup-min", type=number("minutes", MAX_SOAK_MIN, lo_ok=True),
                       default=None,
                       help="minutes before the RSS slope is fitted (default: min(5, M/5))")
     soak.add_argument("--distinct", action="store_true",
@@ -394,60 +394,6 @@ def main(argv: list[str] | None = None) -> int:
         # interpreter's final flush does not raise again, and exit quietly.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-
-
-def _positive_seconds(raw: str) -> float:
-    """An argparse type: a finite number of seconds above 0."""
-    try:
-        value = float(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {raw!r}") from None
-    if not 0.0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {raw}")
-    return value
-
-
-def _number(what: str, hi: float, lo: float = 0.0, lo_ok: bool = False
-            ) -> Callable[[str], float]:
-    """An argparse type: a number of ``what`` above ``lo`` (or equal to it with ``lo_ok``)
-    and at most ``hi`` (finite); NaN fails."""
-    def parse(raw: str) -> float:
-        try:
-            value = float(raw)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number of {what}: {raw!r}") from None
-        if not ((value >= lo if lo_ok else value > lo) and value <= hi):
-            floor = f">= {lo:g}" if lo_ok else f"above {lo:g}"
-            raise argparse.ArgumentTypeError(
-                f"must be a number of {what} {floor} and at most {hi:g}, got {raw}")
-        return value
-
-    return parse
-
-
-def _integer(lo: int, hi: int | None = None) -> Callable[[str], int]:
-    """An argparse type: an integer from ``lo`` to ``hi`` (no upper bound if None)."""
-    def parse(raw: str) -> int:
-        try:
-            value = int(raw)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {raw!r}") from None
-        if value < lo or (hi is not None and value > hi):
-            span = f">= {lo}" if hi is None else f"from {lo} to {hi}"
-            raise argparse.ArgumentTypeError(f"must be an integer {span}, got {raw}")
-        return value
-
-    return parse
-
-
-def _levels(raw: str) -> tuple[int, ...]:
-    """An argparse type: ``C1,C2,...``, concurrency levels of `bench load`."""
-    level = _integer(1, MAX_CLIENTS)
-    try:
-        return tuple(level(part.strip()) for part in raw.split(","))
-    except argparse.ArgumentTypeError as exc:
-        raise argparse.ArgumentTypeError(
-            f"{exc} (a comma-separated list of concurrency levels, e.g. 1,16,64)") from None
 
 
 if __name__ == "__main__":

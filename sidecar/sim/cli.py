@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sidecar.cli import _integer, _number
+from sidecar.cli_types import integer, number
 from sidecar.core.config import ConfigError
 from sidecar.sim.bounds import MAX_DURATION_S, MAX_GENERATE, MAX_JOBS, MAX_NOISE_SEEDS
 from sidecar.sim.gen_families import FAMILIES
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--scenario", action="append", metavar="FILE", help="a scenario file")
     src.add_argument("--suite", nargs="?", const="", metavar="DIR",
                      help="every *.yaml in DIR (default: the shipped scenarios)")
-    src.add_argument("--generate", type=_integer(1, MAX_GENERATE), metavar="N",
+    src.add_argument("--generate", type=integer(1, MAX_GENERATE), metavar="N",
                      help=f"N randomized scenarios drawn from the families (docs/scenarios.md; "
                           f"1 to {MAX_GENERATE})")
     _common(s)
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 1)")
     g.add_argument("--family", action="extend", nargs="+", metavar="NAME",
                    help=f"families to draw from (default: all): {', '.join(FAMILIES)}")
-    g.add_argument("--jobs", type=_integer(1, MAX_JOBS), default=1, metavar="J",
+    g.add_argument("--jobs", type=integer(1, MAX_JOBS), default=1, metavar="J",
                    help=f"run J scenarios in parallel processes (default 1; at most {MAX_JOBS})")
     g.add_argument("--write-scenarios", metavar="DIR",
                    help="also write each generated scenario to DIR/<name>.yaml")
@@ -83,13 +83,13 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", action="extend", nargs="+", metavar="NAME", choices=POLICY_NAMES,
                    help=f"policies to run (default: the scenario's list or all but "
                         f"tailroute_no_admission); known: {', '.join(POLICY_NAMES)}")
-    p.add_argument("--seed", type=_integer(0), help="override every scenario's seed (>= 0)")
+    p.add_argument("--seed", type=integer(0), help="override every scenario's seed (>= 0)")
     p.add_argument("--trace", metavar="PATH",
                    help="trace CSV for trace-replay workloads (overrides their path)")
-    p.add_argument("--duration", type=_number("seconds", MAX_DURATION_S), metavar="S",
+    p.add_argument("--duration", type=number("seconds", MAX_DURATION_S), metavar="S",
                    help=f"override every scenario's duration_s (quick runs; at most "
                         f"{MAX_DURATION_S:g})")
-    p.add_argument("--noise-seeds", type=_integer(1, MAX_NOISE_SEEDS), default=1, metavar="K",
+    p.add_argument("--noise-seeds", type=integer(1, MAX_NOISE_SEEDS), default=1, metavar="K",
                    help="run each policy K times per scenario on independent service noise "
                         f"and pool the counts (default 1: one run; at most {MAX_NOISE_SEEDS})")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
