@@ -31,6 +31,16 @@ def _alive(pid: int) -> bool:
     return not (stat.exists() and stat.read_text().split(") ", 1)[1].startswith("Z"))
 
 
+def _kill_all(proc: subprocess.Popen[bytes], kids: set[int]) -> None:
+    """Whatever the test saw start, stopped by PID (a failed run must not leave it)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    for pid in kids:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.envoy
 def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path) -> None:
     # The demo keeps its work directory (its logs) on purpose: here, inside tmp_path.
@@ -58,12 +68,7 @@ def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path) -> Non
                 left.add(pid)
         assert not left, f"still running after SIGTERM: {left}"
     finally:  # a failed run must not leave them either
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        for pid in kids:
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        _kill_all(proc, kids)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -91,9 +96,4 @@ def test_an_interrupted_parallel_lab_run_ends_quietly_with_its_workers(
             time.sleep(0.1)
         assert not [pid for pid in kids if _alive(pid)]
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        for pid in kids:
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        _kill_all(proc, kids)
