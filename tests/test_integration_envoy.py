@@ -5,7 +5,8 @@ Timing (not a speed goal): for a provider with *fixed* 200 ms TTFT and 20 ms
 TPOT, the sidecar's median TTFT must lie between the provider's own write times
 and what the client saw (causality, whatever the scheduling delay), and at least
 the configured value less histogram resolution (2 %); its TPOT within [18, 30] ms
-(the configured value less resolution, plus loopback and Envoy delay).
+(the configured value less resolution, plus loopback and Envoy delay), the lower
+bound relaxed to the provider's own spacing when a late first token compressed it.
 """
 
 from __future__ import annotations
@@ -167,6 +168,9 @@ def test_sidecar_timing_agrees_with_provider(stack: Stack) -> None:
         assert tokens == 6
     recent = http_json(f"http://127.0.0.1:{stack.ports['provider:fixed']}/control/requests")
     written = [float(r["first_token_ms"]) for r in recent[-8:]]  # from arrival, per request
+    # The provider's own token spacing per request. It writes on an absolute schedule, so
+    # a first token written late (a loaded machine) comes closer to the last one.
+    spacing = [(float(r["last_token_ms"]) - float(r["first_token_ms"])) / 5 for r in recent[-8:]]
     # Observations arrive asynchronously: wait (bounded) until all eight are in -- each
     # outcome is counted as its sample is recorded -- and no longer, so a missing sample
     # is reported with the outcomes while the window (30 s) still holds the others.
@@ -186,7 +190,10 @@ def test_sidecar_timing_agrees_with_provider(stack: Stack) -> None:
     assert ttft["p50_ms"] >= 190, ttft  # the configured TTFT less histogram resolution
     assert sorted(written)[3] / RES <= ttft["p50_ms"] <= sorted(seen_by_client)[4] * RES, (
         ttft, written, seen_by_client)
-    assert 18 <= tpot["p50_ms"] <= 30, tpot
+    # At least the configured 20 ms less resolution, unless the provider itself spaced
+    # the tokens closer (the median's rank among its spacings, less resolution and 1 ms
+    # of loopback jitter over the five gaps); at most 30 (loopback and Envoy delay).
+    assert min(18.0, sorted(spacing)[3] / RES - 1.0) <= tpot["p50_ms"] <= 30, (tpot, spacing)
 
 
 def test_malformed_body_gets_documented_400(stack: Stack) -> None:

@@ -332,8 +332,9 @@ class FakeProvider:
             "headers": {k: v for k, v in req.headers.items() if k.startswith("x-")},
             "sent_sha256": None, "sent_len": 0,
             # Ground truth for timing tests: ms from the request's arrival to the write
-            # of the first body byte and of the first content token (streamed only).
-            "first_byte_ms": None, "first_token_ms": None,
+            # of the first body byte, the first content token and the last event
+            # (streamed only).
+            "first_byte_ms": None, "first_token_ms": None, "last_token_ms": None,
         }
         self.recent.append(record)
         start = t0  # the latency profile runs from arrival, or from release of a hold

@@ -7,8 +7,9 @@ other framing re-frames each token's events and lets
 :func:`~sidecar.fake_provider.framing.plan_writes` decide where the writes cut.
 
 While writing, the request's record gets the provider's ground truth for timing
-tests: ``first_byte_ms`` and ``first_token_ms`` (ms from arrival to the write of
-the first body byte and of the first content token), ``sent_len`` and, once the
+tests: ``first_byte_ms``, ``first_token_ms`` and ``last_token_ms`` (ms from arrival
+to the write of the first body byte, of the first content token and of the last
+event), ``sent_len`` and, once the
 body is complete, ``sent_sha256`` (byte-identity checks of what the proxy
 forwarded).
 """
@@ -87,6 +88,7 @@ async def stream_reply(conn: Conn, reply: Reply, due: Sequence[float], record: d
             if j == 0:
                 wire.first_token()
             await wire.send(data)
+    record["last_token_ms"] = wire.since_arrival_ms()  # the last event was just written
     if end_delay_s > 0:
         await conn.sleep_until(wire.loop.time() + end_delay_s)
     await conn.write(b"0\r\n\r\n")
