@@ -2,10 +2,11 @@
 
 Providers with *fixed* TTFT 500 ms and TPOT 50 ms frame their streams with CRLF,
 with CR, split mid-line and split between CR and LF. Acceptance: the sidecar's
-median TTFT and TPOT for each are within 5 % of that ground truth, and every
+median TTFT and TPOT for each are within 5 % of the ground truth -- what each
+provider wrote, by its own clock (on a loaded machine a late first token
+compresses the spacing it writes after, on an absolute schedule) -- and every
 stream gave both samples. (The margin covers the 2 % histogram resolution plus
-loopback and scheduling delay; the values are large so a few ms of delay on a
-loaded 2-core machine stay inside it.)
+loopback delay; the values are large so a few ms of delay stay inside it.)
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import openai
 import pytest
 
-from sidecar.devtools.harness import Stack
+from sidecar.devtools.harness import Stack, http_json
 
 pytestmark = pytest.mark.envoy
 
@@ -79,12 +80,31 @@ def test_every_framing_is_timed_within_five_percent() -> None:
             if done or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
+        truth = {n: _written(stack, n) for n in FRAMINGS}
     figures = {n: (r["latency"]["ttft"]["samples"], r["latency"]["tpot"]["samples"],
                    r["latency"]["ttft"]["p50_ms"], r["latency"]["tpot"]["p50_ms"])
                for n, r in routes.items()}
     print("framing: (ttft samples, tpot samples, ttft p50 ms, tpot p50 ms)", figures)
+    print("written by the providers: (ttft, tpot) at the same rank", truth)
     assert set(figures) == set(FRAMINGS), figures
     for name, (n_ttft, n_tpot, ttft, tpot) in figures.items():
         assert n_ttft == n_tpot == STREAMS, (name, figures[name])
-        assert abs(ttft - TTFT_MS) <= 0.05 * TTFT_MS, (name, figures[name])
-        assert abs(tpot - TPOT_MS) <= 0.05 * TPOT_MS, (name, figures[name])
+        true_ttft, true_tpot = truth[name]
+        assert abs(ttft - true_ttft) <= 0.05 * true_ttft, (name, figures[name], truth[name])
+        assert abs(tpot - true_tpot) <= 0.05 * true_tpot, (name, figures[name], truth[name])
+
+
+def _written(stack: Stack, name: str) -> tuple[float, float]:
+    """What provider ``name`` wrote, at the rank of the sidecar's median (the nearest-rank
+    p50 of STREAMS samples): TTFT from each request's arrival to its first token, TPOT
+    from its first token to its last event over the gaps between. The provider writes on
+    an absolute schedule, so on a loaded machine a late first token shortens its TTFT
+    gap to the rest: its writes, not the configured values, are the ground truth."""
+    recs = [r for r in http_json(f"http://127.0.0.1:{stack.ports[f'provider:{name}']}"
+                                 "/control/requests") if r["first_token_ms"] is not None]
+    recs = recs[-STREAMS:]
+    rank = (STREAMS + 1) // 2 - 1
+    ttfts = sorted(float(r["first_token_ms"]) for r in recs)
+    tpots = sorted((float(r["last_token_ms"]) - float(r["first_token_ms"])) / (TOKENS - 1)
+                   for r in recs)
+    return ttfts[rank], tpots[rank]
