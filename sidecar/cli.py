@@ -349,10 +349,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _interrupt_on_sigterm(signum: int, _frame: object) -> None:
-    """SIGTERM (``timeout``, ``kill``, a CI cancel, ``docker stop``) stops a command the way
-    Ctrl-C does: the exception unwinds its ``with Stack()`` blocks, which stop every
-    process the command started (they run in sessions of their own and never see the
+def interrupt_on_sigterm(signum: int, _frame: object) -> None:
+    """SIGTERM (``timeout``, ``kill``, a CI cancel) stops a command -- or the test run
+    (tests/conftest.py) -- as Ctrl-C does: the exception unwinds its ``with Stack()``
+    blocks, which stop every process it started (own sessions: they never see the
     signal). A second SIGTERM ends the process without that cleanup."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     raise KeyboardInterrupt(f"signal {signum}")
@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         # serve handles SIGTERM in its event loop (drain, snapshot); everything else
         # (demo, bench, simulate) cleans up through KeyboardInterrupt.
         with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
-            signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
+            signal.signal(signal.SIGTERM, interrupt_on_sigterm)
     if argv and argv[0] in ("simulate", "report"):
         from sidecar.sim.cli import main as sim_main
 

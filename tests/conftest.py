@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import signal
-from types import FrameType
 from typing import Any
 
 import pytest
 
+from sidecar.cli import interrupt_on_sigterm
 from sidecar.core.config import Config, parse_config
 
 
@@ -25,18 +25,8 @@ def base_config_dict(**overrides: Any) -> dict[str, Any]:
     return data
 
 
-def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM (a CI timeout, ``timeout``, ``kill``) stops the run the way Ctrl-C does:
-    the exception unwinds the test's ``with Stack()`` blocks and pytest then tears down
-    the fixtures, so every process the tests started is stopped by PID. By default
-    SIGTERM would end Python at once, leaving Envoy, sidecars and providers (each in
-    its own session) running. A second SIGTERM ends the run without cleaning up."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    raise KeyboardInterrupt(f"signal {signum}: stopping and cleaning up")
-
-
 def pytest_configure(config: pytest.Config) -> None:
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    signal.signal(signal.SIGTERM, interrupt_on_sigterm)  # clean up, as Ctrl-C
 
 
 @pytest.hookimpl(hookwrapper=True)

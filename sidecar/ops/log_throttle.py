@@ -22,6 +22,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 # The loggers of the serving process (ext_proc shell, server, ops).
 SERVING_LOGGERS = ("tailroute", "tailroute.extproc", "tailroute.server", "tailroute.admin",
@@ -34,7 +35,9 @@ class _Bucket:
     at: float
     suppressed: int = 0
     since: float = 0.0  # when the first suppressed line of the current run came
-    last: str = ""  # the newest suppressed line, formatted
+    # The newest suppressed line's arguments, formatted only if flush() reports it
+    # (a flood is exactly when formatting every dropped line would cost the most).
+    last: Any = None
 
 
 class LogThrottle(logging.Filter):
@@ -72,9 +75,9 @@ class LogThrottle(logging.Filter):
                 b.since = now
             b.suppressed += 1
             self.suppressed_total += 1
-            # The newest one, formatted, for flush(): same template, maybe other facts
-            # (ENOSPC then EROFS), and a bare template says neither.
-            b.last = record.getMessage()
+            # The newest one, for flush(): same template, maybe other facts (ENOSPC then
+            # EROFS), and a bare template says neither.
+            b.last = record.args
             self._loggers.setdefault(key, logging.getLogger(record.name))
             return False
         b.tokens -= 1.0
@@ -95,11 +98,22 @@ class LogThrottle(logging.Filter):
             logger = self._loggers.get(key) or logging.getLogger(name)
             n, took = b.suppressed, now - b.since
             b.suppressed = 0
-            text = f"{b.last or template} [{_note(n, took)}; the last of them shown]"
+            last = _formatted(template, b.last)
+            text = f"{last} [{_note(n, took)}; the last of them shown]"
             logger.handle(logger.makeRecord(
                 name, logging.WARNING, "(throttle)", 0, "%s", (text,),
                 None, extra={"throttle_summary": True}))  # not throttled itself
         return pending
+
+
+def _formatted(template: str, args: Any) -> str:
+    """``template % args`` as logging would format it; the template if that fails."""
+    if not args:
+        return template
+    try:
+        return str(template % args)
+    except (TypeError, ValueError, KeyError):
+        return template
 
 
 def _note(n: int, took_s: float) -> str:

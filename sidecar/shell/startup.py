@@ -39,19 +39,14 @@ def bind_error(what: str, addr: str, setting: str, exc: BaseException) -> Startu
     return StartupError(f"cannot listen for {what} on {addr} ({setting}): {_reason(exc)}")
 
 
-def split_hostport(addr: str) -> tuple[str, int]:
-    """``(host, port)`` of an address to bind (port 0: any free port); ValueError if
-    malformed (the config checks its own addresses at parse time; flags land here)."""
-    return hostport.split_hostport(addr, port_zero=True)
-
-
 def check_bindable(what: str, addr: str, setting: str) -> None:
     """Raise :class:`StartupError` if ``host:port`` cannot be bound right now (port 0 is fine).
 
     gRPC binds with SO_REUSEADDR too, so a socket in TIME_WAIT does not count as busy.
     """
     try:
-        host, port = split_hostport(addr)
+        # The config checks its own addresses at parse time; flags are checked here.
+        host, port = hostport.split_hostport(addr, port_zero=True)  # port 0: any free one
     except ValueError as exc:
         raise StartupError(f"cannot listen for {what} on {addr!r} ({setting}): {exc}") from None
     if port == 0:
