@@ -316,3 +316,13 @@ def test_out_of_range_options_are_refused_naming_the_option(
 )
 def test_options_at_their_bounds_are_accepted(args: list[str], field: str, value: Any) -> None:
     assert getattr(_parse(args), field) == value
+
+
+def test_check_config_refuses_a_config_without_models(tmp_path: Path) -> None:
+    path = _write(tmp_path / "empty.yaml", base_config_dict(models=[]))
+    out = _cli("check-config", "--config", str(path))
+    assert out.returncode == 2, out.stdout
+    assert out.stderr.splitlines() == [
+        f"{path}: models: must define at least one model (with none, tailroute routes "
+        "nothing: every request goes to default_cluster)",
+        f"{path}: 1 problem"]

@@ -256,3 +256,33 @@ def test_example_config_is_valid() -> None:
 
     cfg = load_config(Path(__file__).parents[1] / "deploy" / "local" / "tailroute.yaml")
     assert cfg.default_cluster == "provider-a"
+
+
+@pytest.mark.parametrize(("path", "value", "expect"), [
+    # Empty where nothing could be routed: an error naming the field.
+    ("models", [], "models: must define at least one model (with none, tailroute routes "
+     "nothing: every request goes to default_cluster)"),
+    ("clusters", [], "clusters: must define at least one cluster"),
+    ("classes", {}, "classes: must be a non-empty mapping of class name -> settings"),
+    ("models.0.candidates", [], "models[0].candidates: must list at least one cluster"),
+    # Empty with a documented meaning: accepted.
+    ("models.0.regions", [], None),  # any region
+    ("routing", {"per_request_classes": []}, None),  # the default
+    ("clusters.0.models", [], None),  # a cluster only the default route uses
+])
+def test_lists_that_must_not_be_empty(path: str, value: Any, expect: str | None) -> None:
+    data = _with(path, value)
+    if path == "clusters.0.models":
+        data["models"][0]["candidates"] = ["b", "c"]
+    if expect is None:
+        parse_config(data, "conf/tailroute.yaml")
+        return
+    with pytest.raises(ConfigError) as err:
+        parse_config(data, "conf/tailroute.yaml")
+    assert err.value.problems[0] == f"conf/tailroute.yaml: {expect}", err.value.problems
+
+
+def test_no_models_is_reported_with_the_other_problems() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(base_config_dict(models=[], picker="best"), "t.yaml")
+    assert [p.split(":")[1].strip() for p in err.value.problems] == ["models", "picker"]

@@ -286,7 +286,12 @@ def _parse(root: ConfigReader, source: str) -> Config:
             partial(parse_algorithm, global_alg, global_compat), None) is None:
         global_alg = None  # reported once here, not again for every model
     models: list[ModelConfig] = []
-    for i, raw in enumerate(root.list_("models", required=True)):
+    models_raw = root.list_("models", required=True)
+    if not models_raw:  # (a missing or non-list "models" raised above)
+        # Every request would go to default_cluster undecided: a config that routes nothing.
+        root.bad("must define at least one model (with none, tailroute routes nothing: "
+                 "every request goes to default_cluster)", "models", None)
+    for i, raw in enumerate(models_raw):
         if global_alg is not None and isinstance(raw, Mapping) and "algorithm" not in raw:
             raw = {**raw, "algorithm": dict(global_alg.data)}
         m: ModelConfig | None = root.attempt(
