@@ -286,3 +286,47 @@ def test_no_models_is_reported_with_the_other_problems() -> None:
     with pytest.raises(ConfigError) as err:
         parse_config(base_config_dict(models=[], picker="best"), "t.yaml")
     assert [p.split(":")[1].strip() for p in err.value.problems] == ["models", "picker"]
+
+
+def _regions(regions: list[Any]) -> dict[str, Any]:
+    data = base_config_dict()
+    for c, region in zip(data["clusters"], ("eu", "eu", "us"), strict=True):
+        c["region"] = region
+    data["models"][0]["candidates"] = ["a", "b"]  # both in eu; c (us) is no candidate
+    data["models"][0]["regions"] = regions
+    return data
+
+
+@pytest.mark.parametrize(("regions", "problems"), [
+    (["eu"], []),
+    ([], []),  # any region
+    (["eu", "eu-west"], ["models[0].regions[1]: no candidate of this model is in region "
+                         "'eu-west' (no cluster has region 'eu-west'); candidates' regions: "
+                         "a (eu), b (eu)"]),
+    (["us"], ["models[0].regions[0]: no candidate of this model is in region 'us' (only "
+              "clusters that are not candidates of this model are there)"]),
+    (["a"], ["models[0].regions[0]: no candidate of this model is in region 'a' (that is a "
+             "cluster name; regions lists clusters[].region labels)"]),
+    ([""], ["models[0].regions[0]: no candidate of this model is in region ''"]),
+    (["eu", 5, "mars"], ["models[0].regions[1]: must be a string, got int 5",
+                         "models[0].regions[2]: no candidate of this model is in region "
+                         "'mars'"]),
+])
+def test_regions_name_a_region_of_a_candidate(regions: list[Any],
+                                              problems: list[str]) -> None:
+    if not problems:
+        parse_config(_regions(regions), "t.yaml")
+        return
+    with pytest.raises(ConfigError) as err:
+        parse_config(_regions(regions), "t.yaml")
+    assert len(err.value.problems) == len(problems), err.value.problems
+    for got, want in zip(err.value.problems, problems, strict=True):
+        assert got.startswith(f"t.yaml: {want}"), got
+
+
+def test_regions_of_a_model_with_a_broken_candidate_say_nothing_more() -> None:
+    data = _regions(["eu-west"])
+    data["clusters"][0]["address"] = "nope"  # a structural mistake: cluster a is left out
+    with pytest.raises(ConfigError) as err:
+        parse_config(data, "t.yaml")
+    assert [p.split(": ")[1] for p in err.value.problems] == ["clusters[0].address"]

@@ -19,10 +19,10 @@ def _data(**routing: Any) -> dict[str, Any]:
     return {
         "clusters": [
             {"name": "a", "address": "127.0.0.1:9001", "models": ["m", "m2"], "region": "eu"},
-            {"name": "b", "address": "127.0.0.1:9002", "models": ["m"], "region": "us"},
+            {"name": "b", "address": "127.0.0.1:9002", "models": ["m", "m2"], "region": "us"},
         ],
         "models": [{"name": "m", "candidates": ["a", "b"]},
-                   {"name": "m2", "candidates": ["a"], "regions": ["us"]}],
+                   {"name": "m2", "candidates": ["a", "b"], "regions": ["us"]}],
         "routing": routing,
     }
 
@@ -63,10 +63,12 @@ def test_slice_routes_never_render_all_zero_and_respect_region_policy() -> None:
     routes = _hcm(render_native_bootstrap(_cfg(mode="native")))["route_config"][
         "virtual_hosts"][0]["routes"]
     sliced = [r for r in routes if "weighted_clusters" in r["route"]]
-    assert len(sliced) == 1 * 3 * 2 * 5  # m only: m2's one candidate is outside its regions
+    assert len(sliced) == 2 * 3 * 2 * 5
     for r in sliced:
         clusters = r["route"]["weighted_clusters"]["clusters"]
-        assert [c["name"] for c in clusters] == ["a", "b"]
+        model = r["match"]["dynamic_metadata"][0]["value"]["string_match"]["exact"]
+        # m2 may only go to its regions: a (eu) is its candidate but never its route.
+        assert [c["name"] for c in clusters] == (["a", "b"] if model == "m" else ["b"])
         assert all(c["weight"] > 0 for c in clusters)
     assert routes[-1]["name"] == "tailroute_default"
 
@@ -163,7 +165,7 @@ def test_routing_config_errors_name_the_field(change: dict[str, Any], message: s
     data = _data()
     data["routing"] = change["routing"]
     if change.get("rename"):
-        data["clusters"][1]["models"] = {"m": "m-upstream"}
+        data["clusters"][1]["models"] = {"m": "m-upstream", "m2": "m2"}
     with pytest.raises(ConfigError) as exc:
         parse_config(data, "t.yaml")
     assert str(exc.value).startswith(message), str(exc.value)

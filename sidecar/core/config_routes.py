@@ -188,9 +188,37 @@ def _model(r: ConfigReader, clusters: Mapping[str, ClusterConfig],
         r.fail("lists a cluster twice", "candidates")
     kind, la = parse_algorithm(r.sub("algorithm"), compat, given="algorithm" in r.data)
     regions = tuple(r.strings("regions"))
+    if all(c in clusters for c in cands):  # else the candidates' own problem is reported
+        _check_regions(r, regions, [clusters[c] for c in cands], clusters)
     cfg = ModelConfig(name, tuple(cands), kind, la, regions, compat)
     r.done()
     return cfg
+
+
+def _check_regions(r: ConfigReader, regions: tuple[str, ...],
+                   candidates: list[ClusterConfig],
+                   clusters: Mapping[str, ClusterConfig]) -> None:
+    """Every entry of ``models[].regions`` must be the ``region`` of one of the model's
+    candidates. The region filter only ever looks at the candidates, so an entry no
+    candidate carries (a typo, a cluster name, a region served by other clusters) is
+    dead, and a list none of them matches leaves the model no route at all: every
+    request would go to ``default_cluster`` undecided."""
+    if not regions or not candidates:
+        return
+    have = {c.region for c in candidates}
+    where = ", ".join(f"{c.name} ({c.region or 'no region'})" for c in candidates)
+    raw = r.raw("regions")
+    for region in regions:
+        if region in have:
+            continue
+        if region in clusters:
+            hint = " (that is a cluster name; regions lists clusters[].region labels)"
+        elif any(c.region == region for c in clusters.values()):
+            hint = " (only clusters that are not candidates of this model are there)"
+        else:
+            hint = f" (no cluster has region {region!r})"
+        r.bad(f"no candidate of this model is in region {region!r}{hint}; "
+              f"candidates' regions: {where}", f"regions[{raw.index(region)}]", None)
 
 
 def _class(name: str, r: ConfigReader) -> ClassConfig:
