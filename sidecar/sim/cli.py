@@ -154,16 +154,19 @@ def _cmd_simulate(ns: argparse.Namespace) -> int:
 
 
 def _cmd_report(ns: argparse.Namespace) -> int:
-    from sidecar.sim.report import write_report
+    from sidecar.sim.report import load_results, write_report
 
     if ns.from_json:
-        doc = json.loads(Path(ns.from_json).read_text(encoding="utf-8"))
-        if doc.get("schema_version") not in (1, SCHEMA_VERSION):
-            raise ConfigError(f"{ns.from_json}: unsupported schema_version "
-                              f"{doc.get('schema_version')!r} (expected 1 or {SCHEMA_VERSION})")
+        doc = load_results(Path(ns.from_json), (1, SCHEMA_VERSION))
+        try:
+            md = write_report(doc, Path(ns.out))
+        except (KeyError, TypeError, AttributeError, IndexError) as exc:
+            # Valid JSON of the wrong shape: say so instead of a traceback.
+            raise ConfigError(f"--from-json {ns.from_json}: not a results document "
+                              f"({type(exc).__name__}: {exc})") from None
     else:
         doc = _run(ns, scenario_files(ns.suite or None), keep_going=True)
-    md = write_report(doc, Path(ns.out))
+        md = write_report(doc, Path(ns.out))
     sys.stderr.write(f"report written to {md}\n")
     return 2 if doc.get("errors") else 0
 

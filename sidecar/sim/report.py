@@ -14,10 +14,53 @@ import json
 from pathlib import Path
 from typing import Any
 
+from sidecar.core.config import ConfigError
+from sidecar.ops.config_file import TooLarge, read_capped
 from sidecar.sim import tables
+from sidecar.sim.bounds import MAX_FILE_BYTES
 
 _COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3",
            "#8C8C8C", "#CCB974", "#64B5CD", "#000000"]
+
+
+def load_results(path: Path, schemas: tuple[int, ...], option: str = "--from-json"
+                 ) -> dict[str, Any]:
+    """The results document at ``path`` (``simulate --out``, ``report``'s results.json).
+
+    Bounded as the lab's other inputs are (:data:`~sidecar.sim.bounds.MAX_FILE_BYTES`,
+    refused before reading; a device such as /dev/zero is read only up to it), and
+    every way it can be unusable -- unreadable, not UTF-8, not JSON, nested too deeply
+    for the parser, not an object, an unknown ``schema_version`` -- is a
+    :class:`ConfigError` naming ``option`` and the file, never a traceback.
+    """
+    where = f"{option} {path}"
+    try:
+        text = read_capped(path, MAX_FILE_BYTES).decode("utf-8")
+        doc = json.loads(text)
+    except TooLarge as exc:
+        raise ConfigError(f"{where}: results document is larger than {exc}: refused (a "
+                          "lab input's bound; render a smaller run, or let `report --suite "
+                          "DIR` run the scenarios itself)") from None
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read results document: "
+                          f"{exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{where}: not a results document (the byte at offset {exc.start} is not "
+                          "UTF-8)") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{where}: not a results document (invalid JSON at line "
+                          f"{exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: not a results document (JSON nested too deeply to "
+                          "read)") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{where}: not a results document (a JSON "
+                          f"{type(doc).__name__}, not an object)")
+    if doc.get("schema_version") not in schemas:
+        raise ConfigError(f"{where}: unsupported schema_version "
+                          f"{doc.get('schema_version')!r} (expected "
+                          f"{' or '.join(map(str, schemas))})")
+    return doc
 
 
 def write_report(doc: dict[str, Any], out: Path) -> Path:
