@@ -24,8 +24,10 @@ def _cmd_serve(ns: argparse.Namespace) -> int:
     from sidecar.shell.startup import StartupError
 
     config = load_config(ns.config)
-    if ns.workers != 1:
-        return _serve_workers(ns, config)
+    if ns.workers != 1:  # N processes on one port sharing state through the fleet store
+        from sidecar.fleet.workers import run_workers
+
+        return run_workers(ns, config, ns.workers)
     if ns.worker_index is not None:
         from sidecar.fleet.workers import worker_log_format
 
@@ -44,13 +46,6 @@ def _cmd_serve(ns: argparse.Namespace) -> int:
         return 1
     finally:
         throttle.flush()
-
-
-def _serve_workers(ns: argparse.Namespace, config: Config) -> int:
-    """`serve --workers N`: N processes on one port sharing state through the fleet store."""
-    from sidecar.fleet.workers import run_workers
-
-    return run_workers(ns, config, ns.workers)
 
 
 def run_on_loop(main: Coroutine[Any, Any, int], kind: str) -> int:
@@ -89,7 +84,8 @@ def _cmd_check_config(ns: argparse.Namespace) -> int:
         if ns.workers != 1:  # what `serve --workers N` would refuse
             from sidecar.fleet.workers import check_workers
 
-            check_workers(cfg, ns.workers, cfg.listen.grpc, cfg.listen.grpc_unix)
+            check_workers(cfg, ns.workers, cfg.listen.grpc, cfg.listen.grpc_unix,
+                          cfg.listen.admin)
     except ConfigError as exc:
         for problem in exc.problems:  # every mistake, not only the first
             print(problem, file=sys.stderr)
@@ -209,7 +205,9 @@ MAX_RUN_S = 86400.0  # one day: demo --duration, bench load --duration
 MAX_SOAK_MIN = 1440.0  # one day: bench soak --minutes, --warmup-min
 MAX_RATE = 10_000.0  # bench soak --rate (requests per second)
 MAX_ROUNDS = 100  # bench load --rounds
-MAX_WORKERS = 64  # bench load --workers
+# serve/check-config/bench load --workers: a worker is a whole process deciding on one core
+# (own memory, store connection, admin port + i): more than the cores only contend.
+MAX_WORKERS = 64
 MIN_SNAPSHOT_S = 0.1  # serve --snapshot-every: each write serialises the whole state
 MAX_SNAPSHOT_S = 86400.0
 MIN_DEMO_S = 1.0  # demo --duration: it sends at most 40 requests a second
@@ -249,9 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{MIN_SNAPSHOT_S:g} to {MAX_SNAPSHOT_S:g})")
     s.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                    help="event loop: uvloop when installed (auto, the default) or asyncio")
-    s.add_argument("--workers", type=int, default=1, metavar="N",
+    s.add_argument("--workers", type=integer(1, MAX_WORKERS), default=1, metavar="N",
                    help="N processes on one gRPC port (SO_REUSEPORT) sharing statistics and "
-                        "health through the fleet: store; worker i's admin port is +i")
+                        "health through the fleet: store; worker i's admin port is +i; 1 to "
+                        f"{MAX_WORKERS} (one core each: more than the host's cores only contend)")
     s.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     s.set_defaults(func=_cmd_serve)
 
@@ -271,8 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     _config_option(c, required=False)
     c.add_argument("file", nargs="?", metavar="FILE",
                    help="deprecated spelling of --config FILE")
-    c.add_argument("--workers", type=int, default=1, metavar="N",
-                   help="also check the config can be served by `serve --workers N`")
+    c.add_argument("--workers", type=integer(1, MAX_WORKERS), default=1, metavar="N",
+                   help=f"also check what `serve --workers N` needs (1 to {MAX_WORKERS})")
     c.set_defaults(func=_cmd_check_config)
 
     e = sub.add_parser("envoy-config", help="render the Envoy bootstrap from a sidecar config")

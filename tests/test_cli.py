@@ -272,6 +272,14 @@ _SCENARIO = "sidecar/sim/scenarios/isolated_spike.yaml"
          "--duration: must be a number of seconds above 0 and at most 86400, got nan"),
         (["bench", "load", "--rounds", "0"], "--rounds: must be an integer from 1 to 100"),
         (["bench", "load", "--workers", "0"], "--workers: must be an integer from 1 to 64"),
+        (["serve", "-c", "x.yaml", "--workers", "0"],
+         "--workers: must be an integer from 1 to 64, got 0"),
+        (["serve", "-c", "x.yaml", "--workers", "65"],
+         "--workers: must be an integer from 1 to 64, got 65"),
+        (["serve", "-c", "x.yaml", "--workers", "100000"], "--workers: must be an integer"),
+        (["serve", "-c", "x.yaml", "--workers", "two"], "--workers: not an integer: 'two'"),
+        (["check-config", "-c", "x.yaml", "--workers", "65"],
+         "--workers: must be an integer from 1 to 64, got 65"),
         (["bench", "soak", "--minutes", "-1"],
          "--minutes: must be a number of minutes above 0 and at most 1440, got -1"),
         (["bench", "soak", "--minutes", "nan"], "--minutes: must be a number of minutes"),
@@ -306,6 +314,9 @@ def test_out_of_range_options_are_refused_naming_the_option(
     ("args", "field", "value"),
     [
         (["serve", "-c", "x.yaml", "--snapshot-every", "0.1"], "snapshot_every", 0.1),
+        (["serve", "-c", "x.yaml", "--workers", "64"], "workers", 64),
+        (["serve", "-c", "x.yaml"], "workers", 1),
+        (["check-config", "-c", "x.yaml", "--workers", "64"], "workers", 64),
         (["demo", "--duration", "1"], "duration", 1.0),
         (["bench", "load", "--levels", "1, 16,1024"], "levels", (1, 16, 1024)),
         (["bench", "load"], "levels", None),
@@ -326,3 +337,23 @@ def test_check_config_refuses_a_config_without_models(tmp_path: Path) -> None:
         f"{path}: models: must define at least one model (with none, tailroute routes "
         "nothing: every request goes to default_cluster)",
         f"{path}: 1 problem"]
+
+
+@pytest.mark.parametrize(("admin", "workers", "problem"), [
+    ("127.0.0.1:65530", "6", None),  # the last worker on 65535
+    ("127.0.0.1:65530", "7", "--workers 7: worker i serves admin on port 65530 + i "
+     "(127.0.0.1:65530), the last on 65536, above 65535: use a lower admin port "
+     "(listen.admin, --admin) or fewer workers"),
+    ("127.0.0.1:0", "64", None),  # port 0: each worker picks a free one
+])
+def test_check_config_checks_every_worker_has_an_admin_port(
+    tmp_path: Path, admin: str, workers: str, problem: str | None
+) -> None:
+    data = base_config_dict(listen={"grpc": "127.0.0.1:50051", "admin": admin},
+                            fleet={"url": "redis://127.0.0.1:6379/0"})
+    path = _write(tmp_path / "t.yaml", data)
+    out = _cli("check-config", "--config", str(path), "--workers", workers)
+    if problem is None:
+        assert out.returncode == 0, out.stderr
+    else:
+        assert out.returncode == 2 and out.stderr.splitlines()[0] == problem, out.stderr

@@ -53,10 +53,20 @@ def _split(addr: str, what: str) -> tuple[str, int]:
         raise ConfigError(f"{what}: {exc}") from None
 
 
-def check_workers(config: Config, n: int, grpc: str, unix: str | None) -> None:
-    """ConfigError (naming the file) unless ``n`` workers can share state and a port."""
-    if n < 1:
-        raise ConfigError(f"--workers must be >= 1, got {n}")
+def check_workers(config: Config, n: int, grpc: str, unix: str | None,
+                  admin: str | None = None) -> None:
+    """ConfigError (naming the file) unless ``n`` workers can share state and a port, and
+    (given ``admin``) each can serve its admin endpoints on ``admin``'s port + its index."""
+    from sidecar.cli import MAX_WORKERS  # (late: the command line imports this module)
+
+    if not 1 <= n <= MAX_WORKERS:  # the command line refuses these already
+        raise ConfigError(f"--workers must be from 1 to {MAX_WORKERS}, got {n}")
+    if admin is not None:
+        port = _split(admin, "--admin")[1]
+        if port and port + n - 1 > 65535:
+            raise ConfigError(f"--workers {n}: worker i serves admin on port {port} + i "
+                              f"({admin}), the last on {port + n - 1}, above 65535: use a "
+                              "lower admin port (listen.admin, --admin) or fewer workers")
     if config.fleet is None:
         raise ConfigError(f"{config.source}: fleet: --workers {n} needs a fleet: section "
                           "(workers share statistics and health through Redis/Valkey)")
@@ -76,12 +86,15 @@ def check_workers(config: Config, n: int, grpc: str, unix: str | None) -> None:
 class Supervisor:
     def __init__(self, ns: argparse.Namespace, config: Config, n: int) -> None:
         grpc = ns.grpc if ns.grpc is not None else config.listen.grpc
+        admin = ns.admin if ns.admin is not None else config.listen.admin
         check_workers(config, n, grpc, ns.unix if ns.unix is not None else
-                      config.listen.grpc_unix)
+                      config.listen.grpc_unix, admin)
         host, port = _split(grpc, "--grpc")
         self.grpc = join_hostport(host, port or free_port())
-        self.admin_host, self.admin_port = _split(
-            ns.admin if ns.admin is not None else config.listen.admin, "--admin")
+        self.admin_host, self.admin_port = _split(admin, "--admin")
+        if n > (os.cpu_count() or 1):
+            log.warning("--workers %d on %d CPUs: each worker is a process deciding on one "
+                        "core, so the extra ones only contend", n, os.cpu_count() or 1)
         self.ns, self.n = ns, n
         # Beside the ready file when there is one: whoever starts us owns that
         # directory and removes it, even if a SIGKILL skips our own cleanup.
