@@ -283,3 +283,53 @@ def test_a_take_whose_reply_is_lost_is_delivered_again(server: RedisServer) -> N
         await taker.close()
 
     asyncio.run(main())
+
+
+@pytest.fixture(scope="module")
+def locked_server() -> Iterator[RedisServer]:
+    """A redis-server started with --requirepass (stopped by PID at the module's end)."""
+    from sidecar.devtools.redis_server import redis_binary
+
+    if redis_binary() is None:
+        pytest.skip("redis-server not installed")  # redis_tool names the package
+    with RedisServer(password="s3cret") as srv:
+        yield srv
+
+
+_REFUSED = ("it refused the user name and password in fleet.url (a wrong password, or an "
+            "unknown or disabled user)")
+
+
+@pytest.mark.parametrize(("credentials", "problem"), [
+    (":n0tit@", _REFUSED),
+    ("ghost:s3cret@", _REFUSED),
+    ("", "it requires a password and fleet.url gives none (redis://:PASSWORD@HOST:PORT/DB, "
+     "or redis://USER:PASSWORD@... for an ACL user)"),
+    (":s3cret@", None),
+])
+def test_a_refused_password_is_reported_as_an_authentication_failure(
+    locked_server: RedisServer, caplog: pytest.LogCaptureFixture, credentials: str,
+    problem: str | None,
+) -> None:
+    """Not the server's words about the RESP3 handshake (HELLO), nor "unreachable":
+    the store answered and refused the credentials. The password stays redacted."""
+    url = f"redis://{credentials}127.0.0.1:{locked_server.port}/0"
+    cfg = _config(url)
+    caplog.set_level(logging.INFO, logger="tailroute.fleet")
+
+    async def main() -> bool:
+        link = FleetLink(App.create(cfg), cfg.fleet, rid="r0")  # type: ignore[arg-type]
+        ok = await link.warm_start()
+        await link.close()
+        return ok
+
+    ok = asyncio.run(main())
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    if problem is None:
+        assert ok and all(level == "INFO" for level, _ in said), said
+        return
+    shown = f"redis://{'***@' if credentials else ''}127.0.0.1:{locked_server.port}/0"
+    assert not ok
+    assert said == [("ERROR", f"fleet store: authentication to the Redis at {shown} failed: "
+                     f"{problem}; continuing on local state, retrying with backoff")], said
+    assert not any(w in m for w in ("HELLO", "n0tit", "s3cret", "unreachable") for _, m in said)

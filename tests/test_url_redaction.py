@@ -22,6 +22,9 @@ from tests.conftest import base_config_dict
      ("redis://user@[::1]:6379/2", "redis://***@[::1]:6379/2"),
      ("redis://u:p@ss@h:1/0", "redis://***@h:1/0"),  # an '@' in the password
      ("unix:///run/redis.sock", "unix:///run/redis.sock"),
+     ("unix:///run/redis.sock?password=s3cret&db=1", "unix:///run/redis.sock?password=***&db=1"),
+     ("redis://h:1/0?username=u&password=p", "redis://h:1/0?username=***&password=***"),
+     ("redis://a:b@h:1/0?password=p", "redis://***@h:1/0?password=***"),
      ("not a url", "not a url")],
 )
 def test_redacted(url: str, shown: str) -> None:

@@ -3,7 +3,8 @@
 No persistence, no config file; started in its own process group and stopped
 by PID. ``kill()`` is a SIGKILL (what a crashed store looks like); ``start()``
 again brings up an empty server on the same port (what a restarted store
-without persistence looks like).
+without persistence looks like). ``password``: started with ``--requirepass``
+(:attr:`RedisServer.url` stays without it: tests choose the credentials they send).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def redis_binary() -> str | None:
 
 
 class RedisServer:
-    def __init__(self, port: int | None = None, workdir: Path | None = None) -> None:
+    def __init__(self, port: int | None = None, workdir: Path | None = None,
+                 password: str | None = None) -> None:
         binary = redis_binary()
         if binary is None:
             raise RuntimeError("redis-server not found (Debian: apt-get install redis-server)")
@@ -35,6 +37,7 @@ class RedisServer:
         self._own_dir = workdir is None  # a directory it made is its to remove
         self.workdir = workdir or open_workdir("tailroute-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
+        self.password = password
 
     @property
     def url(self) -> str:
@@ -53,6 +56,8 @@ class RedisServer:
         argv = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
                 "--save", "", "--appendonly", "no", "--daemonize", "no",
                 "--dir", str(self.workdir), "--protected-mode", "yes"]
+        if self.password is not None:
+            argv += ["--requirepass", self.password]
         log = open(self.workdir / "redis.log", "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
@@ -70,7 +75,8 @@ class RedisServer:
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
                 s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
+                # With --requirepass an unauthenticated PING is refused: it is up.
+                return s.recv(16).startswith((b"+PONG", b"-NOAUTH"))
         except OSError:
             return False
 

@@ -6,7 +6,9 @@ router keeps deciding on its local state meanwhile (decisions never wait for
 the store). When the store is down, slow or answers nonsense:
 
 * one WARNING line when it goes away, one INFO line when it is back (with how
-  long it was gone); ``tailroute_fleet_store_up`` is 0 meanwhile and
+  long it was gone); a server that refuses the URL's credentials (or wants some
+  and gets none) is one ERROR line saying that authentication to it failed,
+  with the password redacted; ``tailroute_fleet_store_up`` is 0 meanwhile and
   ``tailroute_fleet_syncs_total{result="error"}`` counts the failed cycles;
 * every route is decided locally (:meth:`FleetSync.disconnected`);
 * reconnect attempts back off exponentially (0.5 s doubling to 30 s, +-20 %
@@ -25,8 +27,9 @@ import random
 import socket
 import time
 from typing import Protocol
+from urllib.parse import parse_qs, urlsplit
 
-from redis.exceptions import RedisError
+from redis.exceptions import AuthenticationError, RedisError
 
 from sidecar.core.config import FleetConfig
 from sidecar.core.hostport import redacted
@@ -130,8 +133,16 @@ class FleetLink:
         self._failures += 1
         if self.up is not False:
             self._down_since = time.monotonic()
-            log.warning("fleet store %s unreachable (%s); continuing on local state, "
-                        "retrying with backoff", redacted(self.cfg.url), _describe(exc))
+            if isinstance(exc, AuthenticationError):
+                # redis-py reports the server's own words, which name the RESP3 handshake
+                # (HELLO) rather than the password: say what went wrong instead.
+                log.error("fleet store: authentication to the Redis at %s failed: %s; "
+                          "continuing on local state, retrying with backoff",
+                          redacted(self.cfg.url), auth_problem(self.cfg.url))
+                log.debug("fleet store authentication: the server said %s", _describe(exc))
+            else:
+                log.warning("fleet store %s unreachable (%s); continuing on local state, "
+                            "retrying with backoff", redacted(self.cfg.url), _describe(exc))
         self.up = False
 
     def _came_up(self) -> None:
@@ -171,6 +182,19 @@ class FleetLink:
             await self._attempt()
         with contextlib.suppress(RedisError, OSError):
             await self.store.close()
+
+
+def auth_problem(url: str) -> str:
+    """Why a server refused ``url``'s authentication, in words that name the setting
+    (never the password itself)."""
+    parts = urlsplit(url)
+    query = parse_qs(parts.query)
+    given = "@" in parts.netloc or "password" in query or "username" in query
+    if given:
+        return ("it refused the user name and password in fleet.url (a wrong password, or "
+                "an unknown or disabled user)")
+    return ("it requires a password and fleet.url gives none (redis://:PASSWORD@HOST:PORT/DB, "
+            "or redis://USER:PASSWORD@... for an ACL user)")
 
 
 def _describe(exc: BaseException) -> str:
