@@ -107,6 +107,10 @@ class ResponseTimer:
             self.on_end(now)
 
     def _on_event(self, event: SseEvent, now: float) -> None:
+        if event.event == "error":
+            # By its type alone: its data may be plain text, empty or any JSON.
+            self.stream_error = True
+            return
         if event.data == _DONE:
             return
         try:
@@ -115,7 +119,7 @@ class ResponseTimer:
             return  # not JSON: says nothing about tokens
         if not isinstance(obj, dict):
             return
-        if event.event == "error" or obj.get("error") or obj.get("type") in _ERROR_TYPES:
+        if obj.get("error") or obj.get("type") in _ERROR_TYPES:
             self.stream_error = True
             return
         n = _usage_tokens(obj)
