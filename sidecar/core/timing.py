@@ -49,7 +49,9 @@ _DELTA_TOKEN_KEYS = ("content", "tool_calls", "function_call", "refusal", "reaso
 _TOKEN_TYPES = frozenset({
     "response.output_text.delta", "response.refusal.delta",
     "response.function_call_arguments.delta", "response.reasoning_text.delta",
-    "response.reasoning_summary_text.delta",
+    "response.reasoning_summary_text.delta", "response.audio.delta",
+    "response.audio.transcript.delta", "response.code_interpreter_call_code.delta",
+    "response.custom_tool_call_input.delta", "response.mcp_call_arguments.delta",
 })
 _ERROR_TYPES = frozenset({"error", "response.failed"})
 
@@ -210,7 +212,8 @@ def _usage_tokens(obj: dict[str, Any]) -> int | None:
 
 def _has_token(obj: dict[str, Any]) -> bool:
     """True if a chunk carries generated output: a chat delta with content, refusal,
-    reasoning or tool/function calls, completion text, or a Responses-API output delta."""
+    reasoning, tool/function calls or audio (data or transcript), completion text, or
+    a Responses-API output delta (text, refusal, reasoning, audio, tool arguments)."""
     kind = obj.get("type")
     if isinstance(kind, str) and kind.startswith("response."):
         return kind in _TOKEN_TYPES and bool(obj.get("delta"))
@@ -221,8 +224,12 @@ def _has_token(obj: dict[str, Any]) -> bool:
         if not isinstance(choice, dict):
             continue
         delta = choice.get("delta")
-        if isinstance(delta, dict) and any(delta.get(k) for k in _DELTA_TOKEN_KEYS):
-            return True
+        if isinstance(delta, dict):
+            if any(delta.get(k) for k in _DELTA_TOKEN_KEYS):
+                return True
+            audio = delta.get("audio")  # an id or expires_at alone is not output
+            if isinstance(audio, dict) and (audio.get("data") or audio.get("transcript")):
+                return True
         if choice.get("text"):
             return True
     return False
