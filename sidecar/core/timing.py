@@ -23,7 +23,9 @@ provider failed or is overloaded); other 4xx -> None (the caller's fault, not
 evidence about the route); stream closed before the end -> cancel; a 2xx
 stream that carries an error event (``event: error``, a top-level ``error``
 object, Responses ``response.failed``) -> error. Error responses are never
-latency samples. Non-streaming responses give e2e only.
+latency samples. Non-streaming responses give e2e only. A body with a
+content-encoding (gzip, br, ...) is not read at all (:attr:`ResponseTimer.unreadable`):
+outcome and e2e only, no token, no usage.
 
 Timeouts and cancels are *censored*: e2e (and TTFT when no token came) is the
 time waited, a lower bound. The router keeps a cancel as evidence only when
@@ -89,12 +91,20 @@ class ResponseTimer:
     usage_tokens: int | None = None
     ended_at: float | None = None
     stream_error: bool = False  # an error event inside a 2xx stream
+    # Why the body cannot be read, if it cannot: "encoded" (a content-encoding such
+    # as gzip; the sidecar does not decompress). Nothing is then read from it: no
+    # token, no usage, never a guess.
+    unreadable: str | None = None
     _sse: SseParser | None = None
     _body: bytearray | None = None
 
-    def on_headers(self, status: int, content_type: str, now: float) -> None:
+    def on_headers(self, status: int, content_type: str, now: float,
+                   content_encoding: str = "") -> None:
         self.status = status
-        if "text/event-stream" in content_type.lower():
+        encoding = content_encoding.strip().lower()
+        if encoding and encoding != "identity":
+            self.unreadable = "encoded"  # compressed bytes are not events
+        elif "text/event-stream" in content_type.lower():
             self._sse = SseParser()
         else:
             self._body = bytearray()
