@@ -11,7 +11,8 @@ Definitions (seconds):
 * TTFT     — arrival of the first SSE event carrying generated output, minus
   ``t0``. Events are framed by :mod:`sidecar.core.sse` (the WHATWG standard);
   a role-only or empty delta, a usage-only chunk (``choices: []``), ``[DONE]``
-  and non-JSON data are not tokens.
+  and non-JSON data are not tokens (the full table: docs/response-timing.md,
+  "Reading the event stream").
 * TPOT     — (last token time - first token time) / (tokens - 1), tokens from
   the last ``usage`` seen (``completion_tokens``, or ``output_tokens`` of the
   Responses API) when present, else the number of token-bearing events.
