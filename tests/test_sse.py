@@ -273,6 +273,11 @@ def test_responses_api_events_with_event_field() -> None:
 
 @pytest.mark.parametrize("event", [
     b'event: error\ndata: {"message":"overloaded"}\n\n',
+    # The type alone says it: plain-text, empty and non-object data were read as "ok".
+    b"event: error\ndata: upstream overloaded\n\n",
+    b"event: error\ndata:\n\n",
+    b'event: error\ndata: ["overloaded"]\n\n',
+    b"event:error\r\ndata: 503\r\n\r\n",
     b'data: {"error":{"message":"overloaded","type":"server_error"}}\n\n',
     b'data: {"type":"response.failed","response":{}}\n\n',
 ])

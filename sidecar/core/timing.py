@@ -11,7 +11,8 @@ Definitions (seconds):
 * TTFT     — arrival of the first SSE event carrying generated output, minus
   ``t0``. Events are framed by :mod:`sidecar.core.sse` (the WHATWG standard);
   a role-only or empty delta, a usage-only chunk (``choices: []``), ``[DONE]``
-  and non-JSON data are not tokens.
+  and non-JSON data are not tokens (the full table: docs/response-timing.md,
+  "Reading the event stream").
 * TPOT     — (last token time - first token time) / (tokens - 1), tokens from
   the last ``usage`` seen (``completion_tokens``, or ``output_tokens`` of the
   Responses API) when present, else the number of token-bearing events.
@@ -23,7 +24,9 @@ provider failed or is overloaded); other 4xx -> None (the caller's fault, not
 evidence about the route); stream closed before the end -> cancel; a 2xx
 stream that carries an error event (``event: error``, a top-level ``error``
 object, Responses ``response.failed``) -> error. Error responses are never
-latency samples. Non-streaming responses give e2e only.
+latency samples. Non-streaming responses give e2e only. A body with a
+content-encoding (gzip, br, ...) is not read at all (:attr:`ResponseTimer.unreadable`):
+outcome and e2e only, no token, no usage.
 
 Timeouts and cancels are *censored*: e2e (and TTFT when no token came) is the
 time waited, a lower bound. The router keeps a cancel as evidence only when
@@ -49,7 +52,9 @@ _DELTA_TOKEN_KEYS = ("content", "tool_calls", "function_call", "refusal", "reaso
 _TOKEN_TYPES = frozenset({
     "response.output_text.delta", "response.refusal.delta",
     "response.function_call_arguments.delta", "response.reasoning_text.delta",
-    "response.reasoning_summary_text.delta",
+    "response.reasoning_summary_text.delta", "response.audio.delta",
+    "response.audio.transcript.delta", "response.code_interpreter_call_code.delta",
+    "response.custom_tool_call_input.delta", "response.mcp_call_arguments.delta",
 })
 _ERROR_TYPES = frozenset({"error", "response.failed"})
 
@@ -87,12 +92,20 @@ class ResponseTimer:
     usage_tokens: int | None = None
     ended_at: float | None = None
     stream_error: bool = False  # an error event inside a 2xx stream
+    # Why the body cannot be read, if it cannot: "encoded" (a content-encoding such
+    # as gzip; the sidecar does not decompress). Nothing is then read from it: no
+    # token, no usage, never a guess.
+    unreadable: str | None = None
     _sse: SseParser | None = None
     _body: bytearray | None = None
 
-    def on_headers(self, status: int, content_type: str, now: float) -> None:
+    def on_headers(self, status: int, content_type: str, now: float,
+                   content_encoding: str = "") -> None:
         self.status = status
-        if "text/event-stream" in content_type.lower():
+        encoding = content_encoding.strip().lower()
+        if encoding and encoding != "identity":
+            self.unreadable = "encoded"  # compressed bytes are not events
+        elif "text/event-stream" in content_type.lower():
             self._sse = SseParser()
         else:
             self._body = bytearray()
@@ -107,6 +120,10 @@ class ResponseTimer:
             self.on_end(now)
 
     def _on_event(self, event: SseEvent, now: float) -> None:
+        if event.event == "error":
+            # By its type alone: its data may be plain text, empty or any JSON.
+            self.stream_error = True
+            return
         if event.data == _DONE:
             return
         try:
@@ -115,7 +132,7 @@ class ResponseTimer:
             return  # not JSON: says nothing about tokens
         if not isinstance(obj, dict):
             return
-        if event.event == "error" or obj.get("error") or obj.get("type") in _ERROR_TYPES:
+        if obj.get("error") or obj.get("type") in _ERROR_TYPES:
             self.stream_error = True
             return
         n = _usage_tokens(obj)
@@ -206,7 +223,8 @@ def _usage_tokens(obj: dict[str, Any]) -> int | None:
 
 def _has_token(obj: dict[str, Any]) -> bool:
     """True if a chunk carries generated output: a chat delta with content, refusal,
-    reasoning or tool/function calls, completion text, or a Responses-API output delta."""
+    reasoning, tool/function calls or audio (data or transcript), completion text, or
+    a Responses-API output delta (text, refusal, reasoning, audio, tool arguments)."""
     kind = obj.get("type")
     if isinstance(kind, str) and kind.startswith("response."):
         return kind in _TOKEN_TYPES and bool(obj.get("delta"))
@@ -217,8 +235,12 @@ def _has_token(obj: dict[str, Any]) -> bool:
         if not isinstance(choice, dict):
             continue
         delta = choice.get("delta")
-        if isinstance(delta, dict) and any(delta.get(k) for k in _DELTA_TOKEN_KEYS):
-            return True
+        if isinstance(delta, dict):
+            if any(delta.get(k) for k in _DELTA_TOKEN_KEYS):
+                return True
+            audio = delta.get("audio")  # an id or expires_at alone is not output
+            if isinstance(audio, dict) and (audio.get("data") or audio.get("transcript")):
+                return True
         if choice.get("text"):
             return True
     return False

@@ -56,6 +56,7 @@ METRIC_NAMES = (
     "tailroute_access_log_entries_total",
     "tailroute_access_log_streams",
     "tailroute_access_log_wait_seconds",
+    "tailroute_first_token_samples_total",
     *_QUANTILE_METRICS.values(),
     *(exported_name(f) for f in FAMILIES),
     *FLEET_METRIC_NAMES,  # only with a fleet: section (sidecar.fleet.metrics)
@@ -160,6 +161,12 @@ class RouterCollector(Collector):
             "How long the oldest finished request has waited for its access-log entry "
             "(about the flush interval when entries flow; climbs while they do not)",
             shell.get("envoy:oldest_wait_ms", 0) / 1000.0)
+        yield counter(
+            "tailroute_first_token_samples",
+            "Sampled responses read for their first token, by result: timed, no_token (a "
+            "readable stream without one), encoded (a content-encoding such as gzip: not "
+            "read), not_sse (not text/event-stream)",
+            _prefixed(shell, "first_token:"), labels=["result"])
 
 
 def _prefixed(counters: dict[str, int], prefix: str) -> list[tuple[list[str], int]]:

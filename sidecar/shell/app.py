@@ -86,6 +86,8 @@ class App:
     pending: dict[str, Pending] = field(default_factory=dict)
     errors: Counter[str] = field(default_factory=Counter)
     envoy: Counter[str] = field(default_factory=Counter)  # access-log view of Envoy
+    # Sampled first-token timings by result: timed, no_token, encoded, not_sse.
+    first_token_samples: Counter[str] = field(default_factory=Counter)
     waiting: LogWait = field(default_factory=LogWait)  # finished, entry not yet in
     # Called with every observation the router receives (the GenAI histograms,
     # sidecar.ops.genai_metrics); whatever produces observations calls observe().
@@ -141,6 +143,7 @@ class App:
         if self.envoy["fail_open"]:
             out["failopen:envoy"] = self.envoy["fail_open"]
         out.update({f"envoy:{k}": v for k, v in self.envoy.items()})
+        out.update({f"first_token:{k}": v for k, v in self.first_token_samples.items()})
         if self.forwards.dropped:
             out["error:forward_dropped"] = self.forwards.dropped
         out["outcome:lost"] = self.envoy["lost"]
@@ -186,6 +189,7 @@ class App:
             "pending": len(self.pending),
             "awaiting_entry": len(self.waiting),
             "first_token_offsets": self.offsets.summary(),
+            "first_token_samples": dict(self.first_token_samples),
         }
 
     def new_rid(self) -> str:

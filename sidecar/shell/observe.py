@@ -5,7 +5,12 @@ answer) on a sampled share of streamed responses (``timing.token_sample_share``,
 more on routes whose first event is role-only, see :mod:`sidecar.core.ttft_offset`).
 :class:`ObserveStream` times the first content token against the first body byte
 and hands the offset to the app; outcome, TTFT and TPOT themselves come from the
-access-log entry. No I/O here: tests drive it with in-memory messages.
+access-log entry. A response whose body cannot hold a readable token (a
+content-encoding such as gzip, or not ``text/event-stream``) is given up at its
+headers; every sample is counted by result (``App.first_token_samples``:
+``timed``, ``no_token``, ``encoded``, ``not_sse``), so an unreadable route is
+visible rather than silently untimed. No I/O here: tests drive it with in-memory
+messages.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ class ObserveStream:
         self.timer: ResponseTimer | None = None
         self.first_body_at: float | None = None
         self.finished = False
+        self.result = "no_token"  # what to count if no token is timed
 
     def _start(self, msg: pb.ProcessingRequest, now: float) -> bool:
         meta = msg.metadata_context.filter_metadata.get(ec.METADATA_NS)
@@ -62,7 +68,15 @@ class ObserveStream:
         kind = msg.WhichOneof("request")
         if kind == "response_headers":
             h = header_map(msg.response_headers.headers)
-            timer.on_headers(response_status(self.app, h), h.get("content-type", ""), now)
+            ctype = h.get("content-type", "")
+            timer.on_headers(response_status(self.app, h), ctype, now,
+                             h.get("content-encoding", ""))
+            if timer.unreadable is not None:
+                self.result = timer.unreadable  # gzip & co: no token can be read
+                return self._done(now)
+            if "text/event-stream" not in ctype.lower():
+                self.result = "not_sse"  # a JSON answer to a streamed request: no tokens
+                return self._done(now)
             if msg.response_headers.end_of_stream:
                 return self._done(now)
         elif kind == "response_body":
@@ -80,6 +94,7 @@ class ObserveStream:
             self.finished = True
             token_at, body_at = self.timer.first_token_at, self.first_body_at
             offset = token_at - body_at if token_at is not None and body_at is not None else None
+            self.app.first_token_samples["timed" if offset is not None else self.result] += 1
             self.app.first_token_timed(self.rid, self.cluster, self.slice, offset, now)
         self.finished = True
         return True
