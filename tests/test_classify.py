@@ -84,6 +84,12 @@ def test_classify_headers(config: Config) -> None:
         {"x-tailroute-class": "inter\nactive"},
         {"x-tailroute-priority": "99999999999999999999"},
         {"x-tailroute-tenant": "<script>"},
+        {"x-tailroute-priority": "\u00b2"},  # superscript two: int() raised ValueError
+        {"x-tailroute-priority": "\uff11\uff10\uff10\uff10"},  # full-width 1000
+        {"x-tailroute-priority": "-5"},
+        {"x-tailroute-fanout": "\u00b9"},
+        {"x-envoy-attempt-count": "\u00b3"},
+        {"x-stainless-retry-count": "\u2462"},
     ],
 )
 def test_hostile_headers_fall_back_to_defaults(config: Config, headers: dict[str, str]) -> None:
@@ -91,12 +97,16 @@ def test_hostile_headers_fall_back_to_defaults(config: Config, headers: dict[str
     assert info.klass == config.default_class
     assert info.tenant is None
     assert 0 <= info.priority <= 1000
+    assert info.retry_attempt == 0 and info.fanout == 1
 
 
 @pytest.mark.parametrize(
     ("raw", "remaining"),
     [("750", 750), ("0", 0), ("-1", 0), ("-250", 0), ("+40", 40), (" 12 ", 12),
-     ("1e3", None), ("-", None), ("--5", None), ("12ms", None), ("9" * 13, None)],
+     ("1e3", None), ("-", None), ("--5", None), ("12ms", None), ("9" * 13, None),
+     # Non-ASCII digits: str.isdigit() says yes, int() refuses some and reads others.
+     ("\u00b2", None), ("1\u00b2", None), ("\u2460", None), ("\u0663", None),
+     ("\uff15", None), ("NaN", None), ("inf", None), ("0x10", None), ("10, 20", None)],
 )
 def test_deadline_header(config: Config, raw: str, remaining: int | None) -> None:
     """A negative remaining budget (``deadline - elapsed`` gone past) is exhausted,

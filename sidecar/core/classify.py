@@ -146,7 +146,10 @@ def _int_header(headers: Mapping[str, str], name: str, lo: int, hi: int) -> int 
         return None
     raw = raw.strip()
     digits = raw[1:] if raw[:1] in ("-", "+") else raw
-    if not digits.isdigit() or len(digits) > 12:
+    # ASCII digits only: str.isdigit() also accepts superscripts and other scripts'
+    # digits, some of which int() refuses (a ValueError here failed the whole request
+    # open, past admission) and some of which it reads ("\u0663" as 3).
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 12:
         return None  # hostile or garbled: ignore rather than fail the request
     # Signed values clamp like any other out-of-range one: a workflow that computes
     # "deadline - elapsed" sends a negative remaining budget, which is exhausted (0).

@@ -1,0 +1,90 @@
+"""Request-side shapes an OpenAI-compatible gateway meets, through the stream handler
+(in memory): hostile header values, body fields, endpoints and their token profiles."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.core.config import Config
+from sidecar.pb.envoy.config.core.v3 import base_pb2
+from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from sidecar.shell.app import App
+from sidecar.shell.extproc import RouteStream
+from tests.streamharness import body_msg, body_only_msg, chat_request, routed_cluster
+
+
+@pytest.fixture
+def app(config: Config) -> App:
+    return App.create(config, seed=1)
+
+
+def _raw_headers(headers: dict[str, bytes]) -> pb.ProcessingRequest:
+    """Request headers as Envoy sends them: raw bytes, whatever the client wrote."""
+    hm = base_pb2.HeaderMap(
+        headers=[base_pb2.HeaderValue(key=k, raw_value=v) for k, v in headers.items()]
+    )
+    return pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=hm))
+
+
+# Integer headers with digits str.isdigit() accepts but int() refuses or misreads: one
+# of them raised ValueError in the handler, which answered CONTINUE to the default
+# route (past admission) and logged a traceback per request.
+HOSTILE_INTS = [
+    "\u00b2",
+    "1\u00b2",
+    "\u2460",
+    "\u0663",
+    "\uff11\uff10\uff10\uff10",
+    "NaN",
+    "-inf",
+    "1e3",
+    "0x10",
+    "10, 1000",
+    "-99999999999999",
+]
+
+
+@pytest.mark.parametrize("value", HOSTILE_INTS)
+@pytest.mark.parametrize(
+    "header",
+    [
+        "x-tailroute-priority",
+        "x-tailroute-fanout",
+        "x-envoy-attempt-count",
+        "x-stainless-retry-count",
+    ],
+)
+def test_hostile_integer_header_is_ignored_on_the_one_message_path(
+    app: App, header: str, value: str
+) -> None:
+    s = RouteStream(app)
+    r = s.on_message(body_only_msg(chat_request(), {header: value}), 0.0)
+    assert r is not None and routed_cluster(r) in {"a", "b", "c"}  # type: ignore[arg-type]
+    assert s.info is not None and s.decision is not None
+    assert s.decision.reason != "unknown_model"  # classified and decided, not failed open
+    klass = app.config.workload_class(app.config.default_class)
+    assert klass is not None
+    if value != "-99999999999999":
+        assert s.info.priority == klass.priority
+    assert s.info.fanout == 1 and s.info.retry_attempt == 0
+
+
+@pytest.mark.parametrize("raw", [b"\xb2", b"1\xb2", b"\xb9\xb9", b"\xc2\xb2"])
+def test_latin1_superscripts_on_the_rich_path_are_ignored(app: App, raw: bytes) -> None:
+    """Envoy hands header bytes over raw; the handler reads them as Latin-1, where 0xB2
+    is a superscript two (a digit to str.isdigit())."""
+    s = RouteStream(app)
+    s.on_message(
+        _raw_headers(
+            {
+                ":method": b"POST",
+                ":path": b"/v1/chat/completions",
+                "x-tailroute-deadline-ms": raw,
+                "x-tailroute-priority": raw,
+            }
+        ),
+        0.0,
+    )
+    r = s.on_message(body_msg(chat_request()), 0.0)
+    assert r is not None and routed_cluster(r) in {"a", "b", "c"}  # type: ignore[arg-type]
+    assert s.info is not None and s.info.deadline_ms is None
