@@ -50,6 +50,20 @@ def test_parse_chat_body() -> None:
 
 
 @pytest.mark.parametrize(
+    ("fields", "stream", "max_tokens"),
+    [({"stream": None}, False, None), ({"stream": False}, False, None),
+     ({"stream": True, "stream_options": None}, True, None),
+     ({"stream": None, "max_tokens": None, "max_completion_tokens": 7}, False, 7)],
+)
+def test_null_means_absent(fields: dict[str, object], stream: bool, max_tokens: int | None
+                           ) -> None:
+    """The OpenAI API types ``stream`` and the token limits "or null": null is the default,
+    not a 400 (openai clients and proxies that serialise unset fields send it)."""
+    p = parse_body("chat", _chat(**fields))
+    assert (p.stream, p.max_tokens) == (stream, max_tokens)
+
+
+@pytest.mark.parametrize(
     "body",
     [b"{not json", b"[1,2]", b'{"model": 5}', b'{"stream": "yes"}', b'{"max_tokens": -1}',
      b'{"max_tokens": true}', b"\xff\xfe",

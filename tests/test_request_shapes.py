@@ -88,3 +88,19 @@ def test_latin1_superscripts_on_the_rich_path_are_ignored(app: App, raw: bytes) 
     r = s.on_message(body_msg(chat_request()), 0.0)
     assert r is not None and routed_cluster(r) in {"a", "b", "c"}  # type: ignore[arg-type]
     assert s.info is not None and s.info.deadline_ms is None
+
+
+@pytest.mark.parametrize(
+    ("stream", "answer"),
+    [(None, "unary"), (True, "stream"), (False, "unary"), ("true", 400), (1, 400), (0, 400)],
+)
+def test_stream_field_types(app: App, stream: object, answer: str | int) -> None:
+    """``stream`` is "boolean or null" in the OpenAI API: null is false; a string or a
+    number is a 400 (OpenAI refuses it too)."""
+    s = RouteStream(app)
+    r = s.on_message(body_only_msg(chat_request(stream=stream)), 0.0)  # type: ignore[arg-type]
+    assert r is not None
+    if isinstance(answer, int):
+        assert r.immediate_response.status.code == answer  # type: ignore[union-attr]
+    else:
+        assert s.info is not None and s.info.slice.label().endswith(answer)

@@ -119,8 +119,10 @@ def parse_body(api: Api, body: bytes) -> ParsedBody:
     model = data.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("'model' must be a string")
-    stream = data.get("stream", False)
-    if not isinstance(stream, bool):
+    stream = data.get("stream")
+    if stream is None:
+        stream = False  # absent or null: the OpenAI API's "boolean or null", default false
+    elif not isinstance(stream, bool):
         raise BadRequest("'stream' must be true or false")
     max_tokens: int | None = None
     for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
