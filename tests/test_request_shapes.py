@@ -104,3 +104,33 @@ def test_stream_field_types(app: App, stream: object, answer: str | int) -> None
         assert r.immediate_response.status.code == answer  # type: ignore[union-attr]
     else:
         assert s.info is not None and s.info.slice.label().endswith(answer)
+
+
+class _Recording(dict[str, str]):
+    """A header mapping that remembers every name looked up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: set[str] = set()
+
+    def get(self, key: str, default: object = None) -> object:  # type: ignore[override]
+        self.asked.add(key)
+        return super().get(key, default)
+
+
+def test_every_header_classify_reads_reaches_it_on_some_path(config: Config) -> None:
+    """The one-message path sends only the headers it lists as request attributes; the
+    rich path is chosen by its own headers. A header classify reads that is in neither
+    list is silently absent on the common path (x-tailroute-fanout was)."""
+    from sidecar.core.classify import classify, parse_body
+    from sidecar.shell.envoy_contract import CLASSIFY_HEADERS, RICH_HEADERS
+
+    headers = _Recording()
+    classify(config, headers, parse_body("chat", chat_request()), "chat")
+    assert headers.asked and headers.asked <= set(CLASSIFY_HEADERS) | set(RICH_HEADERS)
+
+
+def test_fanout_is_read_on_the_one_message_path(app: App) -> None:
+    s = RouteStream(app)
+    s.on_message(body_only_msg(chat_request(), {"x-tailroute-fanout": "8"}), 0.0)
+    assert s.info is not None and s.info.fanout == 8

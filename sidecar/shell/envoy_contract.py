@@ -50,9 +50,11 @@ RICH_HEADERS = ("x-tailroute-deadline-ms", "x-tailroute-explain")
 # request attributes (CEL expressions, keyed by the expression text, in the
 # ``ProcessingRequest.attributes`` entry :data:`ATTRIBUTES_NS`).
 ATTRIBUTES_NS = "envoy.filters.http.ext_proc"
+# Every header sidecar.core.classify reads but the rich-path ones: a header missing
+# here is silently absent on the one-message path (x-tailroute-fanout was).
 CLASSIFY_HEADERS = (
     "x-tailroute-class", "x-tailroute-priority", "x-tailroute-tenant", "x-tailroute-step",
-    "x-request-id", "x-envoy-attempt-count", "x-stainless-retry-count",
+    "x-tailroute-fanout", "x-request-id", "x-envoy-attempt-count", "x-stainless-retry-count",
 )
 ATTRIBUTE_HEADERS: dict[str, str] = {
     "request.path": ":path",

@@ -24,7 +24,7 @@ Which path has which feature (also in README.md, "Running it beside your Envoy")
 feature                            one message     rich (deadline / explain)
 =================================  ==============  ==========================
 routing, class/priority/tenant/    yes             yes
-step headers, model rewrite
+step/fanout headers, model rewrite
 class upstream timeout             yes (route)     yes (route)
 deadline -> upstream timeout       --              yes (header)
 admission answers (429/503/412),   yes             yes
