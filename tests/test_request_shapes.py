@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from sidecar.core.config import Config
@@ -134,3 +136,118 @@ def test_fanout_is_read_on_the_one_message_path(app: App) -> None:
     s = RouteStream(app)
     s.on_message(body_only_msg(chat_request(), {"x-tailroute-fanout": "8"}), 0.0)
     assert s.info is not None and s.info.fanout == 8
+
+
+def _image(detail: str | None = None) -> dict[str, object]:
+    url: dict[str, object] = {"url": "data:image/png;base64," + "A" * 200_000}
+    if detail is not None:
+        url["detail"] = detail
+    return {"type": "image_url", "image_url": url}
+
+
+_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": f"tool_{i}",
+            "description": "d" * 4000,
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        },
+    }
+    for i in range(4)
+]
+_TOOL_TURN = [
+    {"role": "user", "content": "look it up"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "a" * 40_000}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "r" * 40_000},
+]
+
+
+def _user(content: object) -> dict[str, object]:
+    return {"model": "m", "messages": [{"role": "user", "content": content}]}
+
+
+# (path, body, input tokens at least, at most, token profile)
+SHAPES: list[tuple[str, dict[str, object], int, int, str]] = [
+    ("/v1/chat/completions", _user("x" * 400), 100, 100, "short"),
+    # An image's base64 data is not text; its token cost is (765, 85 at detail "low").
+    (
+        "/v1/chat/completions",
+        _user([{"type": "text", "text": "what is it"}, _image()]),
+        765,
+        800,
+        "short",
+    ),
+    ("/v1/chat/completions", _user([_image("low")] * 4), 340, 340, "short"),
+    ("/v1/chat/completions", _user([_image("high")] * 20), 15_300, 15_300, "medium"),
+    ("/v1/chat/completions", _user([_image("auto")] * 30), 22_950, 22_950, "long"),
+    # Tool definitions are prompt too; so are earlier calls' arguments and results.
+    ("/v1/chat/completions", {**_user("hi"), "tools": _TOOLS}, 4_000, 4_200, "medium"),
+    ("/v1/chat/completions", {"model": "m", "messages": _TOOL_TURN}, 20_000, 20_010, "long"),
+    ("/v1/chat/completions", {"model": "m", "messages": []}, 0, 0, "short"),
+    ("/v1/completions", {"model": "m", "prompt": "x" * 8000}, 2000, 2000, "short"),
+    # Pre-tokenised prompts: one token per id.
+    ("/v1/completions", {"model": "m", "prompt": list(range(3000))}, 3000, 3000, "medium"),
+    ("/v1/completions", {"model": "m", "prompt": [list(range(9000))] * 2}, 18_000, 18_000, "long"),
+    (
+        "/v1/responses",
+        {"model": "m", "input": "x" * 400, "instructions": "y" * 400},
+        200,
+        200,
+        "short",
+    ),
+    (
+        "/v1/responses",
+        {
+            "model": "m",
+            "input": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_text", "text": "x" * 4000},
+                        {
+                            "type": "input_image",
+                            "image_url": "data:image/png;base64,AAAA",
+                            "detail": "low",
+                        },
+                    ],
+                }
+            ],
+        },
+        1085,
+        1085,
+        "short",
+    ),
+    (
+        "/v1/responses",
+        {
+            "model": "m",
+            "input": [
+                {"type": "function_call", "call_id": "c", "name": "f", "arguments": "a" * 40_000},
+                {"type": "function_call_output", "call_id": "c", "output": "o" * 40_000},
+            ],
+            "tools": [{"type": "function", "name": "f", "description": "d" * 400}],
+        },
+        20_100,
+        20_200,
+        "long",
+    ),
+    ("/v1/responses", {"model": "m", "input": "hi", "max_output_tokens": 4000}, 1, 1, "long"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "lo", "hi", "profile"), SHAPES)
+def test_input_token_estimate_per_endpoint_shape(
+    app: App, path: str, body: dict[str, object], lo: int, hi: int, profile: str
+) -> None:
+    s = RouteStream(app)
+    s.on_message(body_only_msg(json.dumps(body).encode(), {":path": path}), 0.0)
+    assert s.info is not None and s.info.model_known
+    assert lo <= s.info.input_tokens <= hi
+    assert s.info.slice.profile == profile
