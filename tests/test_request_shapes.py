@@ -12,7 +12,7 @@ from sidecar.pb.envoy.config.core.v3 import base_pb2
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from sidecar.shell.app import App
 from sidecar.shell.extproc import RouteStream
-from tests.streamharness import body_msg, body_only_msg, chat_request, routed_cluster
+from tests.streamharness import body_msg, body_only_msg, chat_request, headers_msg, routed_cluster
 
 
 @pytest.fixture
@@ -251,3 +251,42 @@ def test_input_token_estimate_per_endpoint_shape(
     assert s.info is not None and s.info.model_known
     assert lo <= s.info.input_tokens <= hi
     assert s.info.slice.profile == profile
+
+
+# (method, path, body or None, decision reason): what counts as an LLM request.
+PATHS = [
+    ("POST", "/v1/chat/completions", chat_request(), "no_data"),
+    ("POST", "/v1/chat/completions/", chat_request(), "no_data"),
+    ("POST", "/v1/chat/completions?api-version=2024-10-21", chat_request(), "no_data"),
+    ("POST", "/v1/completions", b'{"model": "m", "prompt": "x"}', "no_data"),
+    ("POST", "/v1/responses", b'{"model": "m", "input": "x"}', "no_data"),
+    ("POST", "/v1/chat/completions", chat_request(model="gpt-unknown"), "unknown_model"),
+    ("POST", "/v1/chat/completions", b'{"messages": []}', "unknown_model"),
+    ("POST", "/v1/embeddings", b'{"model": "m", "input": "x"}', "not_llm"),
+    ("POST", "/V1/Chat/Completions", chat_request(), "not_llm"),
+    ("POST", "/openai/v1/chat/completions", chat_request(), "not_llm"),
+    ("POST", "//v1/chat/completions", chat_request(), "not_llm"),
+    ("GET", "/v1/models", None, "not_llm"),
+    ("GET", "/v1/chat/completions", None, "not_llm"),  # lists stored completions
+    ("GET", "/v1/responses/resp_1", None, "not_llm"),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "reason"), PATHS)
+def test_what_counts_as_an_llm_request(
+    app: App, method: str, path: str, body: bytes | None, reason: str
+) -> None:
+    """Only a missing or unknown model on an LLM API path is a fail-open (it raises
+    TailrouteFailOpen); other traffic takes the default route by design."""
+    s = RouteStream(app)
+    hdrs = {":method": method, ":path": path}
+    if body is None:
+        r = s.on_message(headers_msg(hdrs, eos=True), 0.0)
+    else:
+        s.on_message(headers_msg({**hdrs, "content-type": "application/json"}), 0.0)
+        r = s.on_message(body_msg(body), 0.0)
+    assert r is not None and s.decision is not None and s.decision.reason == reason
+    failopen = {k for k in app.shell_counters() if k.startswith("failopen:")}
+    assert failopen == ({"failopen:unknown_model"} if reason == "unknown_model" else set())
+    if reason in ("not_llm", "unknown_model"):
+        assert routed_cluster(r) == app.config.default_cluster  # type: ignore[arg-type]
