@@ -41,6 +41,14 @@ ROUTE_HEADER = "x-tailroute-cluster"
 REQUEST_ID_HEADER = "x-tailroute-rid"
 STRIPPED_HEADERS = (ROUTE_HEADER, REQUEST_ID_HEADER)
 
+# The hints a client sends tailroute: read by the routing filters, then removed
+# (bootstrap_filters.strip_hints_filter) so the upstream never sees them (in extproc
+# mode; native and hybrid routes match x-tailroute-class at the router and keep them).
+HINT_HEADERS = (
+    "x-tailroute-class", "x-tailroute-priority", "x-tailroute-tenant", "x-tailroute-step",
+    "x-tailroute-fanout", "x-tailroute-deadline-ms", "x-tailroute-explain",
+)
+
 # A request carrying any of these takes the rich path (it needs the request
 # headers answered or the response headers seen): the deadline becomes the
 # upstream timeout header, explain comes back as a response header.
