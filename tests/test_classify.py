@@ -63,6 +63,13 @@ def test_null_means_absent(fields: dict[str, object], stream: bool, max_tokens: 
     assert (p.stream, p.max_tokens) == (stream, max_tokens)
 
 
+def test_gzip_body_gets_a_message_that_says_so() -> None:
+    import gzip
+
+    with pytest.raises(BadRequest, match="gzip-compressed"):
+        parse_body("chat", gzip.compress(_chat()))
+
+
 @pytest.mark.parametrize(
     "body",
     [b"{not json", b"[1,2]", b'{"model": 5}', b'{"stream": "yes"}', b'{"max_tokens": -1}',

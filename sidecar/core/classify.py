@@ -146,6 +146,11 @@ def parse_body(api: Api, body: bytes) -> ParsedBody:
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as exc:
+        if body[:2] == b"\x1f\x8b":  # gzip's magic bytes (checked only once parsing failed)
+            raise BadRequest(
+                "request body is gzip-compressed (Content-Encoding: gzip); tailroute reads "
+                "only uncompressed JSON: send it uncompressed, or decompress it in Envoy "
+                "before the routing filters") from None
         # ValueError: not UTF-8, not JSON, or an integer beyond Python's digit limit
         # (a 5,000-digit max_tokens); RecursionError: nesting deeper than the stack.
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
