@@ -50,6 +50,27 @@ def test_parse_chat_body() -> None:
 
 
 @pytest.mark.parametrize(
+    ("fields", "stream", "max_tokens"),
+    [({"stream": None}, False, None), ({"stream": False}, False, None),
+     ({"stream": True, "stream_options": None}, True, None),
+     ({"stream": None, "max_tokens": None, "max_completion_tokens": 7}, False, 7)],
+)
+def test_null_means_absent(fields: dict[str, object], stream: bool, max_tokens: int | None
+                           ) -> None:
+    """The OpenAI API types ``stream`` and the token limits "or null": null is the default,
+    not a 400 (openai clients and proxies that serialise unset fields send it)."""
+    p = parse_body("chat", _chat(**fields))
+    assert (p.stream, p.max_tokens) == (stream, max_tokens)
+
+
+def test_gzip_body_gets_a_message_that_says_so() -> None:
+    import gzip
+
+    with pytest.raises(BadRequest, match="gzip-compressed"):
+        parse_body("chat", gzip.compress(_chat()))
+
+
+@pytest.mark.parametrize(
     "body",
     [b"{not json", b"[1,2]", b'{"model": 5}', b'{"stream": "yes"}', b'{"max_tokens": -1}',
      b'{"max_tokens": true}', b"\xff\xfe",
@@ -84,6 +105,12 @@ def test_classify_headers(config: Config) -> None:
         {"x-tailroute-class": "inter\nactive"},
         {"x-tailroute-priority": "99999999999999999999"},
         {"x-tailroute-tenant": "<script>"},
+        {"x-tailroute-priority": "\u00b2"},  # superscript two: int() raised ValueError
+        {"x-tailroute-priority": "\uff11\uff10\uff10\uff10"},  # full-width 1000
+        {"x-tailroute-priority": "-5"},
+        {"x-tailroute-fanout": "\u00b9"},
+        {"x-envoy-attempt-count": "\u00b3"},
+        {"x-stainless-retry-count": "\u2462"},
     ],
 )
 def test_hostile_headers_fall_back_to_defaults(config: Config, headers: dict[str, str]) -> None:
@@ -91,12 +118,16 @@ def test_hostile_headers_fall_back_to_defaults(config: Config, headers: dict[str
     assert info.klass == config.default_class
     assert info.tenant is None
     assert 0 <= info.priority <= 1000
+    assert info.retry_attempt == 0 and info.fanout == 1
 
 
 @pytest.mark.parametrize(
     ("raw", "remaining"),
     [("750", 750), ("0", 0), ("-1", 0), ("-250", 0), ("+40", 40), (" 12 ", 12),
-     ("1e3", None), ("-", None), ("--5", None), ("12ms", None), ("9" * 13, None)],
+     ("1e3", None), ("-", None), ("--5", None), ("12ms", None), ("9" * 13, None),
+     # Non-ASCII digits: str.isdigit() says yes, int() refuses some and reads others.
+     ("\u00b2", None), ("1\u00b2", None), ("\u2460", None), ("\u0663", None),
+     ("\uff15", None), ("NaN", None), ("inf", None), ("0x10", None), ("10, 20", None)],
 )
 def test_deadline_header(config: Config, raw: str, remaining: int | None) -> None:
     """A negative remaining budget (``deadline - elapsed`` gone past) is exhausted,

@@ -95,7 +95,9 @@ def test_get_without_body_goes_to_default_route(app: App) -> None:
     s = RouteStream(app)
     r = s.on_message(headers_msg({":method": "GET", ":path": "/v1/models"}, eos=True), 0.0)
     assert r is not None and routed_cluster(r) == "a"  # type: ignore[arg-type]
-    assert app.router.counters[("decision", "unknown_model")] == 1
+    # Not an LLM API: the default route by design, not a fail-open (README).
+    assert app.router.counters[("decision", "not_llm")] == 1
+    assert not any(k.startswith("failopen:") for k in app.shell_counters())
 
 
 @pytest.mark.parametrize("body", [b"{not json", b"[]", b'{"model": 1}', b'{"stream": "x"}'])

@@ -76,19 +76,54 @@ def approx_tokens(text_chars: int) -> int:
     return (text_chars + 3) // 4
 
 
+# What the prompt walk reads in a message, content part or Responses input item: text,
+# the arguments of earlier tool calls and the outputs returned for them.
+_PROMPT_KEYS = ("content", "text", "input", "prompt", "tool_calls", "function",
+                "function_call", "arguments", "output")
+# An image part costs tokens its URL or base64 data does not show: OpenAI bills 85 at
+# detail "low" and 170 per 512-px tile + 85 otherwise (765 for a 1024 x 1024 image).
+IMAGE_TOKENS_LOW = 85
+IMAGE_TOKENS = 765
+_IMAGE_PARTS = frozenset({"image_url", "input_image"})
+
+
+def _image_chars(part: dict[str, Any]) -> int:
+    """An image content part (Chat ``image_url``, Responses ``input_image``) in chars."""
+    url = part.get("image_url")
+    detail = url.get("detail") if isinstance(url, dict) else part.get("detail")
+    return (IMAGE_TOKENS_LOW if detail == "low" else IMAGE_TOKENS) * CHARS_PER_TOKEN
+
+
 def _text_chars(value: Any) -> int:
-    """Characters of prompt text in a messages/prompt/input value, walked defensively."""
+    """Characters of prompt in a messages/prompt/input value, walked defensively: text,
+    tool-call arguments and outputs; an image part as its token cost; a list of token
+    ids (the Completions API's pre-tokenised prompt) as one token each."""
     if isinstance(value, str):
         return len(value)
     if isinstance(value, list):
+        if value and isinstance(value[0], int):
+            return len(value) * CHARS_PER_TOKEN
         return sum(_text_chars(v) for v in value[:10000])
     if isinstance(value, dict):
+        if value.get("type") in _IMAGE_PARTS:
+            return _image_chars(value)
         total = 0
-        for key in ("content", "text", "input", "prompt"):
+        for key in _PROMPT_KEYS:
             if key in value:
                 total += _text_chars(value[key])
         return total
     return 0
+
+
+def _tools_chars(data: dict[str, Any]) -> int:
+    """Tool (function) definitions are part of the prompt the model reads: their JSON
+    length, serialised in C (no walk in Python; only requests that carry tools pay)."""
+    total = 0
+    for key in ("tools", "functions"):
+        tools = data.get(key)
+        if isinstance(tools, list) and tools:
+            total += len(json.dumps(tools, ensure_ascii=False, separators=(",", ":")))
+    return total
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +146,11 @@ def parse_body(api: Api, body: bytes) -> ParsedBody:
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as exc:
+        if body[:2] == b"\x1f\x8b":  # gzip's magic bytes (checked only once parsing failed)
+            raise BadRequest(
+                "request body is gzip-compressed (Content-Encoding: gzip); tailroute reads "
+                "only uncompressed JSON: send it uncompressed, or decompress it in Envoy "
+                "before the routing filters") from None
         # ValueError: not UTF-8, not JSON, or an integer beyond Python's digit limit
         # (a 5,000-digit max_tokens); RecursionError: nesting deeper than the stack.
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
@@ -119,8 +159,10 @@ def parse_body(api: Api, body: bytes) -> ParsedBody:
     model = data.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("'model' must be a string")
-    stream = data.get("stream", False)
-    if not isinstance(stream, bool):
+    stream = data.get("stream")
+    if stream is None:
+        stream = False  # absent or null: the OpenAI API's "boolean or null", default false
+    elif not isinstance(stream, bool):
         raise BadRequest("'stream' must be true or false")
     max_tokens: int | None = None
     for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
@@ -132,11 +174,12 @@ def parse_body(api: Api, body: bytes) -> ParsedBody:
         max_tokens = v
         break
     if api == "chat":
-        chars = _text_chars(data.get("messages"))
+        chars = _text_chars(data.get("messages")) + _tools_chars(data)
     elif api == "completions":
         chars = _text_chars(data.get("prompt"))
     else:
-        chars = _text_chars(data.get("input")) + _text_chars(data.get("instructions"))
+        chars = (_text_chars(data.get("input")) + _text_chars(data.get("instructions"))
+                 + _tools_chars(data))
     return ParsedBody(model, stream, max_tokens, approx_tokens(chars), data)
 
 
@@ -146,7 +189,10 @@ def _int_header(headers: Mapping[str, str], name: str, lo: int, hi: int) -> int 
         return None
     raw = raw.strip()
     digits = raw[1:] if raw[:1] in ("-", "+") else raw
-    if not digits.isdigit() or len(digits) > 12:
+    # ASCII digits only: str.isdigit() also accepts superscripts and other scripts'
+    # digits, some of which int() refuses (a ValueError here failed the whole request
+    # open, past admission) and some of which it reads ("\u0663" as 3).
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 12:
         return None  # hostile or garbled: ignore rather than fail the request
     # Signed values clamp like any other out-of-range one: a workflow that computes
     # "deadline - elapsed" sends a negative remaining budget, which is exhausted (0).

@@ -192,7 +192,7 @@ class Router(Intake):
     ) -> tuple[Decision, bool]:
         """Run admission control (sidecar.core.admission) on a selection result;
         ``klass``: the request's class (or the default one)."""
-        if decision.reason in ("unknown_model", "no_candidate"):
+        if decision.reason in ("unknown_model", "no_candidate", "not_llm"):
             return decision, True
         assert klass is not None
         v = self.admission.assess(req, klass, decision, result, self, now, ticket)
@@ -233,6 +233,10 @@ class Router(Intake):
         self, req: RequestInfo, klass: ClassConfig | None, now: float, rng: random.Random
     ) -> tuple[Decision, PipelineResult | LanePick | None]:
         cfg = self.config
+        if req.api == "other":
+            # Not an LLM API (embeddings, model listing, anything else): the default
+            # route by design, not a fail-open of an LLM request (README).
+            return Decision(cfg.default_cluster, "not_llm"), None
         model = cfg.model(req.model) if req.model else None
         if model is None:
             return Decision(cfg.default_cluster, "unknown_model", detail=str(req.model)), None

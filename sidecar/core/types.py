@@ -157,7 +157,8 @@ class Decision:
     """The core's answer for one request.
 
     ``reason`` is a small closed vocabulary (used as a metrics label):
-    scored, only_candidate, no_data, no_percentile, unknown_model, panic, probe,
+    scored, only_candidate, no_data, no_percentile, unknown_model, not_llm (a path
+    outside the classified APIs: the default route by design), panic, probe,
     trial (a route on trial takes its next trial, sidecar.core.health), admission.
     """
 

@@ -194,7 +194,7 @@ def render_bootstrap(
     longest_s = max(c.slo.timeout_ms for c in config.classes) / 1000.0
     if with_sidecar:
         filters = [bf.strip_filter(), *bf.route_filters(config.limits.decision_timeout_ms),
-                   bf.buffer_filter(config.envoy.route_buffer_bytes),
+                   bf.buffer_filter(config.envoy.route_buffer_bytes), bf.strip_hints_filter(),
                    *bf.usage_filters(bf.usage_share(config)),
                    bf.observe_filter(), bf.router_filter()]
         routes = _routes(config)

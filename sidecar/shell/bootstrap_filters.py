@@ -18,6 +18,9 @@ Filter chain (in this order, before the router), and why each is there:
 4. ``envoy.filters.http.buffer``: holds the request until the whole body is in,
    so the route is chosen *after* the body answer (without it Envoy routes on
    the headers alone, before ext_proc has decided).
+   ``tailroute.strip_client_hints`` (header_mutation) then removes the
+   ``x-tailroute-*`` hints the routing filters read (extproc mode only: native
+   and hybrid routes match ``x-tailroute-class`` at the router).
 5. ``tailroute.usage`` (sse_to_metadata): lifts the stream's final
    ``usage.completion_tokens`` (Chat/Completions) or ``response.usage.output_tokens``
    (Responses API) into dynamic metadata, which the access log carries. It
@@ -65,6 +68,22 @@ def strip_filter() -> dict[str, Any]:
         "typed_config": {
             "@type": _HEADER_MUTATION,
             "mutations": {"request_mutations": [{"remove": h} for h in ec.STRIPPED_HEADERS]},
+        },
+    }
+
+
+HINTS_FILTER = "tailroute.strip_client_hints"
+
+
+def strip_hints_filter() -> dict[str, Any]:
+    """After the routing filters have read them, the client's hints to tailroute
+    (class, priority, tenant, deadline, ...) go no further: a provider never sees a
+    caller's priority or tenant claims, nor keys its caching or logging on them."""
+    return {
+        "name": HINTS_FILTER,
+        "typed_config": {
+            "@type": _HEADER_MUTATION,
+            "mutations": {"request_mutations": [{"remove": h} for h in ec.HINT_HEADERS]},
         },
     }
 

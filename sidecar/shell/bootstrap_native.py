@@ -52,7 +52,7 @@ from sidecar.core.types import SliceKey
 from sidecar.core.weights import WEIGHT_SCALE, native_slices, route_candidates
 from sidecar.shell import envoy_contract as ec
 from sidecar.shell.bootstrap import render_bootstrap
-from sidecar.shell.bootstrap_filters import BUFFER_FILTER, SIDECAR_CLUSTER
+from sidecar.shell.bootstrap_filters import BUFFER_FILTER, HINTS_FILTER, SIDECAR_CLUSTER
 from sidecar.shell.native_keys import METADATA_NS, RUNTIME_LAYER, route_name, runtime_prefix
 
 _TYPE = "type.googleapis.com/"
@@ -327,6 +327,8 @@ def render_native_bootstrap(
     hcm = _hcm(boot)
     filters: list[dict[str, Any]] = []
     for f in hcm["http_filters"]:
+        if f["name"] == HINTS_FILTER:
+            continue  # the slice routes match x-tailroute-class at the router
         if f["name"] in _EXT_PROC_FILTERS and mode == "native":
             continue  # native: no ext_proc at all
         if f["name"] == BUFFER_FILTER and mode == "native":

@@ -41,6 +41,14 @@ ROUTE_HEADER = "x-tailroute-cluster"
 REQUEST_ID_HEADER = "x-tailroute-rid"
 STRIPPED_HEADERS = (ROUTE_HEADER, REQUEST_ID_HEADER)
 
+# The hints a client sends tailroute: read by the routing filters, then removed
+# (bootstrap_filters.strip_hints_filter) so the upstream never sees them (in extproc
+# mode; native and hybrid routes match x-tailroute-class at the router and keep them).
+HINT_HEADERS = (
+    "x-tailroute-class", "x-tailroute-priority", "x-tailroute-tenant", "x-tailroute-step",
+    "x-tailroute-fanout", "x-tailroute-deadline-ms", "x-tailroute-explain",
+)
+
 # A request carrying any of these takes the rich path (it needs the request
 # headers answered or the response headers seen): the deadline becomes the
 # upstream timeout header, explain comes back as a response header.
@@ -50,9 +58,11 @@ RICH_HEADERS = ("x-tailroute-deadline-ms", "x-tailroute-explain")
 # request attributes (CEL expressions, keyed by the expression text, in the
 # ``ProcessingRequest.attributes`` entry :data:`ATTRIBUTES_NS`).
 ATTRIBUTES_NS = "envoy.filters.http.ext_proc"
+# Every header sidecar.core.classify reads but the rich-path ones: a header missing
+# here is silently absent on the one-message path (x-tailroute-fanout was).
 CLASSIFY_HEADERS = (
     "x-tailroute-class", "x-tailroute-priority", "x-tailroute-tenant", "x-tailroute-step",
-    "x-request-id", "x-envoy-attempt-count", "x-stainless-retry-count",
+    "x-tailroute-fanout", "x-request-id", "x-envoy-attempt-count", "x-stainless-retry-count",
 )
 ATTRIBUTE_HEADERS: dict[str, str] = {
     "request.path": ":path",

@@ -24,7 +24,7 @@ Which path has which feature (also in README.md, "Running it beside your Envoy")
 feature                            one message     rich (deadline / explain)
 =================================  ==============  ==========================
 routing, class/priority/tenant/    yes             yes
-step headers, model rewrite
+step/fanout headers, model rewrite
 class upstream timeout             yes (route)     yes (route)
 deadline -> upstream timeout       --              yes (header)
 admission answers (429/503/412),   yes             yes
@@ -45,7 +45,9 @@ What the request gets on either path:
 * body that is not JSON / not an object / has mistyped fields on an LLM API
   path: 400 ImmediateResponse with an OpenAI-style error JSON;
 * no body, non-LLM path, unknown model, body over ``limits.max_body_bytes``:
-  CONTINUE to the default route (counted; the upstream answers for itself).
+  CONTINUE to the default route (the upstream answers for itself); counted as a
+  fail-open (``unknown_model``, ``body_too_large``) on an LLM path with a body, as
+  decision reason ``not_llm`` otherwise.
 """
 
 from __future__ import annotations
@@ -232,7 +234,9 @@ class RouteStream:
     ) -> pb.ProcessingResponse | Hold:
         app = self.app
         cfg = app.config
-        api = api_for_path(self.headers.get(":path", "/"))
+        # No body at all (GET /v1/chat/completions lists stored completions): not an
+        # inference request, whatever the path.
+        api = api_for_path(self.headers.get(":path", "/")) if is_body else "other"
         parsed = None
         self.rid = app.new_rid()  # also the admission queue ticket
         if body is not None and api != "other":
