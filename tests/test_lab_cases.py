@@ -115,3 +115,20 @@ def test_relapsing_provider_regains_less_weight_each_time() -> None:
     before = [next(r.weights["provider-b"] for r in reversed(trace) if r.t < e.at)
               for e in relapses]
     assert all(b < a for a, b in itertools.pairwise(before)), before
+
+
+def test_a_cut_quota_is_learned_from_its_429s_and_found_again_when_lifted() -> None:
+    """provider-a (configured for 64, really 16 then 5 from t=240 s to 540 s) is the
+    fastest route. Trusting the configured limit sent a fifth of the cut's requests
+    into 429s; the limit learned from them (sidecar.core.pushback) leaves a handful,
+    while round robin keeps a third of its requests on a throughout."""
+    sc = load_case("rate_limited")
+    out, sim = traced_run(sc)
+    errors = out["classes"]["interactive"]["outcomes"]["error"]
+    rr, _ = traced_run(load_case("rate_limited"), "round_robin")
+    assert errors < 0.3 * rr["classes"]["interactive"]["outcomes"]["error"], errors
+    trace = trace_of(sim)
+    before, _ = share(trace, "provider-a", 120, 240)
+    during, _ = share(trace, "provider-a", 270, 540)
+    after, _ = share(trace, "provider-a", 660, 780)
+    assert before > 0.4 and during < 0.15 and after > 0.3, (before, during, after)

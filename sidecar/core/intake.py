@@ -30,6 +30,7 @@ from sidecar.core.config import Config, ModelConfig
 from sidecar.core.health import HealthState
 from sidecar.core.health_board import CLUSTER_SLICE, HealthBoard
 from sidecar.core.light_load import LIGHT, LightOutcomes, load_of
+from sidecar.core.pushback import PushBack
 from sidecar.core.stats import StatsStore
 from sidecar.core.subwindow import OkSample
 from sidecar.core.trial_hold import TrialHold
@@ -88,9 +89,26 @@ class Intake:
     _next_eval: float | None
     light: LightOutcomes
     _limits: dict[str, int]  # max_concurrency per cluster (the router's _configure)
+    peer_inflight: dict[str, int]  # fleet mode: other replicas' in-flight counts
+    pushback: PushBack
+    _refused: dict[str, int]  # pushback.refused_slots
 
     def inflight(self, cluster: str) -> int:
-        raise NotImplementedError  # the Router's (peers' counts included)
+        """Requests in flight on ``cluster`` as capacity rules see them: ours, the peers'
+        (fleet mode) and the slots the provider refused (:mod:`sidecar.core.pushback`)."""
+        n = self._inflight[cluster]
+        if self.peer_inflight:
+            n += self.peer_inflight.get(cluster, 0)
+        return n + self._refused.get(cluster, 0) if self._refused else n
+
+    def held(self, cluster: str) -> int:
+        """Requests really in flight on ``cluster``: ours and the peers' (fleet mode)."""
+        n = self._inflight[cluster]
+        return n + self.peer_inflight.get(cluster, 0) if self.peer_inflight else n
+
+    def own_inflight(self, cluster: str) -> int:
+        """This process's requests in flight on ``cluster`` (what fleet mode publishes)."""
+        return self._inflight[cluster]
 
     def _load(self, cluster: str) -> float:
         """The route's load now (:func:`~sidecar.core.light_load.load_of`)."""
@@ -114,6 +132,8 @@ class Intake:
         it (:func:`~sidecar.core.light_load.load_of`), for its observation's ``sent_load``."""
         load = self._load(cluster)
         self._inflight[cluster] += 1
+        if cluster in self.pushback.refused_slots:
+            self.pushback.pressed(cluster, self.held(cluster))
         return load
 
     def finished(self, cluster: str) -> None:
@@ -125,6 +145,8 @@ class Intake:
         """Record one measured outcome; probes drive the probing state, other
         outcomes the fast path for hard failures."""
         self.compat_sr.observe(obs, self.config)
+        if obs.status == 429:  # backpressure: the provider's limit is lower than we thought
+            self.pushback.refused(obs.cluster, self.held(obs.cluster), now)
         obs = judge_censored(self.config, obs)
         self.counters[("outcome", obs.outcome)] += 1
         if self._next_eval is None:

@@ -41,6 +41,7 @@ from sidecar.core.plan_cache import (
     step_budget_s,
     step_key,
 )
+from sidecar.core.pushback import PushBack
 from sidecar.core.request_lane import LanePick, RequestLane, chosen_latency, full_result
 from sidecar.core.scorers import DEFAULT_SCORERS
 from sidecar.core.selection import HealthView, LatencyValue, PipelineResult, SelectionContext
@@ -75,6 +76,10 @@ class Router(Intake):
         self.compat_sr = compat_sr.SrLatencyBook()  # models under compat: semantic-router
         self.trials = TrialHold()  # hard failures whose run is still on trial
         self.light = LightOutcomes()  # outcomes under light load (the floor's share)
+        # Concurrency limits learned from 429s (sidecar.core.pushback): the capacity a
+        # provider refused counts as in flight.
+        self.pushback = PushBack()
+        self._refused = self.pushback.refused_slots
         self._configure(config)
 
     # ------------------------------------------------------------ config
@@ -85,6 +90,7 @@ class Router(Intake):
         # "Fleet mode"): replicas share one health verdict, which needs each one's path.
         self._light = self.light if config.fleet is None else None
         self._limits = {c.name: c.max_concurrency for c in config.clusters}
+        self.pushback.configure(self._limits)
         self._fresh = False  # building a plan: read evidence fresh
         self._models_of = {
             c.name: tuple(m for m in config.models if c.name in m.candidates)
@@ -147,10 +153,6 @@ class Router(Intake):
     def health(self, cluster: str, slice: SliceKey) -> HealthView:
         """What selection sees: the worse of the slice's and the cluster-wide entry."""
         return health_view(self.board, self.config, cluster, slice)
-
-    def inflight(self, cluster: str) -> int:
-        n = self._inflight[cluster]
-        return n + self.peer_inflight.get(cluster, 0) if self.peer_inflight else n
 
     # ------------------------------------------------------------ decisions
 
@@ -247,8 +249,8 @@ class Router(Intake):
         if cached.probes and not req.retry_attempt:
             # Never probe with a retry: it already had bad luck once.
             for p in cached.probes:
-                if (self._inflight[p.cluster] < cfg.cluster(p.cluster).max_concurrency
-                        and rng.random() < p.share):
+                if (self._inflight[p.cluster] + self._refused.get(p.cluster, 0)
+                        < cfg.cluster(p.cluster).max_concurrency and rng.random() < p.share):
                     return self._decision(cached, req, p.cluster, "probe", klass, None), None
         if self.board.runs and not (req.retry_attempt or req.explain):
             # Nor an explained request: it shows the pipeline's choice.
@@ -268,7 +270,7 @@ class Router(Intake):
         if cached.lane is not None and not req.explain and not ctx.held:
             # Standalone, the in-flight counts are the Counter's own (missing: 0).
             lane = cached.lane
-            pick = lane.pick(self.inflight if self.peer_inflight
+            pick = lane.pick(self.inflight if self.peer_inflight or self._refused
                              else self._inflight.__getitem__, rng)
             if pick is not None:
                 row = lane.rows[pick.chosen]
@@ -345,7 +347,8 @@ class Router(Intake):
         for cand in cached.plan.candidates:
             c = cand.name
             if (cand.dropped is None and self.board.trial_due(c, slice, now)
-                    and self._inflight[c] < self.config.cluster(c).max_concurrency):
+                    and self._inflight[c] + self._refused.get(c, 0)
+                    < self.config.cluster(c).max_concurrency):
                 return c
         return None
 
@@ -392,6 +395,7 @@ class Router(Intake):
                     self.stats.observe(obs, now)
         if self._next_eval is not None and now >= self._next_eval:
             self._next_eval = self._boundary_after(now)
+            self.pushback.grow(now)
             events.extend(evaluate_windows(self.config, self.stats, self.board,
                                            self._models_of, now))
             self.stats.prune(now)

@@ -134,7 +134,7 @@ class StatsSync:
         router = self.router
         load = codec.encode_load(self.wall_ms(now), {
             c: n for c in router.config.cluster_names
-            if (n := router.inflight(c) - router.peer_inflight.get(c, 0)
+            if (n := router.own_inflight(c)
                 + round(extra_load.get(c, 0.0)))})
         if load != self._load_pushed or republish:
             stats_set[codec.LOAD_FIELD] = self._load_pushed = load

@@ -47,6 +47,7 @@ METRIC_NAMES = (
     "tailroute_route_state",
     "tailroute_route_weight",
     "tailroute_inflight",
+    "tailroute_concurrency_limit",
     "tailroute_errors_total",
     "tailroute_config_reloads_total",
     "tailroute_config_last_reload_ok",
@@ -113,7 +114,12 @@ class RouterCollector(Collector):
         yield from (state, weight)
 
         yield gauge("tailroute_inflight", "Requests in flight per cluster",
-                    [([c], r.inflight(c)) for c in r.config.cluster_names], labels=["cluster"])
+                    [([c], r.held(c)) for c in r.config.cluster_names], labels=["cluster"])
+        yield gauge("tailroute_concurrency_limit",
+                    "Concurrency each cluster is trusted with: max_concurrency, lowered by "
+                    "the provider's 429s (sidecar.core.pushback)",
+                    [([c], r.pushback.limit(c)) for c in r.config.cluster_names],
+                    labels=["cluster"])
 
         for metric in METRICS:
             name = _QUANTILE_METRICS[metric]

@@ -53,8 +53,10 @@ def state_json(router: Router, now: float) -> dict[str, Any]:
         # its own, so it is shown here rather than among the routes.
         hc = health.get((c, CLUSTER_SLICE))
         clusters[c] = {
-            "inflight": router.inflight(c),
+            "inflight": router.held(c),
             "max_concurrency": router.config.cluster(c).max_concurrency,
+            # learned from 429s (sidecar.core.pushback); max_concurrency when none came
+            "concurrency_limit": router.pushback.limit(c),
             "state": hc.state.value if hc else "healthy",
             "weight": hc.weight if hc else 1.0,
             "since": hc.since if hc else None,

@@ -45,6 +45,12 @@ def _ago(seconds: float) -> str:
     return f"{seconds / 3600:.1f}h ago"
 
 
+def _limit(cluster: dict[str, Any]) -> str:
+    """``max_concurrency``, or ``limit (of max)`` while 429s have lowered it."""
+    cap, limit = cluster["max_concurrency"], cluster.get("concurrency_limit")
+    return str(cap) if limit is None or limit >= cap else f"{limit} (of {cap}, 429s)"
+
+
 def _row(r: dict[str, Any], now: float) -> tuple[str, ...]:
     lat = r["latency"]
     # e2e is measured for every successful request; ttft only for streamed ones.
@@ -73,7 +79,7 @@ def render(state: dict[str, Any], show_all: bool = False, width: int | None = No
         lines.append(("  ".join([*cells, row[-1]]))[:width].rstrip())  # [:None] keeps all
     clusters = state.get("clusters", {})
     head = "clusters: " + ("  ".join(
-        f"{c} {v['inflight']}/{v['max_concurrency']} in flight" for c, v in clusters.items()
+        f"{c} {v['inflight']}/{_limit(v)} in flight" for c, v in clusters.items()
     ) or "none")
     if not routes:
         lines.append("(no routes with observations yet)")

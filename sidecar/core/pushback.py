@@ -1,0 +1,132 @@
+"""Provider push-back: the concurrency a provider has shown it accepts (pure).
+
+A 429 (Too Many Requests) from a provider is backpressure, not sickness. A
+provider behind a quota, or a smaller deployment than configured, refuses work
+while ``max_concurrency`` still says there is room, and a router that believes
+the configuration keeps sending into the refusals (lab case ``rate_limited``:
+half of the requests refused). This module keeps, per cluster, the concurrency
+the provider has shown it accepts, and the router counts the capacity it
+refused as occupied (:attr:`PushBack.refused_slots`, added by
+``Router.inflight``). So every rule that compares in-flight work with
+``max_concurrency`` -- the capacity filter, the load score, the herding guard,
+admission's ``full``/``free``, a probe's or a trial's room, native weights'
+planning -- sees the provider's real limit without a change of its own, and a
+plan cached before the limit moved stays exact (it reads in-flight counts live).
+
+Per cluster (``max`` its ``max_concurrency``; ``k`` the requests still in flight
+there when the 429 is observed, peers' included in fleet mode: what the
+provider was holding when it refused)::
+
+    on a 429:         L <- max(1, min(L, k))          last_refusal <- now
+    at a window boundary, if HOLD_S have passed since the last refusal and
+    the cluster held floor(L) requests at some point since the last boundary:
+                      L <- min(max, L + max(1, GROW * L))
+    refused slots     max - floor(L)   (a cluster is tracked only while L < max)
+
+The decrease is anchored at what the provider held, not a factor per refusal:
+requests sent before the limit fell come back refused together, and a factor
+per refusal compounded them (a cut from 16 to 5 drove the limit to 1 in a lab
+run); a refusal while we hold ``L`` or more says nothing new. The increase
+comes after a quiet spell, and only while traffic presses on the limit (TCP
+grows its window only while the window is what holds it back, RFC 7661): a
+limit nobody reaches says nothing about the provider, and raising it blindly
+would bring the next burst of refusals. A lifted quota is found again within
+about a minute of demand, without probing for it request by request (each such
+probe would be a 429 a client sees). A 429 still counts as an error in the
+route's outcome evidence (``sidecar.core.evidence``): while the limit is being
+learned the refusals are real failures for the callers. Limits are not
+snapshotted: a restarted sidecar learns them again from the first refusals.
+
+Invariants: ``1 <= L <= max`` for every tracked cluster; a cluster is tracked
+only while ``L < max``; a 429 never raises a limit; time alone never lowers one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+GROW = 0.5  # share of the limit regained per window once quiet (at least one slot)
+HOLD_S = 30.0  # quiet time after the last refusal before the limit may grow again
+
+
+@dataclass(slots=True)
+class _Limit:
+    limit: float
+    last_refusal: float
+    pressed: bool = False  # held floor(limit) requests since the last window boundary
+
+
+class PushBack:
+    """Learned concurrency limits of the clusters that answered 429."""
+
+    def __init__(self) -> None:
+        self._max: dict[str, int] = {}
+        self._tracked: dict[str, _Limit] = {}
+        # cluster -> max - floor(limit), tracked clusters only. Router.inflight reads
+        # it per candidate and request, so it is a plain dict kept in step (and the
+        # same object for the router's lifetime).
+        self.refused_slots: dict[str, int] = {}
+
+    def configure(self, limits: dict[str, int]) -> None:
+        """Set each cluster's configured ``max_concurrency``; learned limits of clusters
+        still present are kept (clamped to the new maximum), others dropped."""
+        self._max = dict(limits)
+        for c in list(self._tracked):
+            cap = self._max.get(c)
+            if cap is None:
+                del self._tracked[c]
+                self.refused_slots.pop(c, None)
+            else:
+                self._tracked[c].limit = min(self._tracked[c].limit, float(cap))
+        self._sync(list(self._tracked))
+
+    def refused(self, cluster: str, holding: int, now: float) -> None:
+        """``cluster`` answered 429 while ``holding`` of our requests were in flight there."""
+        cap = self._max.get(cluster)
+        if cap is None:
+            return
+        cur = self._tracked.get(cluster)
+        limit = float(cap) if cur is None else cur.limit
+        new = max(1.0, min(limit, float(holding)))
+        if cur is None:
+            self._tracked[cluster] = _Limit(new, now)
+        else:
+            cur.limit, cur.last_refusal = new, now
+        self._sync((cluster,))
+
+    def pressed(self, cluster: str, holding: int) -> None:
+        """A request was released to ``cluster``, which now holds ``holding``."""
+        t = self._tracked.get(cluster)
+        if t is not None and holding >= math.floor(t.limit):
+            t.pressed = True
+
+    def grow(self, now: float) -> None:
+        """Window boundary: clusters quiet for ``HOLD_S`` and pressed since the last
+        boundary regain some of their limit."""
+        if not self._tracked:
+            return
+        changed = []
+        for c, t in self._tracked.items():
+            pressed, t.pressed = t.pressed, False
+            if pressed and now - t.last_refusal >= HOLD_S:
+                t.limit = min(float(self._max[c]), t.limit + max(1.0, GROW * t.limit))
+                changed.append(c)
+        if changed:
+            self._sync(changed)
+
+    def limit(self, cluster: str) -> int:
+        """The concurrency ``cluster`` is trusted with now (``max_concurrency`` if untracked)."""
+        t = self._tracked.get(cluster)
+        return self._max.get(cluster, 0) if t is None else math.floor(t.limit)
+
+    def _sync(self, clusters: Iterable[str]) -> None:
+        for c in clusters:
+            t = self._tracked.get(c)
+            cap = self._max.get(c, 0)
+            if t is None or t.limit >= cap:
+                self._tracked.pop(c, None)
+                self.refused_slots.pop(c, None)
+            else:
+                self.refused_slots[c] = cap - math.floor(t.limit)

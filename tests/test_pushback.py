@@ -1,0 +1,185 @@
+"""Provider push-back (sidecar.core.pushback): concurrency limits learned from 429s,
+alone and as the router's capacity rules see them."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar.core.config import parse_config
+from sidecar.core.pushback import HOLD_S, PushBack
+from sidecar.core.router import Router
+from sidecar.core.types import Observation, RequestInfo, SliceKey
+from tests.conftest import base_config_dict
+
+S = SliceKey("m", "interactive", "short", True)
+
+
+def _pb(cap: int = 40) -> PushBack:
+    pb = PushBack()
+    pb.configure({"a": cap, "b": cap})
+    return pb
+
+
+@pytest.mark.parametrize(
+    ("refusals", "limit"),
+    [
+        ([], 40),  # untracked: the configured maximum
+        ([16], 16),  # anchored at what the provider held
+        ([16, 16, 17, 30], 16),  # refusals while holding the limit or more: nothing new
+        ([16, 12], 12),
+        ([16, 0], 1),  # never below one slot
+        ([45], 40),  # holding beyond the maximum (a panic send): no limit below it
+    ],
+)
+def test_a_refusal_anchors_the_limit_at_what_the_provider_held(
+    refusals: list[int],
+    limit: int,
+) -> None:
+    pb = _pb()
+    for k in refusals:
+        pb.refused("a", k, 1.0)
+    assert pb.limit("a") == limit
+    assert pb.limit("b") == 40
+    assert pb.refused_slots == ({"a": 40 - limit} if limit < 40 else {})
+
+
+@pytest.mark.parametrize(
+    ("pressed", "quiet_s", "limit"),
+    [
+        (True, HOLD_S, 24),  # 16 + 50 %
+        (True, HOLD_S - 1, 16),  # not quiet long enough
+        (False, 10 * HOLD_S, 16),  # nobody reached the limit: it says nothing
+    ],
+)
+def test_a_limit_grows_only_after_a_quiet_spell_with_traffic_pressing_on_it(
+    pressed: bool,
+    quiet_s: float,
+    limit: int,
+) -> None:
+    pb = _pb()
+    pb.refused("a", 16, 100.0)
+    pb.pressed("a", 16 if pressed else 15)
+    pb.grow(100.0 + quiet_s)
+    assert pb.limit("a") == limit
+
+
+def test_a_lifted_quota_is_found_again_and_the_cluster_untracked() -> None:
+    pb = _pb()
+    pb.refused("a", 5, 0.0)
+    t, steps = HOLD_S, 0
+    while "a" in pb.refused_slots:
+        pb.pressed("a", pb.limit("a"))
+        pb.grow(t)
+        t, steps = t + 10.0, steps + 1
+    assert pb.limit("a") == 40 and steps <= 6  # 5 -> 7 -> 10 -> 15 -> 22 -> 33 -> 40
+
+
+def test_a_reload_clamps_learned_limits_and_forgets_removed_clusters() -> None:
+    pb = _pb()
+    pb.refused("a", 20, 0.0)
+    pb.refused("b", 30, 0.0)
+    pb.configure({"a": 10, "c": 8})
+    assert pb.limit("a") == 10 and pb.refused_slots == {}  # 20 > 10: nothing to track
+    assert pb.limit("b") == 0 and pb.limit("c") == 8
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["refuse", "press", "grow"]), st.integers(0, 80), st.floats(0, 50)
+        ),
+        max_size=60,
+    ),
+    st.integers(1, 64),
+)
+def test_limits_stay_within_one_and_the_maximum_and_move_the_right_way(
+    events: list[tuple[str, int, float]],
+    cap: int,
+) -> None:
+    pb = PushBack()
+    pb.configure({"a": cap})
+    now = 0.0
+    for kind, k, dt in events:
+        now += dt
+        before = pb.limit("a")
+        if kind == "refuse":
+            pb.refused("a", k, now)
+            assert pb.limit("a") <= before  # a refusal never raises a limit
+        elif kind == "press":
+            pb.pressed("a", k)
+            assert pb.limit("a") == before
+        else:
+            pb.grow(now)
+            assert pb.limit("a") >= before  # time alone never lowers one
+        assert 1 <= pb.limit("a") <= cap
+        assert pb.refused_slots.get("a", 0) == cap - pb.limit("a")
+
+
+# ------------------------------------------------------------ as the router sees it
+
+
+def _router() -> Router:
+    data = base_config_dict()
+    for c in data["clusters"]:
+        c["max_concurrency"] = 8
+    return Router(parse_config(data, "t.yaml"))
+
+
+def _req() -> RequestInfo:
+    return RequestInfo("chat", "m", True, 100, 100, "interactive", 10, None, S)
+
+
+def test_a_429_makes_the_router_treat_the_refused_capacity_as_occupied() -> None:
+    r = _router()
+    for _ in range(3):
+        r.started("a")
+    r.finished("a")
+    r.observe(Observation("a", S, "error", status=429), 1.0)  # refused while holding 2
+    assert r.pushback.limit("a") == 2
+    assert r.held("a") == 2 and r.inflight("a") == 8  # full as capacity rules see it
+    rng = random.Random(7)
+    picks = {r.decide(_req(), 1.0 + i / 100, rng).cluster for i in range(200)}
+    assert "a" not in picks and picks <= {"b", "c"}
+    r.finished("a")  # one slot frees: a takes work again
+    picks = {r.decide(_req(), 3.0 + i / 100, rng).cluster for i in range(200)}
+    assert "a" in picks
+
+
+@pytest.mark.parametrize("status", [503, 500, 504, 200])
+def test_only_429_is_push_back(status: int) -> None:
+    r = _router()
+    r.started("a")
+    outcome = "ok" if status == 200 else "error"
+    r.observe(Observation("a", S, outcome, status=status), 1.0)  # type: ignore[arg-type]
+    assert r.pushback.limit("a") == 8 and r.inflight("a") == r.held("a")
+
+
+@pytest.mark.parametrize(
+    ("cluster", "shown"),
+    [
+        ({"inflight": 3, "max_concurrency": 64, "concurrency_limit": 16}, "a 3/16 (of 64, 429s)"),
+        ({"inflight": 3, "max_concurrency": 64, "concurrency_limit": 64}, "a 3/64 in flight"),
+        ({"inflight": 3, "max_concurrency": 64}, "a 3/64 in flight"),  # an older sidecar's /state
+    ],
+)
+def test_status_shows_a_learned_limit(cluster: dict[str, int], shown: str) -> None:
+    from sidecar.ops.status_cli import render
+
+    assert shown in render({"now": 0.0, "routes": [], "clusters": {"a": cluster}})
+
+
+def test_state_reports_the_learned_limit_and_real_in_flight() -> None:
+    from sidecar.ops.state import state_json
+
+    r = _router()
+    r.started("a")
+    r.started("a")
+    r.finished("a")
+    r.observe(Observation("a", S, "error", status=429), 1.0)
+    a = state_json(r, 2.0)["clusters"]["a"]
+    assert (a["inflight"], a["max_concurrency"], a["concurrency_limit"]) == (1, 8, 1)
