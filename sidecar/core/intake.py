@@ -106,6 +106,10 @@ class Intake:
         n = self._inflight[cluster]
         return n + self.peer_inflight.get(cluster, 0) if self.peer_inflight else n
 
+    def has_room(self, cluster: str) -> bool:
+        """Below the cluster's limit with our own requests (a probe's or trial's room)."""
+        return self._inflight[cluster] + self._refused.get(cluster, 0) < self._limits[cluster]
+
     def own_inflight(self, cluster: str) -> int:
         """This process's requests in flight on ``cluster`` (what fleet mode publishes)."""
         return self._inflight[cluster]

@@ -76,9 +76,7 @@ class Router(Intake):
         self.compat_sr = compat_sr.SrLatencyBook()  # models under compat: semantic-router
         self.trials = TrialHold()  # hard failures whose run is still on trial
         self.light = LightOutcomes()  # outcomes under light load (the floor's share)
-        # Concurrency limits learned from 429s (sidecar.core.pushback): the capacity a
-        # provider refused counts as in flight.
-        self.pushback = PushBack()
+        self.pushback = PushBack()  # limits learned from 429s (sidecar.core.pushback)
         self._refused = self.pushback.refused_slots
         self._configure(config)
 
@@ -249,8 +247,7 @@ class Router(Intake):
         if cached.probes and not req.retry_attempt:
             # Never probe with a retry: it already had bad luck once.
             for p in cached.probes:
-                if (self._inflight[p.cluster] + self._refused.get(p.cluster, 0)
-                        < cfg.cluster(p.cluster).max_concurrency and rng.random() < p.share):
+                if self.has_room(p.cluster) and rng.random() < p.share:
                     return self._decision(cached, req, p.cluster, "probe", klass, None), None
         if self.board.runs and not (req.retry_attempt or req.explain):
             # Nor an explained request: it shows the pipeline's choice.
@@ -347,8 +344,7 @@ class Router(Intake):
         for cand in cached.plan.candidates:
             c = cand.name
             if (cand.dropped is None and self.board.trial_due(c, slice, now)
-                    and self._inflight[c] + self._refused.get(c, 0)
-                    < self.config.cluster(c).max_concurrency):
+                    and self.has_room(c)):
                 return c
         return None
 
