@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hypothesis import HealthCheck, given, settings
@@ -59,6 +60,16 @@ def _chat(delta: dict[str, object], **more: object) -> str:
         },
         ensure_ascii=False,
     )
+
+
+def _usage_and_done(usage: int | None, step: Callable[[], int]) -> list[Logical]:
+    """How chat and completions streams end: a usage-only chunk if asked for, [DONE]."""
+    out: list[Logical] = []
+    if usage is not None:
+        body = json.dumps({"choices": [], "usage": {"completion_tokens": usage}})
+        out.append(Logical(body, step(), False))
+    out.append(Logical("[DONE]", step(), False))
+    return out
 
 
 def _chat_token(draw: st.DrawFn) -> str:
@@ -99,15 +110,7 @@ def logical_streams(draw: st.DrawFn) -> tuple[list[Logical], int | None]:
             out.append(Logical(_chat_token(draw), step(), True))
         finish = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
         out.append(Logical(json.dumps(finish), step(), False))
-        if usage is not None:
-            out.append(
-                Logical(
-                    json.dumps({"choices": [], "usage": {"completion_tokens": usage}}),
-                    step(),
-                    False,
-                )
-            )
-        out.append(Logical("[DONE]", step(), False))
+        out.extend(_usage_and_done(usage, step))
     elif api == "completions":
         for text in draw(texts):
             out.append(
@@ -124,15 +127,7 @@ def logical_streams(draw: st.DrawFn) -> tuple[list[Logical], int | None]:
                 False,
             )
         )
-        if usage is not None:
-            out.append(
-                Logical(
-                    json.dumps({"choices": [], "usage": {"completion_tokens": usage}}),
-                    step(),
-                    False,
-                )
-            )
-        out.append(Logical("[DONE]", step(), False))
+        out.extend(_usage_and_done(usage, step))
     else:
 
         def resp(kind: str, token: bool, **fields: object) -> Logical:
