@@ -290,3 +290,6 @@ def test_what_counts_as_an_llm_request(
     assert failopen == ({"failopen:unknown_model"} if reason == "unknown_model" else set())
     if reason in ("not_llm", "unknown_model"):
         assert routed_cluster(r) == app.config.default_cluster  # type: ignore[arg-type]
+    # Its outcome is evidence about the cluster's LLM routes only if it is an LLM request.
+    (pending,) = app.pending.values()
+    assert pending.observed is (reason != "not_llm")

@@ -320,7 +320,9 @@ class RouteStream:
         app.register(Pending(
             rid, decision, info.slice, info.stream, app.deadline_for(decision, now),
             is_retry=info.retry_attempt > 0,
-            observed=app.router.wants_observation(cluster, info.slice, now, app.rng),
+            # A non-LLM request's outcome says nothing about the cluster's LLM routes.
+            observed=decision.reason != "not_llm"
+            and app.router.wants_observation(cluster, info.slice, now, app.rng),
             sampled=sampled, api=info.api,
         ))
         return resp
