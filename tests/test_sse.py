@@ -279,12 +279,31 @@ def test_responses_api_events_with_event_field() -> None:
     b'event: error\ndata: ["overloaded"]\n\n',
     b"event:error\r\ndata: 503\r\n\r\n",
     b'data: {"error":{"message":"overloaded","type":"server_error"}}\n\n',
-    b'data: {"type":"response.failed","response":{}}\n\n',
+    # The definition Envoy's usage filter applies (sidecar.core.timing.ERROR_SELECTORS):
+    b'data: {"object":"error","message":"oops","type":"InternalServerError"}\n\n',  # vLLM
+    b'data: {"type":"error","message":"m","code":"server_error"}\n\n',  # Responses API
+    b'data: {"type":"response.failed","response":{"error":{"message":"f"}}}\n\n',
+    b'data: {"type":"error","error":{"type":"overloaded_error","message":""}}\n\n',
 ])
 def test_error_event_in_a_200_stream_is_an_error_outcome(event: bytes) -> None:
     t = _timed(b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n' + event)
     obs = t.observation(100.0)
     assert obs is not None and obs.outcome == "error" and obs.ttft_s is None
+
+
+@pytest.mark.parametrize("event", [
+    # What Envoy's JSON content parser does not call present: null and arrays.
+    b'data: {"error":null,"choices":[]}\n\n',
+    b'data: {"type":"response.completed","response":{"error":null}}\n\n',
+    b'data: {"message":null}\n\n',
+    b'data: {"error":{"message":[]}}\n\n',
+    # No message where the selectors look: Envoy cannot tell these from data.
+    b'data: {"error":"overloaded"}\n\n',
+    b'data: {"type":"response.failed","response":{}}\n\n',
+])
+def test_what_envoy_does_not_mark_is_no_error_event(event: bytes) -> None:
+    t = _timed(b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n' + event)
+    assert not t.stream_error
 
 
 def test_tool_calls_and_refusals_are_tokens() -> None:

@@ -22,8 +22,9 @@ Definitions (seconds):
 Outcome: 2xx -> ok; 408 and 504 -> timeout; 5xx and 429 -> error (the
 provider failed or is overloaded); other 4xx -> None (the caller's fault, not
 evidence about the route); stream closed before the end -> cancel; a 2xx
-stream that carries an error event (``event: error``, a top-level ``error``
-object, Responses ``response.failed``) -> error. Error responses are never
+stream that carries an error event (:func:`is_error_event`: ``event: error``, or
+data with one of :data:`ERROR_SELECTORS`, the same definition Envoy's
+``sse_to_metadata`` rules apply on the access-log path) -> error. Error responses are never
 latency samples. Non-streaming responses give e2e only. A body with a
 content-encoding (gzip, br, ...) is not read at all (:attr:`ResponseTimer.unreadable`):
 outcome and e2e only, no token, no usage.
@@ -56,7 +57,19 @@ _TOKEN_TYPES = frozenset({
     "response.audio.transcript.delta", "response.code_interpreter_call_code.delta",
     "response.custom_tool_call_input.delta", "response.mcp_call_arguments.delta",
 })
-_ERROR_TYPES = frozenset({"error", "response.failed"})
+# What makes an event's JSON an error report: any of these paths present, with a value
+# that is not null and not an array (what Envoy's JSON content parser calls present:
+# a string, number, boolean or object). OpenAI and Anthropic error events carry
+# ``error.message``; vLLM's ``{"object": "error", "message": ...}`` and the Responses
+# API's ``{"type": "error", "message": ...}`` a top-level ``message`` (no other
+# chat, completions or Responses event has one); ``response.failed`` carries
+# ``response.error.message`` (every other Responses event says ``"error": null``).
+# Envoy's sse_to_metadata filter applies the very same paths
+# (sidecar.shell.bootstrap_filters.usage_filters), so both paths agree on what an
+# error event is.
+ERROR_SELECTORS: tuple[tuple[str, ...], ...] = (
+    ("error", "message"), ("message",), ("response", "error", "message"),
+)
 
 
 def outcome_for_status(status: int) -> Outcome | None:
@@ -132,7 +145,7 @@ class ResponseTimer:
             return  # not JSON: says nothing about tokens
         if not isinstance(obj, dict):
             return
-        if obj.get("error") or obj.get("type") in _ERROR_TYPES:
+        if is_error_event(obj):
             self.stream_error = True
             return
         n = _usage_tokens(obj)
@@ -206,6 +219,17 @@ class ResponseTimer:
             is_probe=self.is_probe,
             censored=censored,
         )
+
+
+def is_error_event(obj: dict[str, Any]) -> bool:
+    """True if an event's JSON object reports an error (:data:`ERROR_SELECTORS`)."""
+    for path in ERROR_SELECTORS:
+        node: Any = obj
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if node is not None and not isinstance(node, list):
+            return True
+    return False
 
 
 def _usage_tokens(obj: dict[str, Any]) -> int | None:
