@@ -162,3 +162,68 @@ def test_wire_entry_converts_to_a_record() -> None:
         path="/v1/chat/completions", upstream_cluster="b", duration_s=pytest.approx(0.009),
         upstream_tx_s=pytest.approx(0.0003), first_body_s=pytest.approx(0.0021), end_s=None,
         tokens=7, rid="x-1", route_key="b|interactive|n")
+
+
+ERR = {"stream_error": True}
+RST = frozenset({"downstream_remote_reset"})
+
+
+@pytest.mark.parametrize(("rec", "outcome"), [
+    # A provider that failed mid-stream behind its 200: an error, whatever else happened.
+    (LogRecord(status=200, end_s=0.2, tokens=None, **ERR), "error"),
+    (LogRecord(status=200, end_s=0.2, tokens=5, **ERR), "error"),
+    (LogRecord(status=206, end_s=0.2, **ERR), "error"),
+    # The SDK raises at the error event and closes: the client left after the failure.
+    (LogRecord(status=200, flags=RST, **ERR), "error"),
+    (LogRecord(status=200, flags=DC, end_s=0.2, **ERR), "error"),
+    (LogRecord(status=200, flags=frozenset({"stream_idle_timeout"}), **ERR), "error"),
+    (LogRecord(status=200, flags=frozenset({"upstream_remote_reset"}), **ERR), "error"),
+    # The mark only speaks for a 2xx: the status and flags decide the rest as before.
+    (LogRecord(status=500, **ERR), "error"),
+    (LogRecord(status=504, **ERR), "timeout"),
+    (LogRecord(status=404, **ERR), None),
+    (LogRecord(status=0, flags=RST, **ERR), "cancel"),
+    (LogRecord(status=429, details="tailroute_defer_overload", **ERR), None),
+    (LogRecord(status=200, details="tailroute_x", **ERR), None),
+    # Without the mark a short 200 stream stays ok.
+    (LogRecord(status=200, end_s=0.2), "ok"),
+])
+def test_an_error_event_in_a_2xx_stream_makes_an_error(rec: LogRecord,
+                                                         outcome: str | None) -> None:
+    assert outcome_of(rec) == outcome
+    obs = observation_from_log(rec, "a", S, streaming=True)
+    assert (obs.outcome if obs is not None else None) == outcome
+    if outcome == "error":
+        assert obs is not None and obs.ttft_s is obs.tpot_s is obs.e2e_s is None
+        assert not obs.censored  # never a latency sample, not a lower bound either
+
+
+def _marked(tag: str | None, metadata: bool) -> al.HTTPAccessLogEntry:
+    e = al.HTTPAccessLogEntry()
+    c = e.common_properties
+    if tag is not None:
+        c.custom_tags["tr"] = tag
+    fm = c.metadata.filter_metadata
+    fm["tailroute.usage"].fields["output_tokens"].number_value = 3
+    if metadata:
+        fm["tailroute.usage"].fields["stream_error"].number_value = 1
+    e.response.response_code.value = 200
+    return al.HTTPAccessLogEntry.FromString(e.SerializeToString())
+
+
+@pytest.mark.parametrize(("tag", "metadata", "marked"), [
+    (None, False, False),  # extproc bootstrap: two duration tags, the metadata only
+    (None, True, True),
+    ("200|-|100|900|3||", False, False),  # native: the tag's last part, empty when unset
+    ("200|-|100|900|3||-", False, False),  # "-" as a text formatter prints a missing key
+    ("200|-|100|900|3||1", False, True),
+    ("200|-|100|900|3||1", True, True),
+    ("200|-|100|900|3|", True, True),  # a bootstrap rendered before the part existed
+    ("200|-|100|900|3|", False, False),
+])
+def test_the_stream_error_mark_is_read_from_the_metadata_or_the_entry_tag(
+        tag: str | None, metadata: bool, marked: bool) -> None:
+    rec = record_from_entry(_marked(tag, metadata))
+    assert rec.stream_error is marked and rec.tokens == 3
+    if tag is not None:
+        assert rec.end_s == pytest.approx(0.0009)  # the tag is read, old format included

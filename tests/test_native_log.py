@@ -44,7 +44,7 @@ def entry(route: str = route_name(S, "len"), cluster: str = "a", status: int = 2
           first_us: str | None = "2100", end_us: str | None = "9000",
           tokens: float | None = 4, rid: str | None = None, details: str = "via_upstream",
           flags: tuple[str, ...] = (), tailroute_ns: bool = False,
-          entry_tag: bool = True) -> al.HTTPAccessLogEntry:
+          entry_tag: bool = True, stream_error: bool = False) -> al.HTTPAccessLogEntry:
     """An entry as Envoy logs it: with the native bootstrap's one tag, or
     (``entry_tag=False``) with the ext_proc bootstrap's two duration tags."""
     e = al.HTTPAccessLogEntry()
@@ -57,7 +57,7 @@ def entry(route: str = route_name(S, "len"), cluster: str = "a", status: int = 2
             str(int(tokens)) if float(tokens).is_integer() else repr(tokens))
         c.custom_tags[ec.TAG_ENTRY] = "|".join((
             str(status), ",".join(_SHORT[f] for f in flags) or "-", first_us or "",
-            end_us or "", count, rid or ""))
+            end_us or "", count, rid or "", "1" if stream_error else ""))
     else:
         if first_us is not None:
             c.custom_tags[ec.TAG_FIRST_BODY_US] = first_us
@@ -69,6 +69,8 @@ def entry(route: str = route_name(S, "len"), cluster: str = "a", status: int = 2
     fm["tailroute.request"].fields["model"].string_value = "m"
     if tokens is not None:
         fm["tailroute.usage"].fields["output_tokens"].number_value = tokens
+    if stream_error:
+        fm["tailroute.usage"].fields["stream_error"].number_value = 1
     if rid is not None:
         fm["tailroute"].fields["rid"].string_value = rid
     elif tailroute_ns:
@@ -161,6 +163,8 @@ def _both(batches: list[list[al.HTTPAccessLogEntry]], observe_share: float = 1.0
     pytest.param(entry(details="tailroute_defer"), id="answered by tailroute"),
     pytest.param(entry(entry_tag=False), id="bootstrap without the entry tag"),
     pytest.param(entry(entry_tag=False, end_us=None), id="no entry tag, no end"),
+    pytest.param(entry(stream_error=True), id="error event in a 200 stream"),
+    pytest.param(entry(stream_error=True, entry_tag=False), id="error event, no entry tag"),
 ])
 def test_each_kind_of_entry_is_learned_alike_on_both_paths(e: al.HTTPAccessLogEntry) -> None:
     _both([[e, entry()]])
@@ -173,7 +177,25 @@ def test_the_common_entry_takes_the_shortcut_and_the_rest_the_record_path() -> N
     assert not any(take(e) for e in (entry(status=503), entry(rid="r-1"), entry(end_us=None),
                                      entry(flags=("upstream_remote_reset",)),
                                      entry(route="tailroute_default"),
-                                     entry(entry_tag=False)))
+                                     entry(entry_tag=False), entry(stream_error=True)))
+
+
+def test_an_error_event_in_a_200_stream_is_learned_as_an_error() -> None:
+    side = Side(True)
+    side.feed([entry(stream_error=True), entry()], 10.0)
+    outcomes = [o.outcome for o in side.seen]
+    assert outcomes[0] == "error" and side.app.router.counters[("outcome", "error")] == 1
+
+
+def test_an_entry_tag_without_the_stream_error_part_still_takes_the_shortcut() -> None:
+    """An Envoy on a bootstrap rendered before the part existed (six parts)."""
+    old = entry()
+    c = old.common_properties
+    c.custom_tags[ec.TAG_ENTRY] = c.custom_tags[ec.TAG_ENTRY].rpartition("|")[0]
+    take = Side(True).service.reader(10.0)  # type: ignore[misc]
+    assert take(old)
+    c.custom_tags[ec.TAG_ENTRY] += "|x|y"  # neither the old nor the new format
+    assert not take(old)
 
 
 @pytest.mark.parametrize(("first", "end"), [("2100", "9000"), (None, "9000"), ("2100", None),
@@ -210,6 +232,7 @@ _entries = st.builds(
     flags=st.lists(st.sampled_from(["upstream_remote_reset", "downstream_remote_reset",
                                     "stream_idle_timeout"]), max_size=1).map(tuple),
     entry_tag=st.booleans(),
+    stream_error=st.booleans(),
 )
 
 

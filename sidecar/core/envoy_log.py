@@ -27,6 +27,7 @@ Time base (all seconds, from Envoy's own timestamps):
 Outcome (first matching row wins)::
 
     answered by tailroute itself (details "tailroute_*")    -> None (not route evidence)
+    2xx with an error event in the stream (see below)       -> error
     downstream reset / downstream connection terminated,
       2xx and the response complete (see below)            -> ok
     downstream reset / downstream connection terminated    -> cancel   (the client went away)
@@ -48,6 +49,16 @@ upstream's last byte, or without one the time waited until the client left (the
 client had the whole answer by then). A provider that repeats usage in every
 chunk (vLLM's ``continuous_usage_stats``) makes a mid-stream leave look complete:
 it is then a short ``ok``, whose TPOT is still right.
+
+An error event is an SSE event whose JSON reports an error
+(:data:`sidecar.core.timing.ERROR_SELECTORS`: ``error.message``, a top-level
+``message``, ``response.error.message``): a provider that fails mid-stream sends
+one behind its ``200`` and then ends the stream, which the status and the flags
+alone would log as a short ``ok``. Envoy's ``sse_to_metadata`` filter marks such a
+stream with a constant (``LogRecord.stream_error``); it wins over every flag, as
+the provider reported its failure before the client left or Envoy gave up. The
+filter runs on ``envoy.usage_sample`` of the requests (all in extproc mode), so
+only those can show the mark.
 
 Timeouts and cancels are *censored* exactly as in :mod:`sidecar.core.timing`:
 their TTFT/e2e are the time waited since ``t0`` (lower bounds) and the router
@@ -98,12 +109,15 @@ class LogRecord:
     route_key: str | None = None  # the route tailroute chose ("<cluster>|<class>|<n|s>")
     slice_label: str | None = None  # the slice tailroute classified the request into
     stream_id: str = ""
+    stream_error: bool = False  # a 2xx stream carried an error event (Envoy's marker)
 
 
 def outcome_of(rec: LogRecord) -> Outcome | None:
     """The outcome table above; None means "not evidence about the route"."""
     if rec.details.startswith(TAILROUTE_DETAILS_PREFIX):
         return None
+    if rec.stream_error and 200 <= rec.status < 300:
+        return "error"  # the provider failed mid-stream behind its 200
     flags = rec.flags
     if flags & CANCEL_FLAGS:
         if 200 <= rec.status < 300 and (rec.end_s is not None or rec.tokens is not None):

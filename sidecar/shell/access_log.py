@@ -74,12 +74,20 @@ def us_seconds(raw: str | None) -> float | None:
 
 def entry_tag(tags: Any) -> list[str] | None:
     """The parts of the native bootstrap's one tag (``envoy_contract.TAG_ENTRY``), or
-    None when the entry has none (or not all of it)."""
+    None when the entry has none (or not all of it). A tag without the last part (the
+    stream-error mark, added later) gets an empty one: an Envoy still running a
+    bootstrap rendered before it keeps its entries on the fast path."""
     raw = tags.get(ec.TAG_ENTRY)
     if raw is None:
         return None
     parts: list[str] = raw.split("|")
-    return parts if len(parts) == _ENTRY_PARTS else None
+    n = len(parts)
+    if n == _ENTRY_PARTS:
+        return parts
+    if n == _ENTRY_PARTS - 1:  # a bootstrap rendered before the stream-error part
+        parts.append("")
+        return parts
+    return None
 
 
 _ENTRY_PARTS = ec.ENTRY_TAG_FORMAT.count("|") + 1
@@ -95,6 +103,13 @@ def usage_tokens(fm: Any) -> int | None:
         return None
     n = v.number_value
     return int(n) if 0 <= n < 1e9 else None
+
+
+def stream_error(fm: Any) -> bool:
+    """True when Envoy's usage filter marked the stream: one of its events reported an
+    error (``envoy_contract.STREAM_ERROR_KEY``; only its presence counts)."""
+    usage = fm.get(ec.USAGE_NS)
+    return usage is not None and ec.STREAM_ERROR_KEY in usage.fields
 
 
 def _string(fields: Any, key: str) -> str | None:
@@ -116,6 +131,7 @@ def record_from_entry(e: al.HTTPAccessLogEntry) -> LogRecord:
             flags = frozenset(set_flags)
     rid = route = slice_label = None
     tokens = None
+    failed = False
     if c.HasField("metadata"):
         fm = c.metadata.filter_metadata
         ours = fm.get(ec.METADATA_NS)
@@ -125,10 +141,12 @@ def record_from_entry(e: al.HTTPAccessLogEntry) -> LogRecord:
             route = _string(fields, ec.ROUTE_KEY)
             slice_label = _string(fields, ec.SLICE_KEY)
         tokens = usage_tokens(fm)
+        failed = stream_error(fm)
     tags = c.custom_tags
     parts = entry_tag(tags)
     if parts is not None:  # the native bootstrap: one tag instead of the two durations
         first, end = us_seconds(parts[2]), us_seconds(parts[3])
+        failed = failed or parts[6] not in ("", "-")
     else:
         first, end = tag_us(tags, ec.TAG_FIRST_BODY_US), tag_us(tags, ec.TAG_END_US)
     method = e.request.request_method
@@ -151,6 +169,7 @@ def record_from_entry(e: al.HTTPAccessLogEntry) -> LogRecord:
         route,
         slice_label,
         c.stream_id,
+        failed,
     )
 
 

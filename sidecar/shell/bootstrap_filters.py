@@ -23,10 +23,13 @@ Filter chain (in this order, before the router), and why each is there:
    and hybrid routes match ``x-tailroute-class`` at the router).
 5. ``tailroute.usage`` (sse_to_metadata): lifts the stream's final
    ``usage.completion_tokens`` (Chat/Completions) or ``response.usage.output_tokens``
-   (Responses API) into dynamic metadata, which the access log carries. It
-   parses every event of the stream as JSON (~7 us of Envoy CPU per event here),
-   so with ``envoy.usage_sample`` below 1 it runs only on that share of
-   requests, picked by the first hex digit of Envoy's ``x-request-id``.
+   (Responses API) into dynamic metadata, which the access log carries, and
+   marks a stream one of whose events reports an error (``stream_error``: a
+   provider that failed mid-stream behind its 200). It parses every event of
+   the stream as JSON (~7 us of Envoy CPU per event here), so with
+   ``envoy.usage_sample`` below 1 it runs only on that share of requests,
+   picked by the first hex digit of Envoy's ``x-request-id`` (and only those
+   can show a mid-stream error).
 6. ``tailroute.observe`` (ext_proc in observability mode): disabled on every
    route but the sampled ones; streams the response to the sidecar without
    waiting for answers, and the sidecar closes it at the first content token.
@@ -41,6 +44,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sidecar.core.config import SIDECAR_CLUSTER as SIDECAR_CLUSTER  # reserved in the config
+from sidecar.core.timing import ERROR_SELECTORS
 from sidecar.shell import envoy_contract as ec
 
 if TYPE_CHECKING:
@@ -216,14 +220,25 @@ def usage_sampled(inner: dict[str, Any], share: float) -> list[dict[str, Any]]:
 
 
 def usage_filters(share: float = 1.0) -> list[dict[str, Any]]:
-    """Token counts from the stream's final usage object into dynamic metadata,
-    on ``share`` of the requests (:func:`usage_sampled`)."""
+    """Token counts from the stream's final usage object into dynamic metadata, and a
+    constant marker when an event reports an error (``ERROR_SELECTORS``: a provider
+    that failed mid-stream behind a 200), on ``share`` of the requests
+    (:func:`usage_sampled`)."""
     def rule(*path: str) -> dict[str, Any]:
         return {"rule": {
             "selectors": [{"key": k} for k in path],
             "on_present": {"metadata_namespace": ec.USAGE_NS, "key": ec.TOKENS_KEY,
                            "type": "NUMBER"},
         }}
+
+    def error_rule(path: tuple[str, ...]) -> dict[str, Any]:
+        # A constant, never the selected text: the provider's message must not reach
+        # the access log's '|'-separated entry tag. One match is enough.
+        return {"rule": {
+            "selectors": [{"key": k} for k in path],
+            "on_present": {"metadata_namespace": ec.USAGE_NS, "key": ec.STREAM_ERROR_KEY,
+                           "value": ec.STREAM_ERROR_MARK},
+        }, "stop_processing_after_matches": 1}
 
     return usage_sampled({
         "name": USAGE_FILTER,
@@ -234,7 +249,8 @@ def usage_filters(share: float = 1.0) -> list[dict[str, Any]]:
                 "typed_config": {
                     "@type": TYPE + "envoy.extensions.content_parsers.json.v3.JsonContentParser",
                     "rules": [rule("usage", "completion_tokens"),
-                              rule("response", "usage", "output_tokens")],
+                              rule("response", "usage", "output_tokens"),
+                              *(error_rule(p) for p in ERROR_SELECTORS)],
                 },
             }},
         },

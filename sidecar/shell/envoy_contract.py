@@ -26,6 +26,12 @@ RID_KEY = "rid"
 ROUTE_KEY = "route"
 SLICE_KEY = "slice"
 TOKENS_KEY = "output_tokens"
+# Written (a constant, never the provider's text) by the usage filter when an event of
+# the stream reports an error (sidecar.core.timing.ERROR_SELECTORS): a provider that
+# failed mid-stream behind a 200. The value is a constant so that nothing a provider
+# sends ever reaches the '|'-separated entry tag below.
+STREAM_ERROR_KEY = "stream_error"
+STREAM_ERROR_MARK = 1
 # The request id copied into metadata where usage is parsed on a sample of requests
 # (bootstrap_filters.usage_sampled): the sampling matcher reads it there.
 SAMPLE_NS = "tailroute.usage_sample"
@@ -79,13 +85,15 @@ CUSTOM_TAGS = {
 
 # Native mode logs the same two durations, with what the common entry's reading needs,
 # as one tag (one map lookup instead of four message reads per logged request):
-# "<status>|<response flags>|<first body us>|<end us>|<output tokens>|<rid>", where
-# Envoy prints "-" for no response flag and "" for a missing duration or metadata key.
+# "<status>|<response flags>|<first body us>|<end us>|<output tokens>|<rid>|<stream
+# error>", where Envoy prints "-" for no response flag and "" for a missing duration or
+# metadata key (the stream-error part is "1" when the usage filter marked the stream).
 TAG_ENTRY = "tr"
 ENTRY_TAG_FORMAT = "|".join((
     "%RESPONSE_CODE%", "%RESPONSE_FLAGS%", CUSTOM_TAGS[TAG_FIRST_BODY_US],
     CUSTOM_TAGS[TAG_END_US], f"%DYNAMIC_METADATA({USAGE_NS}:{TOKENS_KEY})%",
     f"%DYNAMIC_METADATA({METADATA_NS}:{RID_KEY})%",
+    f"%DYNAMIC_METADATA({USAGE_NS}:{STREAM_ERROR_KEY})%",
 ))
 
 SAMPLED, UNSAMPLED = "s", "n"

@@ -14,19 +14,20 @@ per-request cost in native mode. Two ways in, one result:
 entry                                       path
 ==========================================  ===========================================
 slice route, no tailroute decision (rid),   :meth:`NativeFeed.batch`: read straight from
-2xx, no response flag, not answered by      the wire entry -- the route name, the cluster
-tailroute, known cluster, end time logged   and the one tag the native bootstrap logs
-                                            (``envoy_contract.TAG_ENTRY``: status, flags,
-                                            durations, tokens, rid) -- with what cannot
-                                            change within a batch (route -> slice, known
+2xx, no response flag, no error event in    the wire entry -- the route name, the cluster
+the stream, not answered by tailroute,      and the one tag the native bootstrap logs
+known cluster, end time logged              (``envoy_contract.TAG_ENTRY``: status, flags,
+                                            durations, tokens, rid, stream error) --
+                                            with what cannot change within a batch
+                                            (route -> slice, known
                                             clusters, first-token offsets, probe
                                             routes) looked up once per batch and route
                                             (:class:`NativeBatch`); the successes are
                                             learned a route at a time
                                             (``Router.observe_ok``)
-anything else (errors, timeouts, cancels,   :meth:`NativeFeed.__call__`: the entry's
-flags, decided requests, other routes)      :class:`~sidecar.core.envoy_log.LogRecord`,
-                                            :func:`~sidecar.core.envoy_log.observation_from_log`
+anything else (errors, an error event in a  :meth:`NativeFeed.__call__`: the entry's
+200 stream, timeouts, cancels, flags,       :class:`~sidecar.core.envoy_log.LogRecord`,
+decided requests, other routes)             :func:`~sidecar.core.envoy_log.observation_from_log`
 ==========================================  ===========================================
 
 Both teach the router the same for the same entries (the ``ok`` timing is
@@ -150,9 +151,10 @@ class NativeBatch:
         parts = entry_tag(c.custom_tags)
         if parts is None:
             return self._leave()  # a bootstrap without the tag
-        status_s, flags, first_s, end_s, tokens_s, rid = parts
-        if flags != "-" or rid or not status_s.isdigit() or not end_s.isdigit():
-            return self._leave()  # a response flag, a tailroute decision, no end time
+        status_s, flags, first_s, end_s, tokens_s, rid, failed = parts
+        if flags != "-" or rid or failed or not status_s.isdigit() or not end_s.isdigit():
+            # a response flag, a tailroute decision, an error event in the stream, no end
+            return self._leave()
         status = int(status_s)
         if not 200 <= status < 300:
             return self._leave()
