@@ -185,6 +185,8 @@ def test_an_error_event_in_a_200_stream_is_learned_as_an_error() -> None:
     side.feed([entry(stream_error=True), entry()], 10.0)
     outcomes = [o.outcome for o in side.seen]
     assert outcomes[0] == "error" and side.app.router.counters[("outcome", "error")] == 1
+    assert side.app.stream_errors == {"a": 1}
+    assert side.app.shell_counters()["stream_error:a"] == 1
 
 
 def test_an_entry_tag_without_the_stream_error_part_still_takes_the_shortcut() -> None:

@@ -58,6 +58,7 @@ METRIC_NAMES = (
     "tailroute_access_log_streams",
     "tailroute_access_log_wait_seconds",
     "tailroute_first_token_samples_total",
+    "tailroute_stream_errors_total",
     *_QUANTILE_METRICS.values(),
     *(exported_name(f) for f in FAMILIES),
     *FLEET_METRIC_NAMES,  # only with a fleet: section (sidecar.fleet.metrics)
@@ -173,6 +174,12 @@ class RouterCollector(Collector):
             "readable stream without one), encoded (a content-encoding such as gzip: not "
             "read), not_sse (not text/event-stream)",
             _prefixed(shell, "first_token:"), labels=["result"])
+        yield counter(
+            "tailroute_stream_errors",
+            "Access-log entries of 2xx responses whose stream carried an error event (a "
+            "provider that failed mid-stream behind its 200; also counted as outcome "
+            "error when observed), by upstream cluster",
+            _prefixed(shell, "stream_error:"), labels=["cluster"])
 
 
 def _prefixed(counters: dict[str, int], prefix: str) -> list[tuple[list[str], int]]:

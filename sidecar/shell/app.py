@@ -88,6 +88,9 @@ class App:
     envoy: Counter[str] = field(default_factory=Counter)  # access-log view of Envoy
     # Sampled first-token timings by result: timed, no_token, encoded, not_sse.
     first_token_samples: Counter[str] = field(default_factory=Counter)
+    # Entries of 2xx responses whose stream carried an error event (a provider that
+    # failed mid-stream; their outcome is error), per upstream cluster, observed or not.
+    stream_errors: Counter[str] = field(default_factory=Counter)
     waiting: LogWait = field(default_factory=LogWait)  # finished, entry not yet in
     # Called with every observation the router receives (the GenAI histograms,
     # sidecar.ops.genai_metrics); whatever produces observations calls observe().
@@ -144,6 +147,7 @@ class App:
             out["failopen:envoy"] = self.envoy["fail_open"]
         out.update({f"envoy:{k}": v for k, v in self.envoy.items()})
         out.update({f"first_token:{k}": v for k, v in self.first_token_samples.items()})
+        out.update({f"stream_error:{k}": v for k, v in self.stream_errors.items()})
         if self.forwards.dropped:
             out["error:forward_dropped"] = self.forwards.dropped
         out["outcome:lost"] = self.envoy["lost"]
@@ -190,7 +194,14 @@ class App:
             "awaiting_entry": len(self.waiting),
             "first_token_offsets": self.offsets.summary(),
             "first_token_samples": dict(self.first_token_samples),
+            "stream_errors": dict(self.stream_errors),  # error events in 2xx streams
         }
+
+    def note_entry(self, rec: LogRecord) -> None:
+        """Count one access-log entry every sink receives (before it is matched)."""
+        self.envoy["entries"] += 1
+        if rec.stream_error and 200 <= rec.status < 300:
+            self.stream_errors[rec.upstream_cluster or "?"] += 1
 
     def new_rid(self) -> str:
         return f"{self._prefix}-{next(self._ids)}"

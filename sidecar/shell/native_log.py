@@ -71,7 +71,7 @@ class NativeFeed:
 
     def observe(self, rec: LogRecord, s: SliceKey, now: float) -> None:
         app = self.app
-        app.envoy["entries"] += 1
+        app.note_entry(rec)
         app.envoy["native"] += 1
         cluster = rec.upstream_cluster
         if not app.config.has_cluster(cluster):

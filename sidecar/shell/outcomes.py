@@ -74,7 +74,7 @@ class OutcomeFeed:
     def on_record(self, rec: LogRecord, now: float) -> None:
         app = self.app
         env = app.envoy
-        env["entries"] += 1
+        app.note_entry(rec)
         app.last_entry = now
         if rec.rid is None:
             if not is_llm_request(rec):
