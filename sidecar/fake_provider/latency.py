@@ -20,10 +20,12 @@ Z99 = 2.326
 #: keeps one freak sample from stalling a benchmark for minutes.
 TAIL_CAP = 10.0
 OUTAGE_MODES = ("close", "503")
+#: How a stream that fails mid-way reports it (sidecar.fake_provider.reply.Reply.error_event).
+MIDSTREAM_ERROR_SHAPES = ("openai", "anthropic", "vllm", "responses_error", "response_failed")
 #: Control fields that change a :class:`Profile`; the rest are flags.
 PROFILE_FIELDS = (
     "ttft_ms", "tpot_ms", "error_rate", "error_status", "stall_ms", "outage", "outage_mode",
-    "role_first", "end_delay_ms",
+    "role_first", "end_delay_ms", "midstream_error_rate", "midstream_error_shape",
 )
 CONTROL_FLAGS = ("streaming_only", "reset", "clear_streaming_override")
 #: A switch, not a flag: it stays as set until changed, so only a present one counts.
@@ -125,6 +127,10 @@ class Profile:
     #: Streamed: hold the body's terminating chunk this long after ``data: [DONE]`` (a
     #: server that flushes the last event before it finishes the response).
     end_delay_ms: float = 0.0
+    #: Streamed: this share of the 200 streams fails half-way (after half the tokens,
+    #: at least one): an error event of ``midstream_error_shape``, then the body ends.
+    midstream_error_rate: float = 0.0
+    midstream_error_shape: str = "openai"
 
     def updated(self, changes: Mapping[str, Any]) -> Profile:
         """Return a copy with control-JSON ``changes`` applied (see ``PROFILE_FIELDS``)."""
@@ -132,11 +138,16 @@ class Profile:
         for key, value in changes.items():
             if key in ("ttft_ms", "tpot_ms"):
                 kw["ttft" if key == "ttft_ms" else "tpot"] = LatencyDist.parse(value)
-            elif key == "error_rate":
+            elif key in ("error_rate", "midstream_error_rate"):
                 rate = _num(value, key)
                 if not 0.0 <= rate <= 1.0:
-                    raise ConfigError(f"error_rate must be within [0, 1], got {rate}")
+                    raise ConfigError(f"{key} must be within [0, 1], got {rate}")
                 kw[key] = rate
+            elif key == "midstream_error_shape":
+                if value not in MIDSTREAM_ERROR_SHAPES:
+                    raise ConfigError(f"midstream_error_shape must be one of "
+                                      f"{MIDSTREAM_ERROR_SHAPES}, got {value!r}")
+                kw[key] = value
             elif key == "error_status":
                 if isinstance(value, bool) or not isinstance(value, int) or not 400 <= value <= 599:
                     raise ConfigError(f"error_status must be an int in 400..599, got {value!r}")
@@ -170,6 +181,8 @@ class Profile:
             "outage_mode": self.outage_mode,
             "role_first": self.role_first,
             "end_delay_ms": self.end_delay_ms,
+            "midstream_error_rate": self.midstream_error_rate,
+            "midstream_error_shape": self.midstream_error_shape,
         }
 
 

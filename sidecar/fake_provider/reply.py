@@ -67,8 +67,9 @@ class Reply:
             "type": "message", "id": f"msg_{self.id}", "status": "completed", "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": []}]}]
         usage = None if text is None else self.usage()
+        # "error": null as OpenAI sends it on every event but response.failed.
         return {"id": self.id, "object": "response", "created_at": self.created, "status": status,
-                "model": self.model, "output": output, "usage": usage}
+                "error": None, "model": self.model, "output": output, "usage": usage}
 
     def full(self) -> dict[str, Any]:
         """The non-streaming response body."""
@@ -119,6 +120,25 @@ class Reply:
         events.append(self._event("response.output_text.delta", item_id=f"msg_{self.id}",
                                   output_index=0, content_index=0, delta=_piece(i), logprobs=[]))
         return events
+
+    def error_event(self, shape: str, provider: str) -> bytes:
+        """The event a provider failing mid-stream sends before it ends the body, as
+        each kind of server words it (``latency.MIDSTREAM_ERROR_SHAPES``)."""
+        message = f"simulated mid-stream failure of {provider}"
+        error = {"message": message, "type": "server_error", "param": None, "code": None}
+        if shape == "openai":
+            return _sse({"error": error})
+        if shape == "anthropic":
+            payload = {"type": "error", "error": {"type": "overloaded_error", "message": message}}
+            return b"event: error\ndata: " + json.dumps(payload).encode() + b"\n\n"
+        if shape == "vllm":
+            return _sse({"object": "error", "message": message, "type": "InternalServerError",
+                         "param": None, "code": 500})
+        if shape == "responses_error":
+            return self._event("error", code="server_error", message=message, param=None)
+        failed = {**self._response("failed", None),
+                  "error": {"code": "server_error", "message": message}}
+        return self._event("response.failed", response=failed)
 
     def tail_events(self) -> list[bytes]:
         """SSE events after the last token: finish, usage and the terminator."""

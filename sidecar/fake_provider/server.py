@@ -14,10 +14,17 @@ Control JSON (every field optional; an invalid payload is rejected whole)::
      "stall_ms": 0, "outage": false, "outage_mode": "close" | "503",
      "role_first": false,                # streamed chat opens with a role-only event
      "end_delay_ms": 0,                  # streamed: body ends this long after [DONE]
+     "midstream_error_rate": 0.0, "midstream_error_shape": "openai",  # see below
      "streaming_only": false,            # fields above go to the streaming override
      "clear_streaming_override": false,  # drop the override first
      "reset": false,                     # back to the startup profile first (and release)
      "hold": true | false}               # new completions wait at arrival until released
+
+``midstream_error_rate`` of the streams fail mid-way: 200, half the tokens (at least
+one), one error event, the end (no usage, no ``[DONE]``; ``counters.midstream_errors``).
+Shapes: ``openai`` ``{"error": {"message": ...}}``, ``anthropic`` (``event: error``,
+``{"type": "error", "error": {...}}``), ``vllm`` ``{"object": "error", "message": ...}``,
+``responses_error`` ``{"type": "error", "message": ...}``, ``response_failed``.
 
 A hold lets a test keep requests in flight for exactly as long as it needs (until
 it sends ``"hold": false``) instead of for a latency it hopes outlasts its steps;
@@ -115,6 +122,7 @@ class FakeProvider:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._status: Counter[int] = Counter()
         self._requests = self._dropped = self._disconnects = self._active = self._seq = 0
+        self._midstream = 0  # streams failed mid-way
         self._held = False
         # What the last requests looked like on the wire, for tests that must check
         # what the proxy forwarded (headers, rewritten model) and byte-identity of SSE.
@@ -206,6 +214,7 @@ class FakeProvider:
                 "dropped_connections": self._dropped,
                 "client_disconnects": self._disconnects,
                 "active_requests": self._active,
+                "midstream_errors": self._midstream,
             },
         }
 
@@ -369,10 +378,14 @@ class FakeProvider:
                 await conn.sleep_until(due[-1])
                 return await self._answer(conn, 200, reply.full(), req.keep_alive)
             self._status[200] += 1
+            fail = None
+            if prof.midstream_error_rate > 0 and self._rng.random() < prof.midstream_error_rate:
+                self._midstream += 1
+                fail = (n // 2, reply.error_event(prof.midstream_error_shape, self.name))
             await stream_reply(conn, reply, due, record, t0=t0, name=self.name,
                                keep_alive=req.keep_alive, role_first=prof.role_first,
                                sse_eol=self.sse_eol, sse_split=self.sse_split,
-                               end_delay_s=prof.end_delay_ms / 1000)
+                               end_delay_s=prof.end_delay_ms / 1000, fail=fail)
             return req.keep_alive
         except ClientGone:
             self._disconnects += 1

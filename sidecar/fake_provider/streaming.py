@@ -55,17 +55,20 @@ class _Wire:
 
 async def stream_reply(conn: Conn, reply: Reply, due: Sequence[float], record: dict[str, Any],
                        *, t0: float, name: str, keep_alive: bool, role_first: bool,
-                       sse_eol: str, sse_split: str, end_delay_s: float = 0.0) -> None:
+                       sse_eol: str, sse_split: str, end_delay_s: float = 0.0,
+                       fail: tuple[int, bytes] | None = None) -> None:
     """Write the response head, then token ``i``'s events at ``due[i]`` and the tail
     events with the last token, then the terminating chunk.
 
     ``t0`` is the request's arrival (loop time); ``role_first`` opens a chat stream
     with a role-only event, written at once; ``end_delay_s`` holds the terminating
-    chunk back after the last event.
+    chunk back after the last event. ``fail = (k, event)`` fails the stream mid-way:
+    only the first ``k`` tokens, then ``event`` (an error event) instead of the tail.
     """
     await conn.write(response_head(200, name, _STREAM_HEADERS, keep_alive))
     wire = _Wire(conn, record, t0)
-    n = len(due)
+    n = len(due) if fail is None else min(max(fail[0], 1), len(due))
+    tail = reply.tail_events() if fail is None else [fail[1]]
     if role_first and reply.kind == "chat":
         event = reframe(reply.role_event(), sse_eol)
         record["first_byte_ms"] = wire.since_arrival_ms()
@@ -77,11 +80,11 @@ async def stream_reply(conn: Conn, reply: Reply, due: Sequence[float], record: d
                 wire.first_token()
             for event in reply.token_events(i):
                 await wire.send(event)  # one chunk per event, flushed
-        for event in reply.tail_events():
+        for event in tail:
             await wire.send(event)
     else:  # another legal framing (sidecar.fake_provider.framing)
         blobs = [(due[i], b"".join(reply.token_events(i))) for i in range(n)]
-        blobs.append((due[-1], b"".join(reply.tail_events())))
+        blobs.append((due[n - 1], b"".join(tail)))
         framed = [(t, reframe(b, sse_eol)) for t, b in blobs]
         for j, (t, data) in enumerate(plan_writes(framed, sse_split)):
             await conn.sleep_until(t)
