@@ -1,0 +1,120 @@
+"""A provider that fails mid-stream behind its 200 is counted as errors (real Envoy).
+
+The fake providers answer a share of the streams with 200, half the tokens, then an
+error event in each shape real servers use (OpenAI, Anthropic, vLLM, the Responses
+API's ``error`` and ``response.failed``), then the end of the body. Before the access
+log read Envoy's stream-error mark, every one of them was logged ``ok`` with a short
+e2e; now each is an ``error`` outcome, counted apart in
+``tailroute_stream_errors_total``, and every complete stream (Responses events with
+``"error": null`` included) stays ``ok``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from typing import Any
+
+import openai
+import pytest
+
+from sidecar.devtools.harness import Stack
+from tests.ops_stack import MODEL, admin_get, ops_config, start_providers
+
+pytestmark = pytest.mark.envoy
+
+PER_SHAPE = 16
+RATE = 0.4  # a shape without any failure in 16 streams: 0.6 ** 16, 3e-4
+# Shape -> the API its streams come through.
+SHAPES = {
+    "openai": "chat",
+    "anthropic": "chat",
+    "vllm": "chat",
+    "responses_error": "responses",
+    "response_failed": "responses",
+}
+
+
+def _metrics(stack: Stack) -> dict[str, float]:
+    out = {}
+    for line in admin_get(stack, "/metrics").splitlines():
+        if line.startswith("tailroute_") and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+async def _send(base_url: str, api: str, n: int) -> Counter[str]:
+    """``n`` streamed requests; what the client saw of each (``done``: the stream
+    ended, whatever it carried; ``raised``: the SDK raised at an error event)."""
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="t", max_retries=0, timeout=20)
+    sem = asyncio.Semaphore(4)
+
+    async def one(i: int) -> str:
+        async with sem:
+            try:
+                if api == "chat":
+                    chat = await client.chat.completions.create(
+                        model=MODEL,
+                        messages=[{"role": "user", "content": f"q{i}"}],
+                        max_tokens=8,
+                        stream=True,
+                    )
+                    async for _ in chat:
+                        pass
+                else:
+                    resp = await client.responses.create(
+                        model=MODEL, input=f"q{i}", max_output_tokens=8, stream=True
+                    )
+                    async for _ in resp:
+                        pass
+                return "done"
+            except openai.APIStatusError as exc:
+                return str(exc.status_code)
+            except openai.APIError:
+                return "raised"
+
+    try:
+        return Counter(await asyncio.gather(*(one(i) for i in range(n))))
+    finally:
+        await client.close()
+
+
+def _midstream_errors(stack: Stack, names: list[str]) -> int:
+    return sum(stack.control(n, {})["counters"]["midstream_errors"] for n in names)
+
+
+def test_a_provider_failing_mid_stream_is_counted_as_errors_not_ok() -> None:
+    with Stack() as stack:
+        ports = start_providers(stack)
+        stack.start_sidecar(stack.write_config(ops_config(ports)))
+        stack.start_envoy()
+        seen: Counter[str] = Counter()
+        failed: dict[str, int] = {}
+        for shape, api in SHAPES.items():
+            before = _midstream_errors(stack, list(ports))
+            for name in ports:
+                stack.control(name, {"midstream_error_rate": RATE, "midstream_error_shape": shape})
+            seen += asyncio.run(_send(stack.base_url, api, PER_SHAPE))
+            failed[shape] = _midstream_errors(stack, list(ports)) - before
+        time.sleep(2)  # the access log flushes every envoy.access_log_flush_ms (100 ms)
+        m = _metrics(stack)
+        state: dict[str, Any] = stack.sidecar_state()
+    total, n_failed = PER_SHAPE * len(SHAPES), sum(failed.values())
+    outcome = {
+        o: m.get(f'tailroute_outcomes_total{{outcome="{o}"}}', 0.0)
+        for o in ("ok", "error", "timeout", "cancel", "lost")
+    }
+    marked = {k: v for k, v in m.items() if k.startswith("tailroute_stream_errors_total")}
+    print("\nmid-stream failures by shape:", failed, "client:", dict(seen))
+    print("outcomes:", outcome, "stream errors:", marked)
+    assert all(failed.values()), failed  # every shape failed some streams
+    assert set(seen) <= {"done", "raised"}, seen  # every answer was a 200
+    # Each failed stream is an error outcome, every other one ok: none of them is lost.
+    assert outcome["error"] == n_failed
+    assert outcome["ok"] == total - n_failed
+    assert outcome["timeout"] == outcome["cancel"] == outcome["lost"] == 0
+    # ... and told apart from status errors, per upstream cluster.
+    assert sum(marked.values()) == n_failed
+    assert sum(state["envoy"]["stream_errors"].values()) == n_failed
