@@ -244,3 +244,19 @@ _entries = st.builds(
 def test_any_batches_are_learned_alike_on_both_paths(
         batches: list[list[al.HTTPAccessLogEntry]], share: float) -> None:
     _both(batches, share)
+
+
+@pytest.mark.parametrize(("path", "status", "counted"), [
+    ("/v1/chat/completions", 200, True),
+    ("/v1/responses", 200, True),
+    ("/v1/messages", 200, False),  # another API: its message_start has a top-level message
+    ("/v1/chat/completions", 500, False),  # a status error already: not a 200 stream
+])
+def test_stream_errors_are_counted_on_2xx_llm_entries(path: str, status: int,
+                                                      counted: bool) -> None:
+    from sidecar.core.envoy_log import LogRecord
+
+    app = App.create(_config(1.0), seed=7)
+    OutcomeFeed(app)(LogRecord(status=status, method="POST", path=path,
+                               upstream_cluster="a", stream_error=True), 1.0)
+    assert app.stream_errors == ({"a": 1} if counted else {})

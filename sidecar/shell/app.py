@@ -33,6 +33,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sidecar.core.classify import api_for_path
 from sidecar.core.config import Config
 from sidecar.core.envoy_log import LogRecord, observation_from_log
 from sidecar.core.router import Router
@@ -198,9 +199,12 @@ class App:
         }
 
     def note_entry(self, rec: LogRecord) -> None:
-        """Count one access-log entry every sink receives (before it is matched)."""
+        """Count one access-log entry every sink receives (before it is matched). A
+        stream-error mark counts on the three LLM APIs only: another API's events may
+        match the selectors (Anthropic's Messages API opens with a top-level
+        ``message`` object) and are no evidence anyway (``not_llm``)."""
         self.envoy["entries"] += 1
-        if rec.stream_error and 200 <= rec.status < 300:
+        if rec.stream_error and 200 <= rec.status < 300 and api_for_path(rec.path) != "other":
             self.stream_errors[rec.upstream_cluster or "?"] += 1
 
     def new_rid(self) -> str:
