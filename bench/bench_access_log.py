@@ -87,7 +87,8 @@ def synth_entry(i: int, e: al.HTTPAccessLogEntry) -> None:
     req["max_tokens"].number_value = 4
     c.route_name = ROUTE
     if hasattr(ec, "TAG_ENTRY"):  # the native bootstrap's one tag
-        c.custom_tags[ec.TAG_ENTRY] = f"200|-|{us - 130}|{us}|4|"
+        parts = ["200", "-", str(us - 130), str(us), "4", "", ""]  # no rid, no stream error
+        c.custom_tags[ec.TAG_ENTRY] = "|".join(parts[:ec.ENTRY_TAG_FORMAT.count("|") + 1])
     else:  # a baseline checkout: the two duration tags
         c.custom_tags["tr_first_body_us"] = str(us - 130)
         c.custom_tags["tr_end_us"] = str(us)
