@@ -85,6 +85,16 @@ def admin_get(stack: Stack, path: str) -> str:
         return str(r.read().decode())
 
 
+def tailroute_metrics(stack: Stack) -> dict[str, float]:
+    """The sidecar's own samples on /metrics (``tailroute_*``), by series name with labels."""
+    out = {}
+    for line in admin_get(stack, "/metrics").splitlines():
+        if line.startswith("tailroute_") and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
 def wait_for(probe: Callable[[], T | None], what: str, timeout_s: float = 20.0) -> T:
     """Poll ``probe`` until it returns a value other than None/False (a readiness wait,
     not a timing assertion: the deadline only bounds a broken run)."""

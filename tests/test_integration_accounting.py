@@ -18,20 +18,11 @@ import openai
 import pytest
 
 from sidecar.devtools.harness import Stack
-from tests.ops_stack import MODEL, admin_get, ops_config, start_providers
+from tests.ops_stack import MODEL, ops_config, start_providers, tailroute_metrics
 
 pytestmark = pytest.mark.envoy
 
 N_STREAM, N_UNARY, N_ERROR, N_UNKNOWN, N_BAD = 30, 20, 10, 15, 5
-
-
-def _metrics(stack: Stack) -> dict[str, float]:
-    out = {}
-    for line in admin_get(stack, "/metrics").splitlines():
-        if line.startswith("tailroute_") and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
 
 
 async def _send(base_url: str, model: str, n: int, stream: bool) -> list[int]:
@@ -85,7 +76,7 @@ def test_counters_reconcile_with_requests_sent() -> None:
         assert sent["stream"] == [200] * N_STREAM and sent["unary"] == [200] * N_UNARY
         assert sent["error"] == [500] * N_ERROR
         time.sleep(2)  # the access log flushes every envoy.access_log_flush_ms (100 ms)
-        m = _metrics(stack)
+        m = tailroute_metrics(stack)
     outcome = {o: m.get(f'tailroute_outcomes_total{{outcome="{o}"}}', 0.0)
                for o in ("ok", "error", "timeout", "cancel")}
     print("\naccounting:", outcome, {k: v for k, v in m.items() if "fail_open" in k

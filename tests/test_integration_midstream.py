@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from sidecar.devtools.harness import Stack
-from tests.ops_stack import MODEL, admin_get, ops_config, start_providers
+from tests.ops_stack import MODEL, ops_config, start_providers, tailroute_metrics
 
 pytestmark = pytest.mark.envoy
 
@@ -34,15 +34,6 @@ SHAPES = {
     "responses_error": "responses",
     "response_failed": "responses",
 }
-
-
-def _metrics(stack: Stack) -> dict[str, float]:
-    out = {}
-    for line in admin_get(stack, "/metrics").splitlines():
-        if line.startswith("tailroute_") and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
 
 
 async def _send(base_url: str, api: str, n: int) -> Counter[str]:
@@ -99,7 +90,7 @@ def test_a_provider_failing_mid_stream_is_counted_as_errors_not_ok() -> None:
             seen += asyncio.run(_send(stack.base_url, api, PER_SHAPE))
             failed[shape] = _midstream_errors(stack, list(ports)) - before
         time.sleep(2)  # the access log flushes every envoy.access_log_flush_ms (100 ms)
-        m = _metrics(stack)
+        m = tailroute_metrics(stack)
         state: dict[str, Any] = stack.sidecar_state()
     total, n_failed = PER_SHAPE * len(SHAPES), sum(failed.values())
     outcome = {
