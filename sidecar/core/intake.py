@@ -136,7 +136,7 @@ class Intake:
         it (:func:`~sidecar.core.light_load.load_of`), for its observation's ``sent_load``."""
         load = self._load(cluster)
         self._inflight[cluster] += 1
-        if cluster in self.pushback.refused_slots:
+        if cluster in self._refused:
             self.pushback.pressed(cluster, self.held(cluster))
         return load
 

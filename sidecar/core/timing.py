@@ -112,6 +112,12 @@ class ResponseTimer:
     _sse: SseParser | None = None
     _body: bytearray | None = None
 
+    @property
+    def reads_events(self) -> bool:
+        """Is the body an event stream this timer parses (``text/event-stream``, no
+        content-encoding)? Known once :meth:`on_headers` has run."""
+        return self._sse is not None
+
     def on_headers(self, status: int, content_type: str, now: float,
                    content_encoding: str = "") -> None:
         self.status = status

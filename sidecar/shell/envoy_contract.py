@@ -47,14 +47,6 @@ ROUTE_HEADER = "x-tailroute-cluster"
 REQUEST_ID_HEADER = "x-tailroute-rid"
 STRIPPED_HEADERS = (ROUTE_HEADER, REQUEST_ID_HEADER)
 
-# The hints a client sends tailroute: read by the routing filters, then removed
-# (bootstrap_filters.strip_hints_filter) so the upstream never sees them (in extproc
-# mode; native and hybrid routes match x-tailroute-class at the router and keep them).
-HINT_HEADERS = (
-    "x-tailroute-class", "x-tailroute-priority", "x-tailroute-tenant", "x-tailroute-step",
-    "x-tailroute-fanout", "x-tailroute-deadline-ms", "x-tailroute-explain",
-)
-
 # A request carrying any of these takes the rich path (it needs the request
 # headers answered or the response headers seen): the deadline becomes the
 # upstream timeout header, explain comes back as a response header.
@@ -74,6 +66,14 @@ ATTRIBUTE_HEADERS: dict[str, str] = {
     "request.path": ":path",
     **{f"request.headers['{h}']": h for h in CLASSIFY_HEADERS},
 }
+
+# The hints a client sends tailroute: read by the routing filters, then removed
+# (bootstrap_filters.strip_hints_filter) so the upstream never sees them (in extproc
+# mode; native and hybrid routes match x-tailroute-class at the router and keep them).
+# Derived, so a header classify learns to read is stripped without a second list.
+HINT_HEADERS = (
+    *(h for h in CLASSIFY_HEADERS if h.startswith("x-tailroute-")), *RICH_HEADERS,
+)
 
 # Access-log custom tags (Envoy substitution formatters), microseconds from US_TX_BEG.
 TAG_FIRST_BODY_US = "tr_first_body_us"

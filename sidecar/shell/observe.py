@@ -68,13 +68,12 @@ class ObserveStream:
         kind = msg.WhichOneof("request")
         if kind == "response_headers":
             h = header_map(msg.response_headers.headers)
-            ctype = h.get("content-type", "")
-            timer.on_headers(response_status(self.app, h), ctype, now,
+            timer.on_headers(response_status(self.app, h), h.get("content-type", ""), now,
                              h.get("content-encoding", ""))
             if timer.unreadable is not None:
                 self.result = timer.unreadable  # gzip & co: no token can be read
                 return self._done(now)
-            if "text/event-stream" not in ctype.lower():
+            if not timer.reads_events:
                 self.result = "not_sse"  # a JSON answer to a streamed request: no tokens
                 return self._done(now)
             if msg.response_headers.end_of_stream:
