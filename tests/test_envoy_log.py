@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from google.protobuf import struct_pb2
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -227,3 +228,56 @@ def test_the_stream_error_mark_is_read_from_the_metadata_or_the_entry_tag(
     assert rec.stream_error is marked and rec.tokens == 3
     if tag is not None:
         assert rec.end_s == pytest.approx(0.0009)  # the tag is read, old format included
+
+
+def _lifted(values: dict[str, object], tag: str | None = None) -> al.HTTPAccessLogEntry:
+    """An entry whose usage metadata holds the mark and these lifted error values."""
+    e = al.HTTPAccessLogEntry()
+    c = e.common_properties
+    if tag is not None:
+        c.custom_tags["tr"] = tag
+    fields = c.metadata.filter_metadata["tailroute.usage"].fields
+    fields["stream_error"].number_value = 1
+    for key, value in values.items():
+        v = fields["error_value." + key]
+        if isinstance(value, bool):
+            v.bool_value = value
+        elif isinstance(value, int | float):
+            v.number_value = value
+        elif isinstance(value, str):
+            v.string_value = value
+        elif isinstance(value, dict):
+            v.struct_value.update(value)
+        else:
+            v.null_value = struct_pb2.NULL_VALUE
+    e.response.response_code.value = 200
+    return al.HTTPAccessLogEntry.FromString(e.SerializeToString())
+
+
+@pytest.mark.parametrize(("values", "error"), [
+    # What Envoy lifts (an object as its JSON text, {} as the text "null").
+    ({"error": "upstream overloaded"}, True),
+    ({"error": '{"code":500}'}, True),
+    ({"error": "null"}, True),
+    ({"error": 500.0}, True),
+    ({"error": True}, True),
+    ({"message": "oops"}, True),
+    ({"response.error": '{"code":"server_error"}'}, True),
+    # A provider's "no error".
+    ({"error": ""}, False),
+    ({"error": False}, False),
+    ({"error": 0.0}, False),
+    ({"message": ""}, False),
+    # Any field that reports one is enough.
+    ({"error": "", "message": "oops"}, True),
+    ({"error": "", "message": "", "response.error": ""}, False),
+    # Not lifted by Envoy, read as it would be.
+    ({"error": {"code": 500}}, True),
+    ({"error": None}, False),
+    # The mark of a bootstrap that lifted no values: an error by itself.
+    ({}, True),
+])
+@pytest.mark.parametrize("tag", [None, "200|-|100|900|||1"])
+def test_lifted_error_values_are_judged_as_the_timer_judges_them(
+        values: dict[str, object], error: bool, tag: str | None) -> None:
+    assert record_from_entry(_lifted(values, tag)).stream_error is error

@@ -2,11 +2,16 @@
 
 The fake providers answer a share of the streams with 200, half the tokens, then an
 error event in each shape real servers use (OpenAI, Anthropic, vLLM, the Responses
-API's ``error`` and ``response.failed``), then the end of the body. Before the access
-log read Envoy's stream-error mark, every one of them was logged ``ok`` with a short
-e2e; now each is an ``error`` outcome, counted apart in
-``tailroute_stream_errors_total``, and every complete stream (Responses events with
-``"error": null`` included) stays ``ok``.
+API's ``error`` and ``response.failed``, a plain-string ``error``, an error object
+without a message), then the end of the body. Before the access log read the error
+fields Envoy lifts, every one of them was logged ``ok`` with a short e2e; now each is
+an ``error`` outcome, counted apart in ``tailroute_stream_errors_total``, and every
+complete stream (Responses events with ``"error": null`` included) stays ``ok``.
+
+In native mode Envoy parses the events of ``envoy.usage_sample`` of the streams only
+(a quarter by default): a failure on any other stream is logged ``ok``, timed like a
+complete one (its TTFT and its e2e up to the failure). The native test checks that
+exactly the failures on the parsed share are errors, and all of them with a share of 1.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from typing import Any
 import openai
 import pytest
 
-from sidecar.devtools.harness import Stack
+from sidecar.devtools.harness import Stack, http_json
+from sidecar.shell.bootstrap_filters import usage_share
 from tests.ops_stack import MODEL, ops_config, start_providers, tailroute_metrics
 
 pytestmark = pytest.mark.envoy
@@ -33,6 +39,8 @@ SHAPES = {
     "vllm": "chat",
     "responses_error": "responses",
     "response_failed": "responses",
+    "plain_string": "chat",
+    "error_code": "chat",
 }
 
 
@@ -109,3 +117,50 @@ def test_a_provider_failing_mid_stream_is_counted_as_errors_not_ok() -> None:
     # ... and told apart from status errors, per upstream cluster.
     assert sum(marked.values()) == n_failed
     assert sum(state["envoy"]["stream_errors"].values()) == n_failed
+
+
+def _failures(stack: Stack, ports: dict[str, int]) -> list[str]:
+    """The request ids (Envoy's ``x-request-id``) of the streams the providers failed."""
+    ids = []
+    for port in ports.values():
+        for r in http_json(f"http://127.0.0.1:{port}/control/requests"):
+            if r.get("midstream_error"):
+                ids.append(r["request_id"])
+    return ids
+
+
+NATIVE_STREAMS = 48
+
+
+@pytest.mark.parametrize("sample", [None, 1.0])
+def test_native_mode_sees_mid_stream_failures_on_the_streams_envoy_parses(
+        sample: float | None) -> None:
+    with Stack() as stack:
+        ports = start_providers(stack)
+        envoy = {} if sample is None else {"usage_sample": sample}
+        cfg = stack.write_config(ops_config(ports, routing={"mode": "native"}, envoy=envoy))
+        stack.start_sidecar(cfg)
+        stack.start_envoy()
+        for name in ports:
+            stack.control(name, {"midstream_error_rate": RATE, "midstream_error_shape": "openai"})
+        seen = asyncio.run(_send(stack.base_url, "chat", NATIVE_STREAMS))
+        failed = _failures(stack, ports)
+        time.sleep(2)  # the access log flushes every envoy.access_log_flush_ms (100 ms)
+        m = tailroute_metrics(stack)
+        share = usage_share(stack.config) if stack.config is not None else 1.0
+    # The usage filter runs on the streams whose id starts with one of the first
+    # 16 x share hex digits (bootstrap_filters.usage_sampled).
+    digits = "0123456789abcdef"[:round(share * 16)]
+    parsed = [i for i in failed if i and i[0].lower() in digits]
+    errors = m.get('tailroute_outcomes_total{outcome="error"}', 0.0)
+    ok = m.get('tailroute_outcomes_total{outcome="ok"}', 0.0)
+    marked = sum(v for k, v in m.items() if k.startswith("tailroute_stream_errors_total"))
+    print(f"\nshare {share}: {len(failed)} failed, {len(parsed)} on parsed streams; "
+          f"client {dict(seen)}; outcomes ok {ok} error {errors}; stream errors {marked}")
+    assert set(seen) <= {"done", "raised"}, seen
+    assert failed  # 0.6 ** 48: never in practice
+    assert errors == marked == len(parsed)
+    # Every other stream, the unparsed failures included, is an ok outcome.
+    assert ok == NATIVE_STREAMS - len(parsed)
+    if sample == 1.0:
+        assert len(parsed) == len(failed)

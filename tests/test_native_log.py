@@ -44,9 +44,12 @@ def entry(route: str = route_name(S, "len"), cluster: str = "a", status: int = 2
           first_us: str | None = "2100", end_us: str | None = "9000",
           tokens: float | None = 4, rid: str | None = None, details: str = "via_upstream",
           flags: tuple[str, ...] = (), tailroute_ns: bool = False,
-          entry_tag: bool = True, stream_error: bool = False) -> al.HTTPAccessLogEntry:
+          entry_tag: bool = True, stream_error: bool = False, error_value: str | None = None,
+          attempts: int = 1) -> al.HTTPAccessLogEntry:
     """An entry as Envoy logs it: with the native bootstrap's one tag, or
-    (``entry_tag=False``) with the ext_proc bootstrap's two duration tags."""
+    (``entry_tag=False``) with the ext_proc bootstrap's two duration tags;
+    ``error_value``: the lifted ``error`` field of a marked stream; ``attempts``:
+    upstream attempts (Envoy's retries)."""
     e = al.HTTPAccessLogEntry()
     c = e.common_properties
     c.time_to_first_upstream_tx_byte.FromMicroseconds(300)
@@ -71,6 +74,9 @@ def entry(route: str = route_name(S, "len"), cluster: str = "a", status: int = 2
         fm["tailroute.usage"].fields["output_tokens"].number_value = tokens
     if stream_error:
         fm["tailroute.usage"].fields["stream_error"].number_value = 1
+        if error_value is not None:
+            fm["tailroute.usage"].fields["error_value.error"].string_value = error_value
+    c.upstream_request_attempt_count = attempts
     if rid is not None:
         fm["tailroute"].fields["rid"].string_value = rid
     elif tailroute_ns:
@@ -165,6 +171,9 @@ def _both(batches: list[list[al.HTTPAccessLogEntry]], observe_share: float = 1.0
     pytest.param(entry(entry_tag=False, end_us=None), id="no entry tag, no end"),
     pytest.param(entry(stream_error=True), id="error event in a 200 stream"),
     pytest.param(entry(stream_error=True, entry_tag=False), id="error event, no entry tag"),
+    pytest.param(entry(stream_error=True, error_value="boom"), id="a string error field"),
+    pytest.param(entry(stream_error=True, error_value=""), id="an empty error field"),
+    pytest.param(entry(attempts=3), id="Envoy retried"),
 ])
 def test_each_kind_of_entry_is_learned_alike_on_both_paths(e: al.HTTPAccessLogEntry) -> None:
     _both([[e, entry()]])
@@ -177,7 +186,26 @@ def test_the_common_entry_takes_the_shortcut_and_the_rest_the_record_path() -> N
     assert not any(take(e) for e in (entry(status=503), entry(rid="r-1"), entry(end_us=None),
                                      entry(flags=("upstream_remote_reset",)),
                                      entry(route="tailroute_default"),
-                                     entry(entry_tag=False), entry(stream_error=True)))
+                                     entry(entry_tag=False), entry(stream_error=True),
+                                     entry(attempts=2)))
+
+
+def test_an_empty_error_field_is_ok_and_no_stream_error() -> None:
+    side = Side(True)
+    side.feed([entry(stream_error=True, error_value=""), entry()], 10.0)
+    assert [o.outcome for o in side.seen][:1] == ["ok"]
+    assert side.app.router.counters[("outcome", "ok")] == 2
+    assert side.app.stream_errors == {}
+
+
+def test_envoys_retries_are_counted_per_cluster() -> None:
+    side = Side(True)
+    side.feed([entry(attempts=3), entry(), entry(cluster="b", attempts=2)], 10.0)
+    assert side.app.upstream_retries == {"a": 2, "b": 1}
+    counters = side.app.shell_counters()
+    assert counters["upstream_retry:a"] == 2 and counters["upstream_retry:b"] == 1
+    # The request itself is learned once, by its last attempt.
+    assert side.app.router.counters[("outcome", "ok")] == 3
 
 
 def test_an_error_event_in_a_200_stream_is_learned_as_an_error() -> None:

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.core.sse import SseEvent, SseParser, parse_all
-from sidecar.core.timing import ResponseTimer
+from sidecar.core.timing import ResponseTimer, is_error_value
 from sidecar.core.types import SliceKey
 
 S = SliceKey("m", "interactive", "short", True)
@@ -284,6 +284,15 @@ def test_responses_api_events_with_event_field() -> None:
     b'data: {"type":"error","message":"m","code":"server_error"}\n\n',  # Responses API
     b'data: {"type":"response.failed","response":{"error":{"message":"f"}}}\n\n',
     b'data: {"type":"error","error":{"type":"overloaded_error","message":""}}\n\n',
+    # An error that is not an object with a message still is one.
+    b'data: {"error":"upstream overloaded"}\n\n',
+    b'data: {"error":{"code":500}}\n\n',
+    b'data: {"type":"error","error":{"type":"overloaded_error"}}\n\n',  # Anthropic
+    b'data: {"error":{"message":[]}}\n\n',
+    b'data: {"error":{}}\n\n',
+    b'data: {"error":503}\n\n',
+    b'data: {"error":true}\n\n',
+    b'data: {"type":"response.failed","response":{"error":{"code":"server_error"}}}\n\n',
 ])
 def test_error_event_in_a_200_stream_is_an_error_outcome(event: bytes) -> None:
     t = _timed(b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n' + event)
@@ -292,18 +301,32 @@ def test_error_event_in_a_200_stream_is_an_error_outcome(event: bytes) -> None:
 
 
 @pytest.mark.parametrize("event", [
-    # What Envoy's JSON content parser does not call present: null and arrays.
+    # How a provider says "no error" in an event that always carries the field.
     b'data: {"error":null,"choices":[]}\n\n',
+    b'data: {"error":"","choices":[]}\n\n',
+    b'data: {"error":false,"choices":[]}\n\n',
+    b'data: {"error":0,"choices":[]}\n\n',
     b'data: {"type":"response.completed","response":{"error":null}}\n\n',
     b'data: {"message":null}\n\n',
-    b'data: {"error":{"message":[]}}\n\n',
-    # No message where the selectors look: Envoy cannot tell these from data.
-    b'data: {"error":"overloaded"}\n\n',
+    b'data: {"message":""}\n\n',
+    # Arrays: Envoy's JSON content parser never lifts one.
+    b'data: {"error":["overloaded"]}\n\n',
+    # A message below the top level is not an error field.
+    b'data: {"choices":[{"delta":{"content":"b","message":"hi"}}]}\n\n',
     b'data: {"type":"response.failed","response":{}}\n\n',
 ])
-def test_what_envoy_does_not_mark_is_no_error_event(event: bytes) -> None:
+def test_what_is_no_error_event(event: bytes) -> None:
     t = _timed(b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n' + event)
     assert not t.stream_error
+
+
+@pytest.mark.parametrize(("value", "error"), [
+    (None, False), ("", False), (False, False), (0, False), (0.0, False), ([], False),
+    (["x"], False), ("x", True), ("null", True), ({}, True), ({"code": 500}, True),
+    (True, True), (500, True), (-1, True), (0.5, True),
+])
+def test_error_values(value: object, error: bool) -> None:
+    assert is_error_value(value) is error
 
 
 def test_tool_calls_and_refusals_are_tokens() -> None:

@@ -51,14 +51,16 @@ chunk (vLLM's ``continuous_usage_stats``) makes a mid-stream leave look complete
 it is then a short ``ok``, whose TPOT is still right.
 
 An error event is an SSE event whose JSON reports an error
-(:data:`sidecar.core.timing.ERROR_SELECTORS`: ``error.message``, a top-level
-``message``, ``response.error.message``): a provider that fails mid-stream sends
-one behind its ``200`` and then ends the stream, which the status and the flags
-alone would log as a short ``ok``. Envoy's ``sse_to_metadata`` filter marks such a
-stream with a constant (``LogRecord.stream_error``); it wins over every flag, as
-the provider reported its failure before the client left or Envoy gave up. The
-filter runs on ``envoy.usage_sample`` of the requests (all in extproc mode), so
-only those can show the mark.
+(:data:`sidecar.core.timing.ERROR_SELECTORS`: an ``error``, a top-level ``message``
+or a ``response.error`` whose value is an error value -- a non-empty string, an
+object, ``true``, a non-zero number): a provider that fails mid-stream sends one
+behind its ``200`` and then ends the stream, which the status and the flags alone
+would log as a short ``ok``. Envoy's ``sse_to_metadata`` filter lifts those fields
+into the entry's metadata and the access-log reader judges them
+(``LogRecord.stream_error``); it wins over every flag, as the provider reported its
+failure before the client left or Envoy gave up. The filter runs on
+``envoy.usage_sample`` of the requests (all in extproc mode), so only those can
+show it.
 
 Timeouts and cancels are *censored* exactly as in :mod:`sidecar.core.timing`:
 their TTFT/e2e are the time waited since ``t0`` (lower bounds) and the router
@@ -109,7 +111,10 @@ class LogRecord:
     route_key: str | None = None  # the route tailroute chose ("<cluster>|<class>|<n|s>")
     slice_label: str | None = None  # the slice tailroute classified the request into
     stream_id: str = ""
-    stream_error: bool = False  # a 2xx stream carried an error event (Envoy's marker)
+    stream_error: bool = False  # a 2xx stream carried an error event (as Envoy lifted it)
+    # Upstream attempts Envoy made for the request (its route's retry_policy): the entry
+    # is the last one's; the others failed on the same cluster, unseen otherwise.
+    attempts: int = 1
 
 
 def outcome_of(rec: LogRecord) -> Outcome | None:

@@ -57,18 +57,20 @@ _TOKEN_TYPES = frozenset({
     "response.audio.transcript.delta", "response.code_interpreter_call_code.delta",
     "response.custom_tool_call_input.delta", "response.mcp_call_arguments.delta",
 })
-# What makes an event's JSON an error report: any of these paths present, with a value
-# that is not null and not an array (what Envoy's JSON content parser calls present:
-# a string, number, boolean or object). OpenAI and Anthropic error events carry
-# ``error.message``; vLLM's ``{"object": "error", "message": ...}`` and the Responses
-# API's ``{"type": "error", "message": ...}`` a top-level ``message`` (no other
-# chat, completions or Responses event has one); ``response.failed`` carries
-# ``response.error.message`` (every other Responses event says ``"error": null``).
-# Envoy's sse_to_metadata filter applies the very same paths
-# (sidecar.shell.bootstrap_filters.usage_filters), so both paths agree on what an
-# error event is.
+# Where an event's JSON reports an error: a field at one of these paths whose value is
+# an error value (:func:`is_error_value`: a non-empty string, an object, true, a non-zero
+# number). OpenAI (``{"error": {"message": ...}}``), Anthropic (``{"type": "error",
+# "error": {...}}``) and servers that say ``{"error": "upstream overloaded"}`` or
+# ``{"error": {"code": 500}}`` put it under ``error``; vLLM's ``{"object": "error",
+# "message": ...}`` and the Responses API's ``{"type": "error", "message": ...}`` in a
+# top-level ``message`` (no other chat, completions or Responses event has one);
+# ``response.failed`` under ``response.error`` (every other Responses event says
+# ``"error": null``). Envoy's sse_to_metadata filter applies the very same paths
+# (sidecar.shell.bootstrap_filters.usage_filters): it lifts each path's value into
+# dynamic metadata and the sidecar judges it with the same is_error_value, so both
+# paths agree on what an error event is.
 ERROR_SELECTORS: tuple[tuple[str, ...], ...] = (
-    ("error", "message"), ("message",), ("response", "error", "message"),
+    ("error",), ("message",), ("response", "error"),
 )
 
 
@@ -228,14 +230,36 @@ class ResponseTimer:
 
 
 def is_error_event(obj: dict[str, Any]) -> bool:
-    """True if an event's JSON object reports an error (:data:`ERROR_SELECTORS`)."""
+    """True if an event's JSON object reports an error: the value at one of
+    :data:`ERROR_SELECTORS` is an error value (:func:`is_error_value`)."""
     for path in ERROR_SELECTORS:
         node: Any = obj
         for key in path:
             node = node.get(key) if isinstance(node, dict) else None
-        if node is not None and not isinstance(node, list):
+        if is_error_value(node):
             return True
     return False
+
+
+def is_error_value(value: Any) -> bool:
+    """Does this value of an error field report an error?
+
+    Yes: a non-empty string, an object (``{"code": 500}``, even ``{}``), ``true``, a
+    non-zero number. No: ``null``, ``""``, ``false``, ``0`` (how a provider says "no
+    error" in an event that always carries the field) and an array. The rule is also
+    what Envoy's JSON content parser can pass on: it lifts strings, numbers, booleans
+    and objects (an object as its JSON text, ``{}`` as the text ``null``: a non-empty
+    string, so an object either way) and never null or an array.
+    """
+    if value is None or isinstance(value, list):
+        return False
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float):
+        return value != 0
+    if isinstance(value, str):
+        return value != ""
+    return isinstance(value, dict)
 
 
 def _usage_tokens(obj: dict[str, Any]) -> int | None:

@@ -21,7 +21,8 @@ Z99 = 2.326
 TAIL_CAP = 10.0
 OUTAGE_MODES = ("close", "503")
 #: How a stream that fails mid-way reports it (sidecar.fake_provider.reply.Reply.error_event).
-MIDSTREAM_ERROR_SHAPES = ("openai", "anthropic", "vllm", "responses_error", "response_failed")
+MIDSTREAM_ERROR_SHAPES = ("openai", "anthropic", "vllm", "responses_error", "response_failed",
+                          "plain_string", "error_code")
 #: Control fields that change a :class:`Profile`; the rest are flags.
 PROFILE_FIELDS = (
     "ttft_ms", "tpot_ms", "error_rate", "error_status", "stall_ms", "outage", "outage_mode",

@@ -128,6 +128,10 @@ class Reply:
         error = {"message": message, "type": "server_error", "param": None, "code": None}
         if shape == "openai":
             return _sse({"error": error})
+        if shape == "plain_string":  # the error is a string, not an object
+            return _sse({"error": f"upstream overloaded: {message}"})
+        if shape == "error_code":  # an error object without a message
+            return _sse({"error": {"code": 500, "type": "server_error"}})
         if shape == "anthropic":
             payload = {"type": "error", "error": {"type": "overloaded_error", "message": message}}
             return b"event: error\ndata: " + json.dumps(payload).encode() + b"\n\n"

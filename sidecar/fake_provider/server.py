@@ -24,7 +24,10 @@ Control JSON (every field optional; an invalid payload is rejected whole)::
 one), one error event, the end (no usage, no ``[DONE]``; ``counters.midstream_errors``).
 Shapes: ``openai`` ``{"error": {"message": ...}}``, ``anthropic`` (``event: error``,
 ``{"type": "error", "error": {...}}``), ``vllm`` ``{"object": "error", "message": ...}``,
-``responses_error`` ``{"type": "error", "message": ...}``, ``response_failed``.
+``responses_error`` ``{"type": "error", "message": ...}``, ``response_failed``,
+``plain_string`` ``{"error": "upstream overloaded: ..."}``, ``error_code``
+``{"error": {"code": 500, "type": "server_error"}}`` (no message). A failed stream's
+entry in ``/control/requests`` says ``"midstream_error": true``.
 
 A hold lets a test keep requests in flight for exactly as long as it needs (until
 it sends ``"hold": false``) instead of for a latency it hopes outlasts its steps;
@@ -344,6 +347,7 @@ class FakeProvider:
             # of the first body byte, the first content token and the last event
             # (streamed only).
             "first_byte_ms": None, "first_token_ms": None, "last_token_ms": None,
+            "midstream_error": False,
         }
         self.recent.append(record)
         start = t0  # the latency profile runs from arrival, or from release of a hold
@@ -381,6 +385,7 @@ class FakeProvider:
             fail = None
             if prof.midstream_error_rate > 0 and self._rng.random() < prof.midstream_error_rate:
                 self._midstream += 1
+                record["midstream_error"] = True
                 fail = (n // 2, reply.error_event(prof.midstream_error_shape, self.name))
             await stream_reply(conn, reply, due, record, t0=t0, name=self.name,
                                keep_alive=req.keep_alive, role_first=prof.role_first,

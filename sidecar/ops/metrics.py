@@ -59,6 +59,7 @@ METRIC_NAMES = (
     "tailroute_access_log_wait_seconds",
     "tailroute_first_token_samples_total",
     "tailroute_stream_errors_total",
+    "tailroute_upstream_retries_total",
     *_QUANTILE_METRICS.values(),
     *(exported_name(f) for f in FAMILIES),
     *FLEET_METRIC_NAMES,  # only with a fleet: section (sidecar.fleet.metrics)
@@ -180,6 +181,12 @@ class RouterCollector(Collector):
             "provider that failed mid-stream behind its 200; also counted as outcome "
             "error when observed), by upstream cluster",
             _prefixed(shell, "stream_error:"), labels=["cluster"])
+        yield counter(
+            "tailroute_upstream_retries",
+            "Upstream attempts Envoy retried on its own (a route retry_policy), by upstream "
+            "cluster: each failed on that cluster before the attempt the access log shows; "
+            "the sidecar observes only the last attempt of each request",
+            _prefixed(shell, "upstream_retry:"), labels=["cluster"])
 
 
 def _prefixed(counters: dict[str, int], prefix: str) -> list[tuple[list[str], int]]:

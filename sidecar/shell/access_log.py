@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from sidecar.core.envoy_log import LogRecord
+from sidecar.core.timing import ERROR_SELECTORS, is_error_value
 from sidecar.pb.envoy.data.accesslog.v3 import accesslog_pb2 as al
 from sidecar.pb.envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 from sidecar.shell import envoy_contract as ec
@@ -105,11 +106,44 @@ def usage_tokens(fm: Any) -> int | None:
     return int(n) if 0 <= n < 1e9 else None
 
 
-def stream_error(fm: Any) -> bool:
-    """True when Envoy's usage filter marked the stream: one of its events reported an
-    error (``envoy_contract.STREAM_ERROR_KEY``; only its presence counts)."""
+_ERROR_VALUE_KEYS = tuple(ec.error_value_key(p) for p in ERROR_SELECTORS)
+
+
+def stream_error(fm: Any) -> bool | None:
+    """Did one of the stream's events report an error, as Envoy's usage filter saw it?
+    None when the metadata has no mark (``envoy_contract.STREAM_ERROR_KEY``): no event
+    had an error field, or the filter did not run. With the mark, the lifted values of
+    the error fields (``envoy_contract.error_value_key``) decide, judged as the sampled
+    timer judges them (``is_error_value``); a mark without any value is from a bootstrap
+    rendered before the values were lifted, whose mark meant an error by itself."""
     usage = fm.get(ec.USAGE_NS)
-    return usage is not None and ec.STREAM_ERROR_KEY in usage.fields
+    if usage is None:
+        return None
+    fields = usage.fields
+    if ec.STREAM_ERROR_KEY not in fields:
+        return None
+    seen = False
+    for key in _ERROR_VALUE_KEYS:
+        v = fields.get(key)
+        if v is not None:
+            seen = True
+            if is_error_value(_plain(v)):
+                return True
+    return not seen
+
+
+def _plain(v: Any) -> Any:
+    """A ``google.protobuf.Value`` as the JSON value it holds."""
+    kind = v.WhichOneof("kind")
+    if kind == "string_value":
+        return v.string_value
+    if kind == "number_value":
+        return v.number_value
+    if kind == "bool_value":
+        return v.bool_value
+    if kind == "struct_value":
+        return {}  # an object (Envoy lifts objects as text; any object reports an error)
+    return None  # null, a list (Envoy lifts neither) or no value at all
 
 
 def _string(fields: Any, key: str) -> str | None:
@@ -131,7 +165,7 @@ def record_from_entry(e: al.HTTPAccessLogEntry) -> LogRecord:
             flags = frozenset(set_flags)
     rid = route = slice_label = None
     tokens = None
-    failed = False
+    judged: bool | None = None
     if c.HasField("metadata"):
         fm = c.metadata.filter_metadata
         ours = fm.get(ec.METADATA_NS)
@@ -141,12 +175,13 @@ def record_from_entry(e: al.HTTPAccessLogEntry) -> LogRecord:
             route = _string(fields, ec.ROUTE_KEY)
             slice_label = _string(fields, ec.SLICE_KEY)
         tokens = usage_tokens(fm)
-        failed = stream_error(fm)
+        judged = stream_error(fm)
     tags = c.custom_tags
     parts = entry_tag(tags)
     if parts is not None:  # the native bootstrap: one tag instead of the two durations
         first, end = us_seconds(parts[2]), us_seconds(parts[3])
-        failed = failed or parts[6] not in ("", "-")
+        if judged is None:  # the tag's mark without one in the metadata: an error
+            judged = parts[6] not in ("", "-")
     else:
         first, end = tag_us(tags, ec.TAG_FIRST_BODY_US), tag_us(tags, ec.TAG_END_US)
     method = e.request.request_method
@@ -169,7 +204,8 @@ def record_from_entry(e: al.HTTPAccessLogEntry) -> LogRecord:
         route,
         slice_label,
         c.stream_id,
-        failed,
+        bool(judged),
+        max(c.upstream_request_attempt_count, 1),  # 0: not logged (no upstream request)
     )
 
 

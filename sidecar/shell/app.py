@@ -92,6 +92,10 @@ class App:
     # Entries of 2xx responses whose stream carried an error event (a provider that
     # failed mid-stream; their outcome is error), per upstream cluster, observed or not.
     stream_errors: Counter[str] = field(default_factory=Counter)
+    # Upstream attempts Envoy retried (a route retry_policy), per cluster: attempts - 1
+    # of each entry. The sidecar decided and observes the request once, by its last
+    # attempt; these are the failed attempts before it.
+    upstream_retries: Counter[str] = field(default_factory=Counter)
     waiting: LogWait = field(default_factory=LogWait)  # finished, entry not yet in
     # Called with every observation the router receives (the GenAI histograms,
     # sidecar.ops.genai_metrics); whatever produces observations calls observe().
@@ -149,6 +153,7 @@ class App:
         out.update({f"envoy:{k}": v for k, v in self.envoy.items()})
         out.update({f"first_token:{k}": v for k, v in self.first_token_samples.items()})
         out.update({f"stream_error:{k}": v for k, v in self.stream_errors.items()})
+        out.update({f"upstream_retry:{k}": v for k, v in self.upstream_retries.items()})
         if self.forwards.dropped:
             out["error:forward_dropped"] = self.forwards.dropped
         out["outcome:lost"] = self.envoy["lost"]
@@ -196,6 +201,7 @@ class App:
             "first_token_offsets": self.offsets.summary(),
             "first_token_samples": dict(self.first_token_samples),
             "stream_errors": dict(self.stream_errors),  # error events in 2xx streams
+            "upstream_retries": dict(self.upstream_retries),  # Envoy's own retries
         }
 
     def note_entry(self, rec: LogRecord) -> None:
@@ -204,6 +210,8 @@ class App:
         match the selectors (Anthropic's Messages API opens with a top-level
         ``message`` object) and are no evidence anyway (``not_llm``)."""
         self.envoy["entries"] += 1
+        if rec.attempts > 1:
+            self.upstream_retries[rec.upstream_cluster or "?"] += rec.attempts - 1
         if rec.stream_error and 200 <= rec.status < 300 and api_for_path(rec.path) != "other":
             self.stream_errors[rec.upstream_cluster or "?"] += 1
 

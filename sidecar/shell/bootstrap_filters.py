@@ -24,7 +24,7 @@ Filter chain (in this order, before the router), and why each is there:
 5. ``tailroute.usage`` (sse_to_metadata): lifts the stream's final
    ``usage.completion_tokens`` (Chat/Completions) or ``response.usage.output_tokens``
    (Responses API) into dynamic metadata, which the access log carries, and
-   marks a stream one of whose events reports an error (``stream_error``: a
+   the error fields of its events (``stream_error`` and ``error_value.*``: a
    provider that failed mid-stream behind its 200). It parses every event of
    the stream as JSON (~7 us of Envoy CPU per event here), so with
    ``envoy.usage_sample`` below 1 it runs only on that share of requests,
@@ -220,10 +220,18 @@ def usage_sampled(inner: dict[str, Any], share: float) -> list[dict[str, Any]]:
 
 
 def usage_filters(share: float = 1.0) -> list[dict[str, Any]]:
-    """Token counts from the stream's final usage object into dynamic metadata, and a
-    constant marker when an event reports an error (``ERROR_SELECTORS``: a provider
-    that failed mid-stream behind a 200), on ``share`` of the requests
-    (:func:`usage_sampled`)."""
+    """Token counts from the stream's final usage object into dynamic metadata, and the
+    error fields of its events (``ERROR_SELECTORS``: a provider that failed mid-stream
+    behind a 200), on ``share`` of the requests (:func:`usage_sampled`).
+
+    Each error field has two rules. One writes a constant mark on the field's first
+    presence, so the entry leaves native mode's fast path (which reads only the entry
+    tag) for the record path. The other lifts the field's value every time it is
+    present (the last one stays), and the sidecar judges it there
+    (``sidecar.core.timing.is_error_value``): Envoy's parser matches on presence alone,
+    so ``{"error": ""}`` or ``{"error": false}``, a provider's "no error", would
+    otherwise count as a failure.
+    """
     def rule(*path: str) -> dict[str, Any]:
         return {"rule": {
             "selectors": [{"key": k} for k in path],
@@ -231,14 +239,24 @@ def usage_filters(share: float = 1.0) -> list[dict[str, Any]]:
                            "type": "NUMBER"},
         }}
 
-    def error_rule(path: tuple[str, ...]) -> dict[str, Any]:
-        # A constant, never the selected text: the provider's message must not reach
-        # the access log's '|'-separated entry tag. One match is enough.
-        return {"rule": {
-            "selectors": [{"key": k} for k in path],
+    def error_rules(path: tuple[str, ...]) -> list[dict[str, Any]]:
+        selectors = [{"key": k} for k in path]
+        # The mark is a constant, never the selected text: the provider's message must
+        # not reach the access log's '|'-separated entry tag. One match is enough.
+        mark = {"rule": {
+            "selectors": selectors,
             "on_present": {"metadata_namespace": ec.USAGE_NS, "key": ec.STREAM_ERROR_KEY,
                            "value": ec.STREAM_ERROR_MARK},
         }, "stop_processing_after_matches": 1}
+        # The value as it is (a string, number or boolean; an object as its JSON text):
+        # no limit, so a stream that carries ``"error": ""`` on every event and then a
+        # real error ends with the real one.
+        value = {"rule": {
+            "selectors": selectors,
+            "on_present": {"metadata_namespace": ec.USAGE_NS, "key": ec.error_value_key(path),
+                           "type": "PROTOBUF_VALUE"},
+        }}
+        return [mark, value]
 
     return usage_sampled({
         "name": USAGE_FILTER,
@@ -250,7 +268,7 @@ def usage_filters(share: float = 1.0) -> list[dict[str, Any]]:
                     "@type": TYPE + "envoy.extensions.content_parsers.json.v3.JsonContentParser",
                     "rules": [rule("usage", "completion_tokens"),
                               rule("response", "usage", "output_tokens"),
-                              *(error_rule(p) for p in ERROR_SELECTORS)],
+                              *(r for p in ERROR_SELECTORS for r in error_rules(p))],
                 },
             }},
         },

@@ -27,11 +27,23 @@ ROUTE_KEY = "route"
 SLICE_KEY = "slice"
 TOKENS_KEY = "output_tokens"
 # Written (a constant, never the provider's text) by the usage filter when an event of
-# the stream reports an error (sidecar.core.timing.ERROR_SELECTORS): a provider that
-# failed mid-stream behind a 200. The value is a constant so that nothing a provider
-# sends ever reaches the '|'-separated entry tag below.
+# the stream has a field at one of sidecar.core.timing.ERROR_SELECTORS: the entry is
+# then read field by field, where the field's value (below) decides whether it reported
+# an error (a provider that failed mid-stream behind a 200). The mark is a constant so
+# that nothing a provider sends ever reaches the '|'-separated entry tag below.
 STREAM_ERROR_KEY = "stream_error"
 STREAM_ERROR_MARK = 1
+# The last value of each error field the stream carried, as Envoy lifted it (an object
+# as its JSON text), under ERROR_VALUE_PREFIX + the path joined with dots
+# ("error_value.response.error"). Only the access-log entry's metadata carries it.
+ERROR_VALUE_PREFIX = "error_value."
+
+
+def error_value_key(path: tuple[str, ...]) -> str:
+    """The usage-namespace key of one error field's value (:data:`ERROR_VALUE_PREFIX`)."""
+    return ERROR_VALUE_PREFIX + ".".join(path)
+
+
 # The request id copied into metadata where usage is parsed on a sample of requests
 # (bootstrap_filters.usage_sampled): the sampling matcher reads it there.
 SAMPLE_NS = "tailroute.usage_sample"

@@ -14,10 +14,10 @@ per-request cost in native mode. Two ways in, one result:
 entry                                       path
 ==========================================  ===========================================
 slice route, no tailroute decision (rid),   :meth:`NativeFeed.batch`: read straight from
-2xx, no response flag, no error event in    the wire entry -- the route name, the cluster
+2xx, no response flag, no error field in    the wire entry -- the route name, the cluster
 the stream, not answered by tailroute,      and the one tag the native bootstrap logs
-known cluster, end time logged              (``envoy_contract.TAG_ENTRY``: status, flags,
-                                            durations, tokens, rid, stream error) --
+known cluster, end time logged, one         (``envoy_contract.TAG_ENTRY``: status, flags,
+upstream attempt (Envoy did not retry)      durations, tokens, rid, stream error) --
                                             with what cannot change within a batch
                                             (route -> slice, known
                                             clusters, first-token offsets, probe
@@ -25,9 +25,9 @@ known cluster, end time logged              (``envoy_contract.TAG_ENTRY``: statu
                                             (:class:`NativeBatch`); the successes are
                                             learned a route at a time
                                             (``Router.observe_ok``)
-anything else (errors, an error event in a  :meth:`NativeFeed.__call__`: the entry's
+anything else (errors, an error field in a  :meth:`NativeFeed.__call__`: the entry's
 200 stream, timeouts, cancels, flags,       :class:`~sidecar.core.envoy_log.LogRecord`,
-decided requests, other routes)             :func:`~sidecar.core.envoy_log.observation_from_log`
+retried, decided requests, other routes)    :func:`~sidecar.core.envoy_log.observation_from_log`
 ==========================================  ===========================================
 
 Both teach the router the same for the same entries (the ``ok`` timing is
@@ -149,8 +149,8 @@ class NativeBatch:
         if plan is None and (key in self.plans or (plan := self._plan(key)) is None):
             return self._leave()  # not a slice route, or no known cluster
         parts = entry_tag(c.custom_tags)
-        if parts is None:
-            return self._leave()  # a bootstrap without the tag
+        if parts is None or c.upstream_request_attempt_count > 1:
+            return self._leave()  # a bootstrap without the tag; Envoy retried (counted there)
         status_s, flags, first_s, end_s, tokens_s, rid, failed = parts
         if flags != "-" or rid or failed or not status_s.isdigit() or not end_s.isdigit():
             # a response flag, a tailroute decision, an error event in the stream, no end
