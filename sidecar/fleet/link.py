@@ -32,7 +32,7 @@ from urllib.parse import parse_qs, urlsplit
 from redis.exceptions import AuthenticationError, RedisError
 
 from sidecar.core.config import FleetConfig
-from sidecar.core.hostport import redacted
+from sidecar.core.store_url import redacted
 from sidecar.core.types import TransitionEvent
 from sidecar.fleet.exchange import Exchange, Reply
 from sidecar.fleet.redis_store import RedisStore
