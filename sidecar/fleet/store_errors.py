@@ -19,12 +19,17 @@ import re
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
 
-from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
+from redis.exceptions import (
+    AuthenticationError,
+    NoPermissionError,
+    ReadOnlyError,
+    ResponseError,
+)
 
 from sidecar.core.store_url import redacted
 
 # Every command an exchange sends (sidecar.fleet.redis_store) and the ones its Lua
-# scripts call (Redis checks those against the caller's ACL too). tests/test_fleet_acl.py
+# scripts call (Redis checks those against the caller's ACL too). tests/test_fleet_store_errors.py
 # runs the fleet as a user granted exactly this.
 ACL_COMMANDS = ("evalsha", "eval", "script|load", "hlen", "hset", "hdel", "hget", "hgetall",
                 "pexpire", "zadd", "zremrangebyscore", "zrangebyscore", "rpush", "lrange",
@@ -41,7 +46,7 @@ def acl_grant(prefix: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    kind: str  # "unreachable", "auth" or "permission"
+    kind: str  # "unreachable", "replica", "auth" or "permission"
     level: int
     text: str
 
@@ -70,6 +75,11 @@ def describe(exc: BaseException, url: str, prefix: str) -> Problem:
                        f"fleet store: the Redis at {shown} answers, but the user of "
                        f"fleet.url {what}; grant what the fleet uses with "
                        f"'{acl_grant(prefix)}'")
+    if isinstance(exc, ReadOnlyError) or said.startswith("You can't write against a read only"):
+        return Problem("replica", logging.WARNING,
+                       f"fleet store {shown} is a read-only replica (a failover demoted it?); "
+                       "reconnecting at every retry, so a name that now points at the new "
+                       "primary is followed")
     return Problem("unreachable", logging.WARNING,
                    f"fleet store {shown} unreachable ({_short(said) or type(exc).__name__})")
 

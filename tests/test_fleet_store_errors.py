@@ -1,6 +1,8 @@
-"""A store whose ACL refuses the fleet's user something is said as such, naming what
-is missing and the grant that covers the fleet, against a real redis-server; and a
-store that stays down but changes how it fails is logged again."""
+"""A store that answers but will not serve the fleet is said as such, against a real
+redis-server: an ACL refusal names what is missing and the grant that covers the
+fleet; a primary demoted by a failover (READONLY) is reconnected to at every retry,
+so a name that moves to the new primary is followed. A store that stays down but
+changes how it fails is logged again."""
 
 from __future__ import annotations
 
@@ -163,3 +165,39 @@ def test_a_store_that_stays_down_is_logged_again_only_when_its_failure_changes(
         ("INFO", got[3][1]),
     ] and got[3][1].startswith("fleet store redis://***@127.0.0.1:1/0 back after")
     assert "s3cret" not in caplog.text
+
+
+def test_a_demoted_primary_is_reconnected_to_at_every_retry(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """redis-py keeps a healthy socket to a node that a failover turned into a replica;
+    every write then answers READONLY. Reusing that socket, a replica never followed
+    the DNS name of a managed Redis to its new primary; it must connect afresh."""
+    caplog.set_level(logging.INFO, logger="tailroute.fleet")
+    with RedisServer() as node, RedisServer() as other:
+        admin = redis.Redis(port=node.port)
+        cfg = _config(node.url)
+
+        def connections() -> int:
+            return int(admin.info("stats")["total_connections_received"])
+
+        async def main() -> None:
+            link = FleetLink(App.create(cfg), cfg.fleet, rid="r0")  # type: ignore[arg-type]
+            link.app.router.observe(Observation("a", SL, "ok", ttft_s=0.1), 1.0)
+            assert await link.warm_start()
+            admin.replicaof("127.0.0.1", other.port)  # the failover demotes it
+            seen = []
+            for _ in range(3):
+                assert not await link._attempt()
+                seen.append(connections())
+            assert seen[1] > seen[0] and seen[2] > seen[1]  # a new connection per retry
+            admin.replicaof("NO", "ONE")
+            assert await link._attempt()
+            await link.close()
+
+        asyncio.run(main())
+        admin.close()
+    said = [(r.levelname, r.getMessage().split(";")[0]) for r in caplog.records][1:]
+    assert said[0] == ("WARNING", f"fleet store {node.url} is a read-only replica (a failover "
+                                  "demoted it?)")
+    assert len(said) == 2 and said[1][1].startswith(f"fleet store {node.url} back after")
