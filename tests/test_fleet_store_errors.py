@@ -149,8 +149,16 @@ def test_a_store_that_stays_down_is_logged_again_only_when_its_failure_changes(
     async def main() -> None:
         link = FleetLink(App.create(cfg), cfg.fleet, store=store,  # type: ignore[arg-type]
                          rid="r0")
-        for _ in range(7):
+        for _ in range(5):
             await link._attempt()
+        shown = link.state(0.0)  # /state: why it is down, with the password hidden
+        assert shown["up"] is False and shown["store"] == "redis://***@127.0.0.1:1/0"
+        assert str(shown["problem"]).endswith("may not run HLEN; grant what the fleet uses "
+                                              f"with '{acl_grant('acl')}'")
+        for _ in range(2):
+            await link._attempt()
+        shown = link.state(0.0)
+        assert shown["up"] is True and shown["problem"] is None and shown["down_for_s"] is None
         await link.close()
 
     asyncio.run(main())

@@ -79,6 +79,7 @@ class FleetLink:
         self.last_cycle_s = 0.0
         self._down_since: float | None = None
         self._down_kind = ""  # the kind of failure last logged (store_errors.Problem.kind)
+        self.last_problem = ""  # its log line (redacted), for /state
         self._failures = 0
         self._rng = random.Random()
 
@@ -135,6 +136,7 @@ class FleetLink:
         self.syncs_failed += 1
         self._failures += 1
         problem = describe(exc, self.cfg.url, self.cfg.key_prefix)
+        self.last_problem = problem.text
         if self.up is not False:
             self._down_since = time.monotonic()
         if self.up is not False or problem.kind != self._down_kind:
@@ -156,6 +158,21 @@ class FleetLink:
             log.info("fleet mode: replica %s sharing through %s (%d peers)", self.rid,
                      redacted(self.cfg.url), len([p for p in self.sync.peers if p != self.rid]))
         self.up, self._failures, self._down_since, self._down_kind = True, 0, None, ""
+
+    def state(self, _now: float) -> dict[str, object]:
+        """The ``fleet`` section of /state: what the metrics say, plus why it is down."""
+        since = self._down_since if self.up is False else None
+        return {
+            "replica": self.rid,
+            "store": redacted(self.cfg.url),
+            "up": self.up,
+            "down_for_s": None if since is None else round(time.monotonic() - since, 1),
+            "problem": self.last_problem if self.up is False else None,
+            "peers": [p for p in self.sync.peers if p != self.rid],
+            "routes_owned": len(self.sync.owned),
+            "routes_followed": self.sync.followed,
+            "syncs": {"ok": self.syncs_ok, "error": self.syncs_failed},
+        }
 
     # ------------------------------------------------------------ lifecycle
 
