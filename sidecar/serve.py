@@ -209,6 +209,8 @@ async def serve(
         os.unlink(unix)  # a stale socket from a crashed run would block the bind
     serving = False
     admin = AdminServer(app, registry, ready=lambda: serving)
+    if fleet is not None:
+        admin.extra_state["fleet"] = fleet.state
     health = HealthService()  # grpc.health.v1 on the ext_proc server: NOT_SERVING until up
     # TLS files are read and checked now (ConfigError naming file and field), reloaded on change.
     tls_cfg = config.listen.tls

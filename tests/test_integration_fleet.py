@@ -180,6 +180,9 @@ async def _scenario(stack: Stack, redis_srv: RedisServer, cfg2: Path) -> None:
         redis_srv.kill()
         await _until(lambda: not _store_up(stack, "s1") and not _store_up(stack, "s2"),
                      "both sidecars to notice the store is gone")
+        fleet = stack.sidecar_state("s1")["fleet"]  # /state says why, password-free
+        assert fleet["up"] is False and fleet["store"] == redis_srv.url
+        assert fleet["problem"].startswith(f"fleet store {redis_srv.url} unreachable (")
         await _until(lambda: all(len(load.served[e]) >= served[e] + 40 for e in served),
                      "traffic while the store is down")
         assert all(_decisions(stack, s) > decided[s] + 30 for s in decided)

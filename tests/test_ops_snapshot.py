@@ -115,6 +115,38 @@ def test_removed_clusters_are_dropped(tmp_path: Path) -> None:
     assert all(c != "b" for (c, _), _ in new.board.items())
 
 
+@pytest.mark.parametrize(("max_concurrency", "restored"), [
+    (None, 3),  # the learned limit, not the configured 64
+    (2, 2),  # the configured maximum dropped below it since: clamped (and untracked)
+])
+def test_learned_concurrency_limits_survive_a_restart_with_their_age(
+    tmp_path: Path, max_concurrency: int | None, restored: int,
+) -> None:
+    """A provider's quota learned from its 429s is not forgotten by a restart (which
+    would send the whole configured concurrency into the refusals again), and its
+    quiet spell keeps running from the last refusal, time on disk included."""
+    old, now = _busy_router(_config())
+    for _ in range(5):
+        old.started("a")  # five in flight when the provider answers 429
+    old.observe(Observation("a", SL, "error", status=429), now - 12.0)
+    assert old.pushback.limit("a") == 5
+    old.pushback.refused("a", 3, now - 12.0)  # a later refusal with three held
+    path = tmp_path / "snap.json"
+    snapshot.save(old, path, now, wall=WALL)
+    assert json.loads(path.read_text())["pushback"] == [
+        {"cluster": "a", "limit": 3.0, "age": pytest.approx(12.0)}]
+
+    data = base_config_dict(stats={"subwindow_s": 10, "subwindows": 6, "min_samples": 5})
+    data["clusters"][0]["max_concurrency"] = max_concurrency or 64
+    new = Router(parse_config(data, "t.yaml"))
+    assert snapshot.load(new, path, 5.0, wall=WALL + 7.0)
+    assert new.pushback.limit("a") == restored and new.pushback.limit("b") == 64
+    if max_concurrency is None:  # (at or above the maximum a cluster is not tracked)
+        _, refused_at = new.pushback.learned()["a"]
+        assert refused_at == pytest.approx(5.0 - 12.0 - 7.0)
+    assert state_json(new, 5.0)["clusters"]["a"]["concurrency_limit"] == restored
+
+
 def _valid(tmp_path: Path) -> dict[str, Any]:
     old, now = _busy_router(_config())
     path = tmp_path / "valid.json"
@@ -154,7 +186,20 @@ CORRUPT: dict[str, Callable[[dict[str, Any]], bytes]] = {
     "negative count": lambda d: _subwindow_field(d, "ok", -3),
     "huge count": lambda d: _subwindow_field(d, "ok", 10**30),
     "sub-window from the future": lambda d: _subwindow_field(d, "age", -1),
+    # Learned concurrency limits (sidecar.core.pushback) are checked as strictly.
+    "pushback not a list": lambda d: json.dumps({**d, "pushback": {"a": 3}}).encode(),
+    "pushback entry not an object": lambda d: json.dumps({**d, "pushback": [3]}).encode(),
+    "pushback without age": lambda d: _pushback(d, {"cluster": "a", "limit": 3}),
+    "NaN pushback limit": lambda d: _pushback(d, {"cluster": "a", "limit": math.nan, "age": 1}),
+    "pushback limit 0": lambda d: _pushback(d, {"cluster": "a", "limit": 0, "age": 1}),
+    "pushback from the future": lambda d: _pushback(d, {"cluster": "a", "limit": 3, "age": -5}),
+    "pushback limit as text": lambda d: _pushback(d, {"cluster": "a", "limit": "3", "age": 1}),
+    "pushback cluster as number": lambda d: _pushback(d, {"cluster": 1, "limit": 3, "age": 1}),
 }
+
+
+def _pushback(d: dict[str, Any], entry: dict[str, Any]) -> bytes:
+    return json.dumps({**d, "pushback": [{"cluster": "b", "limit": 2, "age": 1}, entry]}).encode()
 
 
 def _route_field(d: dict[str, Any], field: str, value: Any) -> bytes:
@@ -180,6 +225,7 @@ def test_unusable_snapshot_means_cold_start_and_one_log_line(
     with caplog.at_level(logging.INFO, logger="tailroute.snapshot"):
         assert not snapshot.load(router, path, 50.0, wall=WALL)
     assert len(router.stats) == 0 and not router.board.items() and not router.transitions
+    assert not router.pushback.learned()
     lines = [r for r in caplog.records if r.name == "tailroute.snapshot"]
     assert len(lines) == 1 and lines[0].levelno == logging.WARNING
     msg = lines[0].getMessage()

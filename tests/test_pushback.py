@@ -3,6 +3,7 @@ alone and as the router's capacity rules see them."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -87,11 +88,37 @@ def test_a_reload_clamps_learned_limits_and_forgets_removed_clusters() -> None:
     assert pb.limit("b") == 0 and pb.limit("c") == 8
 
 
+@pytest.mark.parametrize(
+    ("ours", "theirs", "limit", "refused_at"),
+    [
+        (None, (12.0, 5.0), 12, 5.0),  # a limit we had not learned
+        ((16, 9.0), (12.0, 5.0), 12, 9.0),  # theirs is lower; our refusal is the later
+        ((10, 3.0), (12.0, 5.0), 10, 5.0),  # ours is lower; theirs the later refusal
+        (None, (0.2, 5.0), 1, 5.0),  # never below one slot
+        (None, (99.0, 5.0), None, None),  # at or above the maximum: nothing to track
+        ((10, 3.0), (math.nan, 5.0), 10, 3.0),  # nonsense is ignored
+        ((10, 3.0), (4.0, math.inf), 10, 3.0),
+    ],
+)
+def test_an_adopted_limit_is_the_lower_one_with_the_later_refusal(
+    ours: tuple[int, float] | None, theirs: tuple[float, float], limit: int | None,
+    refused_at: float | None,
+) -> None:
+    pb = _pb()
+    if ours is not None:
+        pb.refused("a", ours[0], ours[1])
+    pb.adopt("a", *theirs)
+    pb.adopt("gone", 1.0, 5.0)  # a cluster no longer configured
+    assert pb.learned() == ({} if limit is None else {"a": (float(limit), refused_at)})
+    assert pb.refused_slots == ({} if limit is None else {"a": 40 - limit})
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["refuse", "press", "grow"]), st.integers(0, 80), st.floats(0, 50)
+            st.sampled_from(["refuse", "adopt", "press", "grow"]), st.integers(0, 80),
+            st.floats(0, 50)
         ),
         max_size=60,
     ),
@@ -110,6 +137,9 @@ def test_limits_stay_within_one_and_the_maximum_and_move_the_right_way(
         if kind == "refuse":
             pb.refused("a", k, now)
             assert pb.limit("a") <= before  # a refusal never raises a limit
+        elif kind == "adopt":  # a peer's or a snapshot's limit, its refusal dt ago
+            pb.adopt("a", k / 2, now - dt)
+            assert pb.limit("a") <= before  # nor does adopting one
         elif kind == "press":
             pb.pressed("a", k)
             assert pb.limit("a") == before

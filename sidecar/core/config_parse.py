@@ -37,7 +37,7 @@ from sidecar.core.config_routes import (
     parse_classes,
 )
 from sidecar.core.fields import ConfigError, ConfigReader
-from sidecar.core.hostport import redacted
+from sidecar.core.store_url import redacted, url_problem
 from sidecar.core.tls_config import check_tls_pair, parse_listen_tls, parse_sidecar_tls
 
 T = TypeVar("T")
@@ -200,6 +200,8 @@ def _fleet(r: ConfigReader, stats: StatsConfig) -> FleetConfig | None:
     if not cfg.url.startswith(_FLEET_SCHEMES):
         r.fail(f"must start with {', '.join(_FLEET_SCHEMES)}; got {redacted(cfg.url)!r}",
                "url")
+    elif (problem := url_problem(cfg.url)) is not None:
+        r.fail(f"cannot be read as a Redis URL: it {problem}", "url")
     if not all(c.isalnum() or c in "-_." for c in cfg.key_prefix) or not cfg.key_prefix:
         r.fail(f"letters, digits, '-', '_' and '.' only; got {cfg.key_prefix!r}", "key_prefix")
     if cfg.lease_ttl_s < 2 * cfg.push_interval_s:

@@ -47,20 +47,3 @@ def split_hostport(addr: str, port_zero: bool = False) -> tuple[str, int]:
         raise ValueError(f"must be host:port with a host name or IP address, got {addr!r}")
     return host, int(port)
 
-
-# redis-py also takes the credentials as query arguments (unix:///run/r.sock?password=x).
-_QUERY_CREDENTIAL = re.compile(r"([?&](?:password|username)=)[^&#]*")
-
-
-def redacted(url: str) -> str:
-    """``url`` fit for a log line or an error: a user name or password (the fleet's
-    ``redis://user:secret@host``, or ``?password=secret``) is replaced by ``***``;
-    anything else is unchanged."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    authority, slash, path = rest.partition("/")
-    userinfo, at, hostpart = authority.rpartition("@")
-    if at and userinfo:
-        url = f"{scheme}://***@{hostpart}{slash}{path}"
-    return _QUERY_CREDENTIAL.sub(r"\1***", url)

@@ -34,8 +34,15 @@ would bring the next burst of refusals. A lifted quota is found again within
 about a minute of demand, without probing for it request by request (each such
 probe would be a 429 a client sees). A 429 still counts as an error in the
 route's outcome evidence (``sidecar.core.evidence``): while the limit is being
-learned the refusals are real failures for the callers. Limits are not
-snapshotted: a restarted sidecar learns them again from the first refusals.
+learned the refusals are real failures for the callers.
+
+A limit learned elsewhere is adopted (:meth:`PushBack.adopt`): from a warm-restart
+snapshot (``sidecar.ops.snapshot``: a restart does not send the provider into
+the refusals again) and, in fleet mode, from a peer (``sidecar.fleet.limits_sync``:
+``k`` counts the whole fleet's requests, so the limit is the provider's, and
+each replica need not meet its own refusals to learn it). Adopting keeps the
+lower limit and the later refusal: it never raises a limit, and growth stays
+each replica's own (pressure it saw itself).
 
 Invariants: ``1 <= L <= max`` for every tracked cluster; a cluster is tracked
 only while ``L < max``; a 429 never raises a limit; time alone never lowers one.
@@ -115,6 +122,27 @@ class PushBack:
                 changed.append(c)
         if changed:
             self._sync(changed)
+
+    def adopt(self, cluster: str, limit: float, refused_at: float) -> None:
+        """A limit learned elsewhere (a snapshot, a fleet peer), its last refusal at
+        ``refused_at``: ours becomes the lower of the two, its refusal the later.
+        Unknown clusters and non-finite values are ignored; the limit is clamped to
+        ``1..max``."""
+        cap = self._max.get(cluster)
+        if cap is None or not (math.isfinite(limit) and math.isfinite(refused_at)):
+            return
+        limit = max(1.0, min(float(cap), limit))
+        cur = self._tracked.get(cluster)
+        if cur is None:
+            self._tracked[cluster] = _Limit(limit, refused_at)
+        else:
+            cur.limit = min(cur.limit, limit)
+            cur.last_refusal = max(cur.last_refusal, refused_at)
+        self._sync((cluster,))
+
+    def learned(self) -> dict[str, tuple[float, float]]:
+        """``cluster -> (limit, last refusal)`` of every cluster below its maximum."""
+        return {c: (t.limit, t.last_refusal) for c, t in self._tracked.items()}
 
     def limit(self, cluster: str) -> int:
         """The concurrency ``cluster`` is trusted with now (``max_concurrency`` if untracked)."""

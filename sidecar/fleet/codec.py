@@ -9,6 +9,8 @@ contain no tabs; slice labels contain ``|``)::
     route field   "<cluster>\\t<slice label>"
     health value  {"o": owner id, "w": wall-clock ms written, "r": route state (ages) or {}}
     probe value   [route field, ok]
+    load value    {"n": {cluster: in flight}, "w": wall-clock ms}  (field "_load")
+    limits value  {cluster: [learned limit, last refusal wall-clock ms]}  (field "_limits")
     meta value    {"v": 1, "subwindow_s": s, "accuracy": a}
 
 Sub-windows are named by their midpoint on the wall clock so that replicas
@@ -202,6 +204,27 @@ def decode_load(raw: bytes) -> tuple[int, dict[str, int]]:
         return int(d["w"]), counts
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"malformed load record: {exc!r}") from exc
+
+
+LIMITS_FIELD = "_limits"  # a replica's learned concurrency limits (fleet.limits_sync)
+
+
+def encode_limits(limits: dict[str, tuple[float, int]]) -> bytes:
+    """``{cluster: [limit, last refusal wall-clock ms]}``."""
+    return json.dumps({c: [_num(float(lim)), at] for c, (lim, at) in limits.items()},
+                      separators=(",", ":"), sort_keys=True).encode()
+
+
+def decode_limits(raw: bytes) -> dict[str, tuple[float, int]]:
+    """ValueError on anything malformed, a limit below 1 or not finite included."""
+    try:
+        d = json.loads(raw)
+        out = {str(c): (float(v[0]), int(v[1])) for c, v in d.items()}
+    except (TypeError, ValueError, AttributeError, IndexError, KeyError) as exc:
+        raise ValueError(f"malformed limits record: {exc!r}") from exc
+    if any(not (math.isfinite(lim) and lim >= 1) for lim, _ in out.values()):
+        raise ValueError("a limit below 1 or not finite")
+    return out
 
 
 def encode_probe(route: str, ok: bool) -> bytes:

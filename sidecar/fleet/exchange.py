@@ -60,3 +60,4 @@ class SyncCounters:
     applied_probes: int = 0
     bad_peer_records: int = 0
     mismatched_peers: int = 0
+    adopted_limits: int = 0

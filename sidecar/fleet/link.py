@@ -7,8 +7,10 @@ the store). When the store is down, slow or answers nonsense:
 
 * one WARNING line when it goes away, one INFO line when it is back (with how
   long it was gone); a server that refuses the URL's credentials (or wants some
-  and gets none) is one ERROR line saying that authentication to it failed,
-  with the password redacted; ``tailroute_fleet_store_up`` is 0 meanwhile and
+  and gets none), or whose ACL refuses the user a command or the keys, is one
+  ERROR line saying so (:mod:`sidecar.fleet.store_errors`), with the password
+  redacted; a new line only when the kind of failure changes while the store
+  stays down; ``tailroute_fleet_store_up`` is 0 meanwhile and
   ``tailroute_fleet_syncs_total{result="error"}`` counts the failed cycles;
 * every route is decided locally (:meth:`FleetSync.disconnected`);
 * reconnect attempts back off exponentially (0.5 s doubling to 30 s, +-20 %
@@ -27,15 +29,15 @@ import random
 import socket
 import time
 from typing import Protocol
-from urllib.parse import parse_qs, urlsplit
 
-from redis.exceptions import AuthenticationError, RedisError
+from redis.exceptions import RedisError
 
 from sidecar.core.config import FleetConfig
-from sidecar.core.hostport import redacted
+from sidecar.core.store_url import redacted
 from sidecar.core.types import TransitionEvent
 from sidecar.fleet.exchange import Exchange, Reply
 from sidecar.fleet.redis_store import RedisStore
+from sidecar.fleet.store_errors import describe
 from sidecar.fleet.sync import FleetSync
 from sidecar.shell.app import App
 
@@ -76,6 +78,8 @@ class FleetLink:
         self.syncs_failed = 0
         self.last_cycle_s = 0.0
         self._down_since: float | None = None
+        self._down_kind = ""  # the kind of failure last logged (store_errors.Problem.kind)
+        self.last_problem = ""  # its log line (redacted), for /state
         self._failures = 0
         self._rng = random.Random()
 
@@ -131,18 +135,18 @@ class FleetLink:
     def _went_down(self, exc: BaseException) -> None:
         self.syncs_failed += 1
         self._failures += 1
+        problem = describe(exc, self.cfg.url, self.cfg.key_prefix)
+        self.last_problem = problem.text
         if self.up is not False:
             self._down_since = time.monotonic()
-            if isinstance(exc, AuthenticationError):
-                # redis-py reports the server's own words, which name the RESP3 handshake
-                # (HELLO) rather than the password: say what went wrong instead.
-                log.error("fleet store: authentication to the Redis at %s failed: %s; "
-                          "continuing on local state, retrying with backoff",
-                          redacted(self.cfg.url), auth_problem(self.cfg.url))
-                log.debug("fleet store authentication: the server said %s", _describe(exc))
-            else:
-                log.warning("fleet store %s unreachable (%s); continuing on local state, "
-                            "retrying with backoff", redacted(self.cfg.url), _describe(exc))
+        if self.up is not False or problem.kind != self._down_kind:
+            # Once per outage, and again when its kind changes (back up, but now
+            # refusing the credentials): the fix differs.
+            log.log(problem.level, "%s; continuing on local state, retrying with backoff",
+                    problem.text)
+            if problem.kind != "unreachable":
+                log.debug("fleet store: the server said %s", str(exc)[:200])
+        self._down_kind = problem.kind
         self.up = False
 
     def _came_up(self) -> None:
@@ -153,7 +157,22 @@ class FleetLink:
         elif self.up is None:
             log.info("fleet mode: replica %s sharing through %s (%d peers)", self.rid,
                      redacted(self.cfg.url), len([p for p in self.sync.peers if p != self.rid]))
-        self.up, self._failures, self._down_since = True, 0, None
+        self.up, self._failures, self._down_since, self._down_kind = True, 0, None, ""
+
+    def state(self, _now: float) -> dict[str, object]:
+        """The ``fleet`` section of /state: what the metrics say, plus why it is down."""
+        since = self._down_since if self.up is False else None
+        return {
+            "replica": self.rid,
+            "store": redacted(self.cfg.url),
+            "up": self.up,
+            "down_for_s": None if since is None else round(time.monotonic() - since, 1),
+            "problem": self.last_problem if self.up is False else None,
+            "peers": [p for p in self.sync.peers if p != self.rid],
+            "routes_owned": len(self.sync.owned),
+            "routes_followed": self.sync.followed,
+            "syncs": {"ok": self.syncs_ok, "error": self.syncs_failed},
+        }
 
     # ------------------------------------------------------------ lifecycle
 
@@ -182,21 +201,3 @@ class FleetLink:
             await self._attempt()
         with contextlib.suppress(RedisError, OSError):
             await self.store.close()
-
-
-def auth_problem(url: str) -> str:
-    """Why a server refused ``url``'s authentication, in words that name the setting
-    (never the password itself)."""
-    parts = urlsplit(url)
-    query = parse_qs(parts.query)
-    given = "@" in parts.netloc or "password" in query or "username" in query
-    if given:
-        return ("it refused the user name and password in fleet.url (a wrong password, or "
-                "an unknown or disabled user)")
-    return ("it requires a password and fleet.url gives none (redis://:PASSWORD@HOST:PORT/DB, "
-            "or redis://USER:PASSWORD@... for an ACL user)")
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text if len(text) < 200 else text[:200] + "..."

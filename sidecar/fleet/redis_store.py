@@ -36,7 +36,7 @@ import hashlib
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
 from sidecar.fleet.exchange import Exchange, Reply
 
@@ -142,9 +142,18 @@ class RedisStore:
             # alone (the rest of the round trip went through and must not be repeated).
             await self.client.script_load(_LEASE_LUA)
             res[0] = await self.client.evalsha(self._lease_sha, 1, *lease_args)
-        for r in res:
-            if isinstance(r, Exception):
-                raise r if isinstance(r, ResponseError) else ResponseError(str(r))
+        errors = [r for r in res if isinstance(r, Exception)]
+        if errors:
+            # The server answered, but not as a primary serving us would (READONLY after
+            # a failover demoted it, LOADING, an ACL or OOM refusal). Drop the pool's
+            # connections so the next attempt connects afresh: redis-py keeps a healthy
+            # socket to the demoted node forever, and a name (DNS) that now points at
+            # the new primary would never be looked up again.
+            await self.client.connection_pool.disconnect()
+            # An ACL refusal names its command (a refusal inside a script does not):
+            # that one says best what to grant (sidecar.fleet.store_errors).
+            r = next((e for e in errors if isinstance(e, NoPermissionError)), errors[0])
+            raise r if isinstance(r, ResponseError) else ResponseError(str(r))
         return self._reply(ex, res)
 
     @staticmethod

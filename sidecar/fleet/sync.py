@@ -9,6 +9,9 @@ keeps deciding on what it has: nothing here is on the request path.
 replica's own sub-windows (local contents minus what it merged from peers) and
 merges the growth of the peers' ones, so no observation counts twice.
 
+**Learned concurrency limits** (from providers' 429s) go beside the statistics:
+:class:`~sidecar.fleet.limits_sync.LimitsSync`.
+
 **Health.** One owner per route (cluster, narrow slice) at a time: a lease in
 the store, taken when free or expired, renewed on every push, expiring after
 ``lease_ttl_s``. The owner evaluates the route on the fleet-wide evidence and
@@ -45,6 +48,7 @@ from sidecar.core.router import Router
 from sidecar.core.types import SliceKey, TransitionEvent
 from sidecar.fleet import codec
 from sidecar.fleet.exchange import Exchange, Reply, SyncCounters
+from sidecar.fleet.limits_sync import LimitsSync
 from sidecar.fleet.stats_sync import StatsSync
 
 __all__ = ["Exchange", "FleetSync", "Reply", "SyncCounters"]  # the stores' types, re-exported
@@ -76,6 +80,7 @@ class FleetSync:
         self.router.board = self.board
         self.stats_sync = StatsSync(self.router, self.lease_ttl_s, self.wall_offset,
                                     self.counters)
+        self.limits_sync = LimitsSync(self.router, self.wall_offset, self.counters)
         self._signature: dict[str, tuple[Any, ...]] = {}  # owned route -> state published
         self._adopted: dict[str, bytes] = {}  # followed route -> entry adopted
         self._holders: dict[str, str] = {}
@@ -123,6 +128,8 @@ class FleetSync:
         cfg = self.router.config
         extra = {} if self.extra_load is None else self.extra_load()
         stats_set, stats_del = self.stats_sync.outgoing(now, self._republish, extra)
+        if (limits := self.limits_sync.outgoing(now, self._republish)) is not None:
+            stats_set[codec.LIMITS_FIELD] = limits
         health_set: dict[str, bytes] = {}
         for rf in sorted(self.owned):
             cluster, s = codec.parse_route(rf)
@@ -189,6 +196,7 @@ class FleetSync:
         self.board.followed = followed
         events += self._apply_probes(reply.probes, now)
         self.stats_sync.merge(reply, self.rid, now)
+        self.limits_sync.merge(reply.stats, self.rid, now)
         self.peers = list(reply.replicas)
         lost_health = any(rf not in health for rf in self.owned if rf in self._signature)
         if self.stats_sync.lost_writes(reply.stored_fields) or lost_health:

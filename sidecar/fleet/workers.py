@@ -156,6 +156,8 @@ class Supervisor:
                     break
                 log.warning("worker %d exited %s; restarting it", i, p.returncode)
                 time.sleep(1.0)
+                if self.stopping:  # told to stop meanwhile: a worker started now would
+                    break  # never be told, and the supervisor would wait for it forever
                 self.spawn(i)
             if all(p.poll() is not None for p in self.procs.values()):
                 break

@@ -9,7 +9,14 @@ File format (JSON, one object)::
     {"format": "tailroute-snapshot", "version": 1,
      "written_at": <wall-clock seconds since the epoch>,
      "stats": StatsStore.to_dict(now), "health": HealthBoard.to_dict(now),
-     "transitions": [{"age": s, "cluster": ..., "slice": ..., ...}, ...]}
+     "transitions": [{"age": s, "cluster": ..., "slice": ..., ...}, ...],
+     "pushback": [{"cluster": ..., "limit": L, "age": s since its last 429}, ...]}
+
+``pushback`` (optional: a file without it restores no learned limits) holds the
+concurrency limits learned from providers' 429s (:mod:`sidecar.core.pushback`);
+restored, each is clamped to its cluster's ``max_concurrency`` and keeps running
+its quiet spell from its last refusal, so a restart neither forgets a provider's
+quota nor holds it lower for longer than if the process had stayed up.
 
 Times inside the core are the event loop's monotonic clock, which means
 nothing in another process, so the core stores them as *ages* relative to the
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -60,6 +68,8 @@ def build(router: Router, now: float, wall: float) -> dict[str, Any]:
         "stats": router.stats.to_dict(now),
         "health": router.board.to_dict(now),
         "transitions": transitions,
+        "pushback": [{"cluster": c, "limit": limit, "age": now - refused}
+                     for c, (limit, refused) in sorted(router.pushback.learned().items())],
     }
 
 
@@ -128,9 +138,36 @@ def restore(router: Router, data: Any, now: float, wall: float | None = None) ->
         ]  # fmt: skip
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"malformed transitions: {exc!r}") from exc
+    limits = _pushback(data.get("pushback", []), known, at)
     router.restore(stats, board, list(transitions), now)
+    for cluster, (limit, refused_at) in limits.items():
+        router.pushback.adopt(cluster, limit, min(refused_at, now))
     return (f"{len(stats_raw['series'])} series, {len(health_raw['routes'])} health states, "
-            f"written {max(gap, 0.0):.0f}s ago")
+            f"{len(limits)} learned concurrency limits, written {max(gap, 0.0):.0f}s ago")
+
+
+def _pushback(raw: Any, known: set[str], at: float) -> dict[str, tuple[float, float]]:
+    """The learned limits of clusters still configured: ``cluster -> (limit, refused
+    at)`` on this process's clock (ValueError naming the first malformed entry)."""
+    if not isinstance(raw, list):
+        raise ValueError("malformed pushback: not a list")
+    out: dict[str, tuple[float, float]] = {}
+    for i, e in enumerate(raw):
+        try:
+            cluster, limit, age = e["cluster"], e["limit"], e["age"]
+            if not isinstance(cluster, str) or any(
+                    isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
+                    for v in (limit, age)):
+                raise TypeError("cluster must be a name, limit and age finite numbers")
+            if limit < 1 or age < 0:
+                raise ValueError(f"limit {limit} below 1 or age {age} below 0")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed pushback[{i}]: {exc}") from None
+        if cluster in known:  # one per cluster, so bounded by the config
+            prev = out.get(cluster)
+            out[cluster] = (float(limit), at - float(age)) if prev is None else (
+                min(prev[0], float(limit)), max(prev[1], at - float(age)))
+    return out
 
 
 def load(router: Router, path: str | Path, now: float, wall: float | None = None) -> bool:

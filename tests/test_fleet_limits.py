@@ -1,0 +1,122 @@
+"""Concurrency limits learned from a provider's 429s are the provider's, so the fleet
+shares them (sidecar.fleet.limits_sync): a peer holds back after one replica met the
+refusals, while they are fresh; an old or higher limit moves nobody. Against the
+in-process store, and the record's round trip through a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+
+from sidecar.core.pushback import HOLD_S
+from sidecar.core.types import Observation
+from sidecar.devtools.redis_server import RedisServer
+from sidecar.fleet import codec
+from sidecar.fleet.redis_store import RedisStore
+from sidecar.fleet.sync import FleetSync
+from sidecar.ops.state import state_json
+from tests.test_fleet_sync import SL, Fleet
+
+
+def _refuse(f: Fleet, i: int, cluster: str, held: int, now: float) -> None:
+    """Replica ``i`` has ``held`` requests on ``cluster`` when it answers 429."""
+    r = f.routers[i]
+    for _ in range(held):
+        r.started(cluster)
+    r.observe(Observation(cluster, SL, "error", status=429), now)
+    for _ in range(held):
+        r.finished(cluster)
+
+
+def test_a_limit_one_replica_learned_holds_the_others_back_at_their_next_cycle() -> None:
+    f = Fleet(3)
+    f.cycle(1000.0)
+    _refuse(f, 0, "a", 5, 1000.2)
+    assert [r.pushback.limit("a") for r in f.routers] == [5, 64, 64]
+    f.cycle(1000.5)
+    assert [r.pushback.limit("a") for r in f.routers] == [5, 5, 5]
+    assert state_json(f.routers[2], 1000.5)["clusters"]["a"]["concurrency_limit"] == 5
+    # Its quiet spell runs from the refusal everywhere, not from when it arrived.
+    assert {r.pushback.learned()["a"] for r in f.routers} == {(5.0, 1000.2)}
+    assert f.syncs[1].counters.adopted_limits == 1
+    f.cycle(1001.0)  # nothing new: not adopted again, not written again
+    assert f.syncs[1].counters.adopted_limits == 1
+    assert "_limits" not in f.syncs[0].outgoing(1001.5).stats_set
+
+
+def test_a_peers_higher_or_old_limit_moves_nobody() -> None:
+    f = Fleet(2)
+    f.cycle(999.0)  # (the replicas learn of each other)
+    _refuse(f, 0, "a", 12, 1000.0)
+    _refuse(f, 1, "a", 4, 1000.1)
+    f.cycle(1000.5)
+    f.cycle(1000.6)  # (replica 0 pulls before replica 1 pushes within a cycle)
+    assert [r.pushback.limit("a") for r in f.routers] == [4, 4]  # the lower one, both
+    # Replica 0 grows back after the quiet spell, on its own pressure.
+    t = 1000.0 + HOLD_S + 1.0
+    f.routers[0].pushback.pressed("a", 4)
+    f.routers[0].pushback.grow(t)
+    assert f.routers[0].pushback.limit("a") == 6
+    f.cycle(t + 0.5)
+    assert [r.pushback.limit("a") for r in f.routers] == [6, 4]  # growth is not shared
+    # A replica joining now adopts no limit older than the spell, so it does not pull
+    # replica 0 back down through its own record either.
+    late = Fleet(1)
+    late.store = f.store
+    late.syncs[0].rid = "late"
+    for _ in range(2):
+        f.cycle(t + 1.0)
+        late.cycle(t + 1.0)
+    assert late.routers[0].pushback.limit("a") == 64
+    assert f.routers[0].pushback.limit("a") == 6
+
+
+def test_a_flushed_store_is_given_the_fresh_limits_again() -> None:
+    f = Fleet(2)
+    _refuse(f, 0, "a", 5, 1000.0)
+    f.cycle(1000.5)
+    f.store.flush()
+    f.cycle(1001.0)  # replica 0 sees its writes lost ...
+    late = Fleet(1)
+    late.store = f.store
+    late.syncs[0].rid = "late"
+    f.cycle(1001.5)  # ... and writes them again
+    late.cycle(1001.6)
+    late.cycle(1001.7)
+    assert late.routers[0].pushback.limit("a") == 5
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"[1]", b'{"a": [0.5, 1]}', b'{"a": ["x", 1]}',
+                                 b'{"a": [NaN, 1]}', b'{"a": [3]}'])
+def test_a_malformed_record_is_counted_and_changes_nothing(raw: bytes) -> None:
+    f = Fleet(2)
+    f.cycle(1000.0)
+    f.store.stats["r0"].fields[codec.LIMITS_FIELD] = raw
+    f.cycle(1000.5, only=[1])
+    assert f.routers[1].pushback.limit("a") == 64
+    assert f.syncs[1].counters.bad_peer_records == 1
+
+
+@pytest.mark.usefixtures("redis_tool")
+def test_the_record_travels_through_a_real_redis() -> None:
+    f = Fleet(2)
+    _refuse(f, 0, "a", 7, 1000.0)
+
+    async def main(port: int) -> None:
+        store = RedisStore(f"redis://127.0.0.1:{port}/0", "lim", 0.5)
+
+        async def cycle(sync: FleetSync, now: float) -> None:
+            sync.incoming(await store.exchange(sync.outgoing(now), now * 1000.0), now)
+
+        for now in (1000.5, 1000.6):
+            for s in f.syncs:
+                await cycle(s, now)
+        await store.close()
+
+    with RedisServer() as srv:
+        asyncio.run(main(srv.port))
+        stored = redis.Redis(port=srv.port).hget("{lim}:stats:r0", codec.LIMITS_FIELD)
+    assert stored == b'{"a":[7,1000000]}'
+    assert f.routers[1].pushback.learned() == {"a": (7.0, 1000.0)}
