@@ -132,3 +132,18 @@ def test_a_cut_quota_is_learned_from_its_429s_and_found_again_when_lifted() -> N
     during, _ = share(trace, "provider-a", 270, 540)
     after, _ = share(trace, "provider-a", 660, 780)
     assert before > 0.4 and during < 0.15 and after > 0.3, (before, during, after)
+
+
+@pytest.mark.parametrize("seed", [None, 2, 3, 4])
+def test_many_slow_alternatives_do_not_outweigh_the_one_good_route(seed: int | None) -> None:
+    """Ten candidates, one fast with room for everything, nine each clearly slower:
+    their small weights pool into one route's worth (sidecar.core.pooling), so the
+    good route keeps most of the traffic (before pooling: 50-61 % over 120-600 s in
+    these seeds), while every slow route is still sampled."""
+    _, sim = traced_run(load_case("many_one_good", seed=seed))
+    trace = trace_of(sim)
+    good, n = share(trace, "p07", 120, 600)
+    assert good > 0.68 and n > 3000, (good, n)
+    names = sorted({r.cluster for r in trace} - {"p07"})
+    slow = {c: share(trace, c, 120, 600)[0] for c in names}
+    assert len(slow) == 9 and min(slow.values()) > 0.002, slow
