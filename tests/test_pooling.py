@@ -62,13 +62,12 @@ def test_partial_membership_between_the_best_and_one_over_e() -> None:
     assert cands[0].base == 1.0 and POOL not in cands[0].scores
 
 
-def test_health_weight_counts_and_floor_share_shrinks_alike() -> None:
+def test_health_weight_counts_and_the_floor_share_is_left_alone() -> None:
     cands = _cands([1.0, 1.0, 1.0], health=[1.0, 0.05, 0.05])
     cands[2].scores[FLOOR_SHARE] = 0.5
     pool_worse(cands)
     assert [c.base for c in cands] == pytest.approx([1.0, 0.5, 0.5])
-    assert cands[1].scores[FLOOR_SHARE] == pytest.approx(0.5)
-    assert cands[2].scores[FLOOR_SHARE] == pytest.approx(0.25)
+    assert FLOOR_SHARE not in cands[1].scores and cands[2].scores[FLOOR_SHARE] == 0.5
 
 
 weights_st = st.lists(st.floats(min_value=1e-6, max_value=1.0), min_size=1, max_size=12)

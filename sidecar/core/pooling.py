@@ -19,7 +19,7 @@ proportion to their own. With ``s_i`` a candidate's static weight (the plan's
 
     m_i = min(1, ln(top / s_i))               membership: 0 for the best, 1 at or below top / e
     g   = max_j m_j s_j / sum_j m_j s_j       (1 when only one route is a member)
-    base_i <- base_i * (1 - m_i (1 - g))      and its floor share (light_load) alike
+    base_i <- base_i * (1 - m_i (1 - g))
 
 The pooled parts ``m_i s_i`` add up to the largest of them afterwards.
 Membership grows smoothly from the best route's weight to ``top / e``, so a
@@ -28,9 +28,9 @@ little worse than the best is a small member (at 0.9 x top, m = 0.1), so beside
 it a lone clearly worse route gives up part of its weight too ([1, 0.9, 0.1]
 becomes [1, 0.854, 0.051]). Routes equal to the best keep their weights, so
 load balancing among alike routes is unchanged, and so is every choice between
-two candidates. The floor share shrinks by the same factor, or the worse
-routes' floors would add up as their weights did (with the weights alone
-pooled, four of the nine sat on their floors in the case). The load and queue
+two candidates. The exploration floor is left as it is (its share is the
+health machine's and the fleet's evidence, :mod:`sidecar.core.light_load`);
+shrinking it by the same factor moved the case by 0.02 points. The load and queue
 scores and the floor apply per request afterwards as before, so a full best
 route still spills to the others and every route keeps being sampled.
 """
@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from sidecar.core.selection import FLOOR_SHARE, Candidate
+from sidecar.core.selection import Candidate
 
 POOL = "pool"  # the factor, in the candidate's scores (explain)
 
@@ -66,4 +66,3 @@ def pool_worse(cands: Sequence[Candidate]) -> None:
         if factor < 1.0:
             cand.base *= factor
             cand.scores[POOL] = factor
-            cand.scores[FLOOR_SHARE] = cand.scores.get(FLOOR_SHARE, 1.0) * factor
