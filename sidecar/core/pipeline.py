@@ -15,7 +15,9 @@ Shape (after the Gateway API Inference Extension's scheduler):
    (0, 1] per dimension.
 4. The candidate's **weight** combines them log-linearly with the class's
    weights: ``w = health * prod_i s_i ** k_i``; a class weight k_i = 0 ignores
-   the dimension (:func:`exponent_of` maps scores to class weights). Then the
+   the dimension (:func:`exponent_of` maps scores to class weights); routes
+   clearly worse than the best pool that static weight, so their number does not
+   add up against it (:mod:`sidecar.core.pooling`). Then the
    live latency score ``q = (min x / x) ** weights.queue`` from the in-flight
    counts against the static weights (:mod:`sidecar.core.live_latency`)
    multiplies each survivor's weight. Each survivor keeps at least
@@ -47,6 +49,7 @@ from collections.abc import Sequence
 
 from sidecar.core.config import ClassConfig
 from sidecar.core.live_latency import queue_scores
+from sidecar.core.pooling import pool_worse
 from sidecar.core.selection import (
     FLOOR_SHARE,
     Candidate,
@@ -124,6 +127,8 @@ def build_plan(
                 if k:
                     base *= max(score, 1e-6) ** k
             cand.base = base
+        # Among the routes a static filter left (not the soft-dropped ones panic may serve).
+        pool_worse([c for c in eligible if c.dropped is None])
         if ctx.queue_weight:
             _hold_times(ctx, eligible)
     request_scorers = tuple((s, exps.get(s.name, 0.0)) for s in scorers if s.per_request)
