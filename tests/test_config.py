@@ -63,6 +63,7 @@ def _with(path: str, value: Any) -> dict[str, Any]:
          "classes.x.latency_exponent: must be a number"),
         ("health", {"explore_share": 1.5}, "health.explore_share: must be <= 1"),
         ("classes", {"x": {"weights": {"queue": -1}}}, "classes.x.weights.queue: must be >= 0"),
+        ("classes", {"x": {"pool_worse": "yes"}}, "classes.x.pool_worse: must be"),
         ("classes", {"x": {"weights": {"queue": 13}}}, "classes.x.weights.queue: must be <= 12"),
         # 4 x max_concurrency is an Envoy breaker threshold, a UInt32
         ("clusters.0.max_concurrency", 10**12,

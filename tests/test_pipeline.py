@@ -106,6 +106,30 @@ def test_steep_class_concentrates_on_the_faster_route_and_keeps_the_floor() -> N
     assert shares["c"] > 0
 
 
+@pytest.mark.parametrize("pool", [None, True, False])
+def test_clearly_worse_routes_pool_their_weight_unless_the_class_says_not(
+    pool: bool | None,
+) -> None:
+    """a is fast, b..e each twice as slow: pooled (the default), the four slow routes
+    together weigh what one of them did; ``pool_worse: false`` leaves each its own."""
+    names = ["a", "b", "c", "d", "e"]
+    overrides: dict[str, object] = {
+        "clusters": [{"name": n, "address": f"127.0.0.1:{9001 + i}", "models": ["m"]}
+                     for i, n in enumerate(names)],
+        "models": [{"name": "m", "candidates": names}],
+    }
+    if pool is not None:
+        overrides["classes"] = {"interactive": {"pool_worse": pool}}
+    cfg = parse_config(base_config_dict(**overrides), "t.yaml")
+    view = FakeView(ttft={"a": 0.1, "b": 0.2, "c": 0.2, "d": 0.2, "e": 0.2})
+    plan = {c.name: c.base for c in _run(view, cfg=cfg).candidates}
+    slow = plan["b"] + plan["c"] + plan["d"] + plan["e"]
+    if pool is False:
+        assert slow == pytest.approx(4 * plan["b"]) and slow > 0.5 * plan["a"]
+    else:
+        assert plan["b"] == pytest.approx(plan["c"]) and slow < 0.5 * plan["a"]
+
+
 @pytest.mark.parametrize(("queue", "a_loses"), [(None, True), (2.0, True), (0.0, False)])
 def test_a_route_holding_more_than_its_share_loses_weight_at_once(
     queue: float | None, a_loses: bool

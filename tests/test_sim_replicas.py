@@ -25,12 +25,14 @@ SCENARIOS = Path(__file__).resolve().parents[1] / "sidecar" / "sim" / "scenarios
 
 def _sustained_tail(queue: float | None) -> Scenario:
     """The shipped sustained tail shortened to 150 s of tail; ``queue``: every class's
-    ``weights.queue`` (None: as shipped, the default)."""
+    ``weights.queue`` (None: as shipped, the default), and with it pooling off (the
+    score-only ways traffic leaves a slow route before its health is judged)."""
     path = SCENARIOS / "sustained_tail.yaml"
     data = yaml.safe_load(path.read_text())
     if queue is not None:
         for klass in data["config"]["classes"].values():
             klass.setdefault("weights", {})["queue"] = queue
+            klass["pool_worse"] = False
     return parse_scenario(data, str(path), base=path.parent, duration=330)
 
 
@@ -43,11 +45,11 @@ def _modes(queue: float | None) -> dict[str, Any]:
 
 def test_shared_replicas_detect_like_one_and_isolated_ones_lag() -> None:
     """The acceptance of fleet mode in the lab: 4 replicas with a quarter of the traffic
-    each. Detection is a health transition, so this runs without the queue score: with
-    it (the default) the tail's traffic leaves by score, from the in-flight counts,
-    before the health machine holds enough samples to judge, and no mode detects (the
-    next test asserts what it does instead); what is measured here is how fast shared
-    health evidence is."""
+    each. Detection is a health transition, so this runs without the queue score and
+    pooling: with them (the default) the tail's traffic leaves by score, from the
+    in-flight counts and the pooled static weights, before the health machine holds
+    enough samples to judge, and no mode detects (the next test asserts what it does
+    instead); what is measured here is how fast shared health evidence is."""
     modes = _modes(0.0)
     single = modes["single"]["detect_s"]
     assert single is not None
@@ -60,8 +62,8 @@ def test_shared_replicas_detect_like_one_and_isolated_ones_lag() -> None:
 
 
 def test_with_the_queue_score_the_tail_loses_traffic_in_every_mode() -> None:
-    """The default policy: fewer violations than without the queue score in every
-    mode, and sharing state still costs nothing against isolated replicas."""
+    """The default policy: fewer violations than without the queue score and pooling
+    in every mode, and sharing state still costs nothing against isolated replicas."""
     with_queue, without = _modes(None), _modes(0.0)
     for mode in ("single", "isolated", "shared"):
         assert with_queue[mode]["violations"] < without[mode]["violations"], mode

@@ -107,6 +107,9 @@ class ClassConfig:
     # Steepness of the latency preference (sidecar.core.steepness): the latency score is
     # r ** -E with E rising from 2 to this with the route's samples. 2: the gentle curve.
     latency_exponent: float = 2.0
+    # Routes clearly worse than the best pool their static weight (sidecar.core.pooling),
+    # so many slow alternatives do not outweigh the best one. False: each keeps its own.
+    pool_worse: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -249,6 +249,7 @@ def _class(name: str, r: ConfigReader) -> ClassConfig:
         weights=weights,
         latency_sensitive=r.bool_("latency_sensitive", True),
         latency_exponent=r.num("latency_exponent", 2.0, lo=2.0, hi=12.0),
+        pool_worse=r.bool_("pool_worse", True),
     )
     r.done()
     return cfg

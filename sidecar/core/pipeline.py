@@ -128,7 +128,8 @@ def build_plan(
                     base *= max(score, 1e-6) ** k
             cand.base = base
         # Among the routes a static filter left (not the soft-dropped ones panic may serve).
-        pool_worse([c for c in eligible if c.dropped is None])
+        if ctx.klass.pool_worse:
+            pool_worse([c for c in eligible if c.dropped is None])
         if ctx.queue_weight:
             _hold_times(ctx, eligible)
     request_scorers = tuple((s, exps.get(s.name, 0.0)) for s in scorers if s.per_request)
