@@ -128,7 +128,10 @@ def build_plan(
                     base *= max(score, 1e-6) ** k
             cand.base = base
         # Among the routes a static filter left (not the soft-dropped ones panic may serve).
-        if ctx.klass.pool_worse:
+        # Only with live counts: pooling concentrates, and the queue score is what
+        # spills a burst off the best route; weights Envoy applies for a whole window
+        # (native mode) have no such correction and piled bursts onto it.
+        if ctx.klass.pool_worse and ctx.live_counts:
             pool_worse([c for c in eligible if c.dropped is None])
         if ctx.queue_weight:
             _hold_times(ctx, eligible)

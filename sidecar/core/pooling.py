@@ -32,7 +32,10 @@ two candidates. The exploration floor is left as it is (its share is the
 health machine's and the fleet's evidence, :mod:`sidecar.core.light_load`);
 shrinking it by the same factor moved the case by 0.02 points. The load and queue
 scores and the floor apply per request afterwards as before, so a full best
-route still spills to the others and every route keeps being sampled.
+route still spills to the others and every route keeps being sampled. For that
+reason pooling applies only where the in-flight counts are live: native mode's
+window weights (``SelectionContext.live_counts`` false) leave it out, as they
+leave out the queue score.
 """
 
 from __future__ import annotations
