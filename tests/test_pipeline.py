@@ -72,12 +72,12 @@ def _req(klass: str = "interactive") -> RequestInfo:
 
 
 def _run(view: FakeView, klass: str = "interactive", cfg: Config | None = None,
-         picker: str = "weighted_random", seed: int = 1) -> PipelineResult:
+         picker: str = "weighted_random", seed: int = 1, live: bool = True) -> PipelineResult:
     cfg = cfg or parse_config(base_config_dict(), "t.yaml")
     model = cfg.model("m")
     k = cfg.workload_class(klass)
     assert model is not None and k is not None
-    ctx = SelectionContext(cfg, model, k, _req(klass), view, 0.0)
+    ctx = SelectionContext(cfg, model, k, _req(klass), view, 0.0, live_counts=live)
     result = run_pipeline(ctx, DEFAULT_FILTERS, DEFAULT_SCORERS, PICKERS[picker],
                           random.Random(seed))
     assert result is not None
@@ -106,12 +106,14 @@ def test_steep_class_concentrates_on_the_faster_route_and_keeps_the_floor() -> N
     assert shares["c"] > 0
 
 
-@pytest.mark.parametrize("pool", [None, True, False])
+@pytest.mark.parametrize(("pool", "live"), [(None, True), (True, True), (False, True),
+                                            (None, False)])
 def test_clearly_worse_routes_pool_their_weight_unless_the_class_says_not(
-    pool: bool | None,
+    pool: bool | None, live: bool
 ) -> None:
     """a is fast, b..e each twice as slow: pooled (the default), the four slow routes
-    together weigh what one of them did; ``pool_worse: false`` leaves each its own."""
+    together weigh what one of them did; ``pool_worse: false`` leaves each its own, and
+    so do native mode's window weights (no live in-flight counts)."""
     names = ["a", "b", "c", "d", "e"]
     overrides: dict[str, object] = {
         "clusters": [{"name": n, "address": f"127.0.0.1:{9001 + i}", "models": ["m"]}
@@ -122,9 +124,9 @@ def test_clearly_worse_routes_pool_their_weight_unless_the_class_says_not(
         overrides["classes"] = {"interactive": {"pool_worse": pool}}
     cfg = parse_config(base_config_dict(**overrides), "t.yaml")
     view = FakeView(ttft={"a": 0.1, "b": 0.2, "c": 0.2, "d": 0.2, "e": 0.2})
-    plan = {c.name: c.base for c in _run(view, cfg=cfg).candidates}
+    plan = {c.name: c.base for c in _run(view, cfg=cfg, live=live).candidates}
     slow = plan["b"] + plan["c"] + plan["d"] + plan["e"]
-    if pool is False:
+    if pool is False or not live:
         assert slow == pytest.approx(4 * plan["b"]) and slow > 0.5 * plan["a"]
     else:
         assert plan["b"] == pytest.approx(plan["c"]) and slow < 0.5 * plan["a"]
