@@ -215,6 +215,8 @@ async def serve(
     admin = AdminServer(app, registry, ready=lambda: serving)
     if fleet is not None:
         admin.extra_state["fleet"] = fleet.state
+    if reloader is not None:
+        admin.extra_state["config"] = reloader.view
     if workers_status is not None and worker is not None:
         workers = WorkerStatus(Path(workers_status), worker)
         registry.register(WorkerStatusCollector(workers))

@@ -43,6 +43,8 @@ def test_valid_reload_swaps_config_and_keeps_router(tmp_path: Path) -> None:
     assert app.config.cluster("b").max_concurrency == 7
     assert app.router is router and router.config is app.config
     assert rl.counters() == {"reload:ok": 1, "reload:invalid": 0, "reload:last_ok": 1}
+    assert rl.view() == {"path": str(path), "reloads_ok": 1, "reloads_invalid": 0,
+                         "last_reload_ok": True, "last_error": None}
 
 
 def test_invalid_reload_keeps_last_good_config(
@@ -59,6 +61,14 @@ def test_invalid_reload_keeps_last_good_config(
     msg = caplog.records[0].getMessage()
     assert f"{path}: clusters[1].max_concurrency: must be >= 1, got 0" in msg
     assert "keeping the last good config" in msg
+    # /state shows it too, until a later reload succeeds.
+    assert rl.view() == {"path": str(path), "reloads_ok": 0, "reloads_invalid": 1,
+                         "last_reload_ok": False,
+                         "last_error": f"{path}: clusters[1].max_concurrency: must be >= 1, "
+                                       "got 0"}
+    data["clusters"][1]["max_concurrency"] = 5
+    _write(path, data)
+    assert rl.reload("test") and rl.view()["last_error"] is None
 
 
 @pytest.mark.parametrize(
@@ -82,6 +92,8 @@ def test_a_reload_of_any_bad_file_is_one_logged_line_and_the_watcher_lives_on(
     assert rl.counters() == {"reload:ok": 0, "reload:invalid": 1, "reload:last_ok": 0}
     (record,) = caplog.records
     assert "\n" not in record.getMessage() and str(path) in record.getMessage()
+    error = rl.view()["last_error"]
+    assert isinstance(error, str) and error in record.getMessage() and str(path) in error
     data["clusters"][0]["max_concurrency"] = 11  # the next good file still applies
     _write(path, data)
     rl.poll()
@@ -134,6 +146,8 @@ def test_a_reload_that_envoys_routes_cannot_follow_is_refused(
     assert rl.counters()["reload:invalid"] == 1
     msg = caplog.records[0].getMessage()
     assert says in msg and "tailroute envoy-config" in msg and str(path) in msg
+    error = rl.view()["last_error"]
+    assert isinstance(error, str) and says in error and error in msg
 
 
 def test_a_reload_that_moves_only_an_address_applies_with_a_warning(
@@ -224,6 +238,9 @@ def test_sighup_and_file_change_reload_a_running_sidecar() -> None:
         assert f"{path}: clusters[1].max_concurrency: must be >= 1, got 0" in log
         assert "keeping the last good config" in log
         assert _max_conc(stack, "provider-b") == 32  # the old config still serves
+        shown = stack.sidecar_state()["config"]
+        assert (shown["last_reload_ok"], shown["reloads_invalid"]) == (False, 1)
+        assert f"{path}: clusters[1].max_concurrency: must be >= 1" in shown["last_error"]
         assert set(drive(stack, 6)) <= set(PROVIDERS)  # and still routes
 
         data["clusters"][1]["max_concurrency"] = 7
@@ -231,5 +248,6 @@ def test_sighup_and_file_change_reload_a_running_sidecar() -> None:
         wait_for(lambda: _max_conc(stack, "provider-b") == 7, "the valid change to apply")
         assert _metric(stack, ok) == 1 and _metric(stack, invalid) == 1
         assert _metric(stack, "tailroute_config_last_reload_ok") == 1
+        assert stack.sidecar_state()["config"]["last_error"] is None
         assert "config reloaded from" in stack.log("sidecar")
         assert set(drive(stack, 6)) <= set(PROVIDERS)
