@@ -309,3 +309,59 @@ def test_rapid_successive_reloads_grow_no_tasks_and_no_memory(tmp_path: Path) ->
     # One config kept per reload (tried) comes to about 3 KiB each, some 360 KiB over
     # these 120 reloads; what is left is noise of a few KiB.
     assert traced[2] - traced[0] < 64 * 1024, traced
+
+
+def _inflight(stack: Stack) -> dict[str, int]:
+    return {c: v["inflight"] for c, v in stack.sidecar_state()["clusters"].items()}
+
+
+@pytest.mark.envoy
+def test_a_reload_under_requests_in_flight_lets_them_finish_and_accounts_them() -> None:
+    """Twelve slow streams in flight; a reload drops one of their clusters from the
+    model's candidates and lowers another's max_concurrency below its in-flight count.
+    Every stream finishes, each outcome is accounted on the cluster it ran on, the
+    in-flight counts return to 0, and the dropped cluster takes no new request."""
+    import asyncio
+    import threading
+
+    from tests.ops_stack import _drive
+
+    with Stack() as stack:
+        path = start_stack(stack)
+        for name in PROVIDERS:  # ~3 s a stream: long enough to reload under them
+            stack.control(name, {"tpot_ms": "100:100"})
+        data = yaml.safe_load(path.read_text())
+        done: list[list[str]] = []
+
+        def slow() -> None:
+            done.append(asyncio.run(_drive(stack.base_url, 12, 12, max_tokens=30)))
+
+        client = threading.Thread(target=slow)
+        client.start()
+        try:
+            held = wait_for(lambda: (n := _inflight(stack)) and sum(n.values()) == 12 and n,
+                            "all twelve streams to be in flight")
+            busiest = max(held, key=lambda c: held[c])
+            dropped = next(c for c in PROVIDERS if c != busiest and held[c] > 0)
+            for c in data["clusters"]:
+                if c["name"] == busiest:
+                    c["max_concurrency"] = 1
+            model = data["models"][0]
+            model["candidates"] = [c for c in model["candidates"] if c != dropped]
+            _write(path, data)
+            os.kill(stack.procs["sidecar"].pid, signal.SIGHUP)
+            wait_for(lambda: _max_conc(stack, busiest) == 1, "the reload to apply")
+            assert _inflight(stack)[busiest] == held[busiest] >= 4  # nothing cut
+        finally:
+            client.join(timeout=60)
+        assert not client.is_alive()
+        (served,) = done
+        assert sorted(served) == sorted(c for c, n in held.items() for _ in range(n))
+        wait_for(lambda: sum(_inflight(stack).values()) == 0 or None, "in-flight counts to drain")
+        # Outcomes come with Envoy's access-log entries, flushed a moment after.
+        state = wait_for(lambda: (s := stack.sidecar_state())["counters"].get("outcome:ok") == 12
+                         and not s["envoy"]["awaiting_entry"] and s, "the twelve outcomes")
+        assert (state["envoy"]["pending"], state["envoy"]["lost"]) == (0, 0)
+        assert state["config"]["reloads_ok"] == 1 and state["config"]["last_error"] is None
+        assert dropped not in drive(stack, 12, 4)  # cached plans went with the old config
+        assert "Traceback" not in stack.log("sidecar")
