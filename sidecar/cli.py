@@ -38,7 +38,7 @@ def _cmd_serve(ns: argparse.Namespace) -> int:
             serve(config, grpc_addr=ns.grpc, unix=ns.unix, admin_addr=ns.admin,
                   ready_file=ns.ready_file, seed=ns.seed, config_path=ns.config,
                   snapshot_path=ns.snapshot, snapshot_every_s=ns.snapshot_every,
-                  worker=ns.worker_index),
+                  worker=ns.worker_index, workers_status=ns.workers_status),
             ns.loop,
         )
     except StartupError as exc:
@@ -252,6 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "health through the fleet: store; worker i's admin port is +i; 1 to "
                         f"{MAX_WORKERS} (one core each: more than the host's cores only contend)")
     s.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+    # The supervisor's records of its workers (sidecar.fleet.worker_status).
+    s.add_argument("--workers-status", default=None, help=argparse.SUPPRESS)
     s.set_defaults(func=_cmd_serve)
 
     st = sub.add_parser("status", help="terminal view of a running sidecar's /state")

@@ -27,6 +27,7 @@ from prometheus_client import Histogram
 from sidecar.core.config import Config
 from sidecar.fleet.link import FleetLink
 from sidecar.fleet.metrics import FleetCollector
+from sidecar.fleet.worker_status import WorkerStatus, WorkerStatusCollector
 from sidecar.ops import genai_metrics, snapshot
 from sidecar.ops.admin import AdminServer
 from sidecar.ops.metrics import build_registry
@@ -164,13 +165,16 @@ async def serve(
     snapshot_every_s: float = 30.0,
     watch_every_s: float = 1.0,
     worker: int | None = None,
+    workers_status: str | None = None,
 ) -> int:
     """Serve until SIGTERM/SIGINT, then drain in-flight streams for up to ``drain_s``.
 
     ``config_path`` (default: ``config.source`` if it is a file) is watched for
     changes and re-read on SIGHUP. ``snapshot_path`` overrides ``config.snapshot_path``.
     ``worker``: index under ``serve --workers N`` (:mod:`sidecar.fleet.workers`): the
-    gRPC port is shared (SO_REUSEPORT) and only worker 0 writes the snapshot.
+    gRPC port is shared (SO_REUSEPORT) and only worker 0 writes the snapshot;
+    ``workers_status``: the supervisor's records of its workers, shown on /state and
+    /metrics (:mod:`sidecar.fleet.worker_status`).
     """
     loop = asyncio.get_running_loop()
     app = App.create(config, seed)
@@ -211,6 +215,12 @@ async def serve(
     admin = AdminServer(app, registry, ready=lambda: serving)
     if fleet is not None:
         admin.extra_state["fleet"] = fleet.state
+    if reloader is not None:
+        admin.extra_state["config"] = reloader.view
+    if workers_status is not None and worker is not None:
+        workers = WorkerStatus(Path(workers_status), worker)
+        registry.register(WorkerStatusCollector(workers))
+        admin.extra_state["workers"] = workers.view
     health = HealthService()  # grpc.health.v1 on the ext_proc server: NOT_SERVING until up
     # TLS files are read and checked now (ConfigError naming file and field), reloaded on change.
     tls_cfg = config.listen.tls

@@ -52,7 +52,7 @@ def start_stack(stack: Stack, extra_args: list[str] | None = None,
     return path
 
 
-async def _drive(base_url: str, n: int, concurrency: int) -> list[str]:
+async def _drive(base_url: str, n: int, concurrency: int, max_tokens: int = 8) -> list[str]:
     import openai
 
     client = openai.AsyncOpenAI(base_url=base_url, api_key="test", max_retries=0, timeout=20.0)
@@ -62,7 +62,7 @@ async def _drive(base_url: str, n: int, concurrency: int) -> list[str]:
         async with sem:
             raw = await client.chat.completions.with_raw_response.create(
                 model=MODEL, messages=[{"role": "user", "content": f"hello {i}"}],
-                stream=True, max_tokens=8,
+                stream=True, max_tokens=max_tokens,
             )
             async for _ in raw.parse():
                 pass

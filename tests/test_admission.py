@@ -273,3 +273,22 @@ def test_admission_counts_once_per_event() -> None:
     adm = {k[1]: v for k, v in r.counters.items() if k[0] == "admission"}
     assert adm == {"defer": 1, "queue": 1, "admit": 1}
     assert sum(v for k, v in r.counters.items() if k[0] == "decision") == 3
+
+
+def test_a_waiter_whose_model_a_reload_removed_leaves_the_queue() -> None:
+    """Its re-ask is an unknown model (the default route, no admission): it must not
+    stay queued, ahead of newcomers, until its wait runs out."""
+    r = make_router(conc=1)
+    fill(r, 1)
+    assert r.decide(request(), 1.0, RNG, ticket="t1").admission == "queue"
+    data = base_config_dict(models=[{"name": "m2", "candidates": ["b"]}])
+    for c in data["clusters"]:
+        c["max_concurrency"], c["models"] = 1, ["m2"]
+    r.reload(parse_config(data, "t.yaml"))
+    d = r.decide(request(), 1.01, RNG, ticket="t1")
+    assert (d.cluster, d.reason, d.admission) == ("a", "unknown_model", "admit")
+    assert len(r.admission.queue) == 0 and r.queue_until("t1") is None
+    r.finished("b")  # the slot is the newcomer's: nobody is waiting any more
+    m2 = request(model="m2", slice=SliceKey("m2", "interactive", "short", True))
+    d = r.decide(m2, 1.02, RNG, ticket="t2")
+    assert (d.cluster, d.admission) == ("b", "admit")

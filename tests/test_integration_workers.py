@@ -82,3 +82,56 @@ def test_workers_misuse_is_a_config_error(tmp_path: Path, fleet: bool, extra: li
                           "--workers", "2", *extra], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert message in out.stderr and str(path) in out.stderr
+
+
+def _restarts(metrics: str) -> dict[str, float]:
+    out = {}
+    for line in metrics.splitlines():
+        if line.startswith("tailroute_worker_restarts_total{"):
+            labels, _, value = line.rpartition(" ")
+            out[labels.split('"')[1]] = float(value)
+    return out
+
+
+def test_a_dead_worker_is_restarted_counted_and_found_on_its_new_admin_port() -> None:
+    """With admin port 0 a restarted worker serves on a new port: the supervisor lists it
+    in <ready-file>.workers again, and every worker shows the restart (/state, /metrics)
+    -- the supervisor's log was the only place it showed."""
+    import os
+    import signal
+    import urllib.request
+
+    from tests.ops_stack import wait_for
+
+    with Stack() as stack, RedisServer() as redis_srv:
+        path = stack.write_config(ops_config(
+            {"provider-a": 1, "provider-b": 2, "provider-c": 3},  # no traffic is sent
+            fleet={"url": redis_srv.url, "push_interval_s": 0.2, "lease_ttl_s": 1.0}))
+        stack.start_sidecar(path, extra=["--workers", "2"])  # Stack: --admin 127.0.0.1:0
+        before = _worker_states(stack)
+        assert [s["workers"]["index"] for s in before] == [0, 1]  # type: ignore[index]
+        records = before[0]["workers"]["workers"]  # type: ignore[index]
+        assert [(w["restarts"], w["last_exit"]) for w in records] == [(0, None), (0, None)]
+        old_ports = (stack.workdir / "sidecar.port.workers").read_text().split()
+        assert [str(w["admin_port"]) for w in records] == old_ports
+
+        os.kill(records[1]["pid"], signal.SIGKILL)
+
+        def relisted() -> list[str] | None:
+            ports = (stack.workdir / "sidecar.port.workers").read_text().split()
+            return ports if ports[1] != old_ports[1] else None
+
+        ports = wait_for(relisted, "the restarted worker to be listed", timeout_s=60)
+        assert ports[0] == old_ports[0]
+        after = _worker_states(stack)  # both listed ports answer
+        assert [s["workers"]["index"] for s in after] == [0, 1]  # type: ignore[index]
+        for state in after:
+            rec = state["workers"]["workers"]  # type: ignore[index]
+            assert [(w["restarts"], w["last_exit"]) for w in rec] == [
+                (0, None), (1, -signal.SIGKILL)]
+            assert [str(w["admin_port"]) for w in rec] == ports
+        for port in ports:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                assert _restarts(r.read().decode()) == {"0": 0.0, "1": 1.0}
+        assert "worker 1 exited -9; restarting it" in stack.log("sidecar")
+        stack.stop_sidecar()

@@ -193,6 +193,8 @@ class Router(Intake):
         """Run admission control (sidecar.core.admission) on a selection result;
         ``klass``: the request's class (or the default one)."""
         if decision.reason in ("unknown_model", "no_candidate", "not_llm"):
+            # A waiter whose model a reload removed leaves (else it stays ahead of newcomers).
+            self.admission.queue.leave(ticket)
             return decision, True
         assert klass is not None
         v = self.admission.assess(req, klass, decision, result, self, now, ticket)

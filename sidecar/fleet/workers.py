@@ -18,10 +18,15 @@ cannot be shared this way).
   minute; beyond that the supervisor stops the rest and exits 1.
 * ``--ready-file``: written once every worker is serving, as
   ``<grpc port> <admin port of worker 0>``; ``<ready-file>.workers`` lists every
-  worker's admin port, one per line. The workers' own ready files live in a
+  worker's admin port, one per line. Both are rewritten when a restarted worker
+  serves on another admin port (port 0). The workers' own ready files live in a
   ``tailroute-workers-*`` directory beside it (under TMPDIR without one); the
   supervisor removes it on its way out, and a SIGKILLed supervisor leaves it in
   the directory its starter owns, not in /tmp.
+* **Restarts**: the supervisor keeps ``workers.json`` in that directory (pid,
+  admin port, restarts and last exit status of each worker), and every worker
+  shows it on /state (``workers``) and /metrics
+  (``tailroute_worker_restarts_total{worker}``): :mod:`sidecar.fleet.worker_status`.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from pathlib import Path
 from sidecar.core.config import Config, ConfigError
 from sidecar.core.hostport import join_hostport, split_hostport
 from sidecar.devtools.harness import free_port
+from sidecar.fleet.worker_status import WorkerRecord, write_atomic, write_status
 
 log = logging.getLogger("tailroute.workers")
 _RESTARTS_PER_MINUTE = 5
@@ -103,6 +109,9 @@ class Supervisor:
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.restarts: list[float] = []
         self.stopping = False
+        self.records = [WorkerRecord() for _ in range(n)]
+        self.status = self.dir / "workers.json"
+        self.listed: list[int] | None = None  # the admin ports last written out
 
     def argv(self, i: int) -> list[str]:
         ns = self.ns
@@ -113,7 +122,7 @@ class Supervisor:
                "serve",
                "--config", ns.config, "--grpc", self.grpc, "--worker-index", str(i),
                "--admin", join_hostport(self.admin_host, admin), "--ready-file", str(self.ready(i)),
-               "--snapshot-every", str(ns.snapshot_every)]
+               "--snapshot-every", str(ns.snapshot_every), "--workers-status", str(self.status)]
         if ns.snapshot:
             out += ["--snapshot", ns.snapshot]
         if ns.seed is not None:
@@ -127,6 +136,9 @@ class Supervisor:
         self.ready(i).unlink(missing_ok=True)
         self.procs[i] = subprocess.Popen(self.argv(i), stdin=subprocess.DEVNULL,
                                          env=_worker_env())
+        self.records[i].pid = self.procs[i].pid
+        self.records[i].admin_port = None  # known once its ready file names it
+        write_status(self.status, self.records)
 
     def forward(self, sig: int, _frame: object = None) -> None:
         if sig in (signal.SIGTERM, signal.SIGINT):
@@ -141,14 +153,15 @@ class Supervisor:
             signal.signal(sig, self.forward)
         for i in range(self.n):
             self.spawn(i)
-        announced = False
         while True:
-            if not announced and all(self.ready(i).exists() for i in range(self.n)):
-                announced = True
-                self._announce()
+            self._track_ports()
             for i, p in list(self.procs.items()):
                 if p.poll() is None or self.stopping:
                     continue
+                rec = self.records[i]
+                if rec.pid == p.pid:  # its death not yet recorded
+                    rec.pid, rec.admin_port, rec.last_exit = None, None, p.returncode
+                    write_status(self.status, self.records)
                 if not self._may_restart():
                     log.error("worker %d exited %s; too many restarts, stopping", i,
                               p.returncode)
@@ -158,6 +171,7 @@ class Supervisor:
                 time.sleep(1.0)
                 if self.stopping:  # told to stop meanwhile: a worker started now would
                     break  # never be told, and the supervisor would wait for it forever
+                rec.restarts += 1
                 self.spawn(i)
             if all(p.poll() is not None for p in self.procs.values()):
                 break
@@ -170,17 +184,37 @@ class Supervisor:
         self.restarts = [t for t in self.restarts if now - t < 60.0] + [now]
         return len(self.restarts) <= _RESTARTS_PER_MINUTE
 
-    def _announce(self) -> None:
-        ports = [self.ready(i).read_text().split() for i in range(self.n)]
-        admins = ", ".join(join_hostport(self.admin_host, int(p[1])) for p in ports)
-        log.info("%d workers serving ext_proc on %s (SO_REUSEPORT); admin on %s", self.n,
-                 self.grpc, admins)
+    def _track_ports(self) -> None:
+        """Learn the admin port of each worker that started since the last look (its ready
+        file, ``<grpc port> <admin port>``); once every worker's is known, write them out
+        when they differ from what was written (the first time: every worker serves)."""
+        changed = False
+        for i, rec in enumerate(self.records):
+            if rec.admin_port is not None or rec.pid is None:
+                continue
+            try:
+                rec.admin_port = int(self.ready(i).read_text().split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # not serving yet (the worker writes it whole, by rename)
+            changed = True
+        if changed:
+            write_status(self.status, self.records)
+        ports = [r.admin_port for r in self.records]
+        if any(p is None for p in ports) or ports == self.listed:
+            return
+        known = [p for p in ports if p is not None]
+        if self.listed is None:
+            log.info("%d workers serving ext_proc on %s (SO_REUSEPORT); admin on %s", self.n,
+                     self.grpc, ", ".join(join_hostport(self.admin_host, p) for p in known))
+        else:
+            log.info("workers' admin ports now %s", ", ".join(
+                join_hostport(self.admin_host, p) for p in known))
+        self.listed = known
         if self.ns.ready_file:
-            Path(self.ns.ready_file + ".workers").write_text("".join(f"{p[1]}\n"
-                                                                    for p in ports))
-            tmp = Path(self.ns.ready_file + ".tmp")
-            tmp.write_text(f"{ports[0][0]} {ports[0][1]}\n")
-            tmp.replace(self.ns.ready_file)
+            # The listing first: whoever waits for the ready file then finds it complete.
+            write_atomic(Path(self.ns.ready_file + ".workers"), "".join(f"{p}\n" for p in known))
+            grpc_port = split_hostport(self.grpc)[1]
+            write_atomic(Path(self.ns.ready_file), f"{grpc_port} {known[0]}\n")
 
 
 def run_workers(ns: argparse.Namespace, config: Config, n: int) -> int:

@@ -25,6 +25,7 @@ from sidecar.core.health import HealthState
 from sidecar.core.router import Router
 from sidecar.core.stats import METRICS
 from sidecar.fleet.metrics import FLEET_METRIC_NAMES
+from sidecar.fleet.worker_status import WORKER_METRIC_NAMES
 from sidecar.ops.genai_metrics import FAMILIES, exported_name
 from sidecar.ops.metric_families import counter, gauge
 
@@ -63,6 +64,7 @@ METRIC_NAMES = (
     *_QUANTILE_METRICS.values(),
     *(exported_name(f) for f in FAMILIES),
     *FLEET_METRIC_NAMES,  # only with a fleet: section (sidecar.fleet.metrics)
+    *WORKER_METRIC_NAMES,  # only under serve --workers (sidecar.fleet.worker_status)
 )
 # The histograms among them (exposed as <name>_bucket, _sum and _count).
 HISTOGRAM_NAMES = ("tailroute_extproc_phase_seconds", *(exported_name(f) for f in FAMILIES))

@@ -11,7 +11,8 @@ kept); an invalid one -- whatever is wrong with it: not UTF-8, not YAML, a wrong
 field -- leaves the last good config serving, is logged on one line (the
 :class:`ConfigError` names the file and the field) and is counted, so
 ``tailroute_config_reloads_total{result="invalid"}`` and
-``tailroute_config_last_reload_ok == 0`` show it; the watcher goes on. A file
+``tailroute_config_last_reload_ok == 0`` show it, and so does /state ``config``
+(:meth:`ConfigReloader.view`, with the error); the watcher goes on. A file
 that would give Envoy other routes (a cluster or class added or removed, a class
 timeout or the default route moved) is refused the same way: Envoy cannot
 reload its bootstrap from here (:mod:`sidecar.ops.envoy_drift`).
@@ -62,6 +63,7 @@ class ConfigReloader:
         self.on_reload = on_reload
         self.counts: Counter[str] = Counter()
         self.last_ok = True
+        self.last_error: str | None = None  # why the last attempt was rejected
         self._applied = fingerprint(self.path)  # what the running config was loaded from
         self._seen = self._applied
 
@@ -69,6 +71,19 @@ class ConfigReloader:
         """``reload:ok``, ``reload:invalid`` and ``reload:last_ok`` for the metrics collector."""
         return {"reload:ok": self.counts["ok"], "reload:invalid": self.counts["invalid"],
                 "reload:last_ok": int(self.last_ok)}
+
+    def view(self, _now: float = 0.0) -> dict[str, object]:
+        """The ``config`` section of /state: the file, the attempts and, while the last
+        one was rejected, its error (the log line's text: file and field)."""
+        return {"path": str(self.path), "reloads_ok": self.counts["ok"],
+                "reloads_invalid": self.counts["invalid"], "last_reload_ok": self.last_ok,
+                "last_error": self.last_error}
+
+    def _reject(self, error: str) -> bool:
+        self.counts["invalid"] += 1
+        self.last_ok = False
+        self.last_error = error
+        return False
 
     def poll(self) -> bool | None:
         """Check the file once; reload if it changed and has settled. None = nothing to do."""
@@ -86,38 +101,35 @@ class ConfigReloader:
         try:
             new = load_config(self.path)
         except Exception as exc:  # any problem with the file: a reload never kills the watcher
-            self.counts["invalid"] += 1
-            self.last_ok = False
             # One log line, however many problems the error lists.
             text = (str(exc) if isinstance(exc, ConfigError)
                     else f"{self.path}: {type(exc).__name__}: {exc}")
+            error = "; ".join(line.strip() for line in text.splitlines() if line.strip())
             log.error("config reload (%s) rejected, keeping the last good config: %s", why,
-                      "; ".join(line.strip() for line in text.splitlines() if line.strip()))
-            return False
+                      error)
+            return self._reject(error)
         old = self.app.config
         try:
             blocking, advisory = envoy_drift(old, new)
         except Exception as exc:  # comparing must not be what breaks a reload
             blocking, advisory = [], [f"not compared ({type(exc).__name__}: {exc})"]
         if blocking:
-            self.counts["invalid"] += 1
-            self.last_ok = False
-            log.error("config reload (%s) rejected, keeping the last good config: %s: the "
-                      "Envoy bootstrap rendered from it has other routes (%s); Envoy routes "
-                      "by the bootstrap it started with, so re-render it (tailroute "
-                      "envoy-config) and restart Envoy and tailroute", why, self.path,
-                      "; ".join(blocking))
-            return False
+            error = (f"{self.path}: the Envoy bootstrap rendered from it has other routes "
+                     f"({'; '.join(blocking)}); Envoy routes by the bootstrap it started "
+                     "with, so re-render it (tailroute envoy-config) and restart Envoy and "
+                     "tailroute")
+            log.error("config reload (%s) rejected, keeping the last good config: %s", why,
+                      error)
+            return self._reject(error)
         try:
             self.app.reload(new)
         except Exception as exc:  # a bug in reload must not take down a serving sidecar
-            self.counts["invalid"] += 1
-            self.last_ok = False
             log.exception("config reload (%s) failed to apply, keeping the last good config: "
                           "%r", why, exc)
-            return False
+            return self._reject(f"{self.path}: failed to apply: {exc!r}")
         self.counts["ok"] += 1
         self.last_ok = True
+        self.last_error = None
         changed = [s for s in _RESTART_ONLY if getattr(old, s) != getattr(new, s)]
         log.info("config reloaded from %s (%s)", self.path, why)
         if changed:

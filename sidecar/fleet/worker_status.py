@@ -1,0 +1,101 @@
+"""What the ``serve --workers N`` supervisor knows about its workers, shown by the workers.
+
+Only the supervisor sees a worker die and come back, and it has no admin port of
+its own. So it keeps one record per worker -- pid, admin port, restarts, how the
+last one ended -- and rewrites ``workers.json`` in its directory (atomically)
+whenever a record changes. Every worker is told that path (``--workers-status``)
+and reads the file when /state or /metrics is asked for, so any worker's admin
+port shows the whole set: ``/state`` ``workers`` and
+``tailroute_worker_restarts_total{worker}`` (the same numbers on every worker; a
+restarted worker starts a new process, but the count is the supervisor's, so it
+does not fall back to 0 with it).
+
+A file that cannot be read (not written yet, or the supervisor is gone) gives
+``workers: null`` in the view and no restart samples: never an error on the
+admin endpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from sidecar.ops.metric_families import counter
+
+WORKER_METRIC_NAMES = ("tailroute_worker_restarts_total",)
+
+
+@dataclass(slots=True)
+class WorkerRecord:
+    """One worker as the supervisor sees it. ``admin_port`` is None from the worker's
+    death until its successor's ready file names the new port; ``last_exit`` is the
+    exit status of its last death (negative: the signal that killed it)."""
+
+    pid: int | None = None
+    admin_port: int | None = None
+    restarts: int = 0
+    last_exit: int | None = None
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` so readers see the old content or the new, never half of it."""
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def write_status(path: Path, records: Sequence[WorkerRecord]) -> None:
+    write_atomic(path, json.dumps({"workers": [asdict(r) for r in records]}) + "\n")
+
+
+def read_status(path: Path) -> list[dict[str, Any]] | None:
+    """The supervisor's records, or None when the file is missing or not what it writes."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    workers = data.get("workers") if isinstance(data, dict) else None
+    if not isinstance(workers, list) or not all(isinstance(w, dict) for w in workers):
+        return None
+    return workers
+
+
+class WorkerStatus:
+    """A worker's view of the supervisor's records (module docstring)."""
+
+    def __init__(self, path: Path, index: int) -> None:
+        self.path = path
+        self.index = index
+
+    def view(self, _now: float = 0.0) -> dict[str, Any]:
+        """The ``workers`` section of /state."""
+        return {"index": self.index, "workers": read_status(self.path)}
+
+    def restarts(self) -> list[tuple[str, int]]:
+        """``(worker index, restarts)`` for every record that has a whole number of them."""
+        out = []
+        for i, w in enumerate(read_status(self.path) or []):
+            n = w.get("restarts")
+            if isinstance(n, int) and not isinstance(n, bool):
+                out.append((str(i), n))
+        return out
+
+
+class WorkerStatusCollector(Collector):
+    """``tailroute_worker_restarts_total{worker}``, read at scrape time."""
+
+    def __init__(self, status: WorkerStatus) -> None:
+        self.status = status
+
+    def collect(self) -> Iterator[Metric]:
+        yield counter("tailroute_worker_restarts",
+                      "serve --workers: times the supervisor restarted each worker after "
+                      "it died (the same on every worker)",
+                      [([i], n) for i, n in self.status.restarts()], labels=["worker"])
