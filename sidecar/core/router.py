@@ -186,15 +186,13 @@ class Router(Intake):
         self.recent.append(RecentDecision(now, req, decision, result, self._picker.name))
         return decision
 
-    def _admit(
-        self, req: RequestInfo, klass: ClassConfig | None, decision: Decision,
-        result: PipelineResult | LanePick | None, now: float, ticket: str | None,
-    ) -> tuple[Decision, bool]:
+    def _admit(self, req: RequestInfo, klass: ClassConfig | None, decision: Decision,
+               result: PipelineResult | LanePick | None, now: float, ticket: str | None,
+               ) -> tuple[Decision, bool]:
         """Run admission control (sidecar.core.admission) on a selection result;
         ``klass``: the request's class (or the default one)."""
         if decision.reason in ("unknown_model", "no_candidate", "not_llm"):
-            # A waiter whose model a reload removed leaves (else it stays ahead of newcomers).
-            self.admission.queue.leave(ticket)
+            self.admission.queue.leave(ticket)  # a waiter whose model a reload removed
             return decision, True
         assert klass is not None
         v = self.admission.assess(req, klass, decision, result, self, now, ticket)
