@@ -16,6 +16,7 @@ from sidecar.core.envoy_log import (
     LogRecord,
     observation_from_log,
     outcome_of,
+    retried_attempts,
 )
 from sidecar.core.ttft_offset import BLIND_OFFSET_S, OffsetBook
 from sidecar.core.types import SliceKey
@@ -281,3 +282,20 @@ def _lifted(values: dict[str, object], tag: str | None = None) -> al.HTTPAccessL
 def test_lifted_error_values_are_judged_as_the_timer_judges_them(
         values: dict[str, object], error: bool, tag: str | None) -> None:
     assert record_from_entry(_lifted(values, tag)).stream_error is error
+
+
+@pytest.mark.parametrize(("attempts", "status", "errors"), [
+    (1, 200, 0),  # no retry: the request is all there is
+    (3, 200, 2),  # two failed attempts, then an answer
+    (2, 503, 1),  # retried once, the last attempt failed too (that one is the outcome)
+])
+def test_retried_attempts_are_errors_of_the_route(attempts: int, status: int,
+                                                  errors: int) -> None:
+    rec = LogRecord(status=status, first_body_s=0.1, end_s=0.5, tokens=5, attempts=attempts)
+    obs = observation_from_log(rec, "a", S, True)
+    assert obs is not None and not obs.attempt
+    failed = retried_attempts(rec, obs)
+    assert len(failed) == errors
+    for f in failed:
+        assert (f.cluster, f.slice, f.outcome, f.attempt) == ("a", S, "error", True)
+        assert f.status is None and f.ttft_s is None and f.e2e_s is None

@@ -7,7 +7,8 @@ one in-flight slot for it and observes one outcome, its last attempt's (the acce
 entry's cluster, status and upstream timing are that attempt's); the failed attempts
 before it are counted from the entry's ``upstream_request_attempt_count``, per
 cluster, in ``tailroute_upstream_retries_total`` -- as many as Envoy's own
-``upstream_rq_retry`` and the providers' surplus requests.
+``upstream_rq_retry`` and the providers' surplus requests -- and each is learned as an
+error of its route (``envoy_log.retried_attempts``), not as a request's outcome.
 """
 
 from __future__ import annotations
@@ -99,3 +100,11 @@ def test_envoys_retries_are_counted_and_the_request_is_observed_once() -> None:
     # ... and every attempt Envoy retried counted, by cluster.
     assert sum(retries.values()) == upstream - N == envoy_retries
     assert sum(state["envoy"]["upstream_retries"].values()) == upstream - N
+    # ... and learned as the routes' errors: every upstream attempt is evidence (half
+    # of them failed; without the retried ones the routes would show only the final
+    # 503s, about 1 in 24).
+    narrow = [r for r in state["routes"] if r["narrow"]]
+    evidence = sum(r["requests"] for r in narrow)
+    errors = sum(r["requests"] * r["error_rate"] for r in narrow)
+    print(f"routes' evidence {evidence:.1f} requests, {errors:.1f} errors")
+    assert evidence > N and errors / evidence > 0.2

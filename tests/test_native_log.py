@@ -204,8 +204,12 @@ def test_envoys_retries_are_counted_per_cluster() -> None:
     assert side.app.upstream_retries == {"a": 2, "b": 1}
     counters = side.app.shell_counters()
     assert counters["upstream_retry:a"] == 2 and counters["upstream_retry:b"] == 1
-    # The request itself is learned once, by its last attempt.
+    # The request itself is learned once, by its last attempt, and each retried
+    # attempt as an error of its route (evidence, not an outcome).
     assert side.app.router.counters[("outcome", "ok")] == 3
+    assert ("outcome", "error") not in side.app.router.counters
+    assert sorted((o.cluster, o.outcome) for o in side.seen if o.attempt) == [
+        ("a", "error"), ("a", "error"), ("b", "error")]
 
 
 def test_an_error_event_in_a_200_stream_is_learned_as_an_error() -> None:

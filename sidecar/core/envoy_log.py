@@ -162,6 +162,26 @@ def ok_timing(first: float | None, e2e: float | None, tokens: int | None,
     return (first if trust_first else None), tpot
 
 
+def retried_attempts(rec: LogRecord, obs: Observation) -> tuple[Observation, ...]:
+    """The upstream attempts Envoy retried before the one ``rec`` logs, as evidence
+    about the same route: one ``error`` each (``Observation.attempt``).
+
+    With a route ``retry_policy`` Envoy retries on the cluster it routed to, and only
+    after a failure (a retriable status, a reset, a refused connection, a per-try
+    timeout: which one is not logged, so an error without status or timing). Without
+    them a provider failing on a third of its attempts would look healthy whenever the
+    retry succeeded: its errors are the evidence the policy most needs (fast errors
+    free slots, which the load score would reward). The request itself is still one
+    outcome, its last attempt's (``obs``).
+    """
+    n = rec.attempts - 1
+    if n <= 0:
+        return ()
+    failed = Observation(obs.cluster, obs.slice, "error", is_retry=obs.is_retry,
+                         is_probe=obs.is_probe, attempt=True)
+    return (failed,) * n
+
+
 def observation_from_log(
     rec: LogRecord,
     cluster: str,

@@ -152,7 +152,8 @@ class Intake:
         if obs.status == 429:  # backpressure: the provider's limit is lower than we thought
             self.pushback.refused(obs.cluster, self.held(obs.cluster), now)
         obs = judge_censored(self.config, obs)
-        self.counters[("outcome", obs.outcome)] += 1
+        if not obs.attempt:  # a retried attempt is evidence, not a request's outcome
+            self.counters[("outcome", obs.outcome)] += 1
         if self._next_eval is None:
             self._next_eval = self._boundary_after(now)
         if obs.outcome == "cancel":

@@ -123,6 +123,10 @@ class Observation:
     # max_concurrency, as Router.started returned it); None when unknown (native
     # mode). Only for sidecar.core.light_load.
     sent_load: float | None = None
+    # A failed upstream attempt Envoy retried on the same cluster (its route's
+    # retry_policy) before the one the request ended with: evidence about the route,
+    # not a request, so not counted among the outcomes (sidecar.core.envoy_log).
+    attempt: bool = False
 
 
 @dataclass(frozen=True, slots=True)

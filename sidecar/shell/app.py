@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from sidecar.core.classify import api_for_path
 from sidecar.core.config import Config
-from sidecar.core.envoy_log import LogRecord, observation_from_log
+from sidecar.core.envoy_log import LogRecord, observation_from_log, retried_attempts
 from sidecar.core.router import Router
 from sidecar.core.ttft_offset import OffsetBook
 from sidecar.core.types import Api, Decision, Observation, SliceKey, TransitionEvent
@@ -287,6 +287,7 @@ class App:
             sent_load=p.sent_load,
         )
         if obs is not None:
+            self.observe_attempts(rec, obs, now)
             self.observe(obs, now, p.api)
 
     def observe(self, obs: Observation, now: float, api: Api) -> None:
@@ -294,6 +295,13 @@ class App:
         self.log_events(self.router.observe(obs, now))
         if self.on_observation is not None:
             self.on_observation(obs, api)
+
+    def observe_attempts(self, rec: LogRecord, obs: Observation, now: float) -> None:
+        """The attempts Envoy retried before the one ``obs`` measures, as the route's
+        errors (``envoy_log.retried_attempts``); not client operations, so not
+        handed to the observation hook."""
+        for failed in retried_attempts(rec, obs):
+            self.log_events(self.router.observe(failed, now))
 
     def release_pending(self, p: Pending) -> None:
         """Give the request's in-flight slot back once."""

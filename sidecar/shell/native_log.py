@@ -91,6 +91,7 @@ class NativeFeed:
             is_probe=probe,
         )
         if obs is not None:
+            app.observe_attempts(rec, obs, now)
             app.log_events(app.router.observe(obs, now))
             board = app.router.board
             if obs.outcome != "ok" and board.runs and board.on_trial(cluster, s):

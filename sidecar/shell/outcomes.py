@@ -114,4 +114,5 @@ class OutcomeFeed:
                                    ttft_offset_s=app.offsets.offset(cluster, slice),
                                    ttft_from_log=not app.offsets.blind(cluster, slice))
         if obs is not None:
+            app.observe_attempts(rec, obs, now)
             app.observe(obs, now, api_for_path(rec.path))
