@@ -17,10 +17,16 @@ first matching row wins. Deadline rows apply only when the caller sent
 7   contended and optional                      skip     overload_optional
 8   contended and not high and can_defer        defer    overload
 9   contended and not high                      shed     overload
-10  contended, waiting helps, may queue         queue    capacity
-11  contended                                   admit    best_effort
-12  otherwise                                   admit    ok
+10  contended and yields and can_defer          defer    yield
+11  contended and yields                        shed     yield
+12  contended, waiting helps, may queue         queue    capacity
+13  contended                                   admit    best_effort
+14  otherwise                                   admit    ok
 ==  ==========================================  =======  =====================
+
+"Yields" = a more important class is pressed on one of the request's usable
+routes (:mod:`sidecar.core.admission_priority`): then strict priority applies
+and the request gives way instead of queueing for a slot the pressed class needs.
 
 "Waiting helps" = a usable route within budget is merely full, or waiters are
 ahead. "May queue" = already waiting and not expired, or: a queue ticket, room
@@ -53,6 +59,7 @@ class Situation:
     retry_blocked: bool = False
     saturated: bool = False
     capacity_bound: bool = False
+    yields: bool = False
     contended: bool = False
     queued: bool = False
     wait_expired: bool = False
@@ -101,6 +108,8 @@ RULES: tuple[Rule, ...] = (
     Rule(lambda s: s.contended and not s.high and s.can_defer, "defer", "overload"),
     Rule(lambda s: s.contended and not s.high, "shed", "overload"),
     Rule(lambda s: s.contended and s.capacity_bound and s.may_queue, "queue", "capacity"),
+    Rule(lambda s: s.contended and s.yields and s.can_defer, "defer", "yield"),
+    Rule(lambda s: s.contended and s.yields, "shed", "yield"),
     Rule(lambda s: s.contended, "admit", "best_effort"),
     Rule(lambda s: True, "admit", "ok"),
 )
