@@ -17,20 +17,22 @@ first matching row wins. Deadline rows apply only when the caller sent
 7   contended and optional                      skip     overload_optional
 8   contended and not high and can_defer        defer    overload
 9   contended and not high                      shed     overload
-10  contended and yields and can_defer          defer    yield
-11  contended and yields                        shed     yield
-12  contended, waiting helps, may queue         queue    capacity
+10  contended, waiting helps, may queue         queue    capacity
+11  contended and yields and can_defer          defer    yield
+12  contended and yields                        shed     yield
 13  contended                                   admit    best_effort
 14  otherwise                                   admit    ok
 ==  ==========================================  =======  =====================
 
 "Yields" = a more important class is pressed on one of the request's usable
-routes (:mod:`sidecar.core.admission_priority`): then strict priority applies
-and the request gives way instead of queueing for a slot the pressed class needs.
+routes (:mod:`sidecar.core.admission_priority`): strict priority applies, so
+once its wait in the (priority-ordered) queue is over the request gives way
+instead of being served best effort on capacity the pressed class needs.
 
-"Waiting helps" = a usable route within budget is merely full, or waiters are
-ahead. "May queue" = already waiting and not expired, or: a queue ticket, room
-in the queue and a positive wait window ``min(queue_wait_ms, remaining - need)``.
+"Waiting helps" = a usable route within budget is merely full (or reserved for
+a pressed class), or waiters are ahead. "May queue" = already waiting and not
+expired, or: a queue ticket, room in the queue and a positive wait window
+``min(queue_wait_ms, remaining - need)``.
 HTTP status per outcome: :data:`STATUS`.
 """
 
