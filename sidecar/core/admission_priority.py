@@ -20,13 +20,16 @@ This module adds an ordering among the classes that share routes:
     held(L, r)       = some pressed H with priority(H) > priority(L) has r in routes(H)
     reserved(L, r)   = held(L, r) and free(r) <= reserve(r)
 
-A request of class L treats a ``reserved`` route like a full one, so L is
-contended while every route it could use is full, over budget or reserved for
-a more important class; then L yields (defer, else shed: reason ``yield``)
-instead of queueing and being admitted best effort. This is trunk
-reservation: lower classes stop at ``max_concurrency - reserve`` on routes a
-pressed class shares, the top class may use all of it, and every class yields
-in priority order (a class is held back by each pressed class above it).
+A request of class L treats a ``reserved`` route like a full one when
+admission judges contention, so L is contended while every route it could use
+is full, over budget or reserved for a more important class; then L queues
+behind more important waiters and, its wait over, yields (defer, else shed:
+reason ``yield``) instead of being admitted best effort. This is trunk
+reservation across the shared routes: once they are all down to their
+reserve, lower classes stop and the top class may use the rest; every class
+yields in priority order (it is held back by each pressed class above it).
+While some route has room beyond its reserve, the route selection chose is
+kept (moving L to the route with room measured no better in the lab).
 Without a pressed class above it nothing changes for L, and a route that is
 not near its capacity is never reserved: latency overload alone (routes slow
 but not busy) does not make anybody yield.
