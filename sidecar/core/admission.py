@@ -301,8 +301,10 @@ class AdmissionControl:
             return Verdict("admit", "disabled", decision.cluster, timeout, is_retry)
         pressure = self.pressure
         pressure.prune(now)
+        # Reserves bind classes at or above shed_below_priority (admission_priority).
+        yielding = req.priority >= cfg.shed_below_priority and pressure.above(req.priority, now)
         if (req.deadline_ms is None and not is_retry and not len(self.queue)
-                and not pressure.above(req.priority, now)
+                and not yielding
                 and self._some_route_ok(req, klass, decision, result, view, now)):
             # Fast path (the common case): no row above 14 can match.
             self.memory.remember(req.request_id, decision.cluster, now)
@@ -315,7 +317,7 @@ class AdmissionControl:
                 v = self._plain[key] = Verdict("admit", "ok", decision.cluster, timeout, False)
             return v
         result = full_result(result)
-        held = pressure.held_routes(req.priority, now) if pressure.above(req.priority, now) else {}
+        held = pressure.held_routes(req.priority, now) if yielding else {}
         facts = self._facts(req, klass, decision, result, view, now, held)
         usable = [f for f in facts if f.usable]
         if usable and all(f.tight and (f.full or f.over) for f in usable):

@@ -17,7 +17,8 @@ This module adds an ordering among the classes that share routes:
                        pressed class stays pressed through short lulls)
     routes(H)        = H's usable routes at that moment
     reserve(r)       = ceil(admission.yield_reserve x max_concurrency(r))
-    held(L, r)       = some pressed H with priority(H) > priority(L) has r in routes(H)
+    held(L, r)       = priority(L) >= admission.shed_below_priority and some pressed H
+                       with priority(H) > priority(L) has r in routes(H)
     reserved(L, r)   = held(L, r) and free(r) <= reserve(r)
 
 A request of class L treats a ``reserved`` route like a full one when
@@ -30,7 +31,10 @@ reserve, lower classes stop and the top class may use the rest; every class
 yields in priority order (it is held back by each pressed class above it).
 While some route has room beyond its reserve, the route selection chose is
 kept (moving L to the route with room measured no better in the lab).
-Without a pressed class above it nothing changes for L, and a route that is
+Classes below ``shed_below_priority`` keep no reserve: the overload rows
+already defer or shed them whenever their routes are full or over budget, and
+holding them to the reserve too cost them more than the pressed class gained
+(docs/admission.md). Without a pressed class above it nothing changes for L, and a route that is
 not near its capacity is never reserved: latency overload alone (routes slow
 but not busy) does not make anybody yield.
 
