@@ -26,6 +26,9 @@ Definitions (ms; ``pXX`` are the route's e2e percentiles for the request's slice
     need_tail   = min over usable routes of e2e at the class percentile
     high        = priority >= admission.shed_below_priority
     can_defer   = no deadline or remaining >= defer_retry_after_s * 1000 + need
+    reserved(r) = a more important class is pressed on r and free(r) <= its reserve
+                  (:mod:`sidecar.core.admission_priority`; ok(r) also needs not reserved)
+    yields      = a more important class is pressed on one of the usable routes
 
 Route choice on admit (critical or unmarked step with a deadline): if the
 chosen route's e2e tail does not fit ``remaining``, switch to the highest
@@ -44,6 +47,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from sidecar.core.admission_priority import PriorityPressure
 from sidecar.core.admission_queue import AdmissionQueue, Waiter
 from sidecar.core.admission_rules import RULES, STATUS, Rule, Situation, evaluate
 from sidecar.core.config import ClassConfig, Config
@@ -73,10 +77,13 @@ class RouteFacts:
     over: bool
     p50_ms: float | None = None
     tail_ms: float | None = None
+    tight: bool = False  # no free slot beyond the reserve (admission.yield_reserve)
+    held_for: str | None = None  # a more important pressed class shares this route
+    reserved: bool = False  # held_for and tight
 
     @property
     def ok(self) -> bool:
-        return self.usable and not self.full and not self.over
+        return self.usable and not self.full and not self.over and not self.reserved
 
 
 @fast_init
@@ -124,6 +131,9 @@ class AdmissionControl:
         self.queue = AdmissionQueue(config.admission.queue_max)
         self.memory = RetryMemory()
         self.budget = RetryBudget(config.admission.retry_budget_ratio, 1.0)
+        self.pressure = PriorityPressure(config.admission.yield_hold_s,
+                                         config.admission.yield_reserve,
+                                         config.admission.yield_after_s)
         self._plain: dict[tuple[str, float], Verdict] = {}  # the fast path's answers, reused
         self.reconfigure(config)
 
@@ -133,12 +143,16 @@ class AdmissionControl:
         self.queue.max_live = self.cfg.queue_max
         self.budget.ratio = self.cfg.retry_budget_ratio
         self.budget.tau_s = config.stats.subwindow_s * RETRY_TAU_SUBWINDOWS
+        self.pressure.hold_s = self.cfg.yield_hold_s
+        self.pressure.reserve = self.cfg.yield_reserve
+        self.pressure.after_s = self.cfg.yield_after_s
 
     # ------------------------------------------------------------ facts
 
     def _facts(
         self, req: RequestInfo, klass: ClassConfig, decision: Decision,
         result: PipelineResult | None, view: RouteView, now: float,
+        held: dict[str, str],
     ) -> list[RouteFacts]:
         rows: list[tuple[str, bool, bool, float]] = []  # name, usable, selectable, weight
         if result is None:
@@ -161,8 +175,11 @@ class AdmissionControl:
             if deadline and usable:
                 p50 = _ms(view.latency(name, req.slice, "e2e", 50.0, now).value)
                 tail_e2e = _ms(view.latency(name, req.slice, "e2e", slo.percentile, now).value)
-            out.append(RouteFacts(name, usable, selectable, weight, n >= cap,
-                                  max(cap - n, 0), over, p50, tail_e2e))
+            free = max(cap - n, 0)
+            tight = free <= self.pressure.reserve_slots(cap)
+            held_for = held.get(name)
+            out.append(RouteFacts(name, usable, selectable, weight, n >= cap, free, over,
+                                  p50, tail_e2e, tight, held_for, held_for is not None and tight))
         return out
 
     def _tail_ms(
@@ -202,7 +219,7 @@ class AdmissionControl:
         result: PipelineResult | LanePick | None, view: RouteView, now: float,
     ) -> bool:
         """Is some usable candidate below capacity and within budget (``not saturated``)?
-        Then, without a deadline, a retry or waiters, no row above 12 can match."""
+        Then, without a deadline, a retry or waiters, no row above 14 can match."""
         if isinstance(result, LanePick):
             # Every route the lane kept is below capacity; whether one is over budget
             # reads only the plan's scores: computed once per plan (and class).
@@ -282,9 +299,14 @@ class AdmissionControl:
         is_retry = req.retry_attempt > 0 or seen is not None
         if not cfg.enabled:
             return Verdict("admit", "disabled", decision.cluster, timeout, is_retry)
+        pressure = self.pressure
+        pressure.prune(now)
+        # Reserves bind classes at or above shed_below_priority (admission_priority).
+        yielding = req.priority >= cfg.shed_below_priority and pressure.above(req.priority, now)
         if (req.deadline_ms is None and not is_retry and not len(self.queue)
+                and not yielding
                 and self._some_route_ok(req, klass, decision, result, view, now)):
-            # Fast path (the common case): no row above 12 can match.
+            # Fast path (the common case): no row above 14 can match.
             self.memory.remember(req.request_id, decision.cluster, now)
             self.budget.record(decision.cluster, now, retry=False)
             key = (decision.cluster, timeout)
@@ -295,15 +317,21 @@ class AdmissionControl:
                 v = self._plain[key] = Verdict("admit", "ok", decision.cluster, timeout, False)
             return v
         result = full_result(result)
-        facts = self._facts(req, klass, decision, result, view, now)
+        held = pressure.held_routes(req.priority, now) if yielding else {}
+        facts = self._facts(req, klass, decision, result, view, now, held)
         usable = [f for f in facts if f.usable]
+        if usable and all(f.tight and (f.full or f.over) for f in usable):
+            # Saturated on this class's own terms (reserves aside) with every route near
+            # its capacity: pressed. Others yielding cannot help routes merely slow.
+            pressure.mark(klass.name, req.priority, frozenset(f.name for f in usable), now)
+        yields_to = next((f.held_for for f in usable if f.held_for is not None), None)
         need = _min(f.p50_ms for f in usable)
         ok = [f for f in facts if f.ok]
         free = sum(f.free for f in ok)
         ahead = self.queue.ahead(req.priority, waiter, now)
         saturated = not ok
         contended = saturated or (ahead > 0 and free <= ahead)
-        waits_help = any(f.usable and f.full and not f.over for f in facts) or (
+        waits_help = any(f.usable and (f.full or f.reserved) and not f.over for f in facts) or (
             not saturated and contended)
         has_deadline = req.deadline_ms is not None
         window = cfg.queue_wait_ms if ticket is not None else 0.0
@@ -316,6 +344,7 @@ class AdmissionControl:
             has_deadline=has_deadline, remaining_ms=left, need_ms=need,
             need_tail_ms=_min(f.tail_ms for f in usable), is_retry=is_retry,
             retry_blocked=cluster is None, saturated=saturated, capacity_bound=waits_help,
+            yields=yields_to is not None,
             contended=contended, queued=waiter is not None,
             wait_expired=waiter is not None and waiter.expired(now),
             queue_room=self.queue.has_room(now), queue_window_ms=window,
@@ -323,7 +352,7 @@ class AdmissionControl:
             or left >= cfg.defer_retry_after_s * 1000.0 + (need or 0.0),
         )
         rule = evaluate(s)
-        note = _note(rule, s, ahead, free, choice_note)
+        note = _note(rule, s, ahead, free, choice_note, yields_to)
         final = cluster or decision.cluster
         if rule.outcome == "queue":
             if waiter is None:
@@ -344,7 +373,8 @@ class AdmissionControl:
         return None if w is None else w.until
 
 
-def _note(rule: Rule, s: Situation, ahead: int, free: int, choice: str) -> str:
+def _note(rule: Rule, s: Situation, ahead: int, free: int, choice: str,
+          yields_to: str | None = None) -> str:
     """A short human explanation of the row that matched."""
     parts: list[str] = []
     if rule.reason in ("deadline_exhausted", "deadline_unreachable", "optional_does_not_fit"):
@@ -358,6 +388,8 @@ def _note(rule: Rule, s: Situation, ahead: int, free: int, choice: str) -> str:
         why = "every eligible route is full or over budget" if s.saturated else (
             f"{ahead} waiter(s) ahead for {free} free slot(s)")
         parts.append(why)
+        if rule.reason == "yield":
+            parts.append(f"capacity held for pressed class {yields_to}")
         if rule.outcome == "queue":
             parts.append("waiting" if s.queued else f"queued up to {s.queue_window_ms:.0f}ms")
         elif rule.reason == "best_effort":

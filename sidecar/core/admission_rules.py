@@ -18,13 +18,21 @@ first matching row wins. Deadline rows apply only when the caller sent
 8   contended and not high and can_defer        defer    overload
 9   contended and not high                      shed     overload
 10  contended, waiting helps, may queue         queue    capacity
-11  contended                                   admit    best_effort
-12  otherwise                                   admit    ok
+11  contended and yields and can_defer          defer    yield
+12  contended and yields                        shed     yield
+13  contended                                   admit    best_effort
+14  otherwise                                   admit    ok
 ==  ==========================================  =======  =====================
 
-"Waiting helps" = a usable route within budget is merely full, or waiters are
-ahead. "May queue" = already waiting and not expired, or: a queue ticket, room
-in the queue and a positive wait window ``min(queue_wait_ms, remaining - need)``.
+"Yields" = a more important class is pressed on one of the request's usable
+routes (:mod:`sidecar.core.admission_priority`): strict priority applies, so
+once its wait in the (priority-ordered) queue is over the request gives way
+instead of being served best effort on capacity the pressed class needs.
+
+"Waiting helps" = a usable route within budget is merely full (or reserved for
+a pressed class), or waiters are ahead. "May queue" = already waiting and not
+expired, or: a queue ticket, room in the queue and a positive wait window
+``min(queue_wait_ms, remaining - need)``.
 HTTP status per outcome: :data:`STATUS`.
 """
 
@@ -53,6 +61,7 @@ class Situation:
     retry_blocked: bool = False
     saturated: bool = False
     capacity_bound: bool = False
+    yields: bool = False
     contended: bool = False
     queued: bool = False
     wait_expired: bool = False
@@ -101,6 +110,8 @@ RULES: tuple[Rule, ...] = (
     Rule(lambda s: s.contended and not s.high and s.can_defer, "defer", "overload"),
     Rule(lambda s: s.contended and not s.high, "shed", "overload"),
     Rule(lambda s: s.contended and s.capacity_bound and s.may_queue, "queue", "capacity"),
+    Rule(lambda s: s.contended and s.yields and s.can_defer, "defer", "yield"),
+    Rule(lambda s: s.contended and s.yields, "shed", "yield"),
     Rule(lambda s: s.contended, "admit", "best_effort"),
     Rule(lambda s: True, "admit", "ok"),
 )

@@ -182,6 +182,14 @@ class AdmissionConfig:
     queue_wait_ms: float = 250.0
     defer_retry_after_s: int = 2
     shed_below_priority: int = 5  # priorities below this are shed first
+    # Strict priority among the rest (sidecar.core.admission_priority): a class whose
+    # routes are all near capacity and full or over its budget for yield_after_s is
+    # "pressed", and stays so until yield_hold_s pass without that (0: off); less
+    # important classes sharing those routes leave this share of each route's
+    # max_concurrency free for it, yielding (defer/shed) beyond that.
+    yield_after_s: float = 5.0
+    yield_hold_s: float = 10.0
+    yield_reserve: float = 0.1
     retry_budget_ratio: float = 0.2  # retries allowed per route as a share of recent requests
 
 

@@ -113,6 +113,9 @@ def _admission(r: ConfigReader) -> AdmissionConfig:
         queue_wait_ms=r.num("queue_wait_ms", 250.0, lo=0),
         defer_retry_after_s=r.num("defer_retry_after_s", 2, lo=1, integer=True),
         shed_below_priority=r.num("shed_below_priority", 5, lo=0, integer=True),
+        yield_after_s=r.num("yield_after_s", 5.0, lo=0, hi=3600),
+        yield_hold_s=r.num("yield_hold_s", 10.0, lo=0, hi=3600),
+        yield_reserve=r.num("yield_reserve", 0.1, lo=0, hi=1),
         retry_budget_ratio=r.num("retry_budget_ratio", 0.2, lo=0, hi=10),
     )
     r.done()

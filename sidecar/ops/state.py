@@ -67,6 +67,8 @@ def state_json(router: Router, now: float) -> dict[str, Any]:
         "clusters": clusters,
         "routes": routes,
         "transitions": [asdict(e) for e in list(router.transitions)[-50:]],
+        # classes others yield to under overload (sidecar.core.admission_priority)
+        "admission": {"pressed": router.admission.pressure.snapshot(now)},
         "counters": {f"{k}:{label}": v for (k, label), v in sorted(router.counters.items())},
     }
 
