@@ -26,7 +26,7 @@ Definitions (ms; ``pXX`` are the route's e2e percentiles for the request's slice
     need_tail   = min over usable routes of e2e at the class percentile
     high        = priority >= admission.shed_below_priority
     can_defer   = no deadline or remaining >= defer_retry_after_s * 1000 + need
-    reserved(r) = a more important class is pressed on r and free(r) <= its reserve
+    reserved(r) = high, a more important class is pressed on r, free(r) <= its reserve
                   (:mod:`sidecar.core.admission_priority`; ok(r) also needs not reserved)
     yields      = a more important class is pressed on one of the usable routes
 
@@ -301,7 +301,6 @@ class AdmissionControl:
             return Verdict("admit", "disabled", decision.cluster, timeout, is_retry)
         pressure = self.pressure
         pressure.prune(now)
-        # Reserves bind classes at or above shed_below_priority (admission_priority).
         yielding = req.priority >= cfg.shed_below_priority and pressure.above(req.priority, now)
         if (req.deadline_ms is None and not is_retry and not len(self.queue)
                 and not yielding
