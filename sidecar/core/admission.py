@@ -28,7 +28,7 @@ Definitions (ms; ``pXX`` are the route's e2e percentiles for the request's slice
     can_defer   = no deadline or remaining >= defer_retry_after_s * 1000 + need
     reserved(r) = high, a more important class is pressed on r, free(r) <= its reserve
                   (:mod:`sidecar.core.admission_priority`; ok(r) also needs not reserved)
-    yields      = a more important class is pressed on one of the usable routes
+    yields      = high and a more important class is pressed on one of the usable routes
 
 Route choice on admit (critical or unmarked step with a deadline): if the
 chosen route's e2e tail does not fit ``remaining``, switch to the highest
