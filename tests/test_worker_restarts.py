@@ -14,10 +14,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any
 
 import pytest
 
@@ -28,9 +27,8 @@ from sidecar.fleet.worker_status import (
     WorkerStatusCollector,
     write_status,
 )
+from tests.ops_stack import wait_for
 from tests.test_workers_env import _SUPERVISOR, _children
-
-T = TypeVar("T")
 
 _PID_WORKER = """
 import os, pathlib, signal, sys, time
@@ -41,14 +39,10 @@ while True:
 """
 
 
-def _until(probe: Callable[[], T | None], what: str) -> T:
-    deadline = time.monotonic() + 30  # bounds a broken run; not a timing assertion
-    while True:
-        value = probe()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+def _ready(probe: Callable[[], Any], what: str) -> Any:
+    """A readiness wait on the supervisor's files (``tests.ops_stack.wait_for``; an empty
+    listing is not ready yet)."""
+    return wait_for(lambda: probe() or None, what, timeout_s=30.0)
 
 
 def _listed(path: Path) -> list[int] | None:
@@ -66,7 +60,7 @@ def test_a_restarted_worker_is_listed_and_counted(tmp_path: Path) -> None:
                            cwd=root, env={**os.environ, "PYTHONPATH": root},
                            stderr=subprocess.DEVNULL)
     try:
-        _until(ready.exists, "the workers to be ready")
+        _ready(ready.exists, "the workers to be ready")
         first = _children(sup.pid)
         assert _listed(listing) == first  # stand-ins: "admin port" = pid, in index order
         grpc_port, admin_port = ready.read_text().split()  # gRPC: the supervisor's choice
@@ -76,7 +70,7 @@ def test_a_restarted_worker_is_listed_and_counted(tmp_path: Path) -> None:
         assert [w["restarts"] for w in status["workers"]] == [0, 0]
 
         os.kill(first[1], signal.SIGKILL)
-        now = _until(lambda: (ps := _listed(listing)) and ps[1] != first[1] and ps,
+        now = _ready(lambda: (ps := _listed(listing)) and ps[1] != first[1] and ps,
                      "the listing to show the restarted worker")
         assert now[0] == first[0] and Path(f"/proc/{now[1]}").exists()
         status = json.loads(status_file.read_text())
@@ -86,7 +80,7 @@ def test_a_restarted_worker_is_listed_and_counted(tmp_path: Path) -> None:
         assert [w["admin_port"] for w in status["workers"]] == now
 
         os.kill(first[0], signal.SIGKILL)  # worker 0: the ready file names its port too
-        _until(lambda: ready.read_text().split() not in ([], [grpc_port, admin_port]),
+        _ready(lambda: ready.read_text().split() not in ([], [grpc_port, admin_port]),
                "the ready file to name the new worker 0")
         assert ready.read_text().split() == [grpc_port, str(_listed(listing)[0])]  # type: ignore[index]
     finally:

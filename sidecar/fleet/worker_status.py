@@ -18,7 +18,6 @@ admin endpoint.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from sidecar.ops.metric_families import counter
+from sidecar.ops.snapshot import write_text_atomic
 
 WORKER_METRIC_NAMES = ("tailroute_worker_restarts_total",)
 
@@ -44,15 +44,8 @@ class WorkerRecord:
     last_exit: int | None = None
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` so readers see the old content or the new, never half of it."""
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def write_status(path: Path, records: Sequence[WorkerRecord]) -> None:
-    write_atomic(path, json.dumps({"workers": [asdict(r) for r in records]}) + "\n")
+    write_text_atomic(path, json.dumps({"workers": [asdict(r) for r in records]}) + "\n")
 
 
 def read_status(path: Path) -> list[dict[str, Any]] | None:

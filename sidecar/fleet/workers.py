@@ -46,7 +46,8 @@ from pathlib import Path
 from sidecar.core.config import Config, ConfigError
 from sidecar.core.hostport import join_hostport, split_hostport
 from sidecar.devtools.harness import free_port
-from sidecar.fleet.worker_status import WorkerRecord, write_atomic, write_status
+from sidecar.fleet.worker_status import WorkerRecord, write_status
+from sidecar.ops.snapshot import write_text_atomic
 
 log = logging.getLogger("tailroute.workers")
 _RESTARTS_PER_MINUTE = 5
@@ -212,9 +213,10 @@ class Supervisor:
         self.listed = known
         if self.ns.ready_file:
             # The listing first: whoever waits for the ready file then finds it complete.
-            write_atomic(Path(self.ns.ready_file + ".workers"), "".join(f"{p}\n" for p in known))
+            listing = "".join(f"{p}\n" for p in known)
+            write_text_atomic(Path(self.ns.ready_file + ".workers"), listing)
             grpc_port = split_hostport(self.grpc)[1]
-            write_atomic(Path(self.ns.ready_file), f"{grpc_port} {known[0]}\n")
+            write_text_atomic(Path(self.ns.ready_file), f"{grpc_port} {known[0]}\n")
 
 
 def run_workers(ns: argparse.Namespace, config: Config, n: int) -> int:

@@ -74,13 +74,19 @@ def build(router: Router, now: float, wall: float) -> dict[str, Any]:
 
 
 def write_atomic(path: str | Path, data: dict[str, Any]) -> int:
-    """Write ``data`` as JSON to ``path`` via a temp file and rename; returns bytes written.
+    """Write ``data`` as JSON to ``path`` (:func:`write_text_atomic`); returns bytes written."""
+    return write_text_atomic(path, json.dumps(data, separators=(",", ":")))
+
+
+def write_text_atomic(path: str | Path, text: str) -> int:
+    """Write ``text`` to ``path`` via a temp file and rename, so readers see the old
+    content or the new, never half of it; returns bytes written.
 
     fsync before the rename so a power loss cannot leave a renamed but empty file.
     """
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    blob = json.dumps(data, separators=(",", ":")).encode()
+    blob = text.encode()
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
