@@ -38,7 +38,9 @@ def _cmd_serve(ns: argparse.Namespace) -> int:
             serve(config, grpc_addr=ns.grpc, unix=ns.unix, admin_addr=ns.admin,
                   ready_file=ns.ready_file, seed=ns.seed, config_path=ns.config,
                   snapshot_path=ns.snapshot, snapshot_every_s=ns.snapshot_every,
-                  worker=ns.worker_index, workers_status=ns.workers_status),
+                  worker=ns.worker_index, workers_status=ns.workers_status,
+                  heartbeat=None if ns.heartbeat_fd is None else (
+                      ns.heartbeat_fd, ns.heartbeat_every)),
             ns.loop,
         )
     except StartupError as exc:
@@ -254,6 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     # The supervisor's records of its workers (sidecar.fleet.worker_status).
     s.add_argument("--workers-status", default=None, help=argparse.SUPPRESS)
+    # The write end of the worker's heartbeat pipe, and how often to beat
+    # (sidecar.fleet.heartbeat): the supervisor's proof that the worker's loop runs.
+    s.add_argument("--heartbeat-fd", type=int, default=None, help=argparse.SUPPRESS)
+    s.add_argument("--heartbeat-every", type=positive_seconds, default=0.25,
+                   help=argparse.SUPPRESS)
     s.set_defaults(func=_cmd_serve)
 
     st = sub.add_parser("status", help="terminal view of a running sidecar's /state")

@@ -25,6 +25,7 @@ import grpc
 from prometheus_client import Histogram
 
 from sidecar.core.config import Config
+from sidecar.fleet import heartbeat as heartbeat_pipe
 from sidecar.fleet.link import FleetLink
 from sidecar.fleet.metrics import FleetCollector
 from sidecar.fleet.worker_status import WorkerStatus, WorkerStatusCollector
@@ -166,6 +167,7 @@ async def serve(
     watch_every_s: float = 1.0,
     worker: int | None = None,
     workers_status: str | None = None,
+    heartbeat: tuple[int, float] | None = None,
 ) -> int:
     """Serve until SIGTERM/SIGINT, then drain in-flight streams for up to ``drain_s``.
 
@@ -174,9 +176,13 @@ async def serve(
     ``worker``: index under ``serve --workers N`` (:mod:`sidecar.fleet.workers`): the
     gRPC port is shared (SO_REUSEPORT) and only worker 0 writes the snapshot;
     ``workers_status``: the supervisor's records of its workers, shown on /state and
-    /metrics (:mod:`sidecar.fleet.worker_status`).
+    /metrics (:mod:`sidecar.fleet.worker_status`); ``heartbeat``: ``(fd, every_s)``,
+    the pipe on which this worker proves to its supervisor that its loop runs
+    (:mod:`sidecar.fleet.heartbeat`), from now until the process ends (drain included).
     """
     loop = asyncio.get_running_loop()
+    beats = None if heartbeat is None else asyncio.create_task(
+        heartbeat_pipe.beat(*heartbeat), name="heartbeat")
     app = App.create(config, seed)
     if config_path is None and os.path.isfile(config.source):
         config_path = config.source
@@ -289,6 +295,8 @@ async def serve(
     if fleet is not None:
         await fleet.close()
     await admin.stop()
+    if beats is not None:
+        beats.cancel()
     return 1 if died else 0
 
 

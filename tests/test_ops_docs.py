@@ -11,6 +11,7 @@ import pytest
 
 from sidecar.core import config as c
 from sidecar.core.tls_config import ListenTlsConfig, SidecarTlsConfig
+from sidecar.core.workers_config import WorkersConfig
 from sidecar.ops.metrics import METRIC_NAMES
 from sidecar.ops.native_metrics import METRIC_NAMES as NATIVE_METRIC_NAMES
 
@@ -30,6 +31,7 @@ SECTIONS: dict[str, tuple[type, ...]] = {
     "`timing`": (c.TimingConfig,),
     "`fleet`": (c.FleetConfig,),
     "`routing`": (c.RoutingConfig,),
+    "`workers` (`serve --workers N`)": (WorkersConfig,),
 }
 _INTERNAL = {"source"}  # set by the loader, not a YAML field
 

@@ -114,13 +114,23 @@ def test_a_status_file_that_cannot_be_read_is_no_workers_and_no_samples(
 def test_the_status_file_round_trips_and_a_non_integer_count_is_skipped(
         tmp_path: Path) -> None:
     path = tmp_path / "workers.json"
-    write_status(path, [WorkerRecord(11, 9001), WorkerRecord(12, None, 2, -9)])
+    write_status(path, [WorkerRecord(11, 9001), WorkerRecord(12, None, 3, -9, 1)])
     status = WorkerStatus(path, 0)
     assert status.view()["workers"] == [
-        {"pid": 11, "admin_port": 9001, "restarts": 0, "last_exit": None},
-        {"pid": 12, "admin_port": None, "restarts": 2, "last_exit": -9}]
+        {"pid": 11, "admin_port": 9001, "restarts": 0, "last_exit": None, "hung_restarts": 0,
+         "most_missed": 0},
+        {"pid": 12, "admin_port": None, "restarts": 3, "last_exit": -9, "hung_restarts": 1,
+         "most_missed": 0}]
     assert [(s.labels, s.value) for s in next(iter(WorkerStatusCollector(status).collect()))
-            .samples] == [({"worker": "0"}, 0.0), ({"worker": "1"}, 2.0)]
-    path.write_text('{"workers": [{"restarts": true}, {"restarts": "3"}, {"restarts": 4}]}')
-    assert status.restarts() == [("2", 4)]
+            .samples] == [({"worker": "0", "reason": "exited"}, 0.0),
+                          ({"worker": "0", "reason": "hung"}, 0.0),
+                          ({"worker": "1", "reason": "exited"}, 2.0),
+                          ({"worker": "1", "reason": "hung"}, 1.0)]
+    # Not whole counts, more hung than all, or negative: skipped. No hung_restarts (a
+    # file from before them): none of the restarts were for a hang.
+    path.write_text('{"workers": [{"restarts": true}, {"restarts": "3"}, {"restarts": 4}, '
+                    '{"restarts": 1, "hung_restarts": 2}, {"restarts": -1}, '
+                    '{"restarts": 2, "hung_restarts": 2}]}')
+    assert status.restarts() == [("2", "exited", 4), ("2", "hung", 0),
+                                 ("5", "exited", 0), ("5", "hung", 2)]
     assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from sidecar.core.fields import ConfigError as ConfigError  # re-exported
 from sidecar.core.tls_config import ListenTlsConfig, SidecarTlsConfig
+from sidecar.core.workers_config import WorkersConfig
 
 # The rendered Envoy bootstrap's cluster for the sidecar (sidecar.shell.bootstrap): an
 # upstream cluster of that name would be a duplicate Envoy refuses.
@@ -306,6 +307,8 @@ class Config:
     routing: RoutingConfig = RoutingConfig()
     snapshot_path: str | None = None
     fleet: FleetConfig | None = None  # None: standalone
+    # serve --workers N: liveness of the workers (a factory: the class is not defined here)
+    workers: WorkersConfig = field(default_factory=WorkersConfig)
     source: str = "<memory>"
     _by_cluster: dict[str, ClusterConfig] = field(default_factory=dict, compare=False, repr=False)
     _by_model: dict[str, ModelConfig] = field(default_factory=dict, compare=False, repr=False)

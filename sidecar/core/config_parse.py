@@ -39,6 +39,7 @@ from sidecar.core.config_routes import (
 from sidecar.core.fields import ConfigError, ConfigReader
 from sidecar.core.store_url import redacted, url_problem
 from sidecar.core.tls_config import check_tls_pair, parse_listen_tls, parse_sidecar_tls
+from sidecar.core.workers_config import WorkersConfig, parse_workers
 
 T = TypeVar("T")
 
@@ -347,6 +348,7 @@ def _parse(root: ConfigReader, source: str) -> Config:
                                 broken=broken_classes), "routing", RoutingConfig()),
         snapshot_path=root.opt_str("snapshot_path"),
         fleet=fleet_section(stats),
+        workers=section(parse_workers, "workers", WorkersConfig()),
         source=source,
     )
     root.done()

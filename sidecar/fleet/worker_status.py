@@ -6,9 +6,11 @@ last one ended -- and rewrites ``workers.json`` in its directory (atomically)
 whenever a record changes. Every worker is told that path (``--workers-status``)
 and reads the file when /state or /metrics is asked for, so any worker's admin
 port shows the whole set: ``/state`` ``workers`` and
-``tailroute_worker_restarts_total{worker}`` (the same numbers on every worker; a
-restarted worker starts a new process, but the count is the supervisor's, so it
-does not fall back to 0 with it).
+``tailroute_worker_restarts_total{worker,reason}`` (the same numbers on every worker;
+a restarted worker starts a new process, but the count is the supervisor's, so it
+does not fall back to 0 with it). ``reason`` is ``hung`` for a worker the supervisor
+killed because its event loop stopped beating (:mod:`sidecar.fleet.liveness`),
+``exited`` for one that died on its own.
 
 A file that cannot be read (not written yet, or the supervisor is gone) gives
 ``workers: null`` in the view and no restart samples: never an error on the
@@ -21,7 +23,7 @@ import json
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
@@ -36,12 +38,17 @@ WORKER_METRIC_NAMES = ("tailroute_worker_restarts_total",)
 class WorkerRecord:
     """One worker as the supervisor sees it. ``admin_port`` is None from the worker's
     death until its successor's ready file names the new port; ``last_exit`` is the
-    exit status of its last death (negative: the signal that killed it)."""
+    exit status of its last death (negative: the signal that killed it);
+    ``hung_restarts``: how many of ``restarts`` replaced a worker killed for hanging;
+    ``most_missed``: the most heartbeat probes in a row this worker process missed
+    (how close a busy worker came to ``workers.probe_misses``; 0 again after a restart)."""
 
     pid: int | None = None
     admin_port: int | None = None
     restarts: int = 0
     last_exit: int | None = None
+    hung_restarts: int = 0
+    most_missed: int = 0
 
 
 def write_status(path: Path, records: Sequence[WorkerRecord]) -> None:
@@ -71,24 +78,31 @@ class WorkerStatus:
         """The ``workers`` section of /state."""
         return {"index": self.index, "workers": read_status(self.path)}
 
-    def restarts(self) -> list[tuple[str, int]]:
-        """``(worker index, restarts)`` for every record that has a whole number of them."""
+    def restarts(self) -> list[tuple[str, str, int]]:
+        """``(worker index, reason, restarts)``, ``exited`` and ``hung`` for every record
+        whose counts are whole numbers (a record without ``hung_restarts`` has none)."""
         out = []
         for i, w in enumerate(read_status(self.path) or []):
-            n = w.get("restarts")
-            if isinstance(n, int) and not isinstance(n, bool):
-                out.append((str(i), n))
+            n, hung = w.get("restarts"), w.get("hung_restarts", 0)
+            if _count(n) and _count(hung) and hung <= n:
+                out += [(str(i), "exited", n - hung), (str(i), "hung", hung)]
         return out
 
 
+def _count(v: object) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
 class WorkerStatusCollector(Collector):
-    """``tailroute_worker_restarts_total{worker}``, read at scrape time."""
+    """``tailroute_worker_restarts_total{worker,reason}``, read at scrape time."""
 
     def __init__(self, status: WorkerStatus) -> None:
         self.status = status
 
     def collect(self) -> Iterator[Metric]:
         yield counter("tailroute_worker_restarts",
-                      "serve --workers: times the supervisor restarted each worker after "
-                      "it died (the same on every worker)",
-                      [([i], n) for i, n in self.status.restarts()], labels=["worker"])
+                      "serve --workers: times the supervisor restarted each worker, after "
+                      "it died (reason exited) or after it killed it for hanging (hung); "
+                      "the same on every worker",
+                      [([i, why], n) for i, why, n in self.status.restarts()],
+                      labels=["worker", "reason"])

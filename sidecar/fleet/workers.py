@@ -16,6 +16,11 @@ cannot be shared this way).
 * **Signals**: SIGTERM/SIGINT/SIGHUP are forwarded to every worker (drain,
   reload). A worker that dies is restarted after a second, at most 5 times a
   minute; beyond that the supervisor stops the rest and exits 1.
+* **Liveness**: a worker that is alive but whose event loop stopped (a blocking
+  call, a deadlock, a CPU-bound bug) stops beating on its heartbeat pipe; after
+  ``workers.probe_misses`` probes in a row without a beat the supervisor sends it
+  SIGTERM, SIGKILL ``workers.kill_grace_s`` later, and restarts it like a worker
+  that died (the same budget): :mod:`sidecar.fleet.liveness`, :mod:`sidecar.fleet.heartbeat`.
 * ``--ready-file``: written once every worker is serving, as
   ``<grpc port> <admin port of worker 0>``; ``<ready-file>.workers`` lists every
   worker's admin port, one per line. Both are rewritten when a restarted worker
@@ -26,7 +31,8 @@ cannot be shared this way).
 * **Restarts**: the supervisor keeps ``workers.json`` in that directory (pid,
   admin port, restarts and last exit status of each worker), and every worker
   shows it on /state (``workers``) and /metrics
-  (``tailroute_worker_restarts_total{worker}``): :mod:`sidecar.fleet.worker_status`.
+  (``tailroute_worker_restarts_total{worker,reason}``, ``reason`` ``exited`` or
+  ``hung``): :mod:`sidecar.fleet.worker_status`.
 """
 
 from __future__ import annotations
@@ -45,12 +51,16 @@ from pathlib import Path
 
 from sidecar.core.config import Config, ConfigError
 from sidecar.core.hostport import join_hostport, split_hostport
+from sidecar.core.workers_config import MIN_PROBE_INTERVAL_S
 from sidecar.devtools.harness import free_port
+from sidecar.fleet import heartbeat
+from sidecar.fleet.liveness import Liveness
 from sidecar.fleet.worker_status import WorkerRecord, write_status
 from sidecar.ops.snapshot import write_text_atomic
 
 log = logging.getLogger("tailroute.workers")
 _RESTARTS_PER_MINUTE = 5
+_BEATS_PER_PROBE = 4  # a worker beats this often a probe period: one late beat is no miss
 
 
 def _split(addr: str, what: str) -> tuple[str, int]:
@@ -113,6 +123,9 @@ class Supervisor:
         self.records = [WorkerRecord() for _ in range(n)]
         self.status = self.dir / "workers.json"
         self.listed: list[int] | None = None  # the admin ports last written out
+        self.live_cfg = config.workers
+        self.liveness: dict[int, Liveness] = {}
+        self.beats: dict[int, int] = {}  # the supervisor's end of each worker's heartbeat pipe
 
     def argv(self, i: int) -> list[str]:
         ns = self.ns
@@ -135,9 +148,22 @@ class Supervisor:
 
     def spawn(self, i: int) -> None:
         self.ready(i).unlink(missing_ok=True)
-        self.procs[i] = subprocess.Popen(self.argv(i), stdin=subprocess.DEVNULL,
-                                         env=_worker_env())
+        argv, keep = self.argv(i), tuple[int, ...]()
+        heartbeat.close(self.beats.pop(i, None))
+        if self.live_cfg.enabled:
+            self.beats[i], w = heartbeat.open_pipe()
+            every = self.live_cfg.probe_interval_s / _BEATS_PER_PROBE
+            argv += ["--heartbeat-fd", str(w), "--heartbeat-every", f"{every:g}"]
+            keep = (w,)
+        try:
+            self.procs[i] = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                                             env=_worker_env(), pass_fds=keep)
+        finally:
+            for w in keep:  # the worker has its own copy; ours would only leak
+                os.close(w)
+        self.liveness[i] = Liveness(self.live_cfg, time.monotonic())
         self.records[i].pid = self.procs[i].pid
+        self.records[i].most_missed = 0
         self.records[i].admin_port = None  # known once its ready file names it
         write_status(self.status, self.records)
 
@@ -156,6 +182,7 @@ class Supervisor:
             self.spawn(i)
         while True:
             self._track_ports()
+            self._probe()  # also while stopping: a hung worker would never finish its drain
             for i, p in list(self.procs.items()):
                 if p.poll() is None or self.stopping:
                     continue
@@ -163,22 +190,49 @@ class Supervisor:
                 if rec.pid == p.pid:  # its death not yet recorded
                     rec.pid, rec.admin_port, rec.last_exit = None, None, p.returncode
                     write_status(self.status, self.records)
+                hung = self.liveness[i].hung
+                how = f"worker {i} {'killed after it hung, ' if hung else ''}exited {p.returncode}"
                 if not self._may_restart():
-                    log.error("worker %d exited %s; too many restarts, stopping", i,
-                              p.returncode)
+                    log.error("%s; too many restarts, stopping", how)
                     self.forward(signal.SIGTERM)
                     break
-                log.warning("worker %d exited %s; restarting it", i, p.returncode)
+                log.warning("%s; restarting it", how)
                 time.sleep(1.0)
                 if self.stopping:  # told to stop meanwhile: a worker started now would
                     break  # never be told, and the supervisor would wait for it forever
                 rec.restarts += 1
+                rec.hung_restarts += int(hung)
                 self.spawn(i)
             if all(p.poll() is not None for p in self.procs.values()):
                 break
-            time.sleep(0.1)
+            time.sleep(MIN_PROBE_INTERVAL_S)
         codes = [p.returncode for p in self.procs.values()]
+        for fd in self.beats.values():
+            heartbeat.close(fd)
         return 0 if self.stopping and all(c == 0 for c in codes) else max(codes) or 1
+
+    def _probe(self) -> None:
+        """Read every live worker's heartbeats; SIGTERM a hung one, SIGKILL it after the grace
+        (:mod:`sidecar.fleet.liveness`). Its death is then handled like any other."""
+        now = time.monotonic()
+        for i, p in self.procs.items():
+            fd = self.beats.get(i)
+            if fd is None or p.poll() is not None:
+                continue
+            live, rec = self.liveness[i], self.records[i]
+            act = live.step(now, heartbeat.read_beats(fd))
+            if live.missed > rec.most_missed:  # rare: how close a busy worker came
+                rec.most_missed = live.missed
+                write_status(self.status, self.records)
+            if act == "term":
+                log.error("worker %d (pid %d) hung: %s; SIGTERM, then SIGKILL in %g s", i,
+                          p.pid, live.reason, self.live_cfg.kill_grace_s)
+            elif act == "kill":
+                log.error("worker %d (pid %d) still running %g s after SIGTERM; SIGKILL", i,
+                          p.pid, self.live_cfg.kill_grace_s)
+            if act != "wait":
+                with contextlib.suppress(ProcessLookupError):
+                    p.send_signal(signal.SIGTERM if act == "term" else signal.SIGKILL)
 
     def _may_restart(self) -> bool:
         now = time.monotonic()

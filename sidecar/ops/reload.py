@@ -50,7 +50,7 @@ def fingerprint(path: Path) -> Fingerprint:
 
 
 # Sections the running process reads only at start: a change is logged, not applied.
-_RESTART_ONLY = ("listen", "limits", "envoy", "fleet")
+_RESTART_ONLY = ("listen", "limits", "envoy", "fleet", "workers")  # workers: the supervisor's
 
 
 class ConfigReloader:
