@@ -84,12 +84,13 @@ def test_workers_misuse_is_a_config_error(tmp_path: Path, fleet: bool, extra: li
     assert message in out.stderr and str(path) in out.stderr
 
 
-def _restarts(metrics: str) -> dict[str, float]:
+def _restarts(metrics: str, reason: str = "exited") -> dict[str, float]:
+    """``tailroute_worker_restarts_total{worker, reason}`` of one reason, by worker."""
     out = {}
     for line in metrics.splitlines():
-        if line.startswith("tailroute_worker_restarts_total{"):
+        if line.startswith("tailroute_worker_restarts_total{") and f'reason="{reason}"' in line:
             labels, _, value = line.rpartition(" ")
-            out[labels.split('"')[1]] = float(value)
+            out[labels.split('worker="')[1].split('"')[0]] = float(value)
     return out
 
 
@@ -132,6 +133,75 @@ def test_a_dead_worker_is_restarted_counted_and_found_on_its_new_admin_port() ->
             assert [str(w["admin_port"]) for w in rec] == ports
         for port in ports:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-                assert _restarts(r.read().decode()) == {"0": 0.0, "1": 1.0}
+                text = r.read().decode()
+            assert _restarts(text) == {"0": 0.0, "1": 1.0}
+            assert _restarts(text, "hung") == {"0": 0.0, "1": 0.0}  # it died: not a hang
         assert "worker 1 exited -9; restarting it" in stack.log("sidecar")
+        stack.stop_sidecar()
+
+
+def _decided(state: dict[str, object]) -> int:
+    return sum(v for k, v in state["counters"].items()  # type: ignore[attr-defined]
+               if k.startswith("decision:"))
+
+
+def test_a_hung_worker_is_killed_and_replaced_while_the_other_keeps_serving() -> None:
+    """A worker whose event loop stops (SIGSTOP: the whole process, a genuine hang) is
+    alive to the kernel, so only its missing heartbeats tell: the supervisor kills it
+    and restarts it through the restart path; the other worker is left alone."""
+    import os
+    import signal
+    import urllib.request
+
+    from tests.ops_stack import wait_for
+
+    with Stack() as stack, RedisServer() as redis_srv:
+        ports = start_providers(stack)
+        path = stack.write_config(ops_config(
+            ports, fleet={"url": redis_srv.url, "push_interval_s": 0.2, "lease_ttl_s": 1.0},
+            workers={"probe_interval_s": 0.25, "probe_misses": 8, "kill_grace_s": 1.0}))
+        stack.start_sidecar(path, extra=["--workers", "2"])
+        stack.start_envoy(envoy_concurrency=2)
+        assert len(drive(stack, n=20, concurrency=4)) == 20
+        admin = (stack.workdir / "sidecar.port.workers").read_text().split()
+        records = _worker_states(stack)[0]["workers"]["workers"]  # type: ignore[index]
+        kept, hung = records[0]["pid"], records[1]["pid"]
+
+        def state0() -> dict[str, object]:  # the worker left alone answers throughout
+            return http_json(f"http://127.0.0.1:{admin[0]}/state")
+
+        os.kill(hung, signal.SIGSTOP)
+        try:
+            def replaced() -> list[dict[str, object]] | None:
+                rec = state0()["workers"]["workers"]  # type: ignore[index]
+                return rec if rec[1]["pid"] not in (hung, None) and rec[1]["admin_port"] \
+                    else None
+
+            rec = wait_for(replaced, "the hung worker to be replaced", timeout_s=60)
+        finally:
+            if os.path.exists(f"/proc/{hung}"):  # not killed (a failed run): end it here
+                os.kill(hung, signal.SIGCONT)
+                os.kill(hung, signal.SIGKILL)
+        # SIGTERM waits in a stopped process; the SIGKILL after the grace ended it.
+        assert [(w["pid"], w["restarts"], w["hung_restarts"], w["last_exit"]) for w in rec] \
+            == [(kept, 0, 0, None), (rec[1]["pid"], 1, 1, -signal.SIGKILL)]
+        log = stack.log("sidecar")
+        assert f"worker 1 (pid {hung}) hung: no heartbeat in 8 probes in a row" in log
+        assert "worker 1 killed after it hung, exited -9; restarting it" in log
+        assert "worker 0 (pid" not in log  # never judged hung
+        listed = wait_for(lambda: (p := (stack.workdir / "sidecar.port.workers").read_text()
+                                   .split()) != admin and p, "the new worker to be listed")
+        assert listed[0] == admin[0]
+        for port in listed:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+            assert _restarts(text, "hung") == {"0": 0.0, "1": 1.0}
+            assert _restarts(text) == {"0": 0.0, "1": 0.0}
+
+        # Both serve again: every request through Envoy answered, and decided.
+        before = [_decided(s) for s in _worker_states(stack)]
+        assert len(drive(stack, n=40, concurrency=4)) == 40
+        after = _worker_states(stack)
+        assert sum(_decided(s) for s in after) - sum(before) >= 40
+        assert after[0]["workers"]["workers"][0]["pid"] == kept  # type: ignore[index]
         stack.stop_sidecar()
