@@ -195,11 +195,23 @@ def run_load_bench(concurrency: tuple[int, ...] = (1, 16, 64, 256), duration_s: 
                     row.envoy.update(_delta(envoy_counters(su.envoy_admin), e0))
                     row.sidecar.update(_delta(_sidecar_outcomes(su.sidecar_admins), s0))
             levels.append(Level(c, alone, list(rows.values())))
+        restarts = [_worker_restarts(st.workdir)] if workers > 1 else []
     _print(levels, duration_s, stream, tokens, loop)
     if workers > 1:
         print(f"(sidecar: serve --workers {workers}, state shared through redis-server; "
               "cpu/req and the outcome columns sum every worker)")
+        print(*restarts)
     return 0
+
+
+def _worker_restarts(workdir: Path) -> str:
+    """What the supervisor of the run's ``serve --workers N`` restarted: a worker killed for
+    hanging under this load would be a false kill (docs/operations.md, "A hung worker")."""
+    rec = http_json(f"http://127.0.0.1:{_worker_admins(workdir)[0]}/state")["workers"]["workers"]
+    return "workers restarted (died / killed as hung; most heartbeat probes missed in a " \
+        "row): " + ", ".join(f"w{i} {w['restarts'] - w['hung_restarts']} / "
+                             f"{w['hung_restarts']}; {w['most_missed']}"
+                             for i, w in enumerate(rec))
 
 
 def _worker_admins(workdir: Path) -> list[int]:
