@@ -125,6 +125,15 @@ def test_a_bad_workers_section_names_file_and_field(section: dict[str, object], 
     assert problem.startswith(f"t.yaml: {field}: ") and message in problem
 
 
+def test_every_problem_of_the_workers_section_is_named() -> None:
+    """A bad grace does not hide a product that is too short (nor the reverse)."""
+    with pytest.raises(ConfigError) as err:
+        parse_config(base_config_dict(workers={"probe_interval_s": 0.1, "probe_misses": 3,
+                                               "kill_grace_s": 0}), "t.yaml")
+    assert [p.split(": ")[1] for p in err.value.problems] == [
+        "workers.kill_grace_s", "workers.probe_misses"]
+
+
 @pytest.mark.parametrize(("section", "expected"), [
     (None, WorkersConfig()),
     ({}, WorkersConfig()),

@@ -44,21 +44,24 @@ class WorkersConfig:
 def parse_workers(r: ConfigReader) -> WorkersConfig:
     d = WorkersConfig()
     mark = r.mark()
+    interval = r.num("probe_interval_s", d.probe_interval_s, lo=0, hi=60)
+    misses = r.num("probe_misses", d.probe_misses, lo=2, hi=1000, integer=True)
+    probes_ok = r.clean_since(mark)  # else one fell back to its default: no false 2nd error
     cfg = WorkersConfig(
-        probe_interval_s=r.num("probe_interval_s", d.probe_interval_s, lo=0, hi=60),
-        probe_misses=r.num("probe_misses", d.probe_misses, lo=2, hi=1000, integer=True),
+        probe_interval_s=interval, probe_misses=misses,
         kill_grace_s=r.num("kill_grace_s", d.kill_grace_s, lo=0.1, hi=600),
         start_timeout_s=r.num("start_timeout_s", d.start_timeout_s, lo=1, hi=3600),
     )
     r.done()
-    if not r.clean_since(mark):  # a field that fell back to its default: no false second error
+    if not probes_ok:
         return cfg
     if 0 < cfg.probe_interval_s < MIN_PROBE_INTERVAL_S:
-        r.fail(f"must be 0 (off) or >= {MIN_PROBE_INTERVAL_S:g} (the supervisor looks every "
-               f"{MIN_PROBE_INTERVAL_S:g} s), got {cfg.probe_interval_s:g}", "probe_interval_s")
-    if cfg.enabled and cfg.hung_after_s < MIN_HUNG_AFTER_S:
-        r.fail(f"probe_interval_s x probe_misses must be >= {MIN_HUNG_AFTER_S:g} s (a loaded "
-               f"event loop lags; a worker must not be killed for being busy), got "
-               f"{cfg.probe_interval_s:g} x {cfg.probe_misses} = {cfg.hung_after_s:g} s",
-               "probe_misses")
+        r.bad(f"must be 0 (off) or >= {MIN_PROBE_INTERVAL_S:g} (the supervisor looks every "
+              f"{MIN_PROBE_INTERVAL_S:g} s), got {cfg.probe_interval_s:g}", "probe_interval_s",
+              None)
+    elif cfg.enabled and cfg.hung_after_s < MIN_HUNG_AFTER_S:
+        r.bad(f"probe_interval_s x probe_misses must be >= {MIN_HUNG_AFTER_S:g} s (a loaded "
+              f"event loop lags; a worker must not be killed for being busy), got "
+              f"{cfg.probe_interval_s:g} x {cfg.probe_misses} = {cfg.hung_after_s:g} s",
+              "probe_misses", None)
     return cfg
