@@ -158,16 +158,54 @@ def test_follower_board_leaves_followed_routes_to_the_owner() -> None:
     r = Router(cfg)
     board = FollowerBoard.wrap(r.board)
     r.board = board
-    board.followed = {("a", CLUSTER_SLICE)}
-    for i in range(10):
-        r.observe(Observation("a", SLICES[0], "error", status=500), 1000.0 + i * 0.5)
-        r.observe(Observation("b", SLICES[0], "error", status=500), 1000.0 + i * 0.5)
+    board.followed = {("a", SLICES[0])}
+    for i in range(10):  # soft failures: the window verdict's to judge
+        r.observe(Observation("a", SLICES[0], "error", status=429), 1000.0 + i * 0.5)
+        r.observe(Observation("b", SLICES[0], "error", status=429), 1000.0 + i * 0.5)
     r.tick(1010.01)
-    assert board.peek("a", CLUSTER_SLICE) is None  # followed: no local verdict
-    hb = board.peek("b", CLUSTER_SLICE)
+    assert board.peek("a", SLICES[0]) is None  # followed: no local verdict
+    hb = board.peek("b", SLICES[0])
     assert hb is not None and hb.state is HealthState.QUARANTINED  # not followed: local
-    assert board.record_probe("a", CLUSTER_SLICE, True, 1011.0) == []
-    assert board.probe_outbox == [("a", CLUSTER_SLICE, True)]
+    assert board.record_probe("a", SLICES[0], True, 1011.0) == []
+    assert board.probe_outbox == [("a", SLICES[0], True)]
+
+
+def test_a_followers_own_run_of_hard_failures_ejects_the_followed_route_here() -> None:
+    """The fast path counts this replica's own outcomes on every route: a trip on a
+    followed one ejects it here at once and leaves it escalated (decided here)."""
+    r = Router(_config())
+    board = FollowerBoard.wrap(r.board)
+    r.board = board
+    cw = ("a", CLUSTER_SLICE)
+    board.followed = {cw, ("a", SLICES[0])}
+    events = []
+    for i in range(3):
+        events += r.observe(Observation("a", SLICES[0], "error", status=503), 1000.0 + i * 0.1)
+    h = board.peek(*cw)
+    assert h is not None and h.state is HealthState.QUARANTINED
+    assert [(e.slice, e.new) for e in events] == [(CLUSTER_SLICE.label(), "quarantined")]
+    # The cluster as a whole was ejected (the slice's run with it, as on any router).
+    assert board.followed == {("a", SLICES[0])} and board.escalated == {cw: 1000.2}
+    assert board.next_deadline() is not None  # its cooldown is ours to end now
+
+
+def test_an_adopted_state_keeps_the_local_run_not_the_publishers() -> None:
+    """Invariant 5: a publisher's open run (2 failures) must not carry over, or one
+    failure here would complete it; the local run (1 failure) continues instead."""
+    cfg = _config()
+    src, mine = Router(cfg), Router(cfg)
+    for i in range(2):
+        src.observe(Observation("a", SLICES[0], "error", status=503), 1000.0 + i * 0.1)
+    mine.observe(Observation("a", SLICES[0], "error", status=503), 1000.05)
+    state = route_state(src.board, "a", CLUSTER_SLICE, 1000.2)
+    assert state["streak"] == 2
+    adopt_route(mine.board, "a", CLUSTER_SLICE, state, 1000.2, 1000.2, "fleet: test")
+    h = mine.board.peek("a", CLUSTER_SLICE)
+    assert h is not None and h.streak == 1 and h.episode_fail == 1
+    fresh = Router(cfg)
+    adopt_route(fresh.board, "a", CLUSTER_SLICE, state, 1000.2, 1000.2, "fleet: test")
+    hf = fresh.board.peek("a", CLUSTER_SLICE)
+    assert hf is None or (hf.streak == 0 and hf.fail_rate == 0.0)
 
 
 def test_codec_roundtrip_and_diff() -> None:

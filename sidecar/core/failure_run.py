@@ -93,6 +93,10 @@ RUN_TRIALS_MAX = 64  # send times kept per open run (K is small; bounded memory)
 # trial's recorded send time within this (the two clocks are the router's and the
 # proxy's timing of the same request).
 TRIAL_MATCH_S = 0.02
+# What :meth:`FailureRun._init_run` sets: one process's own count of its outcomes.
+_RUN_FIELDS = ("streak", "streak_since", "run_parts", "run_confined", "run_trials",
+               "run_fail_s", "run_timeouts", "fail_rate", "episode_since", "episode_ok",
+               "episode_fail")
 
 
 class FailureRun:
@@ -113,6 +117,19 @@ class FailureRun:
         self.episode_since: float | None = None  # when the episode's first failure was seen
         self.episode_ok = 0  # successes of requests sent since then
         self.episode_fail = 0  # hard failures since then
+
+    def keep_run_of(self, other: FailureRun | None, now: float) -> None:
+        """Continue ``other``'s run, trials, failure rate and episode here (or start
+        afresh), not those loaded with this state: the fast path counts this process's
+        own outcomes, and a state adopted from another replica carries that replica's
+        (:func:`sidecar.core.fleet_share.adopt_route`). An open circuit ends the run,
+        as :meth:`~sidecar.core.health.RouteHealth.eject` does."""
+        self._init_run(now)
+        if other is not None:
+            for name in _RUN_FIELDS:
+                setattr(self, name, getattr(other, name))
+        if self.circuit_open:
+            self.end_run()
 
     @property
     def circuit_open(self) -> bool:

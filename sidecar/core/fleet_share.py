@@ -18,9 +18,11 @@ calls these with ``now``. Three pieces, each the narrowest hook into the core:
   merged sub-window lands in the local sub-window of the same index.
 * **Health**: :class:`FollowerBoard` is a :class:`HealthBoard` that does not
   evaluate, tick or take probe results for routes another replica owns (it
-  queues those probe results for the owner instead); :func:`route_state` and
-  :func:`adopt_route` move one route's state between boards through the
-  warm-restart snapshot codec of :mod:`sidecar.core.health_board`.
+  queues those probe results for the owner instead) -- except that its own
+  run of hard failures on such a route ejects it here at once, and the route is
+  then this replica's to decide until the owner publishes a newer state;
+  :func:`route_state` and :func:`adopt_route` move one route's state between
+  boards through the warm-restart snapshot codec of :mod:`sidecar.core.health_board`.
 
 Invariants:
 
@@ -34,9 +36,12 @@ Invariants:
    closed since), then it lands in its own sub-window, which the fence keeps
    out of the evidence, as it does the local replica's own requests of then.
 3. Merging invalidates every cached merge and quantile of the series it touches.
-4. A followed route's state changes only through :func:`adopt_route`; whoever
-   adopts a state that closes the route's circuit (:func:`closes_circuit`)
-   fences the route's evidence, as the owner's router did.
+4. A followed route's state changes only through :func:`adopt_route`, or by this
+   replica's own fast path, which makes it :attr:`FollowerBoard.escalated` (no
+   longer followed); whoever adopts a state that closes the route's circuit
+   (:func:`closes_circuit`) fences the route's evidence, as the owner's router did.
+5. Runs of hard failures are each replica's own: :func:`adopt_route` keeps the
+   local run, trials, failure rate and episode, never the publisher's.
 """
 
 from __future__ import annotations
@@ -188,13 +193,21 @@ class FollowerBoard(HealthBoard):
     For a followed route, window verdicts and cooldown ticks are ignored and
     probe results are queued in :attr:`probe_outbox` (for the owner, which
     counts every replica's probes toward one tally); its state changes only
-    by :func:`adopt_route`. With ``followed`` empty it is a plain board.
+    by :func:`adopt_route` -- or by this replica's own run of hard failures
+    (:meth:`eject`): the owner sees its own share of the traffic only, and a
+    provider that fails every request here must not keep this share until the
+    owner's run trips and a push carries its verdict (that made shared replicas
+    slower to leave a dead provider than isolated ones). The route is then in
+    :attr:`escalated` and decided here; :class:`~sidecar.fleet.sync.FleetSync`
+    follows it again once the owner publishes a newer state or it is healthy
+    again. With ``followed`` empty it is a plain board.
     """
 
     def __init__(self, cfg: HealthConfig, stats_cfg: StatsConfig) -> None:
         super().__init__(cfg, stats_cfg)
         self.followed: set[Route] = set()
         self.probe_outbox: list[tuple[str, SliceKey, bool]] = []
+        self.escalated: dict[Route, float] = {}  # route -> when this replica ejected it
 
     @classmethod
     def wrap(cls, board: HealthBoard) -> FollowerBoard:
@@ -210,15 +223,16 @@ class FollowerBoard(HealthBoard):
             return []
         return super()._run(cluster, slice, now, step)
 
-    def note_outcome(
-        self, cluster: str, slice: SliceKey, hard_failure: bool, now: float,
-        sent_at: float | None = None, part: str | None = None, timeout: bool = False,
-    ) -> bool:
-        """Runs of hard failures on a followed route are the owner's to count (it
-        sees the same outage on its own traffic); no local state is kept for them."""
-        if (cluster, slice) in self.followed:
-            return False
-        return super().note_outcome(cluster, slice, hard_failure, now, sent_at, part, timeout)
+    def eject(
+        self, cluster: str, slice: SliceKey, now: float, may_quarantine: bool = True
+    ) -> list[TransitionEvent]:
+        """This replica's own run of hard failures tripped: eject here, followed route
+        or not (class docstring); a followed one becomes :attr:`escalated`."""
+        key = (cluster, slice)
+        if key in self.followed:
+            self.followed.discard(key)
+            self.escalated[key] = now
+        return super().eject(cluster, slice, now, may_quarantine)
 
     def next_deadline(self) -> float | None:
         """Cooldowns of followed routes are the owner's to end: a passed one must not
@@ -278,17 +292,22 @@ def adopt_route(
     key = (cluster, slice)
     old = board.peek(cluster, slice)
     old_state = "healthy" if old is None else old.state.value
-    if not data:
-        board._routes.pop(key, None)
-        new_state = "healthy"
-    else:
-        h = RouteHealth(cluster, slice, board.cfg, board.stats_cfg, at)
+    h = RouteHealth(cluster, slice, board.cfg, board.stats_cfg, at)
+    if data:
         try:
             _load_route(h, data, at)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"malformed route state: {exc!r}") from exc
+    # Invariant 5: the publisher's run counted its outcomes, not ours (a streak it had
+    # when it published would otherwise make our next failures eject early).
+    h.keep_run_of(old, now)
+    if h.is_default:
+        board._routes.pop(key, None)
+    else:
         board._routes[key] = h
-        new_state = h.state.value
+    if h.streak:
+        board.runs.add(key)
+    new_state = h.state.value
     board.version += 1  # what selection sees may have changed: cached plans rebuild
     if new_state == old_state:
         return None

@@ -18,8 +18,12 @@ the store, taken when free or expired, renewed on every push, expiring after
 publishes its state on change; every other replica *follows*: its
 :class:`~sidecar.core.fleet_share.FollowerBoard` skips the route and adopts the
 published state, and forwards the probe results it sees to the owner, whose
-single tally they join. A replica that takes over a lease first adopts the
-previous owner's published state (if newer than its own), so a handover does
+single tally they join. A follower's own run of hard failures still ejects the
+route at once (:class:`~sidecar.core.fleet_share.FollowerBoard`): the route is
+then decided locally, *escalated*, until the owner publishes a state newer than
+that ejection (adopted then) or the route is healthy here again; an older
+published state never undoes it. A replica that takes over a lease first adopts
+the previous owner's published state (if newer than its own), so a handover does
 not flap. When the store is unreachable, :meth:`FleetSync.disconnected` makes
 every route local again.
 
@@ -43,6 +47,7 @@ from sidecar.core.fleet_share import (
     route_signature,
     route_state,
 )
+from sidecar.core.health import HealthState
 from sidecar.core.health_board import CLUSTER_SLICE
 from sidecar.core.router import Router
 from sidecar.core.types import SliceKey, TransitionEvent
@@ -188,10 +193,16 @@ class FleetSync:
                 continue
             entry = health.get(rf)
             if holder != self.rid:
+                published = entry if entry is not None and entry[0] == holder else None
+                if self._escalated(route, published):
+                    continue  # decided here until the owner catches up
                 followed.add(route)
-                if entry is not None and entry[0] == holder:
-                    events += self._adopt(rf, route, entry, now, f"fleet: following {holder}")
-            elif rf not in before and entry is not None and entry[0] != self.rid:
+                if published is not None:
+                    events += self._adopt(rf, route, published, now,
+                                          f"fleet: following {holder}")
+                continue
+            self.board.escalated.pop(route, None)
+            if rf not in before and entry is not None and entry[0] != self.rid:
                 events += self._take_over(rf, route, entry, now)
         self.board.followed = followed
         events += self._apply_probes(reply.probes, now)
@@ -233,17 +244,38 @@ class FleetSync:
         self._signature.pop(rf, None)
         return [event] if event is not None else []
 
+    def _since(self, entry: _Health) -> float | None:
+        """When the published state was entered, on the local clock (None: default)."""
+        _, wall_ms, state = entry
+        if not state:
+            return None
+        return wall_ms / 1000.0 - self.wall_offset - float(state.get("since") or 0.0)
+
+    def _escalated(self, route: Route, published: _Health | None) -> bool:
+        """Is ``route``, which another replica owns, still decided here? It is from
+        this replica's own ejection of it until the owner publishes a state entered
+        later (that one is adopted) or the route is healthy here again."""
+        at = self.board.escalated.get(route)
+        if at is None:
+            return False
+        mine = self.board.peek(*route)
+        theirs = None if published is None else self._since(published)
+        if (mine is None or mine.state is HealthState.HEALTHY
+                or (theirs is not None and theirs >= at)):
+            del self.board.escalated[route]
+            return False
+        return True
+
     def _take_over(self, rf: str, route: Route, entry: _Health,
                    now: float) -> list[TransitionEvent]:
         """This replica just got the lease: continue from the last published state
         unless its own changed later (it decided alone while the store was away)."""
-        owner, wall_ms, state = entry
         mine = self.board.peek(*route)
         if mine is not None:
-            theirs_since = wall_ms / 1000.0 - self.wall_offset - float(state.get("since") or 0.0)
-            if not state or mine.since >= theirs_since:
+            theirs_since = self._since(entry)
+            if theirs_since is None or mine.since >= theirs_since:
                 return []
-        return self._adopt(rf, route, entry, now, f"fleet: took over from {owner}")
+        return self._adopt(rf, route, entry, now, f"fleet: took over from {entry[0]}")
 
     def _apply_probes(self, raw: list[bytes], now: float) -> list[TransitionEvent]:
         events: list[TransitionEvent] = []
@@ -275,3 +307,5 @@ class FleetSync:
         for d2 in (self._signature, self._adopted):
             for rf in [rf for rf in d2 if rf not in keep]:
                 del d2[rf]
+        for route in [r for r in self.board.escalated if codec.route_field(*r) not in keep]:
+            del self.board.escalated[route]
