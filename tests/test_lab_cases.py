@@ -216,5 +216,5 @@ def test_the_top_class_is_deferred_beyond_capacity_only_at_the_peak(seed: int | 
     refused = [r.t for r in trace_of(sim)
                if r.slice.klass == "interactive" and r.admission in ("defer", "shed")]
     assert 100 < len(refused) < 0.05 * out["classes"]["interactive"]["calls"], len(refused)
-    assert 300 < min(refused) and max(refused) < 550, (min(refused), max(refused))
+    assert min(refused) > 300 and max(refused) < 550, (min(refused), max(refused))
     assert sim.policy.router.counters[("admission_reason", "full")] == len(refused)  # type: ignore[attr-defined]
