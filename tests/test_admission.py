@@ -51,6 +51,13 @@ CAPACITY = {**CONTENDED, "capacity_bound": True, "queue_window_ms": 250.0}
         (S(**CAPACITY, queue_room=False), "admit", "best_effort"),
         (S(**{**CAPACITY, "queue_window_ms": 0.0}), "admit", "best_effort"),
         (S(**CONTENDED, capacity_bound=False), "admit", "best_effort"),  # over budget only
+        # beyond capacity: every usable route full once the queue cannot help
+        (S(**CAPACITY, full=True, queued=True, wait_expired=True), "defer", "full"),
+        (S(**CAPACITY, full=True, queue_room=False, can_defer=False), "shed", "full"),
+        (S(**CAPACITY, full=True, queued=True), "queue", "capacity"),  # waiting first
+        (S(**CAPACITY, full=True, queued=True, wait_expired=True, shed_full=False),
+         "admit", "best_effort"),
+        (S(**CONTENDED, full=True, yields=True), "defer", "yield"),
     ],
 )
 def test_decision_table(situation: Situation, outcome: str, reason: str) -> None:
@@ -177,9 +184,11 @@ def test_high_priority_queues_fifo_then_is_admitted_when_capacity_frees() -> Non
     d = r.decide(request(), 1.07, RNG, ticket="t1")
     assert (d.admission, d.cluster) == ("admit", "b")
     r.started("b")
-    # The wait is bounded: after it, the waiter is served best effort (panic).
+    # The wait is bounded: after it, with every route still full, the waiter is
+    # deferred (beyond_capacity: shed, the default), not sent beyond max_concurrency.
     d = r.decide(request(), 1.3, RNG, ticket="t2")
-    assert d.admission == "admit" and d.detail.startswith("best_effort") and d.reason == "panic"
+    assert (d.admission, d.status, d.retry_after_s) == ("defer", 429, 2)
+    assert d.detail.startswith("full") and "queue wait over" in d.detail
     assert len(r.admission.queue) == 0
 
 
@@ -193,8 +202,33 @@ def test_priority_orders_the_queue() -> None:
     assert r.decide(request(priority=50), 1.02, RNG, ticket="vip").admission == "admit"
 
 
+@pytest.mark.parametrize(
+    ("beyond", "outcome"), [("shed", "defer"), ("best_effort", "admit")])
+def test_wait_over_at_full_capacity_defers_unless_best_effort(beyond: str, outcome: str) -> None:
+    r = make_router(conc=1, admission={"beyond_capacity": beyond})
+    fill(r, 1)
+    assert r.decide(request(), 1.0, RNG, ticket="t1").admission == "queue"
+    d = r.decide(request(), 1.3, RNG, ticket="t1")  # the wait is over, still full
+    assert d.admission == outcome
+    assert d.detail.startswith("full" if beyond == "shed" else "best_effort")
+    # A deadline too short for Retry-After: shed (503), not deferred.
+    d = r.decide(request(deadline_ms=1500), 1.3, RNG)
+    assert d.admission == ("shed" if beyond == "shed" else "admit")
+
+
+def test_room_over_budget_is_still_served_best_effort_when_shedding_beyond_capacity() -> None:
+    """Only capacity is shed: a route with room but over budget gets the request."""
+    r = make_router(conc=1)
+    for c in ("a", "b", "c"):
+        feed(r, c, 4.4)  # interactive: TTFT 1.1 s, over its 1000 ms budget everywhere
+    r.started("a")
+    r.started("b")  # c has room
+    d = r.decide(request(), 1.0, RNG)
+    assert d.admission == "admit" and d.detail.startswith("best_effort")
+
+
 def test_queue_full_or_no_ticket_serves_high_priority_best_effort() -> None:
-    r = make_router(conc=1, admission={"queue_max": 1})
+    r = make_router(conc=1, admission={"queue_max": 1, "beyond_capacity": "best_effort"})
     fill(r, 1)
     assert r.decide(request(), 1.0, RNG, ticket="t1").admission == "queue"
     d = r.decide(request(), 1.0, RNG, ticket="t2")
@@ -271,7 +305,7 @@ def test_admission_counts_once_per_event() -> None:
     r.decide(request(), 1.1, RNG, ticket="q")
     r.decide(request(), 1.3, RNG, ticket="q")
     adm = {k[1]: v for k, v in r.counters.items() if k[0] == "admission"}
-    assert adm == {"defer": 1, "queue": 1, "admit": 1}
+    assert adm == {"defer": 2, "queue": 1}  # the waiter's wait ended at full capacity
     assert sum(v for k, v in r.counters.items() if k[0] == "decision") == 3
 
 

@@ -87,8 +87,8 @@ def press_interactive(conc: int = 10) -> tuple[Router, float]:
     r = make_router(conc=conc)
     fill(r, conc)
     for t in (1.0, 4.0, 7.0):
-        d = r.decide(request(), t, RNG)
-        assert d.admission == "admit" and d.detail.startswith("best_effort")
+        d = r.decide(request(), t, RNG)  # the top class: deferred at full capacity
+        assert d.admission == "defer" and d.detail.startswith("full")
     for c in ("a", "b", "c"):
         r.finished(c)  # one free slot per route: inside the reserve (ceil(0.1 x 10) = 1)
     return r, 7.0

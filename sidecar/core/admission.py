@@ -25,6 +25,7 @@ Definitions (ms; ``pXX`` are the route's e2e percentiles for the request's slice
     need        = min over usable routes of p50 e2e        (None without data)
     need_tail   = min over usable routes of e2e at the class percentile
     high        = priority >= admission.shed_below_priority
+    all_full    = every usable route is full
     can_defer   = no deadline or remaining >= defer_retry_after_s * 1000 + need
     reserved(r) = high, a more important class is pressed on r, free(r) <= its reserve
                   (:mod:`sidecar.core.admission_priority`; ok(r) also needs not reserved)
@@ -349,6 +350,8 @@ class AdmissionControl:
             queue_room=self.queue.has_room(now), queue_window_ms=window,
             can_defer=not has_deadline
             or left >= cfg.defer_retry_after_s * 1000.0 + (need or 0.0),
+            full=bool(usable) and all(f.full for f in usable),
+            shed_full=cfg.beyond_capacity == "shed",
         )
         rule = evaluate(s)
         note = _note(rule, s, ahead, free, choice_note, yields_to)
@@ -389,6 +392,9 @@ def _note(rule: Rule, s: Situation, ahead: int, free: int, choice: str,
         parts.append(why)
         if rule.reason == "yield":
             parts.append(f"capacity held for pressed class {yields_to}")
+        elif rule.reason == "full":
+            parts.append("every usable route is at max_concurrency"
+                         + ("; queue wait over" if s.queued else ""))
         if rule.outcome == "queue":
             parts.append("waiting" if s.queued else f"queued up to {s.queue_window_ms:.0f}ms")
         elif rule.reason == "best_effort":

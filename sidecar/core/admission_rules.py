@@ -20,8 +20,10 @@ first matching row wins. Deadline rows apply only when the caller sent
 10  contended, waiting helps, may queue         queue    capacity
 11  contended and yields and can_defer          defer    yield
 12  contended and yields                        shed     yield
-13  contended                                   admit    best_effort
-14  otherwise                                   admit    ok
+13  contended, all_full, shed_full, can_defer   defer    full
+14  contended, all_full, shed_full              shed     full
+15  contended                                   admit    best_effort
+16  otherwise                                   admit    ok
 ==  ==========================================  =======  =====================
 
 "Yields" = a more important class is pressed on one of the request's usable
@@ -68,6 +70,8 @@ class Situation:
     queue_room: bool = True
     queue_window_ms: float = 0.0
     can_defer: bool = True
+    full: bool = False  # all_full: every usable route is at max_concurrency
+    shed_full: bool = True  # admission.beyond_capacity is "shed"
 
     @property
     def optional(self) -> bool:
@@ -112,6 +116,8 @@ RULES: tuple[Rule, ...] = (
     Rule(lambda s: s.contended and s.capacity_bound and s.may_queue, "queue", "capacity"),
     Rule(lambda s: s.contended and s.yields and s.can_defer, "defer", "yield"),
     Rule(lambda s: s.contended and s.yields, "shed", "yield"),
+    Rule(lambda s: s.contended and s.full and s.shed_full and s.can_defer, "defer", "full"),
+    Rule(lambda s: s.contended and s.full and s.shed_full, "shed", "full"),
     Rule(lambda s: s.contended, "admit", "best_effort"),
     Rule(lambda s: True, "admit", "ok"),
 )

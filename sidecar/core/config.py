@@ -192,6 +192,10 @@ class AdmissionConfig:
     yield_hold_s: float = 10.0
     yield_reserve: float = 0.1
     retry_budget_ratio: float = 0.2  # retries allowed per route as a share of recent requests
+    # What the classes at or above shed_below_priority get once every usable route is
+    # at max_concurrency and their queue wait is over: "shed" (defer/shed, reason
+    # "full") or "best_effort" (sent beyond max_concurrency anyway).
+    beyond_capacity: Literal["shed", "best_effort"] = "shed"
 
 
 @dataclass(frozen=True, slots=True)

@@ -118,6 +118,7 @@ def _admission(r: ConfigReader) -> AdmissionConfig:
         yield_hold_s=r.num("yield_hold_s", 10.0, lo=0, hi=3600),
         yield_reserve=r.num("yield_reserve", 0.1, lo=0, hi=1),
         retry_budget_ratio=r.num("retry_budget_ratio", 0.2, lo=0, hi=10),
+        beyond_capacity=r.choice("beyond_capacity", "shed", ("shed", "best_effort")),
     )
     r.done()
     return cfg
