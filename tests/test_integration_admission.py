@@ -178,3 +178,33 @@ def test_overload_sheds_low_priority_and_serves_interactive(stack: Stack) -> Non
     finally:
         for p in ("a", "b"):
             stack.control(p, {"reset": True})
+
+
+def test_interactive_beyond_capacity_is_deferred_after_its_queue_wait(stack: Stack) -> None:
+    """Every route held full: an interactive request (above shed_below_priority) waits
+    its queue_wait_ms, then gets a 429 with Retry-After and reason ``full`` instead of
+    being sent beyond max_concurrency (admission.beyond_capacity: shed, the default)."""
+    for p in ("a", "b"):
+        stack.control(p, {"hold": True})
+    try:
+        with ThreadPoolExecutor(max_workers=2 * CONC) as pool:
+            hold = [pool.submit(_client(stack, timeout=300).chat.completions.create, model="m",
+                                messages=MSG, max_tokens=2) for _ in range(2 * CONC)]
+            _wait_full(stack)
+            sent_before = _provider_requests(stack, "a") + _provider_requests(stack, "b")
+            full_before = _counter(stack, "admission_reason:full")
+            with pytest.raises(openai.RateLimitError) as deferred:
+                _client(stack).chat.completions.create(model="m", messages=MSG, max_tokens=2)
+            err = deferred.value
+            assert err.response.headers["retry-after"] == "2"
+            assert err.response.headers["x-tailroute-admission"] == "defer"
+            assert err.type == "tailroute_deferred" and err.code == "full"
+            assert _provider_requests(stack, "a") + _provider_requests(stack, "b") == sent_before
+            assert _counter(stack, "admission_reason:full") == full_before + 1
+            for p in ("a", "b"):
+                stack.control(p, {"hold": False})
+            for f in hold:
+                assert f.result(timeout=30).choices
+    finally:
+        for p in ("a", "b"):
+            stack.control(p, {"reset": True})
