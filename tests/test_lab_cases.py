@@ -161,7 +161,10 @@ def test_many_slow_alternatives_do_not_outweigh_the_one_good_route(seed: int | N
 
 
 def _without_yield(sc: Scenario) -> Scenario:
-    adm = dataclasses.replace(sc.config.admission, yield_hold_s=0.0)
+    """The admission before strict priority (and before the deferral beyond capacity,
+    which alone already spares the top class part of the overload)."""
+    adm = dataclasses.replace(sc.config.admission, yield_hold_s=0.0,
+                              beyond_capacity="best_effort")
     return dataclasses.replace(sc, config=dataclasses.replace(sc.config, admission=adm))
 
 
@@ -190,7 +193,12 @@ def test_middle_class_yields_to_the_premium_class_only_while_routes_are_saturate
     early = sum(t < 120 for t in refused)  # seed 3: 10 in a saturated burst at 104-118 s
     assert len(refused) > 200 and early < 0.05 * len(refused) and max(refused) < 480, (
         len(refused), early, max(refused))
-    assert sim.policy.router.counters[("admission_reason", "yield")] == len(refused)  # type: ignore[attr-defined]
+    counters = sim.policy.router.counters  # type: ignore[attr-defined]
+    # Most yield to premium; the rest found every route full (admission.beyond_capacity,
+    # counted over all classes: premium's own deferrals at full capacity too).
+    yielded, full = counters[("admission_reason", "yield")], counters[("admission_reason", "full")]
+    assert yielded <= len(refused) <= yielded + full and yielded > 0.7 * len(refused), (
+        yielded, full, len(refused))
 
 
 @pytest.mark.parametrize("seed", [None, 2, 3])
