@@ -96,6 +96,7 @@ def test_no_spelling_of_the_credentials_survives_redaction(user: str, password: 
 @example(password="ab?cd#ef")
 @example(password="pa\uff0fss12")  # a fullwidth '/': urlsplit's error quoted the host part
 @example(password="pass\tword")
+@example(password="0000[]")  # urlsplit checks "[...]" anywhere in the authority as IPv6
 def test_a_config_that_passes_is_read_by_the_client_as_written(password: str) -> None:
     """check-config never passes a URL the Redis client misreads (``serve`` used to
     stop with a traceback quoting part of the password), and its error never shows it."""
@@ -115,10 +116,11 @@ def test_a_config_that_passes_is_read_by_the_client_as_written(password: str) ->
     ("redis://app:12#34@127.0.0.1:6379/0", "an '@' after the host"),
     ("redis://127.0.0.1:63x9/0", "a port that is not a number"),
     ("redis://127.0.0.1:70000/0", "a port that is not a number"),
-    ("redis://[::1/0", "an unmatched '['"),
+    ("redis://[::1/0", "or an unmatched one"),
     ("redis://[fe80::zz]:6379/0", "a malformed [IPv6] host"),
     ("redis://app:pa\uff0fss@127.0.0.1:6379/0", "once normalised"),  # urlsplit quoted it
-    ("redis://app:pa[ss@127.0.0.1:6379/0", "an unmatched '['"),
+    ("redis://app:pa[ss@127.0.0.1:6379/0", "a '[' or ']' in the user name"),
+    ("redis://app:0000[]@127.0.0.1:6379/0", "a '[' or ']' in the user name"),
 ])
 def test_a_url_the_client_would_misread_is_a_config_error(url: str, problem: str) -> None:
     with pytest.raises(ConfigError) as err:

@@ -61,9 +61,12 @@ def url_problem(url: str) -> str | None:
                 "ends the host early; percent-encode them as %2F, %3F, %23 (and '@' as %40)")
     if any(c in url for c in "\t\r\n"):
         return "holds a tab or a line break (the client drops them; percent-encode them)"
-    if ("[" in authority) != ("]" in authority):
-        return ("has an unmatched '[' or ']' before the path; percent-encode them in the "
-                "user name or password as %5B, %5D")
+    userinfo = authority.rpartition("@")[0]
+    if ("[" in authority) != ("]" in authority) or "[" in userinfo or "]" in userinfo:
+        # urlsplit reads the text between the first '[' and ']' of the whole authority,
+        # credentials included, as an IPv6 host and refuses the URL when it is not one.
+        return ("has a '[' or ']' in the user name or password (or an unmatched one); "
+                "percent-encode them as %5B, %5D")
     if any(c in unicodedata.normalize("NFKC", c) for c in authority if not c.isascii()
            for c in "/?#@:"):
         return ("has a character in the user name, password or host that reads as one of "
