@@ -123,6 +123,7 @@ def test_deep_json_gets_400_and_a_counter_not_an_exception(app: App, depth: int)
     ir = r.immediate_response  # type: ignore[union-attr]
     assert ir.status.code == 400
     assert "nests deeper than 128" in json.loads(ir.body)["error"]["message"]
+    assert json.loads(ir.body)["error"]["code"] == "body_too_deep"
     assert app.errors["body_too_deep"] == 1 and not app.pending
 
 
