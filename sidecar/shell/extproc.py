@@ -200,6 +200,11 @@ class RouteStream:
             return self._route(msg.request_body.body, now, is_body=True)
         if kind == "response_headers" and phase is Phase.ROUTED and self.rich:
             return self._on_response_headers()
+        if kind == "response_headers" and phase is Phase.EXPECT_BODY and self.rich:
+            # Explain asked for response headers; they came before the body: Envoy
+            # answered itself (413 over its buffer), sent nothing upstream: no fail-open.
+            self.phase = Phase.RESPONSE
+            return continue_unchanged(kind)
         return self._unexpected(kind)
 
     def _screened(self, headers: dict[str, str]) -> dict[str, str]:
@@ -353,13 +358,21 @@ class RouteStream:
         if self.phase is Phase.QUEUED and self.rid is not None:
             self.app.router.withdraw(self.rid)  # client gone or Envoy gave up while held
             return
-        if self.phase is Phase.EXPECT_BODY and not cancelled:
+        if self.phase is Phase.EXPECT_BODY and not cancelled and not self._over_buffer():
             # Closed cleanly with the body still due: gRPC refused the message (over
             # its limit, RESOURCE_EXHAUSTED) and Envoy fails open to the default route
             # (or Envoy gave up first: grpc.aio reports most cancels as a clean end).
             self.app.errors["stream_ended_before_body"] += 1
         if self.rid is not None:
             self.app.route_closed(self.rid, now)
+
+
+    def _over_buffer(self) -> bool:
+        """``content-length`` over Envoy's buffer: Envoy answers 413 itself (access
+        log: ``unrouted``), no fail-open. A chunked body has no length: still counted."""
+        raw = self.headers.get("content-length", "")
+        limit = self.app.config.envoy.route_buffer_bytes
+        return raw.isascii() and raw.isdigit() and len(raw) <= 19 and int(raw) > limit
 
 
 def _rewrite_model(parsed: ParsedBody, model: str) -> bytes:
