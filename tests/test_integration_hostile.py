@@ -93,9 +93,9 @@ def test_hostile_requests_get_their_documented_answers() -> None:
         # headers as Latin-1): Envoy passes them on in proto3 strings, which used to
         # make the ext_proc message and the access-log batch unreadable (a traceback,
         # the request failed open past admission, the batch's entries lost).
-        def settled() -> float | None:  # every decided request's entry is in
+        def settled() -> float | None:  # every decided request observed from its entry
             envoy = stack.sidecar_state()["envoy"]
-            return None if envoy["awaiting_entry"] else float(envoy["decided"])
+            return None if envoy["pending"] else float(envoy["decided"])
 
         decided = wait_for(settled, "the earlier requests' entries")
         status, headers, _ = _post(stack, _chat(), {"x-tailroute-tenant": "caf\xe9",
