@@ -335,7 +335,7 @@ def test_check_config_refuses_a_config_without_models(tmp_path: Path) -> None:
     assert out.returncode == 2, out.stdout
     assert out.stderr.splitlines() == [
         f"{path}: models: must define at least one model (with none, tailroute routes "
-        "nothing: every request goes to default_cluster)",
+        "nothing: every request goes to default_cluster) (line 15)",
         f"{path}: 1 problem"]
 
 

@@ -123,6 +123,7 @@ def test_deep_json_gets_400_and_a_counter_not_an_exception(app: App, depth: int)
     ir = r.immediate_response  # type: ignore[union-attr]
     assert ir.status.code == 400
     assert "nests deeper than 128" in json.loads(ir.body)["error"]["message"]
+    assert json.loads(ir.body)["error"]["code"] == "body_too_deep"
     assert app.errors["body_too_deep"] == 1 and not app.pending
 
 
@@ -183,3 +184,30 @@ def test_one_message_path_is_checked_the_same(app: App) -> None:
         body_only_msg(chat_request(), {"x-tailroute-class": "x" * 300}), 0.0)
     assert r is not None and routed_cluster(r) in {"a", "b", "c"}  # type: ignore[arg-type]
     assert app.errors["body_too_deep"] == 1 and app.errors["header_ignored"] == 1
+
+
+@pytest.mark.parametrize("explain", [False, True])
+def test_a_body_over_envoys_buffer_on_the_rich_path_is_no_fail_open(
+        app: App, explain: bool) -> None:
+    """Envoy answers 413 itself and closes the stream (after the local reply's headers
+    when explain asked for them): nothing went upstream, so neither a fail-open nor an
+    unexpected message (it used to count both, and TailrouteFailOpen fired)."""
+    over = app.config.envoy.route_buffer_bytes + 1
+    s = RouteStream(app)
+    s.on_message(headers_msg({**POST_CHAT, "content-length": str(over),
+                              **({"x-tailroute-explain": "1"} if explain else {})}), 0.0)
+    if explain:
+        r = s.on_message(headers_msg({":status": "413"}, response=True), 0.1)
+        assert r is not None and r.WhichOneof("response") == "response_headers"  # type: ignore[union-attr]
+    s.close(0.2, cancelled=False)
+    assert not app.errors and not app.pending
+    assert "failopen:stream_ended_before_body" not in app.shell_counters()
+
+
+@pytest.mark.parametrize("length", ["1000", "", "99" * 3000, "1e9"])
+def test_a_body_within_envoys_buffer_still_counts_when_its_stream_ends_early(
+        app: App, length: str) -> None:
+    s = RouteStream(app)
+    s.on_message(headers_msg({**POST_CHAT, "content-length": length}), 0.0)
+    s.close(0.1, cancelled=False)
+    assert app.shell_counters()["failopen:stream_ended_before_body"] == 1

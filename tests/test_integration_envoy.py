@@ -205,6 +205,7 @@ def test_malformed_body_gets_documented_400(stack: Stack) -> None:
     conn.close()
     assert resp.status == 400
     assert payload["error"]["type"] == "invalid_request_error"
+    assert payload["error"]["code"] == "bad_request" and payload["error"]["param"] is None
 
 
 def test_unknown_model_goes_to_default_route(stack: Stack) -> None:

@@ -88,3 +88,20 @@ def test_hostile_requests_get_their_documented_answers() -> None:
         assert status == 200 and "x-tailroute-explain-result" in headers  # routed
         assert _counter(stack, "tailroute_errors_total", 'kind="header_ignored"') == 1
         assert _counter(stack, "tailroute_errors_total", 'kind="handler_exception"') == 0
+
+        # Header bytes that are not UTF-8 (HTTP's obs-text; http.client sends str
+        # headers as Latin-1): Envoy passes them on in proto3 strings, which used to
+        # make the ext_proc message and the access-log batch unreadable (a traceback,
+        # the request failed open past admission, the batch's entries lost).
+        def settled() -> float | None:  # every decided request observed from its entry
+            envoy = stack.sidecar_state()["envoy"]
+            return None if envoy["pending"] else float(envoy["decided"])
+
+        decided = wait_for(settled, "the earlier requests' entries")
+        status, headers, _ = _post(stack, _chat(), {"x-tailroute-tenant": "caf\xe9",
+                                                    "x-request-id": "r\xe9q-1"})
+        assert status == 200
+        assert wait_for(settled, "its entry") == decided + 1  # decided, and observed
+        assert _counter(stack, "tailroute_fail_open_total", 'reason="envoy"') == 1
+        assert _counter(stack, "tailroute_errors_total", 'kind="not_utf8"') == 2
+        assert "DecodeError" not in stack.log("sidecar")

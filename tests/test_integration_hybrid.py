@@ -91,16 +91,21 @@ def test_each_request_takes_the_path_it_needs(stack: Stack) -> None:
     assert explained.status == 200 and explained.getheader("x-tailroute-explain-result")
     plain = _post(stack, headers={"x-tailroute-class": "interactive"})
     assert plain.getheader("x-tailroute-explain-result") is None
+    # A model no slice route serves: the native path's default route, not the sidecar
+    # failing open (it was counted fail_open and paged TailrouteEnvoyFailOpen).
+    assert _post(stack, model="no-such-model").status == 200
 
     def counted() -> bool:
         now = _envoy_view(stack)
         return (now["native"] - before["native"] >= 6
-                and now["decided"] - before["decided"] >= 4)
+                and now["decided"] - before["decided"] >= 4
+                and now["native_default"] - before["native_default"] >= 1)
 
     wait_for("the access log to count both paths", counted)
     now = _envoy_view(stack)
     assert now["native"] - before["native"] == 6
     assert now["decided"] - before["decided"] == 4
+    assert now["native_default"] - before["native_default"] == 1
     assert now["fail_open"] == before["fail_open"]
 
 

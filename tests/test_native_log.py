@@ -292,3 +292,25 @@ def test_stream_errors_are_counted_on_2xx_llm_entries(path: str, status: int,
     OutcomeFeed(app)(LogRecord(status=status, method="POST", path=path,
                                upstream_cluster="a", stream_error=True), 1.0)
     assert app.stream_errors == ({"a": 1} if counted else {})
+
+
+@pytest.mark.parametrize(("e", "kind"), [
+    # No slice route matched (a model no route serves, a body json_to_metadata could
+    # not read): the native path's default route, not the sidecar failing open (it
+    # used to page TailrouteEnvoyFailOpen at 100 %: native requests never ask).
+    (entry(route="tailroute_default"), "native_default"),
+    (entry(route="tailroute_default", status=400), "native_default"),
+    (entry(route="tailroute_default", rid="r-9"), "decided"),  # a per-request decision
+    (entry(route="tailroute_default", cluster=""), "unrouted"),  # Envoy's own 413
+    (entry(), "native"),
+])
+def test_the_native_default_route_is_no_sidecar_fail_open(e: al.HTTPAccessLogEntry,
+                                                         kind: str) -> None:
+    side = Side(shortcut=True)
+    side.feed([e], 10.0)
+    envoy = side.app.envoy
+    assert envoy["fail_open"] == 0 and envoy[kind] == 1 and envoy["entries"] == 1
+    counters = side.app.shell_counters()
+    assert ("failopen:native_default" in counters) == (kind == "native_default")
+    assert "failopen:envoy" not in counters
+    assert side.app.envoy_view(10.0)["native_default"] == envoy["native_default"]

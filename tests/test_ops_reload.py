@@ -65,7 +65,7 @@ def test_invalid_reload_keeps_last_good_config(
     assert rl.view() == {"path": str(path), "reloads_ok": 0, "reloads_invalid": 1,
                          "last_reload_ok": False,
                          "last_error": f"{path}: clusters[1].max_concurrency: must be >= 1, "
-                                       "got 0"}
+                                       "got 0 (line 11)"}
     data["clusters"][1]["max_concurrency"] = 5
     _write(path, data)
     assert rl.reload("test") and rl.view()["last_error"] is None

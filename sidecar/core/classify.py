@@ -153,6 +153,8 @@ def parse_body(api: Api, body: bytes) -> ParsedBody:
                 "before the routing filters") from None
         # ValueError: not UTF-8, not JSON, or an integer beyond Python's digit limit
         # (a 5,000-digit max_tokens); RecursionError: nesting deeper than the stack.
+        if type(exc) is ValueError:  # the digit limit: its own text names a Python call
+            exc = ValueError("a number has too many digits (Python reads up to 4300)")
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise BadRequest("request body must be a JSON object")

@@ -272,7 +272,10 @@ def parse_config(data: Any, source: str = "<memory>") -> Config:
 def _parse(root: ConfigReader, source: str) -> Config:
     clusters: dict[str, ClusterConfig] = {}
     broken: set[str] = set()  # clusters with a mistake: models naming them say nothing more
-    for i, raw in enumerate(root.list_("clusters", required=True)):
+    # A missing or non-list clusters/models is reported and the rest of the file still
+    # read (an empty file: both are missing, and an unknown key beside them is a typo).
+    clusters_raw = root.attempt(lambda: root.list_("clusters", required=True), None)
+    for i, raw in enumerate(clusters_raw or ()):
         c: ClusterConfig | None = root.attempt(
             partial(cluster_item, root, i, raw), None)
         if c is None:
@@ -282,7 +285,7 @@ def _parse(root: ConfigReader, source: str) -> Config:
         if c.name in clusters:
             root.bad(f"duplicate cluster name {c.name!r}", f"clusters[{i}].name", None)
         clusters[c.name] = c
-    if not clusters and not broken:
+    if clusters_raw is not None and not clusters and not broken:
         root.fail("must define at least one cluster", "clusters")
 
     # semantic-router style: a global algorithm (and routing profile) applies to
@@ -293,12 +296,13 @@ def _parse(root: ConfigReader, source: str) -> Config:
             partial(parse_algorithm, global_alg, global_compat), None) is None:
         global_alg = None  # reported once here, not again for every model
     models: list[ModelConfig] = []
-    models_raw = root.list_("models", required=True)
-    if not models_raw:  # (a missing or non-list "models" raised above)
+    models_raw = root.attempt(lambda: root.list_("models", required=True), None)
+    if models_raw == []:
         # Every request would go to default_cluster undecided: a config that routes nothing.
         root.bad("must define at least one model (with none, tailroute routes nothing: "
                  "every request goes to default_cluster)", "models", None)
-    for i, raw in enumerate(models_raw):
+    # Without clusters every candidate would be "unknown": that says nothing more.
+    for i, raw in enumerate(models_raw if clusters_raw is not None and models_raw else ()):
         if global_alg is not None and isinstance(raw, Mapping) and "algorithm" not in raw:
             raw = {**raw, "algorithm": dict(global_alg.data)}
         m: ModelConfig | None = root.attempt(
@@ -317,7 +321,8 @@ def _parse(root: ConfigReader, source: str) -> Config:
         root.bad(f"unknown class {default_class!r}", "default_class", None)
 
     default_cluster = root.str_("default_cluster", next(iter(clusters), ""))
-    if default_cluster not in clusters and default_cluster not in broken:
+    if (clusters_raw is not None and default_cluster not in clusters
+            and default_cluster not in broken):
         root.bad(f"unknown cluster {default_cluster!r}", "default_cluster", None)
 
     def section(read: Callable[[ConfigReader], T], key: str, fallback: T) -> T:

@@ -160,7 +160,8 @@ class FieldReader:
             return []
         v = self.data[key]
         if not isinstance(v, list):
-            problem = f"must be a list, got {type(v).__name__}"
+            problem = ("must be a list, got nothing (null)" if v is None
+                       else f"must be a list, got {type(v).__name__}")
             if required:
                 self.fail(problem, key)
             return self.bad(problem, key, [])

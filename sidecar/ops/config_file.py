@@ -9,12 +9,18 @@ from typing import Any
 import yaml
 
 from sidecar.core.config import Config, ConfigError, parse_config
+from sidecar.ops.config_lines import with_lines
 
 
 def load_config(path: str | Path) -> Config:
-    """Load and validate ``path``; raises :class:`ConfigError` naming the file and field."""
+    """Load and validate ``path``; raises :class:`ConfigError` naming the file, the
+    field and, where the file shows it, the line (:mod:`sidecar.ops.config_lines`)."""
     p = Path(path)
-    return parse_config(read_yaml(p), str(p))
+    text = read_text(p)
+    try:
+        return parse_config(parse_yaml(text, p), str(p))
+    except ConfigError as exc:
+        raise with_lines(exc, str(p), text) from None
 
 
 def read_yaml(
@@ -25,15 +31,27 @@ def read_yaml(
     YAML raise ``error`` naming the file (``cannot read <what>``) or the line and column
     of the mistake. With ``max_bytes`` a larger file is refused before it is read (see
     :func:`read_capped`)."""
+    return parse_yaml(read_text(path, what, error, max_bytes), path, error)
+
+
+def read_text(
+    path: Path, what: str = "config", error: type[ConfigError] = ConfigError,
+    max_bytes: int | None = None,
+) -> str:
+    """The UTF-8 text of ``path``; what cannot be read raises ``error`` (:func:`read_yaml`)."""
     try:
         raw = path.read_bytes() if max_bytes is None else read_capped(path, max_bytes)
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except TooLarge as exc:
         raise error(f"{path}: {what} file is larger than {exc}: refused") from None
     except OSError as exc:
         raise error(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise error(f"{path}: {_not_utf8(exc)}") from None
+
+
+def parse_yaml(text: str, path: Path, error: type[ConfigError] = ConfigError) -> Any:
+    """``text`` (the file ``path``) as YAML; a mistake raises ``error`` with its line."""
     try:
         return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: no arbitrary objects
     except yaml.YAMLError as exc:

@@ -158,10 +158,11 @@ class RouterCollector(Collector):
             "before routing: 413, client gone mid-upload), not_routed, orphan, late (the "
             "entry of a request already counted lost), elsewhere (the entry of a request "
             "decided here, received by another fleet process and forwarded), misrouted (a "
-            "decided request Envoy sent to another cluster: its bootstrap lacks the route)",
+            "decided request Envoy sent to another cluster: its bootstrap lacks the route), "
+            "native_default (native/hybrid: an LLM request no slice route matched)",
             [([kind], shell.get(f"envoy:{kind}", 0))
              for kind in ("decided", "fail_open", "unrouted", "not_routed", "orphan", "late",
-                          "elsewhere", "misrouted")],
+                          "elsewhere", "misrouted", "native_default")],
             labels=["kind"])
         yield gauge("tailroute_access_log_streams",
                     "Envoy access-log streams currently connected",

@@ -150,6 +150,9 @@ class App:
         # Requests Envoy served without asking (sidecar down, slow or overflowing).
         if self.envoy["fail_open"]:
             out["failopen:envoy"] = self.envoy["fail_open"]
+        # native/hybrid: LLM requests no slice route matched (sidecar.shell.native_log).
+        if self.envoy["native_default"]:
+            out["failopen:native_default"] = self.envoy["native_default"]
         out.update({f"envoy:{k}": v for k, v in self.envoy.items()})
         out.update({f"first_token:{k}": v for k, v in self.first_token_samples.items()})
         out.update({f"stream_error:{k}": v for k, v in self.stream_errors.items()})
@@ -193,6 +196,7 @@ class App:
             "orphan": env["orphan"],
             "elsewhere": env["elsewhere"],  # decided here, entry received by another process
             "native": env["native"],  # routed by Envoy's weights (routing.mode native/hybrid)
+            "native_default": env["native_default"],  # native path, no slice route matched
             "decided_share": round(env["decided"] / llm, 6) if llm else None,
             "lost": env["lost"],
             "late": env["late"],

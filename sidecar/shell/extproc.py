@@ -138,10 +138,14 @@ def continue_unchanged(kind: str | None) -> pb.ProcessingResponse:
     return pb.ProcessingResponse(response_body=pb.BodyResponse())
 
 
-def immediate(status: int, message: str, kind: str, headers: dict[str, str] | None = None
-              ) -> pb.ProcessingResponse:
-    """An OpenAI-style JSON error answered by Envoy without calling any upstream."""
-    body = json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
+def immediate(status: int, message: str, kind: str, code: str,
+              headers: dict[str, str] | None = None) -> pb.ProcessingResponse:
+    """An OpenAI-style JSON error answered by Envoy without calling any upstream: the
+    four fields OpenAI's error object always has, ``code`` a string (or null) as there
+    (a typed client, e.g. one whose ``code`` is ``Option<String>``, fails to read an
+    integer and reports a decoding error instead of the message)."""
+    body = json.dumps({"error": {"message": message, "type": kind, "param": None,
+                                 "code": code}}).encode()
     hdrs = {"content-type": "application/json", **(headers or {})}
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
@@ -196,6 +200,11 @@ class RouteStream:
             return self._route(msg.request_body.body, now, is_body=True)
         if kind == "response_headers" and phase is Phase.ROUTED and self.rich:
             return self._on_response_headers()
+        if kind == "response_headers" and phase is Phase.EXPECT_BODY and self.rich:
+            # Explain asked for response headers; they came before the body: Envoy
+            # answered itself (413 over its buffer), sent nothing upstream: no fail-open.
+            self.phase = Phase.RESPONSE
+            return continue_unchanged(kind)
         return self._unexpected(kind)
 
     def _screened(self, headers: dict[str, str]) -> dict[str, str]:
@@ -244,26 +253,27 @@ class RouteStream:
             if refusal is not None:
                 app.errors[refusal.reason] += 1
                 if refusal.status is not None:
-                    return self._refuse(refusal.status, refusal.message)
+                    return self._refuse(refusal.status, refusal.message, refusal.reason)
                 body = None
             else:
                 try:
                     parsed = parse_body(api, body)
                 except BadRequest as exc:
                     app.errors["bad_request"] += 1
-                    return self._refuse(400, str(exc))
+                    return self._refuse(400, str(exc), "bad_request")
         info = classify(cfg, self.headers, parsed, api)
         self.info, self._parsed, self._is_body = info, parsed, is_body
         self._classified = info
         self._arrived = now
         return self._answer(app.router.decide(info, now, app.rng, ticket=self.rid), now)
 
-    def _refuse(self, status: int, message: str) -> pb.ProcessingResponse:
+    def _refuse(self, status: int, message: str, code: str) -> pb.ProcessingResponse:
         """A request tailroute answers itself (bad or oversize body): no route, but the
-        rid in the metadata, so its access-log entry is recognised as not evidence."""
+        rid in the metadata, so its access-log entry is recognised as not evidence.
+        ``code`` is the ``tailroute_errors_total`` kind it is counted as."""
         assert self.rid is not None
         self.phase = Phase.ROUTED
-        resp = immediate(status, message, "invalid_request_error")
+        resp = immediate(status, message, "invalid_request_error", code)
         _write_metadata(resp.dynamic_metadata, self.rid, None, None)
         return resp
 
@@ -348,13 +358,21 @@ class RouteStream:
         if self.phase is Phase.QUEUED and self.rid is not None:
             self.app.router.withdraw(self.rid)  # client gone or Envoy gave up while held
             return
-        if self.phase is Phase.EXPECT_BODY and not cancelled:
+        if self.phase is Phase.EXPECT_BODY and not cancelled and not self._over_buffer():
             # Closed cleanly with the body still due: gRPC refused the message (over
             # its limit, RESOURCE_EXHAUSTED) and Envoy fails open to the default route
             # (or Envoy gave up first: grpc.aio reports most cancels as a clean end).
             self.app.errors["stream_ended_before_body"] += 1
         if self.rid is not None:
             self.app.route_closed(self.rid, now)
+
+
+    def _over_buffer(self) -> bool:
+        """``content-length`` over Envoy's buffer: Envoy answers 413 itself (access
+        log: ``unrouted``), no fail-open. A chunked body has no length: still counted."""
+        raw = self.headers.get("content-length", "")
+        limit = self.app.config.envoy.route_buffer_bytes
+        return raw.isascii() and raw.isdigit() and len(raw) <= 19 and int(raw) > limit
 
 
 def _rewrite_model(parsed: ParsedBody, model: str) -> bytes:

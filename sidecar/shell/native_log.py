@@ -3,9 +3,14 @@
 Entries of a slice route without a tailroute decision are the native path's:
 the cluster comes from the entry (``upstream_cluster``), the slice from the
 route's name, the probe flag from the published weights; they count as
-``envoy: native``, never as fail-open. Every other entry goes on to the inner
-sink (:class:`~sidecar.shell.outcomes.OutcomeFeed`): decided requests, and LLM
-requests Envoy served on the default route without a decision.
+``envoy: native``, never as fail-open. An LLM request that no slice route
+matched (a model no route serves, a body ``json_to_metadata`` could not read)
+and that Envoy served on the default route is the native path's default route,
+the counterpart of ``unknown_model`` on the per-request path: ``envoy:
+native_default`` and ``tailroute_fail_open_total{reason="native_default"}``,
+not ``fail_open`` (the sidecar did not fail: native requests never ask it; a
+per-request request that fails open lands on a slice route). Every other entry
+goes on to the inner sink (:class:`~sidecar.shell.outcomes.OutcomeFeed`).
 
 Every native request is learned from its entry, so this is the sidecar's whole
 per-request cost in native mode. Two ways in, one result:
@@ -51,6 +56,7 @@ from sidecar.pb.envoy.data.accesslog.v3 import accesslog_pb2 as al
 from sidecar.shell.access_log import Sink, entry_tag, us_seconds
 from sidecar.shell.app import App
 from sidecar.shell.native import NativeRouting
+from sidecar.shell.outcomes import is_llm_request
 
 
 class NativeFeed:
@@ -66,6 +72,14 @@ class NativeFeed:
             s = self.native.slice_of_route(rec.route_name)
             if s is not None:
                 self.observe(rec, s, now)
+                return
+            if rec.upstream_cluster and is_llm_request(rec):
+                # No slice route matched (module docstring): counted as fail_open, one
+                # client's typo paged TailrouteEnvoyFailOpen ("Envoy serves 100 % of
+                # LLM requests without asking tailroute", as native ones never do).
+                self.app.note_entry(rec)
+                self.app.last_entry = now
+                self.app.envoy["native_default"] += 1
                 return
         self.inner(rec, now)
 

@@ -26,7 +26,6 @@ import grpc
 from prometheus_client import Histogram
 
 from sidecar.core.input_limits import grpc_receive_limit
-from sidecar.pb.envoy.service.accesslog.v3 import als_pb2_grpc
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from sidecar.shell.access_log import AccessLogService, Sink
@@ -38,6 +37,7 @@ from sidecar.shell.native import NativeRouting
 from sidecar.shell.native_log import NativeFeed
 from sidecar.shell.observe import ObserveStream
 from sidecar.shell.outcomes import OutcomeFeed
+from sidecar.shell.pb_tolerant import add_access_log, add_extproc
 from sidecar.shell.rtds import add_to_server as add_rtds
 
 log = logging.getLogger("tailroute.server")
@@ -237,7 +237,11 @@ async def start_grpc(
         ]
     )
     service = ExtProcService(app, phase_hist)
-    pb_grpc.add_ExternalProcessorServicer_to_server(service, server)
+
+    def not_utf8() -> None:  # a header value Envoy passed on as raw bytes (pb_tolerant)
+        app.errors["not_utf8"] += 1
+
+    add_extproc(service, server, not_utf8)
     feed: Sink = OutcomeFeed(app)
     reader = None
     if native is not None:
@@ -245,7 +249,7 @@ async def start_grpc(
         feed, reader = native_feed, native_feed.batch
         native.rtds = add_rtds(server, native.layer)
     service.access_log = AccessLogService(feed, app.envoy, reader)
-    als_pb2_grpc.add_AccessLogServiceServicer_to_server(service.access_log, server)
+    add_access_log(service.access_log, server, not_utf8)
     if register is not None:
         register(server)
     port: int | None = None
