@@ -206,9 +206,10 @@ def test_the_top_class_is_deferred_beyond_capacity_only_at_the_peak(seed: int | 
     """Interactive load ramps 3 -> 30 req/s and back over three routes of 20/80/80
     slots (the hunt's ``diurnal``). Sent beyond max_concurrency (``beyond_capacity:
     best_effort``) the overflow queues at the providers and 17-23 % of the calls
-    miss their budget; deferred with reason ``full`` (the default), a few percent
-    of the peak's calls are refused and the rest make it. Nothing is refused
-    outside the peak (330-500 s in these seeds)."""
+    miss their budget; deferred with reason ``full`` (the default) once the routes
+    are full of interactive work (the batch requests in flight are slots it may
+    still take), a few percent of the peak's calls are refused and 6-12 % of all
+    miss. Nothing is refused outside the peak (330-500 s in these seeds)."""
     sc = load_scenario(HUNT / "diurnal.yaml")
     if seed is not None:
         sc = dataclasses.replace(sc, seed=seed)
@@ -220,7 +221,7 @@ def test_the_top_class_is_deferred_beyond_capacity_only_at_the_peak(seed: int | 
     def total(r: dict[str, Any]) -> int:
         return sum(c["violations"] for c in r["classes"].values())
 
-    assert total(out) < 0.3 * total(off), (total(out), total(off))
+    assert total(out) < 0.6 * total(off), (total(out), total(off))
     refused = [r.t for r in trace_of(sim)
                if r.slice.klass == "interactive" and r.admission in ("defer", "shed")]
     assert 100 < len(refused) < 0.05 * out["classes"]["interactive"]["calls"], len(refused)

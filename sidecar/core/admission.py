@@ -25,7 +25,9 @@ Definitions (ms; ``pXX`` are the route's e2e percentiles for the request's slice
     need        = min over usable routes of p50 e2e        (None without data)
     need_tail   = min over usable routes of e2e at the class percentile
     high        = priority >= admission.shed_below_priority
-    all_full    = every usable route is full
+    all_full    = every usable route is full of work at or above shed_below_priority
+                  (inflight(r) - low(r) >= max_concurrency(r), low(r): the requests of
+                  lower priorities in flight on r)
     can_defer   = no deadline or remaining >= defer_retry_after_s * 1000 + need
     reserved(r) = high, a more important class is pressed on r, free(r) <= its reserve
                   (:mod:`sidecar.core.admission_priority`; ok(r) also needs not reserved)
@@ -45,7 +47,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from sidecar.core.admission_priority import PriorityPressure
@@ -81,6 +83,9 @@ class RouteFacts:
     tight: bool = False  # no free slot beyond the reserve (admission.yield_reserve)
     held_for: str | None = None  # a more important pressed class shares this route
     reserved: bool = False  # held_for and tight
+    # Full of work at or above shed_below_priority (less important work holds no slot a
+    # more important request could take beyond max_concurrency instead).
+    packed: bool = False
 
     @property
     def ok(self) -> bool:
@@ -128,7 +133,10 @@ def _min(values: Iterable[float | None]) -> float | None:
 class AdmissionControl:
     """Admission state of one router: the queue, retry memory and budgets."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, low_inflight: Mapping[str, int] | None = None) -> None:
+        # Requests in flight per cluster whose priority is below shed_below_priority
+        # (the router's count, Decision.low): the slots "beyond capacity" may take.
+        self.low_inflight: Mapping[str, int] = {} if low_inflight is None else low_inflight
         self.queue = AdmissionQueue(config.admission.queue_max)
         self.memory = RetryMemory()
         self.budget = RetryBudget(config.admission.retry_budget_ratio, 1.0)
@@ -179,8 +187,10 @@ class AdmissionControl:
             free = max(cap - n, 0)
             tight = free <= self.pressure.reserve_slots(cap)
             held_for = held.get(name)
+            packed = n - self.low_inflight.get(name, 0) >= cap
             out.append(RouteFacts(name, usable, selectable, weight, n >= cap, free, over,
-                                  p50, tail_e2e, tight, held_for, held_for is not None and tight))
+                                  p50, tail_e2e, tight, held_for, held_for is not None and tight,
+                                  packed))
         return out
 
     def _tail_ms(
@@ -350,7 +360,7 @@ class AdmissionControl:
             queue_room=self.queue.has_room(now), queue_window_ms=window,
             can_defer=not has_deadline
             or left >= cfg.defer_retry_after_s * 1000.0 + (need or 0.0),
-            full=bool(usable) and all(f.full for f in usable),
+            full=bool(usable) and all(f.packed for f in usable),
             shed_full=cfg.beyond_capacity == "shed",
         )
         rule = evaluate(s)

@@ -85,6 +85,7 @@ class Intake:
     counters: Counter[tuple[str, str]]
     transitions: deque[TransitionEvent]
     _inflight: Counter[str]
+    _low: Counter[str]  # in flight with Decision.low (less important than shed_below_priority)
     _models_of: dict[str, tuple[ModelConfig, ...]]
     _next_eval: float | None
     light: LightOutcomes
@@ -131,19 +132,25 @@ class Intake:
             return True
         return rng.random() < share
 
-    def started(self, cluster: str) -> float:
+    def started(self, cluster: str, low: bool = False) -> float:
         """A routed request was released to ``cluster``; returns the route's load before
-        it (:func:`~sidecar.core.light_load.load_of`), for its observation's ``sent_load``."""
+        it (:func:`~sidecar.core.light_load.load_of`), for its observation's ``sent_load``.
+        ``low``: its decision's :attr:`~sidecar.core.types.Decision.low` (pass it back to
+        :meth:`finished`)."""
         load = self._load(cluster)
         self._inflight[cluster] += 1
+        if low:
+            self._low[cluster] += 1
         if cluster in self._refused:
             self.pushback.pressed(cluster, self.held(cluster))
         return load
 
-    def finished(self, cluster: str) -> None:
+    def finished(self, cluster: str, low: bool = False) -> None:
         """A request previously :meth:`started` on ``cluster`` is over (any outcome)."""
         if self._inflight[cluster] > 0:
             self._inflight[cluster] -= 1
+        if low and self._low[cluster] > 0:
+            self._low[cluster] -= 1
 
     def observe(self, obs: Observation, now: float) -> list[TransitionEvent]:
         """Record one measured outcome; probes drive the probing state, other

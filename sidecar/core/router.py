@@ -61,6 +61,7 @@ class Router(Intake):
         self.stats = StatsStore(config.stats)
         self.board = HealthBoard(config.health, config.stats)
         self._inflight: Counter[str] = Counter()
+        self._low: Counter[str] = Counter()  # of those, requests of a Decision.low
         # Fleet mode: other replicas' in-flight counts (sidecar.fleet), so capacity and
         # load see the provider's whole load; empty when standalone.
         self.peer_inflight: dict[str, int] = {}
@@ -70,7 +71,7 @@ class Router(Intake):
         self.transitions: deque[TransitionEvent] = deque(maxlen=256)
         self._next_eval: float | None = None
         self._picker = PICKERS[config.picker]
-        self.admission = AdmissionControl(config)
+        self.admission = AdmissionControl(config, self._low)
         self.plans = PlanCache(config.stats)
         self._models_of: dict[str, tuple[ModelConfig, ...]] = {}
         self.compat_sr = compat_sr.SrLatencyBook()  # models under compat: semantic-router
@@ -169,6 +170,8 @@ class Router(Intake):
         decision, result = self._decide(req, klass, now, rng)
         decision, new_event = self._admit(req, klass, decision, result, now,
                                           ticket or req.request_id)
+        if req.priority < cfg.admission.shed_below_priority and decision.admission == "admit":
+            decision = replace(decision, low=True)
         if not new_event:
             return decision
         if self.board.runs and decision.admission == "admit":

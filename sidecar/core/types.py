@@ -175,6 +175,9 @@ class Decision:
     timeout_ms: float | None = None  # per-request upstream timeout to set
     is_probe: bool = False
     is_retry: bool = False  # recognised retry: its latency is not counted as evidence twice
+    # Priority below admission.shed_below_priority: the slot it holds gives way to more
+    # important work beyond max_concurrency (Router.started/finished count it apart).
+    low: bool = False
     explain: Explain | None = None
     detail: str = ""
 

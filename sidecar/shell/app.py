@@ -224,7 +224,7 @@ class App:
 
     def register(self, pending: Pending) -> None:
         self.pending[pending.rid] = pending
-        pending.sent_load = self.router.started(pending.decision.cluster)
+        pending.sent_load = self.router.started(pending.decision.cluster, pending.decision.low)
 
     def route_closed(self, rid: str, now: float) -> None:
         """The routing stream ended, which Envoy does when the HTTP request is over:
@@ -311,7 +311,7 @@ class App:
         """Give the request's in-flight slot back once."""
         if not p.released:
             p.released = True
-            self.router.finished(p.decision.cluster)
+            self.router.finished(p.decision.cluster, p.decision.low)
 
     def _close(self, rid: str) -> Pending | None:
         """Stop holding ``rid`` as finished: removed, off the waiting book, its slot given

@@ -258,6 +258,7 @@ class Simulation:
                 return
             cluster = d.cluster
             att.is_probe = d.is_probe
+            att.low = d.low
             if d.timeout_ms is not None:
                 route_timeout = d.timeout_ms / 1000.0
         call.attempts += 1

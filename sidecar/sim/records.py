@@ -108,7 +108,7 @@ class Attempt:
     """One routed request. ``draws`` may hold pre-drawn service randomness (oracle)."""
 
     __slots__ = ("call", "cluster", "deadline", "deadline_kind", "degraded", "draws", "end_at",
-                 "first_token_at", "is_probe", "n", "outcome", "sent_at", "sent_load",
+                 "first_token_at", "is_probe", "low", "n", "outcome", "sent_at", "sent_load",
                  "slot_until", "state", "status", "tokens_done", "tpot_s", "ttft_deadline")
 
     def __init__(self, call: Call, n: int, now: float) -> None:
@@ -128,6 +128,7 @@ class Attempt:
         self.tokens_done = 0
         self.slot_until: float | None = None
         self.is_probe = False
+        self.low = False  # its Decision.low (Router.started / finished)
         self.degraded = False
         self.draws: Any = None
         self.sent_load: float | None = None  # the route's load when sent (Router.started)

@@ -100,12 +100,12 @@ class Replicas(BasePolicy):
             self.routers[i].withdraw(_ticket(call))
 
     def on_start(self, att: Attempt, now: float) -> None:
-        att.sent_load = self.routers[self._of[id(att)]].started(att.cluster)
+        att.sent_load = self.routers[self._of[id(att)]].started(att.cluster, att.low)
 
     def on_result(self, att: Attempt, now: float) -> None:
         i = self._of.pop(id(att))
         router = self.routers[i]
-        router.finished(att.cluster)
+        router.finished(att.cluster, att.low)
         obs = att.observation()
         if obs is not None:
             self._record(i, router.observe(obs, now))

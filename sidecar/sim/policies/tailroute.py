@@ -80,10 +80,10 @@ class Tailroute(BasePolicy):
         self.router.withdraw(_ticket(call))
 
     def on_start(self, att: Attempt, now: float) -> None:
-        att.sent_load = self.router.started(att.cluster)
+        att.sent_load = self.router.started(att.cluster, att.low)
 
     def on_result(self, att: Attempt, now: float) -> None:
-        self.router.finished(att.cluster)
+        self.router.finished(att.cluster, att.low)
         obs = att.observation()
         if obs is not None:
             for e in self.router.observe(obs, now):

@@ -92,12 +92,12 @@ class TailrouteNative(Tailroute):
 
     def on_start(self, att: Attempt, now: float) -> None:
         if id(att) in self._per_request:
-            att.sent_load = self.router.started(att.cluster)
+            att.sent_load = self.router.started(att.cluster, att.low)
 
     def on_result(self, att: Attempt, now: float) -> None:
         if id(att) in self._per_request:
             self._per_request.discard(id(att))
-            self.router.finished(att.cluster)
+            self.router.finished(att.cluster, att.low)
         else:
             self.load.add(att.call.slice, att.cluster, now - att.sent_at)
         obs = att.observation()
