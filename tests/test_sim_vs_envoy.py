@@ -23,7 +23,7 @@ figure                                              tolerance  measured sd (sim/
 ==================================================  =========  ======================
 SLO violation rate, every class                     +-4 pp     0.8 / 0.9 pp
 TTFT p50 of interactive (streaming)                 +-15 %     2.3 / 3.7 %
-TTFT p95 of interactive                             +-35 %     9.4 / 9.6 %
+TTFT p95 of interactive                             +-50 %     9.4 / 9.6 % (bias +22 %)
 share of provider-a before the event (all, inter.)  +-25 pp    8.8-9.6 / 5.7-6.0 pp
 share of provider-a after the event (all, inter.)   +-7 pp     1.6-1.8 / 1.6-1.8 pp
 share of provider-a in every 5 s bucket             +-40 pp    4.4-11.4 / 3.5-10.5 pp
