@@ -216,6 +216,34 @@ def test_wait_over_at_full_capacity_defers_unless_best_effort(beyond: str, outco
     assert d.admission == ("shed" if beyond == "shed" else "admit")
 
 
+@pytest.mark.parametrize(("low_slots", "outcome"), [(0, "defer"), (1, "admit")])
+def test_slots_held_by_less_important_work_do_not_make_a_route_full(
+    low_slots: int, outcome: str,
+) -> None:
+    """beyond_capacity: shed defers a more important request only when the routes are
+    full of work at or above shed_below_priority; slots that batch holds (its
+    Decision.low, counted apart by started/finished) it may take beyond the limit."""
+    r = make_router(conc=2)
+    for c in ("a", "b", "c"):
+        for i in range(2):
+            r.started(c, low=i < low_slots)
+    assert r.decide(request(), 1.0, RNG, ticket="t").admission == "queue"
+    d = r.decide(request(), 1.3, RNG, ticket="t")  # the wait is over, every route full
+    assert d.admission == outcome
+    # Batch itself is deferred there either way (rows 8-9), and its slots come back.
+    assert r.decide(request("batch"), 1.3, RNG).admission == "defer"
+    for c in ("a", "b", "c"):
+        for i in range(2):
+            r.finished(c, low=i < low_slots)
+    assert r.admission.low_inflight.get("a", 0) == 0
+
+
+def test_a_low_priority_decision_is_marked_low() -> None:
+    r = make_router()
+    assert r.decide(request("batch"), 1.0, RNG).low
+    assert not r.decide(request(), 1.0, RNG).low
+
+
 def test_room_over_budget_is_still_served_best_effort_when_shedding_beyond_capacity() -> None:
     """Only capacity is shed: a route with room but over budget gets the request."""
     r = make_router(conc=1)
