@@ -70,7 +70,9 @@ class Situation:
     queue_room: bool = True
     queue_window_ms: float = 0.0
     can_defer: bool = True
-    full: bool = False  # all_full: every usable route is at max_concurrency
+    # all_full: every usable route is at max_concurrency with work at or above
+    # shed_below_priority (slots of less important work do not count)
+    full: bool = False
     shed_full: bool = True  # admission.beyond_capacity is "shed"
 
     @property
