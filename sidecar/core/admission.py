@@ -312,7 +312,8 @@ class AdmissionControl:
             return Verdict("admit", "disabled", decision.cluster, timeout, is_retry)
         pressure = self.pressure
         pressure.prune(now)
-        yielding = req.priority >= cfg.shed_below_priority and pressure.above(req.priority, now)
+        high = cfg.high(req.priority)
+        yielding = high and pressure.above(req.priority, now)
         if (req.deadline_ms is None and not is_retry and not len(self.queue)
                 and not yielding
                 and self._some_route_ok(req, klass, decision, result, view, now)):
@@ -350,7 +351,7 @@ class AdmissionControl:
         cluster, choice_note = self._choose(
             req, facts, decision.cluster, left, is_retry, seen.cluster if seen else None, now)
         s = Situation(
-            enabled=True, high=req.priority >= cfg.shed_below_priority, step=req.step,
+            enabled=True, high=high, step=req.step,
             has_deadline=has_deadline, remaining_ms=left, need_ms=need,
             need_tail_ms=_min(f.tail_ms for f in usable), is_retry=is_retry,
             retry_blocked=cluster is None, saturated=saturated, capacity_bound=waits_help,

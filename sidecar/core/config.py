@@ -197,6 +197,11 @@ class AdmissionConfig:
     # "full") or "best_effort" (sent beyond max_concurrency anyway).
     beyond_capacity: Literal["shed", "best_effort"] = "shed"
 
+    def high(self, priority: int) -> bool:
+        """Is work of ``priority`` at or above ``shed_below_priority`` (queued, then
+        served, yielding or deferred beyond capacity) rather than shed first?"""
+        return priority >= self.shed_below_priority
+
 
 @dataclass(frozen=True, slots=True)
 class ListenConfig:

@@ -170,7 +170,7 @@ class Router(Intake):
         decision, result = self._decide(req, klass, now, rng)
         decision, new_event = self._admit(req, klass, decision, result, now,
                                           ticket or req.request_id)
-        if req.priority < cfg.admission.shed_below_priority and decision.admission == "admit":
+        if decision.admission == "admit" and not cfg.admission.high(req.priority):
             decision = replace(decision, low=True)
         if not new_event:
             return decision

@@ -119,28 +119,26 @@ def tolerant(cls: type[M], on_repair: Callable[[], None]) -> Callable[[bytes], M
     return read
 
 
-def _register(server: Any, service: str, handlers: dict[str, Any]) -> None:
+def _add(server: Any, service: str, method: str, rpc: Callable[..., Any], behaviour: Any,
+         request: type[Message], response: type[Message],
+         on_repair: Callable[[], None]) -> None:
+    """What a generated ``add_<Service>Servicer_to_server`` does for one method, with
+    :func:`tolerant` as its request deserializer."""
+    handlers = {method: rpc(behaviour, request_deserializer=tolerant(request, on_repair),
+                            response_serializer=response.SerializeToString)}
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
     server.add_registered_method_handlers(service, handlers)
 
 
 def add_extproc(servicer: Any, server: Any, on_repair: Callable[[], None]) -> None:
     """The generated ``add_ExternalProcessorServicer_to_server`` with :func:`tolerant`."""
-    _register(server, "envoy.service.ext_proc.v3.ExternalProcessor", {
-        "Process": grpc.stream_stream_rpc_method_handler(
-            servicer.Process,
-            request_deserializer=tolerant(pb.ProcessingRequest, on_repair),
-            response_serializer=pb.ProcessingResponse.SerializeToString,
-        ),
-    })
+    _add(server, "envoy.service.ext_proc.v3.ExternalProcessor", "Process",
+         grpc.stream_stream_rpc_method_handler, servicer.Process,
+         pb.ProcessingRequest, pb.ProcessingResponse, on_repair)
 
 
 def add_access_log(servicer: Any, server: Any, on_repair: Callable[[], None]) -> None:
     """The generated ``add_AccessLogServiceServicer_to_server`` with :func:`tolerant`."""
-    _register(server, "envoy.service.accesslog.v3.AccessLogService", {
-        "StreamAccessLogs": grpc.stream_unary_rpc_method_handler(
-            servicer.StreamAccessLogs,
-            request_deserializer=tolerant(als_pb2.StreamAccessLogsMessage, on_repair),
-            response_serializer=als_pb2.StreamAccessLogsResponse.SerializeToString,
-        ),
-    })
+    _add(server, "envoy.service.accesslog.v3.AccessLogService", "StreamAccessLogs",
+         grpc.stream_unary_rpc_method_handler, servicer.StreamAccessLogs,
+         als_pb2.StreamAccessLogsMessage, als_pb2.StreamAccessLogsResponse, on_repair)
