@@ -118,6 +118,23 @@ def test_a_cluster_restricted_as_a_whole_gets_probes_and_leaves_on_them() -> Non
     assert r.board.get("b", CLUSTER_SLICE).state is not S.RESTRICTED
 
 
+def test_an_ejected_cluster_gets_no_probes_through_a_restricted_slice() -> None:
+    """A slice restricted before its cluster was ejected used to keep its probe
+    share while the cluster's cooldown ran: in native mode a steady 5 % of the
+    slice's traffic went to the dead cluster (a CI failure of the native
+    ejection test). The open circuit wins until its cooldown ends."""
+    r = _router()
+    r.observe(fail("b", SHORT), 0.5)  # the slice's entry is stored (its open run)
+    r.board.get("b", SHORT).state = S.RESTRICTED  # as if by its tail, earlier
+    assert r.health("b", SHORT).probe_share > 0
+    for i in range(3):
+        r.observe(fail("b", LONG), 1.0 + i * 0.1)
+    assert r.board.get("b", CLUSTER_SLICE).state is S.QUARANTINED
+    assert r.health("b", SHORT).probe_share == 0
+    rng = random.Random(1)
+    assert {r.decide(_req(), 2.0, rng).cluster for _ in range(400)} <= {"a", "c"}
+
+
 def test_probes_close_the_circuit_and_the_old_failures_stop_counting() -> None:
     r = _router(cooldown_s=12, probe_successes=3)
     for i in range(3):

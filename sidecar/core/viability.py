@@ -63,10 +63,15 @@ def probe_share(board: HealthBoard, config: Config, cluster: str, slice: SliceKe
     hc = board.peek(cluster, CLUSTER_SLICE)
     if hc is not None and hc.state is HealthState.PROBING:
         return hc.probe_share
+    if hc is not None and hc.state is HealthState.QUARANTINED:
+        # The circuit is open and cooling down: a restricted or probing slice entry
+        # must not send it requests (in native mode that was a steady probe share
+        # to an ejected, dead cluster until its cooldown ended).
+        return None
     h = board.peek(cluster, slice)
     if h is not None and h.state is HealthState.PROBING:
         return h.probe_share
-    if not sensitive:
+    if not sensitive or (h is not None and h.state is HealthState.QUARANTINED):
         return None
     # A cluster restricted as a whole (a run of failures likely by chance on a
     # partly failing route, or the last viable route) needs its probes as much
