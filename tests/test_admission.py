@@ -238,6 +238,17 @@ def test_slots_held_by_less_important_work_do_not_make_a_route_full(
     assert r.admission.low_inflight.get("a", 0) == 0
 
 
+@pytest.mark.parametrize(("peer_low", "outcome"), [(0, "defer"), (1, "admit")])
+def test_a_peers_low_priority_slots_count_as_ours_do(peer_low: int, outcome: str) -> None:
+    """Fleet mode: every route is full of a peer's requests (its in-flight counts);
+    those it marked low (published beside them) may be taken beyond the limit."""
+    r = make_router(conc=2)
+    r.peer_inflight.update({c: 2 for c in ("a", "b", "c")})
+    r.peer_low.update({c: peer_low for c in ("a", "b", "c")})
+    assert r.decide(request(), 1.0, RNG, ticket="t").admission == "queue"
+    assert r.decide(request(), 1.3, RNG, ticket="t").admission == outcome
+
+
 def test_a_low_priority_decision_is_marked_low() -> None:
     r = make_router()
     assert r.decide(request("batch"), 1.0, RNG).low

@@ -134,6 +134,48 @@ def test_peers_in_flight_counts_join_the_local_view_while_fresh() -> None:
     assert f.routers[0].inflight("b") == 0
 
 
+def test_peers_low_priority_slots_are_known_as_such() -> None:
+    """A peer's requests less important than shed_below_priority (Decision.low) are
+    slots a top-class request may still take beyond capacity (admission's ``packed``),
+    as this replica's own are; without the count every peer's batch request read as
+    important work, and a full route deferred the top class fleet-wide."""
+    f = Fleet(2)
+    for _ in range(3):
+        f.routers[1].started("b", low=True)
+    f.routers[1].started("b")
+    for t in (1000.0, 1000.3, 1000.6):
+        f.cycle(t)
+    r = f.routers[0]
+    assert r.inflight("b") == 4 and r.peer_low == {"b": 3}
+    assert r.admission.peer_low is r.peer_low  # admission reads the live counts
+    for _ in range(3):
+        f.routers[1].finished("b", low=True)
+    for t in (1001.0, 1001.3):
+        f.cycle(t)
+    assert r.inflight("b") == 1 and r.peer_low == {}
+
+
+@pytest.mark.parametrize(
+    ("record", "decoded"),
+    [
+        (codec.encode_load(5, {"a": 3}, {"a": 2}), (5, {"a": 3}, {"a": 2})),
+        (codec.encode_load(5, {"a": 3}), (5, {"a": 3}, {})),
+        (b'{"n":{"a":3},"w":5}', (5, {"a": 3}, {})),  # an older replica's record
+    ],
+)
+def test_load_records_carry_low_counts_and_read_older_ones(
+    record: bytes, decoded: tuple[int, dict[str, int], dict[str, int]]
+) -> None:
+    assert codec.decode_load(record) == decoded
+
+
+@pytest.mark.parametrize(
+    "raw", [b'{"n":{"a":3},"w":5,"l":[1]}', b'{"n":{"a":3},"w":5,"l":{"a":"x"}}'])
+def test_a_malformed_low_count_is_a_bad_record(raw: bytes) -> None:
+    with pytest.raises(ValueError):
+        codec.decode_load(raw)
+
+
 def test_a_peers_native_load_joins_the_in_flight_counts() -> None:
     """Native routing's load (a window average from Envoy's log, not in the router's
     counts) travels in the same record, so peers plan for the provider's whole load."""

@@ -133,10 +133,13 @@ def _min(values: Iterable[float | None]) -> float | None:
 class AdmissionControl:
     """Admission state of one router: the queue, retry memory and budgets."""
 
-    def __init__(self, config: Config, low_inflight: Mapping[str, int] | None = None) -> None:
+    def __init__(self, config: Config, low_inflight: Mapping[str, int] | None = None,
+                 peer_low: Mapping[str, int] | None = None) -> None:
         # Requests in flight per cluster whose priority is below shed_below_priority
-        # (the router's count, Decision.low): the slots "beyond capacity" may take.
+        # (the router's count, Decision.low): the slots "beyond capacity" may take;
+        # in fleet mode also the peers' (their in-flight counts are in inflight()).
         self.low_inflight: Mapping[str, int] = {} if low_inflight is None else low_inflight
+        self.peer_low: Mapping[str, int] = {} if peer_low is None else peer_low
         self.queue = AdmissionQueue(config.admission.queue_max)
         self.memory = RetryMemory()
         self.budget = RetryBudget(config.admission.retry_budget_ratio, 1.0)
@@ -187,7 +190,7 @@ class AdmissionControl:
             free = max(cap - n, 0)
             tight = free <= self.pressure.reserve_slots(cap)
             held_for = held.get(name)
-            packed = n - self.low_inflight.get(name, 0) >= cap
+            packed = n - self.low_inflight.get(name, 0) - self.peer_low.get(name, 0) >= cap
             out.append(RouteFacts(name, usable, selectable, weight, n >= cap, free, over,
                                   p50, tail_e2e, tight, held_for, held_for is not None and tight,
                                   packed))

@@ -115,6 +115,11 @@ class Intake:
         """This process's requests in flight on ``cluster`` (what fleet mode publishes)."""
         return self._inflight[cluster]
 
+    def own_low(self, cluster: str) -> int:
+        """Of :meth:`own_inflight`, those of a :attr:`~sidecar.core.types.Decision.low`
+        (fleet mode publishes them too: slots a more important class may take)."""
+        return self._low[cluster]
+
     def _load(self, cluster: str) -> float:
         """The route's load now (:func:`~sidecar.core.light_load.load_of`)."""
         return load_of(self.inflight(cluster), self._limits.get(cluster, 1))

@@ -65,13 +65,15 @@ class Router(Intake):
         # Fleet mode: other replicas' in-flight counts (sidecar.fleet), so capacity and
         # load see the provider's whole load; empty when standalone.
         self.peer_inflight: dict[str, int] = {}
+        # ... and of those, their Decision.low ones (kept in place: admission holds it).
+        self.peer_low: dict[str, int] = {}
         self.counters: Counter[tuple[str, str]] = Counter()  # (kind, label) -> count
         self.decisions: Counter[tuple[str, str, str]] = Counter()  # (cluster, class, reason)
         self.recent: deque[RecentDecision] = deque(maxlen=recent)
         self.transitions: deque[TransitionEvent] = deque(maxlen=256)
         self._next_eval: float | None = None
         self._picker = PICKERS[config.picker]
-        self.admission = AdmissionControl(config, self._low)
+        self.admission = AdmissionControl(config, self._low, self.peer_low)
         self.plans = PlanCache(config.stats)
         self._models_of: dict[str, tuple[ModelConfig, ...]] = {}
         self.compat_sr = compat_sr.SrLatencyBook()  # models under compat: semantic-router

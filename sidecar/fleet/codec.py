@@ -190,18 +190,25 @@ def decode_health(raw: bytes) -> tuple[str, int, dict[str, Any]]:
 LOAD_FIELD = "_load"  # a replica's in-flight requests per cluster, in its stats hash
 
 
-def encode_load(wall_ms: int, counts: dict[str, int]) -> bytes:
-    """``{"n": {cluster: in flight}, "w": wall-clock ms}``, rewritten every push (``w``
-    tells peers how fresh it is)."""
-    return json.dumps({"n": counts, "w": wall_ms}, separators=(",", ":"),
-                      sort_keys=True).encode()
+def encode_load(wall_ms: int, counts: dict[str, int], low: dict[str, int] | None = None
+                ) -> bytes:
+    """``{"n": {cluster: in flight}, "l": {cluster: of those, less important than
+    shed_below_priority}, "w": wall-clock ms}``, rewritten every push (``w`` tells
+    peers how fresh it is). ``l`` only when some are: older replicas read ``n`` and
+    ``w`` alone, and a record without ``l`` reads as none low."""
+    d: dict[str, object] = {"n": counts, "w": wall_ms}
+    if low:
+        d["l"] = low
+    return json.dumps(d, separators=(",", ":"), sort_keys=True).encode()
 
 
-def decode_load(raw: bytes) -> tuple[int, dict[str, int]]:
+def decode_load(raw: bytes) -> tuple[int, dict[str, int], dict[str, int]]:
+    """``(wall ms, in flight, of those low)``; ValueError on anything malformed."""
     try:
         d = json.loads(raw)
         counts = {str(c): int(n) for c, n in d["n"].items() if int(n) > 0}
-        return int(d["w"]), counts
+        low = {str(c): int(n) for c, n in d.get("l", {}).items() if int(n) > 0}
+        return int(d["w"]), counts, low
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"malformed load record: {exc!r}") from exc
 

@@ -66,7 +66,8 @@ class StatsSync:
         self._pushed: dict[str, float] = {}  # stats field -> contents total when pushed
         self._expect_stored = 0
         self._load_pushed = b""
-        self._peer_load: dict[str, tuple[int, dict[str, int]]] = {}
+        # peer -> (wall ms, in flight, of those low-priority) as last fetched
+        self._peer_load: dict[str, tuple[int, dict[str, int], dict[str, int]]] = {}
 
     # ------------------------------------------------------------ time
 
@@ -106,6 +107,7 @@ class StatsSync:
         """The store did not answer: peers' in-flight counts are unknown."""
         self._peer_load.clear()
         self.router.peer_inflight.clear()
+        self.router.peer_low.clear()
 
     def lost_writes(self, stored_fields: int) -> bool:
         """The store holds fewer of this replica's fields than it wrote (flushed or
@@ -135,7 +137,8 @@ class StatsSync:
         load = codec.encode_load(self.wall_ms(now), {
             c: n for c in router.config.cluster_names
             if (n := router.own_inflight(c)
-                + round(extra_load.get(c, 0.0)))})
+                + round(extra_load.get(c, 0.0)))}, {
+            c: n for c in router.config.cluster_names if (n := router.own_low(c))})
         if load != self._load_pushed or republish:
             stats_set[codec.LOAD_FIELD] = self._load_pushed = load
         stats_del = [f for f in self._pushed if f not in live]
@@ -194,12 +197,17 @@ class StatsSync:
         block capacity until its statistics expire)."""
         fresh_ms = self.wall_ms(now) - 1000.0 * self.lease_ttl_s
         total: Counter[str] = Counter()
-        for peer, (wall_ms, counts) in list(self._peer_load.items()):
+        low: Counter[str] = Counter()
+        for peer, (wall_ms, counts, lows) in list(self._peer_load.items()):
             if peer not in fetched or wall_ms < fresh_ms:
                 del self._peer_load[peer]
                 continue
             total.update(counts)
+            low.update(lows)
         self.router.peer_inflight = dict(total)
+        # In place: admission holds this mapping (slots beyond capacity, Decision.low).
+        self.router.peer_low.clear()
+        self.router.peer_low.update(low)
 
     def prune(self, now: float) -> None:
         """Forget sub-windows that left the window."""
