@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.core.config import parse_config
-from sidecar.core.pushback import HOLD_S, PushBack
+from sidecar.core.pushback import HOLD_S, MAX_HOLD_S, PushBack
 from sidecar.core.router import Router
 from sidecar.core.types import Observation, RequestInfo, SliceKey
 from tests.conftest import base_config_dict
@@ -46,6 +46,45 @@ def test_a_refusal_anchors_the_limit_at_what_the_provider_held(
     assert pb.limit("a") == limit
     assert pb.limit("b") == 40
     assert pb.refused_slots == ({"a": 40 - limit} if limit < 40 else {})
+
+
+@pytest.mark.parametrize(
+    ("waits", "held_until"),
+    [
+        ([2.0], 3.0),  # a 429 at 1.0 asking for 2 s
+        ([2.0, 0.5], 3.0),  # a shorter wait later does not shorten the hold
+        ([2.0, 5.0], 6.0),  # a longer one extends it
+        ([3600.0], 1.0 + MAX_HOLD_S),  # a wait beyond the cap is cut to it
+        ([0.0], None),  # "come back now" holds nothing
+        ([-1.0], None),
+        ([math.nan], None),
+    ],
+)
+def test_a_declared_wait_holds_the_cluster_full_without_touching_its_limit(
+    waits: list[float], held_until: float | None
+) -> None:
+    pb = _pb()
+    pb.refused("a", 16, 0.5)  # a limit learned before: the hold leaves it alone
+    for w in waits:
+        pb.hold("a", w, 1.0)
+    assert pb.limit("a") == 16
+    assert pb.held().get("a") == held_until and pb.next_release == held_until
+    assert pb.refused_slots["a"] == (40 if held_until is not None else 40 - 16)
+    pb.hold("x", 5.0, 1.0)  # not a configured cluster: ignored
+    assert "x" not in pb.held()
+
+
+def test_a_hold_ends_by_itself_and_gives_back_every_slot() -> None:
+    pb = _pb()
+    pb.hold("a", 2.0, 1.0)
+    pb.hold("b", 4.0, 1.0)
+    assert pb.refused_slots == {"a": 40, "b": 40} and pb.next_release == 3.0
+    pb.release(2.9)  # not yet
+    assert pb.refused_slots == {"a": 40, "b": 40}
+    pb.release(3.0)
+    assert pb.refused_slots == {"b": 40} and pb.next_release == 5.0 and pb.limit("a") == 40
+    pb.release(9.0)
+    assert pb.refused_slots == {} and pb.next_release is None and pb.held() == {}
 
 
 @pytest.mark.parametrize(
@@ -117,7 +156,8 @@ def test_an_adopted_limit_is_the_lower_one_with_the_later_refusal(
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["refuse", "adopt", "press", "grow"]), st.integers(0, 80),
+            st.sampled_from(["refuse", "adopt", "press", "grow", "hold", "release"]),
+            st.integers(0, 80),
             st.floats(0, 50)
         ),
         max_size=60,
@@ -143,11 +183,20 @@ def test_limits_stay_within_one_and_the_maximum_and_move_the_right_way(
         elif kind == "press":
             pb.pressed("a", k)
             assert pb.limit("a") == before
+        elif kind == "hold":  # a declared wait of k / 4 s
+            pb.hold("a", k / 4, now)
+            assert pb.limit("a") == before  # a hold is not a limit
+        elif kind == "release":
+            pb.release(now)
+            assert pb.limit("a") == before
         else:
             pb.grow(now)
             assert pb.limit("a") >= before  # time alone never lowers one
         assert 1 <= pb.limit("a") <= cap
-        assert pb.refused_slots.get("a", 0) == cap - pb.limit("a")
+        until = pb.held().get("a")
+        assert until is None or until <= now + MAX_HOLD_S  # (possibly due, not yet released)
+        full = until is not None
+        assert pb.refused_slots.get("a", 0) == (cap if full else cap - pb.limit("a"))
 
 
 # ------------------------------------------------------------ as the router sees it
@@ -180,6 +229,24 @@ def test_a_429_makes_the_router_treat_the_refused_capacity_as_occupied() -> None
     assert "a" in picks
 
 
+def test_a_429_with_a_declared_wait_keeps_the_route_away_until_it_ends() -> None:
+    """A time-based quota (lab hunt ``burst_429``): the route counts as full for the
+    wait the provider declared, then has every slot back; its limit is not cut,
+    however little it held when refused."""
+    r = _router()
+    r.started("a")
+    r.observe(Observation("a", S, "error", status=429, retry_after_s=2.0), 1.0)
+    r.finished("a")
+    assert r.pushback.limit("a") == 8 and r.inflight("a") == 8
+    assert r.next_deadline() is not None and r.next_deadline() <= 3.0  # type: ignore[operator]
+    rng = random.Random(7)
+    picks = {r.decide(_req(), 1.0 + i / 100, rng).cluster for i in range(150)}  # to 2.49
+    assert "a" not in picks
+    # past the wait: the first decision releases the hold, without waiting for a tick
+    picks = {r.decide(_req(), 3.0 + i / 100, rng).cluster for i in range(200)}
+    assert "a" in picks and r.inflight("a") == r.held("a")
+
+
 @pytest.mark.parametrize("status", [503, 500, 504, 200])
 def test_only_429_is_push_back(status: int) -> None:
     r = _router()
@@ -195,6 +262,8 @@ def test_only_429_is_push_back(status: int) -> None:
         ({"inflight": 3, "max_concurrency": 64, "concurrency_limit": 16}, "a 3/16 (of 64, 429s)"),
         ({"inflight": 3, "max_concurrency": 64, "concurrency_limit": 64}, "a 3/64 in flight"),
         ({"inflight": 3, "max_concurrency": 64}, "a 3/64 in flight"),  # an older sidecar's /state
+        ({"inflight": 0, "max_concurrency": 64, "concurrency_limit": 64, "held_until": 4.6},
+         "a 0/64, held 5s (Retry-After) in flight"),
     ],
 )
 def test_status_shows_a_learned_limit(cluster: dict[str, int], shown: str) -> None:

@@ -156,8 +156,11 @@ class Intake:
         """Record one measured outcome; probes drive the probing state, other
         outcomes the fast path for hard failures."""
         self.compat_sr.observe(obs, self.config)
-        if obs.status == 429:  # backpressure: the provider's limit is lower than we thought
-            self.pushback.refused(obs.cluster, self.held(obs.cluster), now)
+        if obs.status == 429:  # backpressure (sidecar.core.pushback)
+            if obs.retry_after_s is not None:  # a declared wait: a time-based quota
+                self.pushback.hold(obs.cluster, obs.retry_after_s, now)
+            else:  # the provider's concurrency limit is lower than we thought
+                self.pushback.refused(obs.cluster, self.held(obs.cluster), now)
         obs = judge_censored(self.config, obs)
         if not obs.attempt:  # a retried attempt is evidence, not a request's outcome
             self.counters[("outcome", obs.outcome)] += 1

@@ -44,8 +44,23 @@ each replica need not meet its own refusals to learn it). Adopting keeps the
 lower limit and the later refusal: it never raises a limit, and growth stays
 each replica's own (pressure it saw itself).
 
+**A declared wait is a hold, not a limit.** A 429 that says when to come back
+(``Retry-After`` / ``retry-after-ms``, parsed into
+:attr:`~sidecar.core.types.Observation.retry_after_s`) is a time-based quota: the
+provider refuses whatever the route holds, so anchoring ``L`` at ``k`` would
+ratchet it down as traffic drains (lab hunt ``burst_429``: 40 -> 1, two minutes
+to recover, bursts 32 s apart). Such a 429 instead holds the cluster::
+
+    on a 429 with wait w:   held_until <- max(held_until, now + min(w, MAX_HOLD_S))
+    refused slots           max while now < held_until (the route counts as full)
+
+``L`` is left as it was, and the hold ends by itself (:meth:`PushBack.release`,
+due at :attr:`PushBack.next_release`; the router's ``next_deadline`` includes
+it): the route then has every slot it had before. A wait of 0 holds nothing.
+
 Invariants: ``1 <= L <= max`` for every tracked cluster; a cluster is tracked
-only while ``L < max``; a 429 never raises a limit; time alone never lowers one.
+only while ``L < max``; a 429 never raises a limit; time alone never lowers one;
+a hold never outlasts ``MAX_HOLD_S`` past the 429 that set it.
 """
 
 from __future__ import annotations
@@ -56,6 +71,9 @@ from dataclasses import dataclass
 
 GROW = 0.5  # share of the limit regained per window once quiet (at least one slot)
 HOLD_S = 30.0  # quiet time after the last refusal before the limit may grow again
+# A declared wait longer than this is cut to it: a hostile or mistaken header must
+# not take a route away for an hour; the provider can refuse again after a minute.
+MAX_HOLD_S = 60.0
 
 
 @dataclass(slots=True)
@@ -75,11 +93,18 @@ class PushBack:
         # it per candidate and request, so it is a plain dict kept in step (and the
         # same object for the router's lifetime).
         self.refused_slots: dict[str, int] = {}
+        self._held: dict[str, float] = {}  # cluster -> end of its declared wait
+        self.next_release: float | None = None  # earliest end of a hold
 
     def configure(self, limits: dict[str, int]) -> None:
         """Set each cluster's configured ``max_concurrency``; learned limits of clusters
         still present are kept (clamped to the new maximum), others dropped."""
         self._max = dict(limits)
+        for c in list(self._held):
+            if c not in self._max:
+                del self._held[c]
+                self.refused_slots.pop(c, None)
+        self.next_release = min(self._held.values()) if self._held else None
         for c in list(self._tracked):
             cap = self._max.get(c)
             if cap is None:
@@ -87,7 +112,7 @@ class PushBack:
                 self.refused_slots.pop(c, None)
             else:
                 self._tracked[c].limit = min(self._tracked[c].limit, float(cap))
-        self._sync(list(self._tracked))
+        self._sync([*self._tracked, *self._held])
 
     def refused(self, cluster: str, holding: int, now: float) -> None:
         """``cluster`` answered 429 while ``holding`` of our requests were in flight there."""
@@ -102,6 +127,32 @@ class PushBack:
         else:
             cur.limit, cur.last_refusal = new, now
         self._sync((cluster,))
+
+    def hold(self, cluster: str, wait_s: float, now: float) -> None:
+        """``cluster`` answered 429 asking for ``wait_s`` seconds: it counts as full
+        until then (module docstring); its learned limit is left alone."""
+        if cluster not in self._max or not wait_s > 0.0:  # also rejects NaN
+            return
+        until = now + min(wait_s, MAX_HOLD_S)
+        if until <= self._held.get(cluster, -math.inf):
+            return
+        self._held[cluster] = until
+        self.next_release = min(self._held.values())
+        self._sync((cluster,))
+
+    def release(self, now: float) -> None:
+        """End the holds whose wait is over (call when ``now >= next_release``)."""
+        if self.next_release is None or now < self.next_release:
+            return
+        over = [c for c, until in self._held.items() if until <= now]
+        for c in over:
+            del self._held[c]
+        self.next_release = min(self._held.values()) if self._held else None
+        self._sync(over)
+
+    def held(self) -> dict[str, float]:
+        """``cluster -> end of its hold`` of every cluster held by a declared wait."""
+        return dict(self._held)
 
     def pressed(self, cluster: str, holding: int) -> None:
         """A request was released to ``cluster``, which now holds ``holding``."""
@@ -153,8 +204,12 @@ class PushBack:
         for c in clusters:
             t = self._tracked.get(c)
             cap = self._max.get(c, 0)
-            if t is None or t.limit >= cap:
-                self._tracked.pop(c, None)
+            if t is not None and t.limit >= cap:
+                del self._tracked[c]
+                t = None
+            if c in self._held:
+                self.refused_slots[c] = cap
+            elif t is None:
                 self.refused_slots.pop(c, None)
             else:
                 self.refused_slots[c] = cap - math.floor(t.limit)

@@ -167,6 +167,9 @@ class Router(Intake):
         """
         cfg = self.config
         klass = cfg.workload_class(req.klass) or cfg.workload_class(cfg.default_class)
+        release = self.pushback.next_release
+        if release is not None and now >= release:  # a declared wait is over
+            self.pushback.release(now)
         decision, result = self._decide(req, klass, now, rng)
         decision, new_event = self._admit(req, klass, decision, result, now,
                                           ticket or req.request_id)
@@ -379,15 +382,18 @@ class Router(Intake):
     # ------------------------------------------------------------ time
 
     def next_deadline(self) -> float | None:
-        """The next time :meth:`tick` has work to do (window end or cooldown end)."""
-        a, b = self._next_eval, self.board.next_deadline()
-        if a is None or b is None:
-            return a if b is None else b
-        return a if a < b else b
+        """The next time :meth:`tick` has work to do (window end, cooldown end, or the
+        end of a provider's declared wait)."""
+        best = self._next_eval
+        for t in (self.board.next_deadline(), self.pushback.next_release):
+            if t is not None and (best is None or t < best):
+                best = t
+        return best
 
     def tick(self, now: float) -> list[TransitionEvent]:
         """Evaluate finished windows and expire cooldowns. Cheap when nothing is due."""
         events = self.board.tick(now)
+        self.pushback.release(now)
         if self.trials:
             for _, held in self.trials.due(now, self.config.stats.subwindow_s, self._judged):
                 for obs in held:

@@ -48,6 +48,7 @@ def state_json(router: Router, now: float) -> dict[str, Any]:
     for r in routes:
         r["last_transition"] = last.get((r["cluster"], r["slice"]))
     clusters: dict[str, Any] = {}
+    held = router.pushback.held()
     for c in router.config.cluster_names:
         # The cluster-wide entry (fast ejection of the whole cluster) has no series of
         # its own, so it is shown here rather than among the routes.
@@ -57,6 +58,8 @@ def state_json(router: Router, now: float) -> dict[str, Any]:
             "max_concurrency": router.config.cluster(c).max_concurrency,
             # learned from 429s (sidecar.core.pushback); max_concurrency when none came
             "concurrency_limit": router.pushback.limit(c),
+            # end of a 429's declared wait (Retry-After): full until then; None if not held
+            "held_until": held.get(c),
             "state": hc.state.value if hc else "healthy",
             "weight": hc.weight if hc else 1.0,
             "since": hc.since if hc else None,

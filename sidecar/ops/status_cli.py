@@ -45,10 +45,13 @@ def _ago(seconds: float) -> str:
     return f"{seconds / 3600:.1f}h ago"
 
 
-def _limit(cluster: dict[str, Any]) -> str:
-    """``max_concurrency``, or ``limit (of max)`` while 429s have lowered it."""
+def _limit(cluster: dict[str, Any], now: float) -> str:
+    """``max_concurrency``, or ``limit (of max)`` while 429s have lowered it, and the
+    time left of a 429's declared wait (``held``) while the cluster waits it out."""
     cap, limit = cluster["max_concurrency"], cluster.get("concurrency_limit")
-    return str(cap) if limit is None or limit >= cap else f"{limit} (of {cap}, 429s)"
+    out = str(cap) if limit is None or limit >= cap else f"{limit} (of {cap}, 429s)"
+    held = cluster.get("held_until")
+    return out if held is None else f"{out}, held {max(held - now, 0.0):.0f}s (Retry-After)"
 
 
 def _row(r: dict[str, Any], now: float) -> tuple[str, ...]:
@@ -79,7 +82,7 @@ def render(state: dict[str, Any], show_all: bool = False, width: int | None = No
         lines.append(("  ".join([*cells, row[-1]]))[:width].rstrip())  # [:None] keeps all
     clusters = state.get("clusters", {})
     head = "clusters: " + ("  ".join(
-        f"{c} {v['inflight']}/{_limit(v)} in flight" for c, v in clusters.items()
+        f"{c} {v['inflight']}/{_limit(v, now)} in flight" for c, v in clusters.items()
     ) or "none")
     if not routes:
         lines.append("(no routes with observations yet)")

@@ -104,15 +104,19 @@ def parse_tokens(r: Reader, key: str, default: int | None) -> TokenDist:
 
 
 def parse_errors(r: Reader, key: str = "errors") -> tuple[ErrorSpec, ...]:
-    """``errors: [{rate, status, after_ms}, ...]``: a status mix, each with its own delay
-    (a latency, so slow errors can be spread: ``after_ms: {median: 8000, p99: 15000}``)."""
+    """``errors: [{rate, status, after_ms, retry_after_ms}, ...]``: a status mix, each
+    with its own delay (a latency, so slow errors can be spread: ``after_ms: {median:
+    8000, p99: 15000}``) and, optionally, the wait its answers declare (``Retry-After``;
+    absent: none, as a provider that says nothing)."""
     out: list[ErrorSpec] = []
     for i, raw in enumerate(r.list_(key)):
         e = r.item(key, i, raw)
+        wait = e.num("retry_after_ms", 0.0, lo=0) if e.has("retry_after_ms") else None
         out.append(ErrorSpec(
             rate=e.num("rate", gt=0, hi=1),
             status=e.int_("status", 503, lo=400, hi=599),
             after=parse_latency_ms(e, "after_ms", DEFAULT_ERROR_AFTER_MS),
+            retry_after=None if wait is None else wait / 1000.0,
         ))
         e.done()
     total = sum(x.rate for x in out)

@@ -171,17 +171,18 @@ class Provider:
         return f1, f2, err, stall, outage, degraded, mix
 
     def error_for(self, u_err: float, err: float, mix: Mix, z: float, u: float
-                  ) -> tuple[int, float] | None:
-        """``(status, seconds until the answer)`` if the draw ``u_err`` is an error: the
-        provider's own share ``[0, err)`` first, then each part of the status mix in turn
-        (its delay from the request's TTFT deviates ``z, u``, unused when it errors)."""
+                  ) -> tuple[int, float, float | None] | None:
+        """``(status, seconds until the answer, its declared Retry-After)`` if the draw
+        ``u_err`` is an error: the provider's own share ``[0, err)`` first, then each
+        part of the status mix in turn (its delay from the request's TTFT deviates
+        ``z, u``, unused when it errors)."""
         if u_err < err:
-            return self.spec.error_status, self.spec.error_after
+            return self.spec.error_status, self.spec.error_after, None
         acc = err
         for rate, e in mix:
             acc += rate
             if u_err < acc:
-                return e.status, latency_value(e.after, z, u)
+                return e.status, latency_value(e.after, z, u), e.retry_after
         return None
 
     def service_times(self, att: Attempt, draws: Sequence[float], k1: float,
@@ -276,13 +277,13 @@ class Provider:
             err, stall, outage = self.spec.error_rate, self.spec.stall_rate, False
         deadline, fdl = att.deadline, att.ttft_deadline
         first_byte: float | None = None
-        failed = (self.spec.error_status, self.spec.error_after) if outage else (
+        failed = (self.spec.error_status, self.spec.error_after, None) if outage else (
             self.error_for(u_err, err, mix, z1, d[5] if self.wide else 0.5)
             if u_err < err or mix else None)
         if failed is not None:
             end = now + failed[1] * slow
             if end < deadline and end <= fdl:
-                att.outcome, att.status = "error", failed[0]
+                att.outcome, att.status, att.retry_after = "error", failed[0], failed[2]
                 att.end_at = end
                 self._push(end, self._on_end, att)
                 return

@@ -108,8 +108,9 @@ class Attempt:
     """One routed request. ``draws`` may hold pre-drawn service randomness (oracle)."""
 
     __slots__ = ("call", "cluster", "deadline", "deadline_kind", "degraded", "draws", "end_at",
-                 "first_token_at", "is_probe", "low", "n", "outcome", "sent_at", "sent_load",
-                 "slot_until", "state", "status", "tokens_done", "tpot_s", "ttft_deadline")
+                 "first_token_at", "is_probe", "low", "n", "outcome", "retry_after", "sent_at",
+                 "sent_load", "slot_until", "state", "status", "tokens_done", "tpot_s",
+                 "ttft_deadline")
 
     def __init__(self, call: Call, n: int, now: float) -> None:
         self.call = call
@@ -122,6 +123,7 @@ class Attempt:
         self.state = PENDING
         self.outcome: Outcome | None = None
         self.status: int | None = None
+        self.retry_after: float | None = None  # an error's declared Retry-After (seconds)
         self.first_token_at: float | None = None
         self.end_at: float | None = None
         self.tpot_s: float | None = None
@@ -192,11 +194,11 @@ class Attempt:
                     ft = self.first_token_at
                     ttft = (ft if ft is not None else end) - sent
         # Positional, in field order (cluster, slice, outcome, status, ttft_s, tpot_s,
-        # e2e_s, output_tokens, is_retry, is_probe, censored, sent_load): keywords cost
-        # a third more.
+        # e2e_s, output_tokens, is_retry, is_probe, censored, sent_load, attempt,
+        # retry_after_s): keywords cost a third more.
         return Observation(self.cluster, call.slice, outcome, self.status, ttft, tpot, e2e,
                            self.tokens_done or None, self.n > 0, self.is_probe, censored,
-                           self.sent_load)
+                           self.sent_load, False, self.retry_after)
 
     def request_info(self, now: float) -> RequestInfo:
         """What the classifier would have produced for this attempt's HTTP request."""

@@ -23,11 +23,13 @@ MaxTokens = int | Literal["output"] | None
 
 @dataclass(frozen=True, slots=True)
 class ErrorSpec:
-    """One part of a status mix: share ``rate`` of requests answered ``status`` after ``after``."""
+    """One part of a status mix: share ``rate`` of requests answered ``status`` after
+    ``after``, declaring ``retry_after`` seconds (a ``Retry-After`` header) if set."""
 
     rate: float
     status: int
     after: Latency  # seconds (a fixed 20 ms for fast 503s, a spread for slow 504s)
+    retry_after: float | None = None  # a time-based quota's declared wait (429s)
 
 
 @dataclass(frozen=True, slots=True)
