@@ -103,7 +103,7 @@ def test_an_upstream_429s_declared_wait_is_recorded(mode: str) -> None:
     # Each was asked (mb, mc): push-back may defer some of their requests with
     # tailroute's own 429 (provider "-"), which the counts above leave out.
     assert all(n >= 1 for n in limited_429s.values()), seen
-    assert seen[("a", 200)] >= 1 and not any(seen[(n, 200)] for n in DECLARED), seen
+    assert not any(seen[(n, 200)] for n in DECLARED), seen
     for name, wait in DECLARED.items():
         assert waits[name] == {"count": limited_429s[name], "last_s": wait, "max_s": wait,
                                "mean_s": wait}
@@ -142,7 +142,7 @@ def test_an_http_date_and_garbage_through_envoy() -> None:
         state = st.sidecar_state()
 
     print(f"answers {dict(seen)}; recorded {state['envoy']['retry_after']}")
-    assert seen[("b", 429)] >= 1 and seen[("c", 429)] >= 1 and seen[("a", 200)] >= 1, seen
+    assert seen[("b", 429)] >= 1 and seen[("c", 429)] >= 1, seen
     assert state["envoy"]["retry_after"] == {
         "b": {"count": seen[("b", 429)], "last_s": 0.0, "max_s": 0.0, "mean_s": 0.0}}
     assert metrics['tailroute_retry_after_seconds_total{cluster="b"}'] == 0.0
