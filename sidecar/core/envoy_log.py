@@ -62,6 +62,10 @@ failure before the client left or Envoy gave up. The filter runs on
 ``envoy.usage_sample`` of the requests (all in extproc mode), so only those can
 show it.
 
+A 429 that declared a wait (``retry-after-ms`` / ``Retry-After``, which Envoy logs
+with the entry and the shell reads into ``LogRecord.retry_after_s``, see
+:mod:`sidecar.core.retry_after`) passes it on as ``Observation.retry_after_s``.
+
 Timeouts and cancels are *censored* exactly as in :mod:`sidecar.core.timing`:
 their TTFT/e2e are the time waited since ``t0`` (lower bounds) and the router
 decides whether a cancel is evidence.
@@ -115,6 +119,11 @@ class LogRecord:
     # Upstream attempts Envoy made for the request (its route's retry_policy): the entry
     # is the last one's; the others failed on the same cluster, unseen otherwise.
     attempts: int = 1
+    # A 429's declared wait in seconds (sidecar.core.retry_after), read by the shell from
+    # the logged response headers; None for any other status or without a readable one.
+    retry_after_s: float | None = None
+    # A 429 whose Retry-After / retry-after-ms was there but unreadable (counted).
+    retry_after_bad: bool = False
 
 
 def outcome_of(rec: LogRecord) -> Outcome | None:
@@ -234,4 +243,5 @@ def observation_from_log(
         is_probe=is_probe,
         censored=censored,
         sent_load=sent_load,
+        retry_after_s=rec.retry_after_s,
     )

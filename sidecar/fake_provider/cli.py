@@ -30,7 +30,14 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (see --ready-file)")
     p.add_argument("--ttft-ms", metavar="MEDIAN[:P99]", help="time to first token (fixed w/o P99)")
     p.add_argument("--tpot-ms", metavar="MEDIAN[:P99]", help="time per output token")
-    p.add_argument("--error-rate", type=float, help="fraction of requests answered with 500")
+    p.add_argument("--error-rate", type=float,
+                   help="fraction of requests answered with --error-status (default 500)")
+    p.add_argument("--error-status", type=int, help="status of those answers (400-599)")
+    p.add_argument("--retry-after", metavar="VALUE",
+                   help="send this retry-after header with every --error-rate answer "
+                        "(seconds, an HTTP-date, or any text)")
+    p.add_argument("--retry-after-ms", metavar="VALUE",
+                   help="send this retry-after-ms header with every --error-rate answer")
     p.add_argument("--stall-ms", type=float, help="pause after the first token")
     p.add_argument("--role-first", action="store_true", default=None,
                    help="streamed chat opens with a role-only event at once (first body "
@@ -52,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_arg_parser()
     args = parser.parse_args(argv)
     settings = {"ttft_ms": args.ttft_ms, "tpot_ms": args.tpot_ms, "error_rate": args.error_rate,
-                "stall_ms": args.stall_ms, "role_first": args.role_first}
+                "error_status": args.error_status, "stall_ms": args.stall_ms,
+                "role_first": args.role_first, "retry_after": args.retry_after,
+                "retry_after_ms": args.retry_after_ms}
     from .server import FakeProvider  # late: that module re-exports this one's main
 
     try:

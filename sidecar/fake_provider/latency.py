@@ -27,7 +27,10 @@ MIDSTREAM_ERROR_SHAPES = ("openai", "anthropic", "vllm", "responses_error", "res
 PROFILE_FIELDS = (
     "ttft_ms", "tpot_ms", "error_rate", "error_status", "stall_ms", "outage", "outage_mode",
     "role_first", "end_delay_ms", "midstream_error_rate", "midstream_error_shape",
+    "retry_after", "retry_after_ms",
 )
+#: Longest header value a control payload may set (the fake sends it verbatim).
+MAX_HEADER_VALUE = 256
 CONTROL_FLAGS = ("streaming_only", "reset", "clear_streaming_override")
 #: A switch, not a flag: it stays as set until changed, so only a present one counts.
 HOLD = "hold"
@@ -132,6 +135,12 @@ class Profile:
     #: at least one): an error event of ``midstream_error_shape``, then the body ends.
     midstream_error_rate: float = 0.0
     midstream_error_shape: str = "openai"
+    #: Sent verbatim with every ``error_rate`` answer (a 429 with ``error_status: 429``)
+    #: as ``retry-after`` / ``retry-after-ms``; None: not sent. A number is sent as
+    #: written (``2`` -> "2", ``1.5`` -> "1.5"); a string as it is, so a test can send
+    #: an HTTP-date or garbage.
+    retry_after: str | None = None
+    retry_after_ms: str | None = None
 
     def updated(self, changes: Mapping[str, Any]) -> Profile:
         """Return a copy with control-JSON ``changes`` applied (see ``PROFILE_FIELDS``)."""
@@ -162,6 +171,8 @@ class Profile:
                 if not isinstance(value, bool):
                     raise ConfigError(f"{key} must be a boolean, got {value!r}")
                 kw[key] = value
+            elif key in ("retry_after", "retry_after_ms"):
+                kw[key] = _header_value(value, key)
             elif key == "outage_mode":
                 if value not in OUTAGE_MODES:
                     raise ConfigError(f"outage_mode must be one of {OUTAGE_MODES}, got {value!r}")
@@ -184,7 +195,25 @@ class Profile:
             "end_delay_ms": self.end_delay_ms,
             "midstream_error_rate": self.midstream_error_rate,
             "midstream_error_shape": self.midstream_error_shape,
+            "retry_after": self.retry_after,
+            "retry_after_ms": self.retry_after_ms,
         }
+
+
+def _header_value(value: object, what: str) -> str | None:
+    """A header value to send verbatim: None (not sent), a finite number, or printable
+    ASCII text (no CR/LF: a control payload must not be able to add headers)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise ConfigError(f"{what} must be finite, got {value!r}")
+        return str(int(value)) if float(value).is_integer() else repr(float(value))
+    if (isinstance(value, str) and len(value) <= MAX_HEADER_VALUE
+            and value.isascii() and value.isprintable()):
+        return value
+    raise ConfigError(f"{what} must be null, a number or printable ASCII text of at most "
+                      f"{MAX_HEADER_VALUE} characters, got {value!r}")
 
 
 def split_control(payload: Mapping[str, Any]) -> tuple[dict[str, bool], dict[str, Any]]:

@@ -15,6 +15,8 @@ Control JSON (every field optional; an invalid payload is rejected whole)::
      "role_first": false,                # streamed chat opens with a role-only event
      "end_delay_ms": 0,                  # streamed: body ends this long after [DONE]
      "midstream_error_rate": 0.0, "midstream_error_shape": "openai",  # see below
+     "retry_after": null | 2 | "2" | "Wed, 21 Oct 2015 07:28:00 GMT",  # see below
+     "retry_after_ms": null | 1500 | "1500",
      "streaming_only": false,            # fields above go to the streaming override
      "clear_streaming_override": false,  # drop the override first
      "reset": false,                     # back to the startup profile first (and release)
@@ -28,6 +30,12 @@ Shapes: ``openai`` ``{"error": {"message": ...}}``, ``anthropic`` (``event: erro
 ``plain_string`` ``{"error": "upstream overloaded: ..."}``, ``error_code``
 ``{"error": {"code": 500, "type": "server_error"}}`` (no message). A failed stream's
 entry in ``/control/requests`` says ``"midstream_error": true``.
+
+``retry_after`` / ``retry_after_ms`` are sent verbatim as ``retry-after`` /
+``retry-after-ms`` with every ``error_rate`` answer: with ``"error_status": 429`` a
+rate-limited provider that declares its wait (a number as written, a string as it
+is, so an HTTP-date or garbage too). A schedule (or ``POST /control``) turns it on
+and off for a time window.
 
 A hold lets a test keep requests in flight for exactly as long as it needs (until
 it sends ``"hold": false``) instead of for a latency it hopes outlasts its steps;
@@ -287,15 +295,18 @@ class FakeProvider:
         finally:
             await conn.close()
 
-    async def _send_json(self, conn: Conn, status: int, obj: object, keep_alive: bool) -> bool:
+    async def _send_json(self, conn: Conn, status: int, obj: object, keep_alive: bool,
+                         extra: Sequence[tuple[str, str]] = ()) -> bool:
         body = json.dumps(obj).encode()
-        hdrs = [("content-type", "application/json"), ("content-length", str(len(body)))]
+        hdrs = [("content-type", "application/json"), ("content-length", str(len(body))),
+                *extra]
         await conn.write(response_head(status, self.name, hdrs, keep_alive) + body)
         return keep_alive
 
-    async def _answer(self, conn: Conn, status: int, obj: object, keep_alive: bool) -> bool:
+    async def _answer(self, conn: Conn, status: int, obj: object, keep_alive: bool,
+                      extra: Sequence[tuple[str, str]] = ()) -> bool:
         self._status[status] += 1
-        return await self._send_json(conn, status, obj, keep_alive)
+        return await self._send_json(conn, status, obj, keep_alive, extra)
 
     async def _dispatch(self, conn: Conn, req: Request) -> bool:
         kind, keep = _ENDPOINTS.get(req.path), req.keep_alive
@@ -366,7 +377,10 @@ class FakeProvider:
             code = prof.error_status
             etype = "rate_limit_error" if code == 429 else "error" if code < 500 else "server_error"
             msg = f"simulated upstream error from {self.name}"
-            return await self._answer(conn, code, error_body(msg, etype), keep)
+            waits = [(k, v) for k, v in (("retry-after", prof.retry_after),
+                                         ("retry-after-ms", prof.retry_after_ms))
+                     if v is not None]
+            return await self._answer(conn, code, error_body(msg, etype), keep, waits)
         n = self._n_tokens(body)
         self._seq += 1
         reply = Reply(kind, str(body.get("model") or "fake-model"), prompt_tokens(body), n,

@@ -61,6 +61,8 @@ METRIC_NAMES = (
     "tailroute_first_token_samples_total",
     "tailroute_stream_errors_total",
     "tailroute_upstream_retries_total",
+    "tailroute_retry_after_total",
+    "tailroute_retry_after_seconds_total",
     *_QUANTILE_METRICS.values(),
     *(exported_name(f) for f in FAMILIES),
     *FLEET_METRIC_NAMES,  # only with a fleet: section (sidecar.fleet.metrics)
@@ -190,6 +192,17 @@ class RouterCollector(Collector):
             "cluster: each failed on that cluster before the attempt the access log shows; "
             "the sidecar observes only the last attempt of each request",
             _prefixed(shell, "upstream_retry:"), labels=["cluster"])
+        yield counter(
+            "tailroute_retry_after",
+            "Upstream 429s that declared a wait (retry-after-ms / Retry-After), by upstream "
+            "cluster: a provider's time-based quota",
+            _prefixed(shell, "retry_after:"), labels=["cluster"])
+        yield counter(
+            "tailroute_retry_after_seconds",
+            "Sum of the waits upstream 429s declared, by upstream cluster (over "
+            "tailroute_retry_after_total: the mean declared wait)",
+            [(k, v / 1000.0) for k, v in _prefixed(shell, "retry_after_ms:")],
+            labels=["cluster"])
 
 
 def _prefixed(counters: dict[str, int], prefix: str) -> list[tuple[list[str], int]]:

@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from sidecar.core.envoy_log import LogRecord
+from sidecar.core.retry_after import parse_retry_after
 from sidecar.core.timing import ERROR_SELECTORS, is_error_value
 from sidecar.pb.envoy.data.accesslog.v3 import accesslog_pb2 as al
 from sidecar.pb.envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
@@ -57,6 +59,7 @@ class EntryHandler(Protocol):
 # synchronous pass on the event loop).
 BatchReader = Callable[[float], EntryHandler]
 
+VIA_UPSTREAM = "via_upstream"  # response_code_details of a response the upstream sent
 _METHODS = ("", "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH")
 _NO_FLAGS: frozenset[str] = frozenset()
 
@@ -151,6 +154,29 @@ def _string(fields: Any, key: str) -> str | None:
     return (v.string_value or None) if v is not None else None
 
 
+def declared_wait(e: al.HTTPAccessLogEntry) -> tuple[float | None, bool]:
+    """A 429 entry's declared wait from its logged ``retry-after-ms`` / ``retry-after``
+    (:func:`~sidecar.core.retry_after.parse_retry_after`), and whether a header was
+    there but unreadable. An HTTP-date is measured against the end of the exchange on
+    Envoy's wall clock (the entry's start time plus its duration): the entry may reach
+    the sidecar a flush interval later, and the response's ``date`` is not logged
+    (``envoy_contract.LOGGED_RESPONSE_HEADERS``)."""
+    headers = e.response.response_headers
+    seconds = headers.get(ec.RETRY_AFTER_HEADER)
+    ms = headers.get(ec.RETRY_AFTER_MS_HEADER)
+    if seconds is None and ms is None:
+        return None, False
+    c = e.common_properties
+    if c.HasField("start_time"):
+        now = c.start_time.ToNanoseconds() * 1e-9
+        if c.HasField("duration"):
+            now += c.duration.ToNanoseconds() * 1e-9
+    else:
+        now = time.time()
+    wait = parse_retry_after(seconds, ms, None, now)
+    return wait, wait is None
+
+
 def record_from_entry(e: al.HTTPAccessLogEntry) -> LogRecord:
     """The parts of one entry tailroute reads (see sidecar.core.envoy_log).
 
@@ -186,8 +212,13 @@ def record_from_entry(e: al.HTTPAccessLogEntry) -> LogRecord:
         first, end = tag_us(tags, ec.TAG_FIRST_BODY_US), tag_us(tags, ec.TAG_END_US)
     method = e.request.request_method
     response = e.response
+    status = response.response_code.value
+    # Only an upstream's own 429 is read for a declared wait (nothing else is parsed per
+    # entry): tailroute's admission answers are 429s with a Retry-After of their own.
+    wait, bad = (declared_wait(e) if status == 429
+                 and response.response_code_details == VIA_UPSTREAM else (None, False))
     return LogRecord(
-        response.response_code.value,
+        status,
         flags,
         response.response_code_details,
         _METHODS[method] if 0 <= method < len(_METHODS) else "",
@@ -206,6 +237,8 @@ def record_from_entry(e: al.HTTPAccessLogEntry) -> LogRecord:
         c.stream_id,
         bool(judged),
         max(c.upstream_request_attempt_count, 1),  # 0: not logged (no upstream request)
+        wait,
+        bad,
     )
 
 

@@ -39,6 +39,7 @@ from sidecar.core.envoy_log import LogRecord, observation_from_log, retried_atte
 from sidecar.core.router import Router
 from sidecar.core.ttft_offset import OffsetBook
 from sidecar.core.types import Api, Decision, Observation, SliceKey, TransitionEvent
+from sidecar.shell.declared_waits import DeclaredWaits
 from sidecar.shell.entry_forward import EntryForwards
 from sidecar.shell.log_wait import LogWait
 
@@ -96,6 +97,8 @@ class App:
     # of each entry. The sidecar decided and observes the request once, by its last
     # attempt; these are the failed attempts before it.
     upstream_retries: Counter[str] = field(default_factory=Counter)
+    # Waits providers declared with their 429s (Retry-After), per upstream cluster.
+    retry_after: DeclaredWaits = field(default_factory=DeclaredWaits)
     waiting: LogWait = field(default_factory=LogWait)  # finished, entry not yet in
     # Called with every observation the router receives (the GenAI histograms,
     # sidecar.ops.genai_metrics); whatever produces observations calls observe().
@@ -157,6 +160,7 @@ class App:
         out.update({f"first_token:{k}": v for k, v in self.first_token_samples.items()})
         out.update({f"stream_error:{k}": v for k, v in self.stream_errors.items()})
         out.update({f"upstream_retry:{k}": v for k, v in self.upstream_retries.items()})
+        out.update(self.retry_after.counters())
         if self.forwards.dropped:
             out["error:forward_dropped"] = self.forwards.dropped
         out["outcome:lost"] = self.envoy["lost"]
@@ -206,6 +210,7 @@ class App:
             "first_token_samples": dict(self.first_token_samples),
             "stream_errors": dict(self.stream_errors),  # error events in 2xx streams
             "upstream_retries": dict(self.upstream_retries),  # Envoy's own retries
+            "retry_after": self.retry_after.view(),  # 429s' declared waits
         }
 
     def note_entry(self, rec: LogRecord) -> None:
@@ -218,6 +223,10 @@ class App:
             self.upstream_retries[rec.upstream_cluster or "?"] += rec.attempts - 1
         if rec.stream_error and 200 <= rec.status < 300 and api_for_path(rec.path) != "other":
             self.stream_errors[rec.upstream_cluster or "?"] += 1
+        if rec.retry_after_s is not None:
+            self.retry_after.note(rec.upstream_cluster or "?", rec.retry_after_s)
+        elif rec.retry_after_bad:
+            self.errors["retry_after_unreadable"] += 1  # a 429 still, with no wait declared
 
     def new_rid(self) -> str:
         return f"{self._prefix}-{next(self._ids)}"

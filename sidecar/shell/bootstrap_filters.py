@@ -308,7 +308,8 @@ def router_filter() -> dict[str, Any]:
 
 
 def access_log(flush_ms: int) -> list[dict[str, Any]]:
-    """One gRPC Access Log Service stream per Envoy worker to the sidecar, batched."""
+    """One gRPC Access Log Service stream per Envoy worker to the sidecar, batched;
+    each entry with the upstream's Retry-After headers when it sent them."""
     return [{
         "name": "tailroute.access_log",
         "typed_config": {
@@ -320,5 +321,6 @@ def access_log(flush_ms: int) -> list[dict[str, Any]]:
                 "buffer_flush_interval": f"{flush_ms / 1000:.3f}s",
                 "custom_tags": [{"tag": k, "value": v} for k, v in ec.CUSTOM_TAGS.items()],
             },
+            "additional_response_headers_to_log": list(ec.LOGGED_RESPONSE_HEADERS),
         },
     }]

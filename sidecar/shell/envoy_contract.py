@@ -108,6 +108,16 @@ ENTRY_TAG_FORMAT = "|".join((
     f"%DYNAMIC_METADATA({USAGE_NS}:{STREAM_ERROR_KEY})%",
 ))
 
+# Upstream response headers every access-log entry carries when the response had them
+# (HttpGrpcAccessLogConfig.additional_response_headers_to_log -> the entry's
+# response.response_headers): a 429's declared wait (sidecar.core.retry_after). Envoy
+# adds only the headers a response has, so a 2xx entry carries none of them. The
+# response's ``date`` is not among them: every response has one, and every native entry
+# would carry it to help the rare HTTP-date form; the entry's own end time stands in.
+RETRY_AFTER_HEADER = "retry-after"
+RETRY_AFTER_MS_HEADER = "retry-after-ms"
+LOGGED_RESPONSE_HEADERS = (RETRY_AFTER_HEADER, RETRY_AFTER_MS_HEADER)
+
 SAMPLED, UNSAMPLED = "s", "n"
 
 
