@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -97,3 +98,41 @@ def test_an_interrupted_parallel_lab_run_ends_quietly_with_its_workers(
         assert not [pid for pid in kids if _alive(pid)]
     finally:
         _kill_all(proc, kids)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_lab_workers_start_is_raised_once_they_have(
+        monkeypatch: pytest.MonkeyPatch, sig: signal.Signals) -> None:
+    """The parallel run above, its signal arriving inside the pool's start (where the
+    test above sends it only sometimes): it was lost (SIGINT, ignored there) or cut the
+    start short (the workers left half-started printed tracebacks). Now it is raised as
+    its handler has it once the pool is whole, and the pool is stopped."""
+    import multiprocessing
+
+    from sidecar.sim import gen_run
+
+    spawn = multiprocessing.get_context("spawn")
+    made: list[Any] = []
+
+    class SignalledWhileStarting:
+        def Pool(self, jobs: int) -> Any:
+            os.kill(os.getpid(), sig)
+            made.append(spawn.Pool(jobs))
+            return made[-1]
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")  # as the CLI does for SIGTERM
+
+    monkeypatch.setattr(gen_run.multiprocessing, "get_context",
+                        lambda kind: SignalledWhileStarting())
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            gen_run._pool_ignoring_sigint(2)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert len(made) == 1  # the start ran to its end
+    for w in made[0]._pool:  # stopped by the pool (terminate joins them)
+        assert not w.is_alive()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())

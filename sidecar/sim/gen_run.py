@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import multiprocessing
 import signal
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from multiprocessing.pool import Pool
 from pathlib import Path
 from typing import Any
@@ -133,8 +135,8 @@ def run_generated(
     else:
         # A Pool, not a ProcessPoolExecutor: leaving its block terminates the workers,
         # so Ctrl-C or SIGTERM stops the run at once instead of waiting for every
-        # scenario in flight. The workers start with SIGINT ignored (a terminal sends it
-        # to the whole group; an ignored signal stays ignored across exec) and leave
+        # scenario in flight. The workers start with SIGINT blocked (a terminal sends it
+        # to the whole group; a blocked signal stays blocked across exec) and leave
         # the interrupt to this process.
         with _pool_ignoring_sigint(jobs) as pool:
             for i, res in enumerate(pool.imap(_run_one, args)):
@@ -154,15 +156,50 @@ def run_generated(
 
 
 def _pool_ignoring_sigint(jobs: int) -> Pool:
-    """A spawn-context pool of ``jobs`` workers started with SIGINT ignored."""
+    """A spawn-context pool of ``jobs`` workers started with SIGINT blocked.
+
+    A terminal sends SIGINT to the whole group; the workers must leave it to this
+    process, which stops them. So SIGINT is blocked in this thread while they start:
+    the mask survives fork and exec (and the pool's own threads, started meanwhile,
+    inherit it), so it stays blocked in every worker for good. SIGTERM stays open in
+    them (:meth:`Pool.terminate` sends it). Here, a SIGINT or SIGTERM during the
+    start is only recorded, and re-raised as its own handler would have it once the
+    pool is whole, which :meth:`Pool.terminate` can then stop cleanly. Ignoring
+    SIGINT here, as before, lost a Ctrl-C (the run went on to the end); letting it
+    raise in the middle of the start left half-started workers behind, which
+    printed tracebacks when this process exited. CPython's resource tracker, which
+    the pool's semaphores start, unblocks SIGINT once it has started: start it first.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    if threading.current_thread() is not threading.main_thread():
+        return ctx.Pool(jobs)  # signals are the main thread's business
+    resource_tracker.ensure_running()
+    caught: list[int] = []
+
+    def record(signum: int, _frame: object) -> None:
+        caught.append(signum)
+
+    previous = {s: signal.signal(s, record) for s in (signal.SIGINT, signal.SIGTERM)}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+    def restore() -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a pending one is recorded here
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
     try:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except ValueError:  # not the main thread: signals are the main thread's business
-        return multiprocessing.get_context("spawn").Pool(jobs)
+        pool = ctx.Pool(jobs)
+    except BaseException:
+        restore()
+        raise
     try:
-        return multiprocessing.get_context("spawn").Pool(jobs)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+        restore()
+        for s in dict.fromkeys(caught):
+            signal.raise_signal(s)  # as its handler would have had it
+    except BaseException:
+        pool.terminate()
+        raise
+    return pool
 
 
 def _run_one(a: tuple[str, int, int, tuple[str, ...], float | None, bool, int]
