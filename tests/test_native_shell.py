@@ -196,3 +196,47 @@ def test_fast_ejection_is_published_at_once_not_at_the_next_interval() -> None:
     assert versions[-1] == 2, versions
     assert native.weights[S].weight("a") == 0 and native.weights[S].total == 10_000
     assert any(t.new == "quarantined" and t.cluster == "a" for t in app.router.transitions)
+
+
+def test_a_declared_wait_takes_the_route_out_at_once_and_back_when_it_ends() -> None:
+    """A 429 with Retry-After read from the log holds the cluster full
+    (sidecar.core.pushback): its weight-0 version goes out at once, not a
+    publication interval later, and the version that gives it back goes out when
+    the wait ends (the loop wakes at the router's next deadline)."""
+    from sidecar.core.envoy_log import LogRecord
+    from sidecar.shell.app import App
+    from sidecar.shell.native_log import NativeFeed
+
+    cfg = parse_config({
+        "clusters": [{"name": n, "address": f"127.0.0.1:{9000 + i}", "models": ["m"]}
+                     for i, n in enumerate("ab")],
+        "models": [{"name": "m", "candidates": ["a", "b"]}],
+        "routing": {"mode": "native", "publish_interval_s": 30.0},
+        "stats": {"subwindow_s": 30.0, "min_samples": 5},
+    }, "native.yaml")
+    app = App.create(cfg)
+    native = NativeRouting(lambda: app.config, lambda: app.router)
+    feed = NativeFeed(app, native, lambda rec, now: None)
+    refused = LogRecord(status=429, method="POST", path="/v1/chat/completions",
+                        upstream_cluster="a", route_name=route_name(S, "len"),
+                        duration_s=0.01, upstream_tx_s=0.001, retry_after_s=0.3)
+
+    async def run() -> list[int]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(native.loop(app.tick, stop))
+        await asyncio.sleep(0)
+        weights = [native.weights[S].weight("a")]
+        feed(refused, asyncio.get_running_loop().time())
+        for _ in range(200):  # bounded: 2 s, a fifteenth of the interval
+            await asyncio.sleep(0.01)
+            w = native.weights[S].weight("a")
+            if not weights or weights[-1] != w:
+                weights.append(w)
+            if len(weights) == 3:
+                break
+        stop.set()
+        await task
+        return weights
+
+    weights = asyncio.run(run())
+    assert weights[0] > 0 and weights[1] == 0 and weights[2] > 0, weights

@@ -95,6 +95,7 @@ class PushBack:
         self.refused_slots: dict[str, int] = {}
         self._held: dict[str, float] = {}  # cluster -> end of its declared wait
         self.next_release: float | None = None  # earliest end of a hold
+        self.holds_version = 0  # moves when a hold starts or ends (native weights republish)
 
     def configure(self, limits: dict[str, int]) -> None:
         """Set each cluster's configured ``max_concurrency``; learned limits of clusters
@@ -136,6 +137,8 @@ class PushBack:
         until = now + min(wait_s, MAX_HOLD_S)
         if until <= self._held.get(cluster, -math.inf):
             return
+        if cluster not in self._held:
+            self.holds_version += 1
         self._held[cluster] = until
         self.next_release = min(self._held.values())
         self._sync((cluster,))
@@ -147,6 +150,7 @@ class PushBack:
         over = [c for c, until in self._held.items() if until <= now]
         for c in over:
             del self._held[c]
+        self.holds_version += len(over)
         self.next_release = min(self._held.values()) if self._held else None
         self._sync(over)
 

@@ -15,7 +15,7 @@ off the request path:
   the entries is :class:`sidecar.shell.native_log.NativeFeed`;
 * **publish** (:meth:`NativeRouting.publish`, every
   ``routing.publish_interval_s`` and at once when a health transition happens
-  in between): the core's weights for every slice
+  in between, or a 429's declared wait starts or ends): the core's weights for every slice
   (:func:`~sidecar.core.weights.compute_weights`, planning the load) go to the
   RTDS layer (:class:`~sidecar.shell.rtds.WeightLayer`) when they changed
   materially: a weight moved by at least :data:`MIN_CHANGE` of the scale, or a
@@ -169,6 +169,7 @@ class NativeRouting:
         self._wake = asyncio.Event()
         self.publish(loop.time(), force=True)
         transitions = self._transition_count()
+        holds = self._router().pushback.holds_version
         while not stop.is_set():
             now = loop.time()
             step = self.config.routing.publish_interval_s
@@ -182,8 +183,11 @@ class NativeRouting:
             now = loop.time()
             tick(now)
             count = self._transition_count()
-            self.publish(now, force=count != transitions)
-            transitions = count
+            # A hold's start or end (a 429's declared wait, sidecar.core.pushback) moves a
+            # route's capacity as a transition moves its health: every slice is redone.
+            held = self._router().pushback.holds_version
+            self.publish(now, force=count != transitions or held != holds)
+            transitions, holds = count, held
             self._wake.clear()  # this publication covers every transition so far
 
     def _transition_count(self) -> int:

@@ -112,6 +112,10 @@ class NativeFeed:
                 # The weights give a route on trial its floor now, not at the next
                 # interval (sidecar.core.weights, step 3).
                 self.native.wake()
+            elif obs.retry_after_s is not None and obs.status == 429:
+                # A declared wait holds the cluster full (sidecar.core.pushback): its
+                # weight goes to 0 now; the loop wakes again when the wait ends.
+                self.native.wake()
 
     def batch(self, now: float) -> NativeBatch:
         """The handler for one batch received at ``now`` (:class:`NativeBatch`)."""
