@@ -114,6 +114,11 @@ def test_an_upstream_429s_declared_wait_is_recorded(mode: str) -> None:
     assert not any(k.startswith("tailroute_errors_total") and "retry_after" in k
                    for k in metrics)
     assert state["envoy"]["fail_open"] == 0
+    # A declared wait holds the cluster (sidecar.core.pushback); it never cuts the
+    # concurrency limit, however little the cluster held when refused.
+    for name in DECLARED:
+        cluster = state["clusters"][name]
+        assert cluster["concurrency_limit"] == cluster["max_concurrency"], cluster
 
 
 def test_an_http_date_and_garbage_through_envoy() -> None:
