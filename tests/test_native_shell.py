@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -13,6 +13,10 @@ from sidecar.core.types import Observation, SliceKey
 from sidecar.core.weights import SliceWeights
 from sidecar.shell.bootstrap_native import route_slices
 from sidecar.shell.native import NativeRouting, material_change
+
+if TYPE_CHECKING:
+    from sidecar.shell.app import App
+    from sidecar.shell.native_log import NativeFeed
 from sidecar.shell.native_keys import route_name, runtime_key, slice_id
 
 S = SliceKey("m", "interactive", "short", True)
@@ -152,10 +156,9 @@ def test_native_feed_observes_slice_routes_and_passes_the_rest_on() -> None:
     assert native.load.last == {"b": pytest.approx(0.04 / 2.0)}
 
 
-def test_fast_ejection_is_published_at_once_not_at_the_next_interval() -> None:
-    """A run of hard failures read from the log ejects the cluster; the weight-0
-    version goes out on that transition, not a publication interval later."""
-    from sidecar.core.envoy_log import LogRecord
+def _native_app() -> tuple[Config, App, NativeRouting, NativeFeed]:
+    """A native-mode app over clusters a and b, a 30 s publication interval (so a
+    publication within a test's second is one the loop was woken for), and its feed."""
     from sidecar.shell.app import App
     from sidecar.shell.native_log import NativeFeed
 
@@ -168,8 +171,16 @@ def test_fast_ejection_is_published_at_once_not_at_the_next_interval() -> None:
     }, "native.yaml")
     app = App.create(cfg)
     native = NativeRouting(lambda: app.config, lambda: app.router)
+    return cfg, app, native, NativeFeed(app, native, lambda rec, now: None)
+
+
+def test_fast_ejection_is_published_at_once_not_at_the_next_interval() -> None:
+    """A run of hard failures read from the log ejects the cluster; the weight-0
+    version goes out on that transition, not a publication interval later."""
+    from sidecar.core.envoy_log import LogRecord
+
+    cfg, app, native, feed = _native_app()
     app.on_transitions = lambda _events: native.wake()
-    feed = NativeFeed(app, native, lambda rec, now: None)
     failed = LogRecord(status=503, method="POST", path="/v1/chat/completions",
                        upstream_cluster="a", route_name=route_name(S, "len"),
                        duration_s=0.01, upstream_tx_s=0.001)
@@ -204,19 +215,8 @@ def test_a_declared_wait_takes_the_route_out_at_once_and_back_when_it_ends() -> 
     publication interval later, and the version that gives it back goes out when
     the wait ends (the loop wakes at the router's next deadline)."""
     from sidecar.core.envoy_log import LogRecord
-    from sidecar.shell.app import App
-    from sidecar.shell.native_log import NativeFeed
 
-    cfg = parse_config({
-        "clusters": [{"name": n, "address": f"127.0.0.1:{9000 + i}", "models": ["m"]}
-                     for i, n in enumerate("ab")],
-        "models": [{"name": "m", "candidates": ["a", "b"]}],
-        "routing": {"mode": "native", "publish_interval_s": 30.0},
-        "stats": {"subwindow_s": 30.0, "min_samples": 5},
-    }, "native.yaml")
-    app = App.create(cfg)
-    native = NativeRouting(lambda: app.config, lambda: app.router)
-    feed = NativeFeed(app, native, lambda rec, now: None)
+    _, app, native, feed = _native_app()
     refused = LogRecord(status=429, method="POST", path="/v1/chat/completions",
                         upstream_cluster="a", route_name=route_name(S, "len"),
                         duration_s=0.01, upstream_tx_s=0.001, retry_after_s=0.3)
