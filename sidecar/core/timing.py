@@ -111,9 +111,6 @@ class ResponseTimer:
     # as gzip; the sidecar does not decompress). Nothing is then read from it: no
     # token, no usage, never a guess.
     unreadable: str | None = None
-    # A 429's declared wait (sidecar.core.retry_after), set by whoever read the response
-    # headers; carried into the observation of a 429 only.
-    retry_after_s: float | None = None
     _sse: SseParser | None = None
     _body: bytearray | None = None
 
@@ -229,7 +226,6 @@ class ResponseTimer:
             is_retry=self.is_retry,
             is_probe=self.is_probe,
             censored=censored,
-            retry_after_s=self.retry_after_s if self.status == 429 else None,
         )
 
 
