@@ -87,6 +87,19 @@ def test_the_native_path_observes_the_wait_and_counts_it(shortcut: bool) -> None
     assert side.app.envoy_view(10.0)["retry_after"] == side.app.retry_after.view()
 
 
+@pytest.mark.parametrize("shortcut", [True, False])
+def test_a_declared_wait_holds_the_route_even_when_its_outcome_is_not_sampled(
+        shortcut: bool) -> None:
+    """With ``stats.observe_share: 0`` the 429 below is not observed (its sub-window
+    has min_samples already), but its wait still holds the cluster: outcomes are
+    sampled, a provider's quota is not."""
+    side = Side(shortcut, observe_share=0.0)
+    side.feed([entry() for _ in range(3)], 10.0)
+    side.feed([_logged(retry_after="4")], 10.5)
+    assert [o.status for o in side.seen] == [200, 200, 200]  # the 429 went unobserved
+    assert side.app.router.pushback.held() == {"a": 14.5}
+
+
 def _config() -> Any:
     return parse_config({
         "clusters": [{"name": n, "address": f"127.0.0.1:{9000 + i}", "models": ["m"]}

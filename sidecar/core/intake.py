@@ -115,6 +115,12 @@ class Intake:
         """This process's requests in flight on ``cluster`` (what fleet mode publishes)."""
         return self._inflight[cluster]
 
+    def note_declared_wait(self, cluster: str, wait_s: float, now: float) -> None:
+        """``cluster`` answered 429 declaring a wait of ``wait_s`` (sidecar.core.pushback
+        holds it). The shells call this for every such answer, observed or not: outcomes
+        are sampled (``stats.observe_share``), a provider's quota must not be."""
+        self.pushback.hold(cluster, wait_s, now)
+
     def own_low(self, cluster: str) -> int:
         """Of :meth:`own_inflight`, those of a :attr:`~sidecar.core.types.Decision.low`
         (fleet mode publishes them too: slots a more important class may take)."""

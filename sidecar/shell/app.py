@@ -286,6 +286,8 @@ class App:
                         "`tailroute envoy-config`", cluster, rec.upstream_cluster,
                         rec.route_name or "?")
             return
+        if rec.retry_after_s is not None:  # a provider's declared wait (an upstream 429)
+            self.router.note_declared_wait(cluster, rec.retry_after_s, now)
         if not p.observed:
             return
         first_token_s = None

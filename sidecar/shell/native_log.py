@@ -93,6 +93,10 @@ class NativeFeed:
             return
         busy = rec.end_s if rec.end_s is not None else waited_s(rec)
         probe = self.native.on_logged(s, cluster, busy if busy is not None else rec.duration_s)
+        if rec.retry_after_s is not None:  # a provider's declared wait (an upstream 429)
+            app.router.note_declared_wait(cluster, rec.retry_after_s, now)
+            # The held route's weight goes to 0 now; the loop wakes when the wait ends.
+            self.native.wake()
         # stats.observe_share as on the per-request path: every response until the
         # route's current sub-window has min_samples, then that share (uniform, so
         # error rates stay unbiased); probes always count.
@@ -111,10 +115,6 @@ class NativeFeed:
             if obs.outcome != "ok" and board.runs and board.on_trial(cluster, s):
                 # The weights give a route on trial its floor now, not at the next
                 # interval (sidecar.core.weights, step 3).
-                self.native.wake()
-            elif obs.retry_after_s is not None and obs.status == 429:
-                # A declared wait holds the cluster full (sidecar.core.pushback): its
-                # weight goes to 0 now; the loop wakes again when the wait ends.
                 self.native.wake()
 
     def batch(self, now: float) -> NativeBatch:
