@@ -46,6 +46,42 @@ def test_a_limit_one_replica_learned_holds_the_others_back_at_their_next_cycle()
     assert "_limits" not in f.syncs[0].outgoing(1001.5).stats_set
 
 
+def test_a_declared_wait_one_replica_met_holds_every_peer_until_the_same_moment() -> None:
+    """A 429's Retry-After is the provider's quota: peers hold the cluster until the
+    hold's end on the wall clock, without
+    meeting a 429 of their own first, and nobody's limit moves."""
+    f = Fleet(3)
+    f.cycle(1000.0)
+    f.routers[0].observe(Observation("a", SL, "error", status=429, retry_after_s=4.0),
+                         1000.2)
+    f.cycle(1000.5)
+    ends = [r.pushback.held().get("a") for r in f.routers]
+    assert ends == [pytest.approx(1004.2)] * 3, ends
+    assert all(r.inflight("a") == r.config.cluster("a").max_concurrency for r in f.routers)
+    assert [r.pushback.limit("a") for r in f.routers] == [64, 64, 64]
+    # A shorter wait a peer met later does not shorten anyone's hold; once over, the
+    # hold is not published any more, and an expired one is not adopted.
+    f.routers[1].observe(Observation("a", SL, "error", status=429, retry_after_s=1.0),
+                         1000.6)
+    f.cycle(1000.7)
+    assert [r.pushback.held().get("a") for r in f.routers] == [pytest.approx(1004.2)] * 3
+    for r in f.routers:
+        r.tick(1004.3)
+    f.cycle(1004.5)
+    assert all(r.pushback.held() == {} for r in f.routers)
+    assert "_holds" not in f.syncs[0].outgoing(1005.0).stats_set
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"[1]", b'{"a": "soon"}', b'{"a": [1]}'])
+def test_a_malformed_holds_record_is_counted_and_changes_nothing(raw: bytes) -> None:
+    f = Fleet(2)
+    f.cycle(1000.0)
+    f.store.stats["r0"].fields[codec.HOLDS_FIELD] = raw
+    f.cycle(1000.5, only=[1])
+    assert f.routers[1].pushback.held() == {}
+    assert f.syncs[1].counters.bad_peer_records == 1
+
+
 def test_a_peers_higher_or_old_limit_moves_nobody() -> None:
     f = Fleet(2)
     f.cycle(999.0)  # (the replicas learn of each other)
@@ -103,6 +139,7 @@ def test_a_malformed_record_is_counted_and_changes_nothing(raw: bytes) -> None:
 def test_the_record_travels_through_a_real_redis() -> None:
     f = Fleet(2)
     _refuse(f, 0, "a", 7, 1000.0)
+    f.routers[0].observe(Observation("b", SL, "error", status=429, retry_after_s=3.0), 1000.0)
 
     async def main(port: int) -> None:
         store = RedisStore(f"redis://127.0.0.1:{port}/0", "lim", 0.5)
@@ -118,5 +155,7 @@ def test_the_record_travels_through_a_real_redis() -> None:
     with RedisServer() as srv:
         asyncio.run(main(srv.port))
         stored = redis.Redis(port=srv.port).hget("{lim}:stats:r0", codec.LIMITS_FIELD)
+        holds = redis.Redis(port=srv.port).hget("{lim}:stats:r0", codec.HOLDS_FIELD)
     assert stored == b'{"a":[7,1000000]}'
+    assert holds == b'{"b":1003000}' and f.routers[1].pushback.held() == {"b": 1003.0}
     assert f.routers[1].pushback.learned() == {"a": (7.0, 1000.0)}

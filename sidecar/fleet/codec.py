@@ -234,6 +234,23 @@ def decode_limits(raw: bytes) -> dict[str, tuple[float, int]]:
     return out
 
 
+HOLDS_FIELD = "_holds"  # a replica's holds by declared waits (fleet.limits_sync)
+
+
+def encode_holds(holds: dict[str, int]) -> bytes:
+    """``{cluster: end of the hold, wall-clock ms}``."""
+    return json.dumps(holds, separators=(",", ":"), sort_keys=True).encode()
+
+
+def decode_holds(raw: bytes) -> dict[str, int]:
+    """ValueError on anything malformed."""
+    try:
+        d = json.loads(raw)
+        return {str(c): int(v) for c, v in d.items()}
+    except (TypeError, ValueError, AttributeError, OverflowError) as exc:
+        raise ValueError(f"malformed holds record: {exc!r}") from exc
+
+
 def encode_probe(route: str, ok: bool) -> bytes:
     return json.dumps([route, ok]).encode()
 

@@ -21,11 +21,19 @@ peer's higher limit never raises one, an old one never lowers one, and a
 replica that joins after the spell meets the provider's next refusal itself.
 The field is written only when the fresh limits changed, so a fleet that never
 met a 429 writes nothing more.
+
+**Holds** travel the same way (``codec.HOLDS_FIELD``: ``{cluster: end of the hold
+on the wall clock in ms}``): a 429 that declared its wait holds the cluster on
+the replica that got it (:meth:`~sidecar.core.pushback.PushBack.hold`), and the
+quota is the provider's, so every peer holds it until the same moment instead of
+meeting a 429 of its own first. Only holds still running are published, and a
+peer takes one whose end is later than its own (a hold only ever extends, and
+never beyond ``pushback.MAX_HOLD_S`` from now).
 """
 
 from __future__ import annotations
 
-from sidecar.core.pushback import HOLD_S
+from sidecar.core.pushback import HOLD_S, MAX_HOLD_S
 from sidecar.core.router import Router
 from sidecar.fleet import codec
 from sidecar.fleet.exchange import SyncCounters
@@ -39,6 +47,7 @@ class LimitsSync:
         self.wall_offset = wall_offset
         self.counters = counters
         self._pushed = codec.encode_limits({})  # what the store holds of ours
+        self._pushed_holds = codec.encode_holds({})
         self._applied: dict[tuple[str, str], int] = {}  # (peer, cluster) -> refusal ms
 
     def outgoing(self, now: float, republish: bool) -> bytes | None:
@@ -53,10 +62,25 @@ class LimitsSync:
         self._pushed = raw
         return raw
 
+    def outgoing_holds(self, now: float, republish: bool) -> bytes | None:
+        """This replica's running holds when they changed (or ``republish`` and it has
+        some)."""
+        running = {c: round((until + self.wall_offset) * 1000.0)
+                   for c, until in self.router.pushback.held().items() if until > now}
+        raw = codec.encode_holds(running)
+        if raw == self._pushed_holds and not (republish and running):
+            return None
+        self._pushed_holds = raw
+        return raw
+
     def merge(self, fields: dict[str, dict[str, bytes]], rid: str, now: float) -> None:
-        """Adopt the peers' fresh limits whose last refusal is newer than the one taken."""
+        """Adopt the peers' fresh limits whose last refusal is newer than the one taken,
+        and their running holds."""
         pushback = self.router.pushback
         for peer, got in fields.items():
+            held = got.get(codec.HOLDS_FIELD)
+            if peer != rid and held is not None:
+                self._merge_holds(held, now)
             raw = got.get(codec.LIMITS_FIELD)
             if peer == rid or raw is None:
                 continue
@@ -74,3 +98,15 @@ class LimitsSync:
                 self.counters.adopted_limits += 1
         for key in [k for k in self._applied if k[0] not in fields]:
             del self._applied[key]  # the peer is gone (its record expired with it)
+
+    def _merge_holds(self, raw: bytes, now: float) -> None:
+        try:
+            holds = codec.decode_holds(raw)
+        except ValueError:
+            self.counters.bad_peer_records += 1
+            return
+        pushback = self.router.pushback
+        for cluster, until_ms in holds.items():
+            wait = until_ms / 1000.0 - self.wall_offset - now
+            if 0.0 < wait <= MAX_HOLD_S:
+                pushback.hold(cluster, wait, now)  # ignored unless it ends later

@@ -135,6 +135,8 @@ class FleetSync:
         stats_set, stats_del = self.stats_sync.outgoing(now, self._republish, extra)
         if (limits := self.limits_sync.outgoing(now, self._republish)) is not None:
             stats_set[codec.LIMITS_FIELD] = limits
+        if (holds := self.limits_sync.outgoing_holds(now, self._republish)) is not None:
+            stats_set[codec.HOLDS_FIELD] = holds
         health_set: dict[str, bytes] = {}
         for rf in sorted(self.owned):
             cluster, s = codec.parse_route(rf)
