@@ -237,10 +237,11 @@ def test_a_declared_quota_holds_the_route_for_its_wait_and_keeps_its_limit(
     requests 429 for 8 s of every 40 s, each saying ``Retry-After: 1``. Read as a
     concurrency limit (``burst_429``, no header) the refusals ratcheted the limit to
     1 and tailroute did 5x worse than round robin; a declared wait holds the route
-    for that long instead (sidecar.core.pushback): no limit is learned, it takes
-    little during a burst (16 % at most in these seeds, 60 % before the first) and
-    has its share back between bursts (36 % at least), and the case costs under half
-    of round robin's violations (53-76 against 156-186)."""
+    for that long instead (sidecar.core.pushback), and the quota is not counted
+    against the route's health: no limit is learned, it takes little during a burst
+    (18 % at most in these seeds, 60 % before the first) and has its share back
+    between bursts (52 % at least), and the case costs under a third of round
+    robin's violations (28-53 against 156-186)."""
     sc = load_scenario(HUNT / "burst_429_retry_after.yaml")
     if seed is not None:
         sc = dataclasses.replace(sc, seed=seed)
@@ -250,10 +251,10 @@ def test_a_declared_quota_holds_the_route_for_its_wait_and_keeps_its_limit(
     def total(r: dict[str, Any]) -> int:
         return sum(c["violations"] for c in r["classes"].values())
 
-    assert total(out) < 0.5 * total(rr), (total(out), total(rr))
+    assert total(out) < 0.35 * total(rr), (total(out), total(rr))
     assert sim.policy.router.pushback.learned() == {}  # type: ignore[attr-defined]
     trace = trace_of(sim)
     bursts = [100 + 40 * k for k in range(15)]
     during = max(share(trace, "provider-a", t + 1, t + 7)[0] for t in bursts)
     between = min(share(trace, "provider-a", t + 15, t + 35)[0] for t in bursts)
-    assert during < 0.25 and between > 0.3, (during, between)
+    assert during < 0.25 and between > 0.45, (during, between)

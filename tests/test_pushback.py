@@ -247,6 +247,29 @@ def test_a_429_with_a_declared_wait_keeps_the_route_away_until_it_ends() -> None
     assert "a" in picks and r.inflight("a") == r.held("a")
 
 
+@pytest.mark.parametrize(("wait", "evidence"), [(2.0, False), (0.0, True), (None, True)])
+def test_a_declared_quota_is_no_evidence_against_the_route(
+    wait: float | None, evidence: bool
+) -> None:
+    """A 429 that holds the route (a positive declared wait) is an outcome for the
+    callers but says nothing about the route's health: it is kept out of the
+    statistics and the health machine, so a run of them never escalates the route.
+    A wait of 0 holds nothing, and such a 429 (like one that declares nothing)
+    stays evidence."""
+    r = _router()
+    now = 1.0
+    for _ in range(40):
+        now += 0.25
+        r.observe(Observation("a", S, "error", status=429, retry_after_s=wait), now)
+    r.tick(now + 60.0)
+    assert r.counters[("outcome", "error")] == 40
+    series = r.stats.series("a", S)
+    seen = 0 if series is None else series.requests(now)
+    assert (seen > 0) is evidence
+    if not evidence:
+        assert r.health("a", S).state == "healthy" and not r.transitions
+
+
 @pytest.mark.parametrize("status", [503, 500, 504, 200])
 def test_only_429_is_push_back(status: int) -> None:
     r = _router()

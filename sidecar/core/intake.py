@@ -167,14 +167,21 @@ class Intake:
         """Record one measured outcome; probes drive the probing state, other
         outcomes the fast path for hard failures."""
         self.compat_sr.observe(obs, self.config)
+        declared = False
         if obs.status == 429:  # backpressure (sidecar.core.pushback)
             if obs.retry_after_s is not None:  # a declared wait: a time-based quota
                 self.pushback.hold(obs.cluster, obs.retry_after_s, now)
+                declared = obs.retry_after_s > 0.0
             else:  # the provider's concurrency limit is lower than we thought
                 self.pushback.refused(obs.cluster, self.held(obs.cluster), now)
         obs = judge_censored(self.config, obs)
         if not obs.attempt:  # a retried attempt is evidence, not a request's outcome
             self.counters[("outcome", obs.outcome)] += 1
+        if declared:
+            # The hold keeps requests away for the wait the provider declared; the quota
+            # says nothing about the route's health, so it is neither an error in its
+            # statistics nor a failure for the health machine (counted as an outcome only).
+            return []
         if self._next_eval is None:
             self._next_eval = self._boundary_after(now)
         if obs.outcome == "cancel":
