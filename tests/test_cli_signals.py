@@ -128,7 +128,7 @@ def test_a_signal_while_the_lab_workers_start_is_raised_once_they_have(
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         with pytest.raises(KeyboardInterrupt):
-            gen_run._pool_ignoring_sigint(2)
+            gen_run._pool_leaving_signals_here(2)
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert len(made) == 1  # the start ran to its end

@@ -78,11 +78,13 @@ class LimitsSync:
         and their running holds."""
         pushback = self.router.pushback
         for peer, got in fields.items():
+            if peer == rid:
+                continue
             held = got.get(codec.HOLDS_FIELD)
-            if peer != rid and held is not None:
+            if held is not None:
                 self._merge_holds(held, now)
             raw = got.get(codec.LIMITS_FIELD)
-            if peer == rid or raw is None:
+            if raw is None:
                 continue
             try:
                 limits = codec.decode_limits(raw)

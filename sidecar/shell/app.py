@@ -286,9 +286,9 @@ class App:
                         "`tailroute envoy-config`", cluster, rec.upstream_cluster,
                         rec.route_name or "?")
             return
-        if rec.retry_after_s is not None:  # a provider's declared wait (an upstream 429)
-            self.router.note_declared_wait(cluster, rec.retry_after_s, now)
         if not p.observed:
+            if rec.retry_after_s is not None:  # a declared wait holds unobserved or not
+                self.router.note_declared_wait(cluster, rec.retry_after_s, now)
             return
         first_token_s = None
         if p.token_offset is not None and rec.first_body_s is not None:

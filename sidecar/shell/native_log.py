@@ -93,14 +93,16 @@ class NativeFeed:
             return
         busy = rec.end_s if rec.end_s is not None else waited_s(rec)
         probe = self.native.on_logged(s, cluster, busy if busy is not None else rec.duration_s)
-        if rec.retry_after_s is not None:  # a provider's declared wait (an upstream 429)
-            app.router.note_declared_wait(cluster, rec.retry_after_s, now)
+        wait = rec.retry_after_s  # an upstream 429's declared wait
+        if wait is not None:
             # The held route's weight goes to 0 now; the loop wakes when the wait ends.
             self.native.wake()
         # stats.observe_share as on the per-request path: every response until the
         # route's current sub-window has min_samples, then that share (uniform, so
         # error rates stay unbiased); probes always count.
         if not probe and not app.router.wants_observation(cluster, s, now, app.rng):
+            if wait is not None:  # observed, router.observe holds it; unobserved, this does
+                app.router.note_declared_wait(cluster, wait, now)
             return
         obs = observation_from_log(
             rec, cluster, s, bool(s.streaming),

@@ -138,7 +138,7 @@ def run_generated(
         # scenario in flight. The workers start with SIGINT blocked (a terminal sends it
         # to the whole group; a blocked signal stays blocked across exec) and leave
         # the interrupt to this process.
-        with _pool_ignoring_sigint(jobs) as pool:
+        with _pool_leaving_signals_here(jobs) as pool:
             for i, res in enumerate(pool.imap(_run_one, args)):
                 results.append(res)
                 if progress is not None:
@@ -155,7 +155,7 @@ def run_generated(
     }
 
 
-def _pool_ignoring_sigint(jobs: int) -> Pool:
+def _pool_leaving_signals_here(jobs: int) -> Pool:
     """A spawn-context pool of ``jobs`` workers started with SIGINT blocked.
 
     A terminal sends SIGINT to the whole group; the workers must leave it to this
