@@ -1,5 +1,5 @@
 """A provider's rate limit that declares its wait, read through the real Envoy: an
-upstream 429's ``Retry-After`` (seconds) or ``retry-after-ms`` reaches the sidecar in
+upstream 429's (or 503's) ``Retry-After`` (seconds) or ``retry-after-ms`` reaches the sidecar in
 the access-log entry (both bootstraps log the two headers) and is recorded per
 cluster -- every 429 a client got from that provider, with the wait it declared,
 and nothing for tailroute's own admission 429s (those carry a Retry-After too).
@@ -8,7 +8,8 @@ Three providers: ``a`` healthy, ``b`` answering every request 429 with
 ``Retry-After: 7``, ``c`` with ``retry-after-ms: 2500`` and ``retry-after: 9`` (the
 milliseconds win). Model ``m`` spreads over all three; ``mb`` and ``mc`` have one
 candidate each, so both rate-limited providers are certainly asked. In both routing
-modes: per request (extproc) and by published weights (native). Bounded load: 36
+modes: per request (extproc) and by published weights (native); and per request with
+``b`` and ``c`` answering 503 instead (unavailable, declaring when to come back). Bounded load: 36
 requests, at most 4 in flight; about 5 s per mode. A second run (per request) has
 ``b`` declare an HTTP-date already past (a wait of 0) and ``c`` the text ``soon``
 (counted ``retry_after_unreadable``, no wait, nothing else changes).
@@ -74,10 +75,12 @@ async def _load(base_url: str) -> Counter[tuple[str, int]]:
     return seen
 
 
-@pytest.mark.parametrize("mode", ["extproc", "native"])
-def test_an_upstream_429s_declared_wait_is_recorded(mode: str) -> None:
+@pytest.mark.parametrize(("mode", "status"), [("extproc", 429), ("native", 429),
+                                              ("extproc", 503)])
+def test_an_upstream_429s_declared_wait_is_recorded(mode: str, status: int) -> None:
+    """A 503's Retry-After (unavailable for a while, RFC 9110) is read as a 429's."""
     with Stack() as st:
-        limited = ["--error-rate", "1", "--error-status", "429"]
+        limited = ["--error-rate", "1", "--error-status", str(status)]
         ports = {"a": st.start_provider("a", "5", "1", seed=1),
                  "b": st.start_provider("b", "5", "1", seed=2,
                                         extra=[*limited, "--retry-after", "7"]),
@@ -87,7 +90,7 @@ def test_an_upstream_429s_declared_wait_is_recorded(mode: str) -> None:
         st.start_sidecar(st.write_config(_config(ports, mode)))
         st.start_envoy()
         seen = asyncio.run(_load(st.base_url))
-        limited_429s = {n: seen[(n, 429)] for n in DECLARED}
+        limited_429s = {n: seen[(n, status)] for n in DECLARED}
 
         def recorded() -> dict[str, Any] | None:
             waits: dict[str, Any] = st.sidecar_state()["envoy"]["retry_after"]

@@ -247,20 +247,24 @@ def test_a_429_with_a_declared_wait_keeps_the_route_away_until_it_ends() -> None
     assert "a" in picks and r.inflight("a") == r.held("a")
 
 
-@pytest.mark.parametrize(("wait", "evidence"), [(2.0, False), (0.0, True), (None, True)])
+@pytest.mark.parametrize(("status", "wait", "evidence"), [
+    (429, 2.0, False), (429, 0.0, True), (429, None, True),
+    # a 503's declared wait says the route is unavailable: the route's own trouble
+    (503, 2.0, True), (503, None, True),
+])
 def test_a_declared_quota_is_no_evidence_against_the_route(
-    wait: float | None, evidence: bool
+    status: int, wait: float | None, evidence: bool
 ) -> None:
     """A 429 that holds the route (a positive declared wait) is an outcome for the
     callers but says nothing about the route's health: it is kept out of the
     statistics and the health machine, so a run of them never escalates the route.
     A wait of 0 holds nothing, and such a 429 (like one that declares nothing)
-    stays evidence."""
+    stays evidence; so does a 503, held or not."""
     r = _router()
     now = 1.0
     for _ in range(40):
         now += 0.25
-        r.observe(Observation("a", S, "error", status=429, retry_after_s=wait), now)
+        r.observe(Observation("a", S, "error", status=status, retry_after_s=wait), now)
     r.tick(now + 60.0)
     assert r.counters[("outcome", "error")] == 40
     series = r.stats.series("a", S)
@@ -268,6 +272,22 @@ def test_a_declared_quota_is_no_evidence_against_the_route(
     assert (seen > 0) is evidence
     if not evidence:
         assert r.health("a", S).state == "healthy" and not r.transitions
+
+
+@pytest.mark.parametrize(("status", "held"), [(503, True), (429, True), (500, False),
+                                             (504, False), (502, False)])
+def test_a_503_with_a_declared_wait_holds_its_route_too(status: int, held: bool) -> None:
+    """RFC 9110 gives a 503's Retry-After as how long the service expects to be
+    unavailable: the route is held for it, as for a 429's quota, and its limit is
+    kept. Other statuses carry no wait the router reads (the lab can attach one to
+    any error status; the shell reads it only from 429s and 503s)."""
+    r = _router()
+    r.started("a")
+    r.observe(Observation("a", S, "error", status=status, retry_after_s=2.0), 1.0)
+    r.finished("a")
+    assert r.pushback.limit("a") == 8
+    assert (r.inflight("a") == 8) is held
+    assert (r.pushback.next_release == 3.0) is held
 
 
 @pytest.mark.parametrize("status", [503, 500, 504, 200])

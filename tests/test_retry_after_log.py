@@ -1,6 +1,7 @@
-"""A 429's declared wait, from Envoy's access-log entry to the observation: read from the
-logged response headers (upstream 429s only), carried by the observation on both the
-per-request and the native path, counted per cluster, rendered into both bootstraps."""
+"""A 429's or 503's declared wait, from Envoy's access-log entry to the observation: read
+from the logged response headers (upstream 429s and 503s only), carried by the observation
+on both the per-request and the native path, counted per cluster, rendered into both
+bootstraps."""
 
 from __future__ import annotations
 
@@ -50,10 +51,15 @@ def _logged(status: int = 429, details: str = "via_upstream", start: int | None 
     (_logged(retry_after="-3"), None, True),
     (_logged(retry_after_ms="NaN"), None, True),
     (_logged(), None, False),  # a 429 that declared nothing
-    (_logged(status=200, retry_after="3"), None, False),  # read on a 429 only
-    (_logged(status=503, retry_after="3"), None, False),
-    # tailroute's own admission answer is a 429 with a Retry-After: not the upstream's
+    (_logged(status=200, retry_after="3"), None, False),  # read on a 429 or 503 only
+    (_logged(status=503, retry_after="3"), 3.0, False),  # unavailable for a declared while
+    (_logged(status=503, retry_after="later"), None, True),
+    (_logged(status=500, retry_after="3"), None, False),
+    # tailroute's own admission answers are a 429 or 503 with a Retry-After, and Envoy's
+    # local replies are not the provider's: not the upstream's
     (_logged(details="tailroute_defer", retry_after="1"), None, False),
+    (_logged(status=503, details="tailroute_shed", retry_after="1"), None, False),
+    (_logged(status=503, details="no_healthy_upstream", retry_after="1"), None, False),
 ])
 def test_an_entrys_declared_wait(e: al.HTTPAccessLogEntry, wait: float | None,
                                  bad: bool) -> None:

@@ -62,7 +62,7 @@ failure before the client left or Envoy gave up. The filter runs on
 ``envoy.usage_sample`` of the requests (all in extproc mode), so only those can
 show it.
 
-A 429 that declared a wait (``retry-after-ms`` / ``Retry-After``, which Envoy logs
+A 429 or 503 that declared a wait (``retry-after-ms`` / ``Retry-After``, which Envoy logs
 with the entry and the shell reads into ``LogRecord.retry_after_s``, see
 :mod:`sidecar.core.retry_after`) passes it on as ``Observation.retry_after_s``.
 
@@ -119,10 +119,10 @@ class LogRecord:
     # Upstream attempts Envoy made for the request (its route's retry_policy): the entry
     # is the last one's; the others failed on the same cluster, unseen otherwise.
     attempts: int = 1
-    # A 429's declared wait in seconds (sidecar.core.retry_after), read by the shell from
+    # A 429's or 503's declared wait in seconds (sidecar.core.retry_after), read by the shell from
     # the logged response headers; None for any other status or without a readable one.
     retry_after_s: float | None = None
-    # A 429 whose Retry-After / retry-after-ms was there but unreadable (counted).
+    # A 429 or 503 whose Retry-After / retry-after-ms was there but unreadable (counted).
     retry_after_bad: bool = False
 
 

@@ -30,7 +30,7 @@ from sidecar.core.config import Config, ModelConfig
 from sidecar.core.health import HealthState
 from sidecar.core.health_board import CLUSTER_SLICE, HealthBoard
 from sidecar.core.light_load import LIGHT, LightOutcomes, load_of
-from sidecar.core.pushback import PushBack
+from sidecar.core.pushback import WAIT_STATUSES, PushBack
 from sidecar.core.stats import StatsStore
 from sidecar.core.subwindow import OkSample
 from sidecar.core.trial_hold import TrialHold
@@ -116,9 +116,10 @@ class Intake:
         return self._inflight[cluster]
 
     def note_declared_wait(self, cluster: str, wait_s: float, now: float) -> None:
-        """``cluster`` answered 429 declaring a wait of ``wait_s`` (sidecar.core.pushback
-        holds it). The shells call this for every such answer, observed or not: outcomes
-        are sampled (``stats.observe_share``), a provider's quota must not be."""
+        """``cluster`` answered 429 or 503 declaring a wait of ``wait_s``
+        (sidecar.core.pushback holds it). The shells call this for every such answer,
+        observed or not: outcomes are sampled (``stats.observe_share``), a provider's
+        declared wait must not be."""
         self.pushback.hold(cluster, wait_s, now)
 
     def own_low(self, cluster: str) -> int:
@@ -168,12 +169,14 @@ class Intake:
         outcomes the fast path for hard failures."""
         self.compat_sr.observe(obs, self.config)
         declared = False
-        if obs.status == 429:  # backpressure (sidecar.core.pushback)
-            if obs.retry_after_s is not None:  # a declared wait: a time-based quota
-                self.pushback.hold(obs.cluster, obs.retry_after_s, now)
-                declared = obs.retry_after_s > 0.0
-            else:  # the provider's concurrency limit is lower than we thought
-                self.pushback.refused(obs.cluster, self.held(obs.cluster), now)
+        wait = obs.retry_after_s if obs.status in WAIT_STATUSES else None
+        if wait is not None:  # the provider said when to come back (sidecar.core.pushback)
+            self.pushback.hold(obs.cluster, wait, now)
+            # A 429's wait is a time-based quota, not sickness; a 503's says the route is
+            # unavailable until then, which stays evidence against it.
+            declared = obs.status == 429 and wait > 0.0
+        elif obs.status == 429:  # the provider's concurrency limit is lower than we thought
+            self.pushback.refused(obs.cluster, self.held(obs.cluster), now)
         obs = judge_censored(self.config, obs)
         if not obs.attempt:  # a retried attempt is evidence, not a request's outcome
             self.counters[("outcome", obs.outcome)] += 1

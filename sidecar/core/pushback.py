@@ -62,6 +62,11 @@ route's statistics and health (``Intake.observe``): a quota is not sickness, and
 counted as errors the refusals took a bursting route to ``restricted`` for
 minutes (4 replicas sharing state: 1,130 -> 317 violations, 4 draws).
 
+A ``503`` with a ``Retry-After`` (RFC 9110: how long the service is expected to be
+unavailable) holds the cluster the same way, but stays evidence: unavailability is
+the route's own trouble, so its statistics and health machine count it as the error
+it is, and a route that keeps declaring it is restricted and ejected as any other.
+
 Invariants: ``1 <= L <= max`` for every tracked cluster; a cluster is tracked
 only while ``L < max``; a 429 never raises a limit; time alone never lowers one;
 a hold never outlasts ``MAX_HOLD_S`` past the 429 that set it.
@@ -78,6 +83,9 @@ HOLD_S = 30.0  # quiet time after the last refusal before the limit may grow aga
 # A declared wait longer than this is cut to it: a hostile or mistaken header must
 # not take a route away for an hour; the provider can refuse again after a minute.
 MAX_HOLD_S = 60.0
+# The answers whose Retry-After is read as a wait: a 429's quota, and a 503's "unavailable
+# until" (RFC 9110 section 10.2.3 names 503 for it; a 3xx's says when to follow it).
+WAIT_STATUSES = frozenset((429, 503))
 
 
 @dataclass(slots=True)
@@ -134,7 +142,7 @@ class PushBack:
         self._sync((cluster,))
 
     def hold(self, cluster: str, wait_s: float, now: float) -> None:
-        """``cluster`` answered 429 asking for ``wait_s`` seconds: it counts as full
+        """``cluster`` answered 429 or 503 asking for ``wait_s`` seconds: it counts as full
         until then (module docstring); its learned limit is left alone."""
         if cluster not in self._max or not wait_s > 0.0:  # also rejects NaN
             return

@@ -127,10 +127,10 @@ class Observation:
     # retry_policy) before the one the request ended with: evidence about the route,
     # not a request, so not counted among the outcomes (sidecar.core.envoy_log).
     attempt: bool = False
-    # What the provider asked for with a 429 (Retry-After / retry-after-ms), in
+    # What the provider asked for with a 429 or 503 (Retry-After / retry-after-ms), in
     # seconds from the response, already parsed (sidecar.core.retry_after); None when
-    # absent or unreadable. A declared time-based quota: sidecar.core.pushback holds
-    # the route for that long instead of cutting its concurrency limit.
+    # absent or unreadable. sidecar.core.pushback holds the route for that long (a
+    # 429's quota: instead of cutting its concurrency limit).
     retry_after_s: float | None = None
 
 

@@ -194,12 +194,12 @@ class RouterCollector(Collector):
             _prefixed(shell, "upstream_retry:"), labels=["cluster"])
         yield counter(
             "tailroute_retry_after",
-            "Upstream 429s that declared a wait (retry-after-ms / Retry-After), by upstream "
-            "cluster: a provider's time-based quota",
+            "Upstream 429s and 503s that declared a wait (retry-after-ms / Retry-After), by "
+            "upstream cluster: a provider's time-based quota or declared unavailability",
             _prefixed(shell, "retry_after:"), labels=["cluster"])
         yield counter(
             "tailroute_retry_after_seconds",
-            "Sum of the waits upstream 429s declared, by upstream cluster (over "
+            "Sum of the waits upstream 429s and 503s declared, by upstream cluster (over "
             "tailroute_retry_after_total: the mean declared wait)",
             [(k, v / 1000.0) for k, v in _prefixed(shell, "retry_after_ms:")],
             labels=["cluster"])

@@ -58,7 +58,7 @@ def state_json(router: Router, now: float) -> dict[str, Any]:
             "max_concurrency": router.config.cluster(c).max_concurrency,
             # learned from 429s (sidecar.core.pushback); max_concurrency when none came
             "concurrency_limit": router.pushback.limit(c),
-            # end of a 429's declared wait (Retry-After): full until then; None if not held
+            # end of a 429's or 503's declared wait (Retry-After): full until then; None if not held
             "held_until": held.get(c),
             "state": hc.state.value if hc else "healthy",
             "weight": hc.weight if hc else 1.0,

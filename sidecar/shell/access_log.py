@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from sidecar.core.envoy_log import LogRecord
+from sidecar.core.pushback import WAIT_STATUSES
 from sidecar.core.retry_after import parse_retry_after
 from sidecar.core.timing import ERROR_SELECTORS, is_error_value
 from sidecar.pb.envoy.data.accesslog.v3 import accesslog_pb2 as al
@@ -155,7 +156,7 @@ def _string(fields: Any, key: str) -> str | None:
 
 
 def declared_wait(e: al.HTTPAccessLogEntry) -> tuple[float | None, bool]:
-    """A 429 entry's declared wait from its logged ``retry-after-ms`` / ``retry-after``
+    """A 429 or 503 entry's declared wait from its logged ``retry-after-ms`` / ``retry-after``
     (:func:`~sidecar.core.retry_after.parse_retry_after`), and whether a header was
     there but unreadable. An HTTP-date is measured against the end of the exchange on
     Envoy's wall clock (the entry's start time plus its duration): the entry may reach
@@ -213,9 +214,10 @@ def record_from_entry(e: al.HTTPAccessLogEntry) -> LogRecord:
     method = e.request.request_method
     response = e.response
     status = response.response_code.value
-    # Only an upstream's own 429 is read for a declared wait (nothing else is parsed per
-    # entry): tailroute's admission answers are 429s with a Retry-After of their own.
-    wait, bad = (declared_wait(e) if status == 429
+    # Only an upstream's own 429 or 503 is read for a declared wait (nothing else is parsed
+    # per entry): tailroute's admission answers are 429s and 503s with a Retry-After of
+    # their own, and Envoy's local replies (no healthy upstream) are not the provider's.
+    wait, bad = (declared_wait(e) if status in WAIT_STATUSES
                  and response.response_code_details == VIA_UPSTREAM else (None, False))
     return LogRecord(
         status,

@@ -97,7 +97,7 @@ class App:
     # of each entry. The sidecar decided and observes the request once, by its last
     # attempt; these are the failed attempts before it.
     upstream_retries: Counter[str] = field(default_factory=Counter)
-    # Waits providers declared with their 429s (Retry-After), per upstream cluster.
+    # Waits providers declared with their 429s and 503s (Retry-After), per upstream cluster.
     retry_after: DeclaredWaits = field(default_factory=DeclaredWaits)
     waiting: LogWait = field(default_factory=LogWait)  # finished, entry not yet in
     # Called with every observation the router receives (the GenAI histograms,
@@ -210,7 +210,7 @@ class App:
             "first_token_samples": dict(self.first_token_samples),
             "stream_errors": dict(self.stream_errors),  # error events in 2xx streams
             "upstream_retries": dict(self.upstream_retries),  # Envoy's own retries
-            "retry_after": self.retry_after.view(),  # 429s' declared waits
+            "retry_after": self.retry_after.view(),  # 429s' and 503s' declared waits
         }
 
     def note_entry(self, rec: LogRecord) -> None:
@@ -226,7 +226,7 @@ class App:
         if rec.retry_after_s is not None:
             self.retry_after.note(rec.upstream_cluster or "?", rec.retry_after_s)
         elif rec.retry_after_bad:
-            self.errors["retry_after_unreadable"] += 1  # a 429 still, with no wait declared
+            self.errors["retry_after_unreadable"] += 1  # a 429 or 503 still, with no wait declared
 
     def new_rid(self) -> str:
         return f"{self._prefix}-{next(self._ids)}"

@@ -1,14 +1,17 @@
-"""What providers declared with their 429s, per upstream cluster: how often and how long.
+"""What providers declared with their 429s and 503s, per upstream cluster: how often
+and how long.
 
-A rate-limited provider says when to come back (``retry-after-ms`` / ``Retry-After``,
-read from the access-log entry by :func:`sidecar.shell.access_log.declared_wait`).
-Every such entry is counted here, observed or not (``stats.observe_share``), so an
-operator sees which route is under a time-based quota and for how long:
+A rate-limited or unavailable provider says when to come back (``retry-after-ms`` /
+``Retry-After``, read from the access-log entry by
+:func:`sidecar.shell.access_log.declared_wait`). Every such entry is counted here,
+observed or not (``stats.observe_share``), so an operator sees which route is under a
+time-based quota (or down for a declared while) and for how long:
 ``tailroute_retry_after_total{cluster}``, ``tailroute_retry_after_seconds_total{cluster}``
-(their ratio is the mean declared wait) and ``/state`` ``envoy.retry_after``. A 429
-whose header is there but unreadable is ``tailroute_errors_total{kind="retry_after_unreadable"}``
-instead (counted by the app). Clusters come from Envoy's entries, whose clusters are the
-rendered config's: the label set is bounded by the config.
+(their ratio is the mean declared wait) and ``/state`` ``envoy.retry_after``. A 429 or
+503 whose header is there but unreadable is
+``tailroute_errors_total{kind="retry_after_unreadable"}`` instead (counted by the app).
+Clusters come from Envoy's entries, whose clusters are the rendered config's: the label
+set is bounded by the config.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ class DeclaredWaits:
         w.max_s = max(w.max_s, wait_s)
 
     def counters(self) -> dict[str, int]:
-        """Shell counters for the metrics: ``retry_after:<cluster>`` (429s that declared
+        """Shell counters for the metrics: ``retry_after:<cluster>`` (429s / 503s that declared
         a wait) and ``retry_after_ms:<cluster>`` (the declared waits' sum, ms)."""
         out: dict[str, int] = {}
         for cluster, w in self.by_cluster.items():

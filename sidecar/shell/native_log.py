@@ -93,7 +93,7 @@ class NativeFeed:
             return
         busy = rec.end_s if rec.end_s is not None else waited_s(rec)
         probe = self.native.on_logged(s, cluster, busy if busy is not None else rec.duration_s)
-        wait = rec.retry_after_s  # an upstream 429's declared wait
+        wait = rec.retry_after_s  # an upstream 429's or 503's declared wait
         if wait is not None:
             # The held route's weight goes to 0 now; the loop wakes when the wait ends.
             self.native.wake()
