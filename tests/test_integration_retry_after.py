@@ -155,3 +155,32 @@ def test_an_http_date_and_garbage_through_envoy() -> None:
         "b": {"count": seen[("b", 429)], "last_s": 0.0, "max_s": 0.0, "mean_s": 0.0}}
     assert metrics['tailroute_retry_after_seconds_total{cluster="b"}'] == 0.0
     assert state["envoy"]["fail_open"] == 0
+
+
+def test_a_429_without_a_wait_through_native_routing_is_a_quota_not_a_limit() -> None:
+    """Native routing counts no requests in flight, so its 429s come back "holding
+    nothing": a quota's (sidecar.core.pushback). They hold the cluster with a backoff
+    and leave its concurrency limit alone -- one such 429 used to set it to 1 until a
+    restart, after which the weights kept the cluster empty."""
+    with Stack() as st:
+        limited = ["--error-rate", "1", "--error-status", "429"]
+        ports = {"a": st.start_provider("a", "5", "1", seed=1),
+                 "b": st.start_provider("b", "5", "1", seed=2, extra=limited),
+                 "c": st.start_provider("c", "5", "1", seed=3, extra=limited)}
+        st.start_sidecar(st.write_config(_config(ports, "native")))
+        st.start_envoy()
+        seen = asyncio.run(_load(st.base_url))
+
+        def recorded() -> dict[str, Any] | None:
+            clusters: dict[str, Any] = st.sidecar_state()["clusters"]
+            return clusters if all(clusters[n]["quota_429"] for n in DECLARED) else None
+
+        clusters = wait_for(recorded, "the 429s' entries", timeout_s=15)
+        state = st.sidecar_state()
+
+    print(f"answers {dict(seen)}; clusters {clusters}")
+    assert seen[("b", 429)] >= 1 and seen[("c", 429)] >= 1, seen
+    for name in DECLARED:
+        assert clusters[name]["concurrency_limit"] == clusters[name]["max_concurrency"]
+    assert state["envoy"]["retry_after"] == {}  # none declared a wait
+    assert state["envoy"]["fail_open"] == 0

@@ -11,7 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.core.config import parse_config
-from sidecar.core.pushback import HOLD_S, MAX_HOLD_S, PushBack
+from sidecar.core.pushback import (
+    BACKOFF_RESET_S,
+    BACKOFF_S,
+    HOLD_S,
+    MAX_BACKOFF_S,
+    MAX_HOLD_S,
+    QUOTA_MEMORY_S,
+    PushBack,
+)
 from sidecar.core.router import Router
 from sidecar.core.types import Observation, RequestInfo, SliceKey
 from tests.conftest import base_config_dict
@@ -32,7 +40,7 @@ def _pb(cap: int = 40) -> PushBack:
         ([16], 16),  # anchored at what the provider held
         ([16, 16, 17, 30], 16),  # refusals while holding the limit or more: nothing new
         ([16, 12], 12),
-        ([16, 0], 1),  # never below one slot
+        ([16, 1], 1),
         ([45], 40),  # holding beyond the maximum (a panic send): no limit below it
     ],
 )
@@ -46,6 +54,46 @@ def test_a_refusal_anchors_the_limit_at_what_the_provider_held(
     assert pb.limit("a") == limit
     assert pb.limit("b") == 40
     assert pb.refused_slots == ({"a": 40 - limit} if limit < 40 else {})
+
+
+@pytest.mark.parametrize(
+    ("refusals", "limit", "held_until", "quota"),
+    [
+        # (holding, time) of each 429 that declared no wait
+        ([(16, 1.0), (3, 1.5)], 3, None, False),  # a concurrency limit, being learned
+        ([(16, 1.0), (0, 2.0)], 40, 2.0 + BACKOFF_S, True),  # refused alone: a quota
+        # from then on its 429s are the quota's: no limit, and while held, no new hold
+        ([(0, 1.0), (10, 1.5)], 40, 1.0 + BACKOFF_S, True),
+        # each hold within HOLD_S of the last one's end doubles, up to MAX_BACKOFF_S
+        ([(0, 1.0), (10, 2.5)], 40, 2.5 + 2 * BACKOFF_S, True),
+        ([(0, 1.0), (9, 2.0), (9, 4.0), (9, 8.0), (9, 16.0), (9, 32.0), (9, 64.0),
+          (9, 96.0)], 40, 96.0 + MAX_BACKOFF_S, True),
+        # a hold that starts BACKOFF_RESET_S after the last one's end starts anew
+        ([(0, 1.0), (9, 2.0 + BACKOFF_RESET_S)], 40, 2.0 + BACKOFF_RESET_S + BACKOFF_S, True),
+        ([(0, 1.0), (9, 1.9 + BACKOFF_RESET_S)], 40, 1.9 + BACKOFF_RESET_S + 2 * BACKOFF_S,
+         True),
+        # forgotten once QUOTA_MEMORY_S pass without a 429: a limit again
+        ([(0, 1.0), (9, 1.0 + QUOTA_MEMORY_S)], 9, None, False),
+        ([(0, 1.0), (9, 200.0), (9, 1.0 + QUOTA_MEMORY_S)], 40, 1.0 + QUOTA_MEMORY_S + 1.0,
+         True),
+    ],
+)
+def test_a_429_with_nothing_else_in_flight_is_a_quota_not_a_limit(
+    refusals: list[tuple[int, float]], limit: int, held_until: float | None, quota: bool
+) -> None:
+    """No concurrency limit is below 1: a provider that refuses a request while it
+    holds nothing else of ours refuses whatever it gets (lab hunt ``burst_429``). Its
+    429s then back off instead of ratcheting the limit down as refusals drain it."""
+    pb = _pb()
+    for k, t in refusals:
+        pb.release(t)
+        pb.refused("a", k, t)
+    now = refusals[-1][1]
+    assert pb.limit("a") == limit
+    assert pb.held().get("a") == held_until
+    assert pb.quota("a", now) is quota and not pb.quota("b", now)
+    pb.adopt("a", 4.0, now)  # a peer's limit, while its 429s are a quota's here
+    assert pb.limit("a") == (limit if quota else min(limit, 4))
 
 
 @pytest.mark.parametrize(
@@ -176,7 +224,10 @@ def test_limits_stay_within_one_and_the_maximum_and_move_the_right_way(
         before = pb.limit("a")
         if kind == "refuse":
             pb.refused("a", k, now)
-            assert pb.limit("a") <= before  # a refusal never raises a limit
+            if pb.quota("a", now):  # a quota's 429 (refused alone): no limit at all
+                assert pb.limit("a") == cap and "a" in pb.held()
+            else:
+                assert pb.limit("a") <= before  # a refusal never raises a limit
         elif kind == "adopt":  # a peer's or a snapshot's limit, its refusal dt ago
             pb.adopt("a", k / 2, now - dt)
             assert pb.limit("a") <= before  # nor does adopting one
@@ -247,20 +298,25 @@ def test_a_429_with_a_declared_wait_keeps_the_route_away_until_it_ends() -> None
     assert "a" in picks and r.inflight("a") == r.held("a")
 
 
-@pytest.mark.parametrize(("status", "wait", "evidence"), [
-    (429, 2.0, False), (429, 0.0, True), (429, None, True),
+@pytest.mark.parametrize(("status", "wait", "holding", "evidence"), [
+    (429, 2.0, 0, False), (429, 0.0, 3, True), (429, None, 3, True),
+    (429, None, 0, True),  # refused with nothing else in flight: a quota's that never said
     # a 503's declared wait says the route is unavailable: the route's own trouble
-    (503, 2.0, True), (503, None, True),
+    (503, 2.0, 0, True), (503, None, 0, True),
 ])
 def test_a_declared_quota_is_no_evidence_against_the_route(
-    status: int, wait: float | None, evidence: bool
+    status: int, wait: float | None, holding: int, evidence: bool
 ) -> None:
     """A 429 that holds the route (a positive declared wait) is an outcome for the
     callers but says nothing about the route's health: it is kept out of the
     statistics and the health machine, so a run of them never escalates the route.
-    A wait of 0 holds nothing, and such a 429 (like one that declares nothing)
-    stays evidence; so does a 503, held or not."""
+    A wait of 0 holds nothing, and such a 429 (like one that declares nothing while
+    the route holds other requests: a concurrency limit) stays evidence; so does a
+    503, held or not; and a 429 that came back alone, a quota's that did not say how
+    long it lasts (sidecar.core.pushback)."""
     r = _router()
+    for _ in range(holding):
+        r.started("a")
     now = 1.0
     for _ in range(40):
         now += 0.25
@@ -307,6 +363,10 @@ def test_only_429_is_push_back(status: int) -> None:
         ({"inflight": 3, "max_concurrency": 64}, "a 3/64 in flight"),  # an older sidecar's /state
         ({"inflight": 0, "max_concurrency": 64, "concurrency_limit": 64, "held_until": 4.6},
          "a 0/64, held 5s (Retry-After) in flight"),
+        ({"inflight": 0, "max_concurrency": 64, "concurrency_limit": 64, "held_until": 4.6,
+          "quota_429": True}, "a 0/64, held 5s (429 quota) in flight"),
+        ({"inflight": 2, "max_concurrency": 64, "concurrency_limit": 64, "quota_429": True},
+         "a 2/64, 429s: quota in flight"),
     ],
 )
 def test_status_shows_a_learned_limit(cluster: dict[str, int], shown: str) -> None:
@@ -325,3 +385,8 @@ def test_state_reports_the_learned_limit_and_real_in_flight() -> None:
     r.observe(Observation("a", S, "error", status=429), 1.0)
     a = state_json(r, 2.0)["clusters"]["a"]
     assert (a["inflight"], a["max_concurrency"], a["concurrency_limit"]) == (1, 8, 1)
+    assert a["held_until"] is None and a["quota_429"] is False
+    r.finished("a")
+    r.observe(Observation("a", S, "error", status=429), 3.0)  # refused with nothing else
+    a = state_json(r, 3.5)["clusters"]["a"]
+    assert (a["concurrency_limit"], a["held_until"], a["quota_429"]) == (8, 4.0, True)

@@ -106,6 +106,25 @@ def test_a_declared_wait_holds_the_route_even_when_its_outcome_is_not_sampled(
     assert side.app.router.pushback.held() == {"a": 14.5}
 
 
+@pytest.mark.parametrize("shortcut", [True, False])
+def test_a_429_without_a_wait_on_the_native_path_backs_off_and_learns_no_limit(
+        shortcut: bool) -> None:
+    """Native routing counts no requests in flight, so its 429s come back holding
+    nothing: a quota's (sidecar.core.pushback). One such 429 used to set the limit to 1
+    for good (the route then looked full to the weights and never pressed on it)."""
+    side = Side(shortcut)
+    side.feed([entry() for _ in range(3)], 10.0)
+    side.feed([_logged()], 10.5)
+    router = side.app.router
+    assert router.pushback.limit("a") == 64 and router.pushback.learned() == {}
+    assert router.pushback.held() == {"a": 11.5} and router.pushback.quota("a", 10.5)
+    assert router.counters[("outcome", "error")] == 1
+    series = router.stats.series("a", S)
+    assert series is not None and series.requests(10.5) == 4  # the 429 is evidence
+    router.tick(12.0)
+    assert router.inflight("a") == 0  # the hold is over: every slot back
+
+
 def _config() -> Any:
     return parse_config({
         "clusters": [{"name": n, "address": f"127.0.0.1:{9000 + i}", "models": ["m"]}

@@ -175,7 +175,7 @@ class Intake:
             # A 429's wait is a time-based quota, not sickness; a 503's says the route is
             # unavailable until then, which stays evidence against it.
             declared = obs.status == 429 and wait > 0.0
-        elif obs.status == 429:  # the provider's concurrency limit is lower than we thought
+        elif obs.status == 429:  # a concurrency limit, or a quota that did not say so
             self.pushback.refused(obs.cluster, self.held(obs.cluster), now)
         obs = judge_censored(self.config, obs)
         if not obs.attempt:  # a retried attempt is evidence, not a request's outcome

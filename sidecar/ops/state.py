@@ -60,6 +60,9 @@ def state_json(router: Router, now: float) -> dict[str, Any]:
             "concurrency_limit": router.pushback.limit(c),
             # end of a 429's or 503's declared wait (Retry-After): full until then; None if not held
             "held_until": held.get(c),
+            # its 429s read as a quota's: one came back with nothing else in flight, so
+            # they hold it with a growing backoff instead of lowering its limit
+            "quota_429": router.pushback.quota(c, now),
             "state": hc.state.value if hc else "healthy",
             "weight": hc.weight if hc else 1.0,
             "since": hc.since if hc else None,

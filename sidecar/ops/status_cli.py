@@ -47,11 +47,15 @@ def _ago(seconds: float) -> str:
 
 def _limit(cluster: dict[str, Any], now: float) -> str:
     """``max_concurrency``, or ``limit (of max)`` while 429s have lowered it, and the
-    time left of a 429's declared wait (``held``) while the cluster waits it out."""
+    time left of a hold (``held``) while the cluster waits out a declared wait or, its
+    429s read as a quota's, a backoff."""
     cap, limit = cluster["max_concurrency"], cluster.get("concurrency_limit")
     out = str(cap) if limit is None or limit >= cap else f"{limit} (of {cap}, 429s)"
     held = cluster.get("held_until")
-    return out if held is None else f"{out}, held {max(held - now, 0.0):.0f}s (Retry-After)"
+    if held is None:
+        return f"{out}, 429s: quota" if cluster.get("quota_429") else out
+    why = "429 quota" if cluster.get("quota_429") else "Retry-After"
+    return f"{out}, held {max(held - now, 0.0):.0f}s ({why})"
 
 
 def _row(r: dict[str, Any], now: float) -> tuple[str, ...]:
