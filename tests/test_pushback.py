@@ -96,6 +96,36 @@ def test_a_429_with_nothing_else_in_flight_is_a_quota_not_a_limit(
     assert pb.limit("a") == (limit if quota else min(limit, 4))
 
 
+def test_a_quota_does_not_hold_a_cluster_that_is_some_models_only_route() -> None:
+    """Held, such a cluster's model would get tailroute's own 429 for the whole hold,
+    more than the provider refuses; the quota's 429s still learn no limit. A declared
+    wait holds it all the same (the provider asked)."""
+    pb = PushBack()
+    pb.configure({"a": 40, "b": 40}, sole=["a"])
+    pb.refused("a", 16, 1.0)
+    pb.refused("a", 0, 2.0)  # alone: a quota's
+    pb.refused("b", 0, 2.0)
+    assert pb.quota("a", 2.0) and pb.limit("a") == 40 and pb.held() == {"b": 3.0}
+    pb.refused("a", 9, 3.0)
+    assert pb.limit("a") == 40 and "a" not in pb.held()
+    pb.hold("a", 2.0, 3.0)
+    assert pb.held()["a"] == 5.0
+
+
+def test_the_router_names_the_clusters_that_are_some_models_only_route() -> None:
+    data = base_config_dict()
+    data["models"].append({"name": "solo", "candidates": ["b"]})
+    data["clusters"][1]["models"].append("solo")
+    r = Router(parse_config(data, "t.yaml"))
+    r.observe(Observation("b", S, "error", status=429), 1.0)  # refused alone
+    r.observe(Observation("a", S, "error", status=429), 1.0)
+    assert r.pushback.quota("b", 1.0) and set(r.pushback.held()) == {"a"}
+    solo = SliceKey("solo", "interactive", "short", True)
+    d = r.decide(RequestInfo("chat", "solo", True, 100, 100, "interactive", 10, None, solo),
+                 1.5, random.Random(1))
+    assert d.cluster == "b" and d.admission == "admit", d  # sent: the provider decides
+
+
 @pytest.mark.parametrize(
     ("waits", "held_until"),
     [

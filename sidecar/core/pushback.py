@@ -75,6 +75,13 @@ is read as that quota's::
                         n counting such holds, each starting within BACKOFF_RESET_S
                         of the last one's end
 
+A hold steers traffic to a model's other routes. A cluster that is some model's only
+candidate is therefore never held for an undeclared quota: that model would get
+tailroute's own 429 for the whole hold, more than the provider refuses (a provider
+refusing a few requests at random -- overloaded now and then -- would, held, refuse
+all of them). Its quota's 429s still learn no limit. (A declared wait holds it: the
+provider asked for it.)
+
 A concurrency limit never shows ``k = 0``: refusals stop once the route holds fewer
 than the provider takes. Unlike a declared quota's, such a 429 stays evidence against
 the route: nothing says how long the quota lasts, and a route that refuses a share of
@@ -153,12 +160,15 @@ class PushBack:
         self._held: dict[str, float] = {}  # cluster -> end of its declared wait
         self.next_release: float | None = None  # earliest end of a hold
         self.holds_version = 0  # moves when a hold starts or ends (native weights republish)
+        self._sole: frozenset[str] = frozenset()  # some model's only candidate
         self._quota: dict[str, _Quota] = {}  # clusters whose 429s read as a quota's
 
-    def configure(self, limits: dict[str, int]) -> None:
+    def configure(self, limits: dict[str, int], sole: Iterable[str] = ()) -> None:
         """Set each cluster's configured ``max_concurrency``; learned limits of clusters
-        still present are kept (clamped to the new maximum), others dropped."""
+        still present are kept (clamped to the new maximum), others dropped. ``sole``:
+        the clusters that are some model's only candidate (no quota holds them)."""
         self._max = dict(limits)
+        self._sole = frozenset(sole)
         for c in list(self._held):
             if c not in self._max:
                 del self._held[c]
@@ -204,8 +214,10 @@ class PushBack:
         q.last = now
         if self._tracked.pop(cluster, None) is not None:
             self._sync((cluster,))
-        if now < self._held.get(cluster, -math.inf):
-            return  # requests sent before the hold, coming back refused
+        if cluster in self._sole or now < self._held.get(cluster, -math.inf):
+            # some model's only route (held, it would get tailroute's own 429s instead of
+            # the share the provider answers); or requests sent before the hold
+            return
         q.streak = q.streak + 1 if now - q.hold_end < BACKOFF_RESET_S else 1
         wait = min(BACKOFF_S * 2.0 ** (q.streak - 1), MAX_BACKOFF_S)
         q.hold_end = now + wait

@@ -91,7 +91,8 @@ class Router(Intake):
         # "Fleet mode"): replicas share one health verdict, which needs each one's path.
         self._light = self.light if config.fleet is None else None
         self._limits = {c.name: c.max_concurrency for c in config.clusters}
-        self.pushback.configure(self._limits)
+        self.pushback.configure(
+            self._limits, {m.candidates[0] for m in config.models if len(m.candidates) == 1})
         self._fresh = False  # building a plan: read evidence fresh
         self._models_of = {
             c.name: tuple(m for m in config.models if c.name in m.candidates)
