@@ -200,9 +200,11 @@ def test_a_reload_clamps_learned_limits_and_forgets_removed_clusters() -> None:
     pb = _pb()
     pb.refused("a", 20, 0.0)
     pb.refused("b", 30, 0.0)
+    pb.refused("b", 0, 1.0)  # and a quota's
     pb.configure({"a": 10, "c": 8})
     assert pb.limit("a") == 10 and pb.refused_slots == {}  # 20 > 10: nothing to track
-    assert pb.limit("b") == 0 and pb.limit("c") == 8
+    assert pb.limit("b") == 0 and pb.limit("c") == 8 and not pb.quota("b", 1.0)
+    assert pb.held() == {}
 
 
 @pytest.mark.parametrize(

@@ -75,6 +75,14 @@ is read as that quota's::
                         n counting such holds, each starting within BACKOFF_RESET_S
                         of the last one's end
 
+A concurrency limit never shows ``k = 0``: refusals stop once the route holds fewer
+than the provider takes. Unlike a declared quota's, such a 429 stays evidence against
+the route: nothing says how long the quota lasts, and a route that refuses a share of
+its requests at random serves its callers worse than one that does not (kept out of
+the evidence, ``burst_429`` did better, 0.95 % against 1.32 %, and steady random 429s
+worse: four generated ``error_mix`` scenarios 1,052 violations against 1,026; 4
+draws).
+
 A hold steers traffic to a model's other routes. A cluster that is some model's only
 candidate is therefore never held for an undeclared quota: that model would get
 tailroute's own 429 for the whole hold, more than the provider refuses (a provider
@@ -82,26 +90,21 @@ refusing a few requests at random -- overloaded now and then -- would, held, ref
 all of them). Its quota's 429s still learn no limit. (A declared wait holds it: the
 provider asked for it.)
 
-A concurrency limit never shows ``k = 0``: refusals stop once the route holds fewer
-than the provider takes. Unlike a declared quota's, such a 429 stays evidence against
-the route: nothing says how long the quota lasts, and a route that refuses a share of
-its requests at random serves its callers worse than one that does not (kept out of
-the evidence, ``burst_429`` did better, 0.95 % against 1.32 %, and steady random 429s
-worse: four generated ``error_mix`` scenarios 1,052 violations against 1,026; 4
-draws). Native routing has no per-request in-flight count (``k`` is 0 there, the
-peers' requests in fleet mode), so there every 429 without a wait is a quota's:
-before, one such 429 set ``L = 1`` for good -- the route then looked full to the
-weights and never took the traffic that would let ``L`` grow.
+Native routing has no per-request in-flight count (``k`` is 0 there, the peers'
+requests in fleet mode), so there every 429 without a wait is a quota's: before, one
+such 429 set ``L = 1`` for good -- the route then looked full to the weights and never
+took the traffic that would let ``L`` grow.
 
 A ``503`` with a ``Retry-After`` (RFC 9110: how long the service is expected to be
-unavailable) holds the cluster the same way, but stays evidence: unavailability is
+unavailable) holds the cluster as a 429's declared wait does, but stays evidence: unavailability is
 the route's own trouble, so its statistics and health machine count it as the error
 it is, and a route that keeps declaring it is restricted and ejected as any other.
 
 Invariants: ``1 <= L <= max`` for every tracked cluster; a cluster is tracked
 only while ``L < max``; a 429 never raises a limit, except a quota's, which drops it;
 time alone never lowers one; a hold never outlasts ``MAX_HOLD_S`` past the 429 that
-set it; a cluster whose 429s read as a quota's learns no limit, not even a peer's.
+set it; a cluster whose 429s read as a quota's learns no limit, not even a peer's, and
+is never held for it while it is some model's only candidate.
 """
 
 from __future__ import annotations
@@ -169,6 +172,8 @@ class PushBack:
         the clusters that are some model's only candidate (no quota holds them)."""
         self._max = dict(limits)
         self._sole = frozenset(sole)
+        for c in [c for c in self._quota if c not in self._max]:
+            del self._quota[c]
         for c in list(self._held):
             if c not in self._max:
                 del self._held[c]

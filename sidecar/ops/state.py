@@ -58,7 +58,8 @@ def state_json(router: Router, now: float) -> dict[str, Any]:
             "max_concurrency": router.config.cluster(c).max_concurrency,
             # learned from 429s (sidecar.core.pushback); max_concurrency when none came
             "concurrency_limit": router.pushback.limit(c),
-            # end of a 429's or 503's declared wait (Retry-After): full until then; None if not held
+            # end of a hold (a 429's or 503's Retry-After, or a quota's backoff): full until
+            # then; None if not held
             "held_until": held.get(c),
             # its 429s read as a quota's: one came back with nothing else in flight, so
             # they hold it with a growing backoff instead of lowering its limit
