@@ -193,11 +193,10 @@ class PushBack:
         cap = self._max.get(cluster)
         if cap is None:
             return
-        cur = self._tracked.get(cluster)
-        q = self._quota.get(cluster)
-        if holding <= 0 or (q is not None and now - q.last < QUOTA_MEMORY_S):
-            self._refused_by_quota(cluster, q, now)
+        if holding <= 0 or self.quota(cluster, now):
+            self._refused_by_quota(cluster, now)
             return
+        cur = self._tracked.get(cluster)
         limit = float(cap) if cur is None else cur.limit
         new = min(limit, float(holding))  # >= 1: holding nothing is a quota's (above)
         if cur is None:
@@ -212,8 +211,9 @@ class PushBack:
         q = self._quota.get(cluster)
         return q is not None and now - q.last < QUOTA_MEMORY_S
 
-    def _refused_by_quota(self, cluster: str, q: _Quota | None, now: float) -> None:
+    def _refused_by_quota(self, cluster: str, now: float) -> None:
         """A quota's 429: drop the learned limit (it was never one), back off a while."""
+        q = self._quota.get(cluster)
         if q is None:
             q = self._quota[cluster] = _Quota(now, -math.inf, 0)
         q.last = now
