@@ -6,7 +6,8 @@ cluster of a request is drawn the way Envoy's ``weighted_clusters`` draws it --
 at random in proportion to the slice's integer weights -- and the weights are
 recomputed only every ``routing.publish_interval_s`` (and at once when a health
 transition happens in between: a cooldown ends, a run of hard failures ejects a
-route, or a failure puts a route on trial), with
+route, a failure puts a route on trial, or a response declares a wait; a push-back
+hold that started or ended since the last publication makes it a full one), with
 :func:`sidecar.core.weights.compute_weights` planning the last interval's load,
 as the sidecar's publisher does. Health and latency verdicts change once per
 evaluation window (``stats.subwindow_s``) in every mode.
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import random
 
+from sidecar.core.pushback import WAIT_STATUSES
 from sidecar.core.types import Decision, SliceKey
 from sidecar.core.weights import SliceWeights, refresh_weights
 from sidecar.core.window_load import WindowLoad, WindowView
@@ -53,6 +55,7 @@ class TailrouteNative(Tailroute):
         self.load.roll(0.0)
         self.weights: dict[SliceKey, SliceWeights] = {}
         self._window = 0
+        self._holds = self.router.pushback.holds_version  # as of the last publication
         self.weights = self._compute(0.0, full=True)
         self._next_window = self.window_s
         self.publications = 1
@@ -62,8 +65,11 @@ class TailrouteNative(Tailroute):
         """As the sidecar: every slice at a new evaluation window or after a health
         transition, else the slices with traffic in the last interval."""
         window = int(now / self.config.stats.subwindow_s)
-        full = full or window != self._window
-        self._window = window
+        # As the sidecar's loop (sidecar.shell.native): a hold's start or end since the
+        # last publication moves a route's capacity, so every slice is redone.
+        holds = self.router.pushback.holds_version
+        full = full or window != self._window or holds != self._holds
+        self._window, self._holds = window, holds
         return refresh_weights(self.config, WindowView(self.router, {}), now, self.weights,
                                self.load.demand, full)
 
@@ -108,6 +114,11 @@ class TailrouteNative(Tailroute):
             if events:  # e.g. a fast ejection: the sidecar publishes at once, not at a tick
                 self.weights = self._compute(now, full=True)
                 self.publications += 1
+            elif obs.retry_after_s is not None and obs.status in WAIT_STATUSES:
+                # As the sidecar (sidecar.shell.native_log): a declared wait wakes the
+                # publisher, so the hold it starts is published at once.
+                self.weights = self._compute(now, full=False)
+                self.publications += 1
             elif obs.outcome != "ok" and self.router.board.runs and \
                     self.router.board.on_trial(obs.cluster, obs.slice):
                 # As the sidecar: a failure that puts a route on trial is published at
@@ -124,7 +135,9 @@ class TailrouteNative(Tailroute):
             self.load.roll(now)
             while self._next_window <= now:
                 self._next_window += self.window_s
-        if window_over or events:
+        # The sidecar's loop wakes at the router's deadlines too: a hold that ended is
+        # published then (_compute makes it a full refresh).
+        if window_over or events or self.router.pushback.holds_version != self._holds:
             self.weights = self._compute(now, full=bool(events))
             self.publications += 1
 
