@@ -209,17 +209,23 @@ def test_fast_ejection_is_published_at_once_not_at_the_next_interval() -> None:
     assert any(t.new == "quarantined" and t.cluster == "a" for t in app.router.transitions)
 
 
-def test_a_declared_wait_takes_the_route_out_at_once_and_back_when_it_ends() -> None:
-    """A 429 with Retry-After read from the log holds the cluster full
-    (sidecar.core.pushback): its weight-0 version goes out at once, not a
-    publication interval later, and the version that gives it back goes out when
-    the wait ends (the loop wakes at the router's next deadline)."""
+@pytest.mark.parametrize("retry_after_s", [
+    0.3,   # a declared wait holds the cluster for 0.3 s
+    None,  # an undeclared quota's 429 (nothing in flight): push-back's own 1 s backoff
+])
+def test_a_hold_takes_the_route_out_at_once_and_back_when_it_ends(
+    retry_after_s: float | None,
+) -> None:
+    """A 429 read from the log that holds the cluster full (sidecar.core.pushback),
+    by its Retry-After or as a quota's: the weight-0 version goes out at once, not a
+    publication interval later, and the version that gives the route back goes out
+    when the hold ends (the loop wakes at the router's next deadline)."""
     from sidecar.core.envoy_log import LogRecord
 
     _, app, native, feed = _native_app()
     refused = LogRecord(status=429, method="POST", path="/v1/chat/completions",
                         upstream_cluster="a", route_name=route_name(S, "len"),
-                        duration_s=0.01, upstream_tx_s=0.001, retry_after_s=0.3)
+                        duration_s=0.01, upstream_tx_s=0.001, retry_after_s=retry_after_s)
 
     async def run() -> list[int]:
         stop = asyncio.Event()
@@ -227,7 +233,7 @@ def test_a_declared_wait_takes_the_route_out_at_once_and_back_when_it_ends() -> 
         await asyncio.sleep(0)
         weights = [native.weights[S].weight("a")]
         feed(refused, asyncio.get_running_loop().time())
-        for _ in range(200):  # bounded: 2 s, a fifteenth of the interval
+        for _ in range(300):  # bounded: 3 s, a tenth of the interval
             await asyncio.sleep(0.01)
             w = native.weights[S].weight("a")
             if not weights or weights[-1] != w:
@@ -239,4 +245,5 @@ def test_a_declared_wait_takes_the_route_out_at_once_and_back_when_it_ends() -> 
         return weights
 
     weights = asyncio.run(run())
+    assert len(weights) == 3, weights  # out, then back, both before the next interval
     assert weights[0] > 0 and weights[1] == 0 and weights[2] > 0, weights

@@ -82,20 +82,26 @@ def test_native_publishes_an_ejection_at_once_not_at_the_next_interval() -> None
                if "b" in dict(sw.weights) and not sw.panic)
 
 
-def test_native_publishes_a_declared_wait_at_once_and_its_end_at_the_deadline() -> None:
-    """As the sidecar's publisher (sidecar.shell.native): a 429 that declares a wait
+@pytest.mark.parametrize(("retry_after", "hold_s"), [
+    (0.5, 0.5),   # a declared wait
+    (None, 1.0),  # a quota's 429 (nothing in flight): push-back's first backoff
+])
+def test_native_publishes_a_hold_at_once_and_its_end_at_the_deadline(
+    retry_after: float | None, hold_s: float,
+) -> None:
+    """As the sidecar's publisher (sidecar.shell.native): a 429 that starts a hold
     wakes it, so the held route's weight is 0 without waiting for the interval, and
     the loop's wake-up at the router's next deadline (the hold's end) gives it back."""
     sc = tiny_scenario()
     pol = TailrouteNative(PolicyContext(sc.config, {}))
     refused = finished(sc, "b", ttft=0.01, outcome="error", status=429, at=0.2)
-    refused.retry_after = 0.5
+    refused.retry_after = retry_after
     before = pol.publications
     pol.on_result(refused, 0.21)
     assert pol.publications == before + 1  # no tick in between
     assert all(sw.weight("b") == 0 for sw in pol.weights.values() if "b" in dict(sw.weights))
-    deadline = pol.next_deadline()
-    assert deadline == pytest.approx(0.71)  # the hold's end, before the interval
+    deadline = pol.router.pushback.next_release  # the hold's end: the loop wakes then
+    assert deadline == pytest.approx(0.21 + hold_s)
     pol.tick(deadline)
     assert pol.publications == before + 2
     assert all(sw.weight("b") > 0 for sw in pol.weights.values() if "b" in dict(sw.weights))

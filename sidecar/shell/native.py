@@ -15,7 +15,8 @@ off the request path:
   the entries is :class:`sidecar.shell.native_log.NativeFeed`;
 * **publish** (:meth:`NativeRouting.publish`, every
   ``routing.publish_interval_s`` and at once when a health transition happens
-  in between, or a 429's declared wait starts or ends): the core's weights for every slice
+  in between, or a push-back hold starts or ends -- a declared wait or a quota's
+  backoff): the core's weights for every slice
   (:func:`~sidecar.core.weights.compute_weights`, planning the load) go to the
   RTDS layer (:class:`~sidecar.shell.rtds.WeightLayer`) when they changed
   materially: a weight moved by at least :data:`MIN_CHANGE` of the scale, or a
@@ -183,8 +184,9 @@ class NativeRouting:
             now = loop.time()
             tick(now)
             count = self._transition_count()
-            # A hold's start or end (a 429's declared wait, sidecar.core.pushback) moves a
-            # route's capacity as a transition moves its health: every slice is redone.
+            # A hold's start or end (a declared wait or a quota's backoff,
+            # sidecar.core.pushback) moves a route's capacity as a transition moves its
+            # health: every slice is redone.
             held = self._router().pushback.holds_version
             self.publish(now, force=count != transitions or held != holds)
             transitions, holds = count, held

@@ -84,6 +84,15 @@ class NativeFeed:
         self.inner(rec, now)
 
     def observe(self, rec: LogRecord, s: SliceKey, now: float) -> None:
+        # A hold that starts here -- a declared wait, or push-back's own backoff on a
+        # quota's 429 (sidecar.core.pushback) -- takes the route's weight to 0: publish
+        # now, not at the next interval. The loop wakes again when the hold ends.
+        holds = self.app.router.pushback.holds_version
+        self._observe(rec, s, now)
+        if self.app.router.pushback.holds_version != holds:
+            self.native.wake()
+
+    def _observe(self, rec: LogRecord, s: SliceKey, now: float) -> None:
         app = self.app
         app.note_entry(rec)
         app.envoy["native"] += 1
@@ -94,9 +103,6 @@ class NativeFeed:
         busy = rec.end_s if rec.end_s is not None else waited_s(rec)
         probe = self.native.on_logged(s, cluster, busy if busy is not None else rec.duration_s)
         wait = rec.retry_after_s  # an upstream 429's or 503's declared wait
-        if wait is not None:
-            # The held route's weight goes to 0 now; the loop wakes when the wait ends.
-            self.native.wake()
         # stats.observe_share as on the per-request path: every response until the
         # route's current sub-window has min_samples, then that share (uniform, so
         # error rates stay unbiased); probes always count.

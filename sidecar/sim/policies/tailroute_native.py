@@ -6,8 +6,9 @@ cluster of a request is drawn the way Envoy's ``weighted_clusters`` draws it --
 at random in proportion to the slice's integer weights -- and the weights are
 recomputed only every ``routing.publish_interval_s`` (and at once when a health
 transition happens in between: a cooldown ends, a run of hard failures ejects a
-route, a failure puts a route on trial, or a response declares a wait; a push-back
-hold that started or ended since the last publication makes it a full one), with
+route, a failure puts a route on trial, or a push-back hold starts -- a declared
+wait or a quota's backoff -- or ends; a hold that started or ended since the last
+publication makes it a full one), with
 :func:`sidecar.core.weights.compute_weights` planning the last interval's load,
 as the sidecar's publisher does. Health and latency verdicts change once per
 evaluation window (``stats.subwindow_s``) in every mode.
@@ -35,7 +36,6 @@ from __future__ import annotations
 
 import random
 
-from sidecar.core.pushback import WAIT_STATUSES
 from sidecar.core.types import Decision, SliceKey
 from sidecar.core.weights import SliceWeights, refresh_weights
 from sidecar.core.window_load import WindowLoad, WindowView
@@ -108,15 +108,17 @@ class TailrouteNative(Tailroute):
             self.load.add(att.call.slice, att.cluster, now - att.sent_at)
         obs = att.observation()
         if obs is not None:
+            holds = self.router.pushback.holds_version
             events = self.router.observe(obs, now)
             for e in events:
                 self.transitions[e.new] += 1
             if events:  # e.g. a fast ejection: the sidecar publishes at once, not at a tick
                 self.weights = self._compute(now, full=True)
                 self.publications += 1
-            elif obs.retry_after_s is not None and obs.status in WAIT_STATUSES:
-                # As the sidecar (sidecar.shell.native_log): a declared wait wakes the
-                # publisher, so the hold it starts is published at once.
+            elif self.router.pushback.holds_version != holds:
+                # As the sidecar (sidecar.shell.native_log): a hold that starts -- a
+                # declared wait, or push-back's backoff on a quota's 429 -- wakes the
+                # publisher, so it is published at once (a full refresh: _compute).
                 self.weights = self._compute(now, full=False)
                 self.publications += 1
             elif obs.outcome != "ok" and self.router.board.runs and \
