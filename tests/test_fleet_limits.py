@@ -10,7 +10,7 @@ import asyncio
 import pytest
 import redis
 
-from sidecar.core.pushback import HOLD_S
+from sidecar.core.pushback import HOLD_S, QUOTA_MEMORY_S
 from sidecar.core.types import Observation
 from sidecar.devtools.redis_server import RedisServer
 from sidecar.fleet import codec
@@ -79,6 +79,44 @@ def test_a_malformed_holds_record_is_counted_and_changes_nothing(raw: bytes) -> 
     f.store.stats["r0"].fields[codec.HOLDS_FIELD] = raw
     f.cycle(1000.5, only=[1])
     assert f.routers[1].pushback.held() == {}
+    assert f.syncs[1].counters.bad_peer_records == 1
+
+
+def test_a_quota_one_replica_read_is_every_peers_and_drops_their_limits() -> None:
+    """A 429 that came back to a cluster the fleet had nothing in flight on is a
+    quota's (sidecar.core.pushback). The quota is the provider's: peers that had
+    learned a limit from its earlier refusals drop it, read their own next 429 of
+    it as the quota's (no limit learned from it), and stop once it is forgotten."""
+    f = Fleet(3)
+    f.cycle(1000.0)
+    _refuse(f, 1, "a", 5, 1000.1)  # a peer's 429 while requests were in flight
+    f.cycle(1000.2)
+    f.cycle(1000.25)  # (replica 0 pulls before replica 1 pushes within a cycle)
+    assert [r.pushback.limit("a") for r in f.routers] == [5, 5, 5]
+    _refuse(f, 0, "a", 0, 1000.3)  # replica 0's 429 to an empty cluster: a quota
+    assert f.routers[0].pushback.quota("a", 1000.3)
+    f.cycle(1000.5)
+    f.cycle(1000.55)
+    assert all(r.pushback.quota("a", 1000.5) for r in f.routers)
+    assert [r.pushback.limit("a") for r in f.routers] == [64, 64, 64]
+    assert [r.pushback.quotas(1000.5)["a"] for r in f.routers] == [pytest.approx(1000.3)] * 3
+    _refuse(f, 2, "a", 7, 1000.6)  # read as the quota's: no limit learned
+    assert f.routers[2].pushback.limit("a") == 64
+    f.cycle(1000.7)  # nothing new from replica 0: its record is not written again
+    assert "_quotas" not in f.syncs[0].outgoing(1000.8).stats_set
+    later = 1000.6 + QUOTA_MEMORY_S + 1.0
+    f.cycle(later)
+    assert not any(r.pushback.quota("a", later) for r in f.routers)
+    assert f.syncs[0].outgoing(later + 0.5).stats_set.get("_quotas") in (None, b"{}")
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"[1]", b'{"a": "now"}', b'{"a": [1]}'])
+def test_a_malformed_quotas_record_is_counted_and_changes_nothing(raw: bytes) -> None:
+    f = Fleet(2)
+    f.cycle(1000.0)
+    f.store.stats["r0"].fields[codec.QUOTAS_FIELD] = raw
+    f.cycle(1000.5, only=[1])
+    assert not f.routers[1].pushback.quota("a", 1000.5)
     assert f.syncs[1].counters.bad_peer_records == 1
 
 

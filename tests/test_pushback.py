@@ -228,6 +228,9 @@ def test_an_adopted_limit_is_the_lower_one_with_the_later_refusal(
         pb.refused("a", ours[0], ours[1])
     pb.adopt("a", *theirs)
     pb.adopt("gone", 1.0, 5.0)  # a cluster no longer configured
+    pb.adopt_quota("gone", 5.0)
+    pb.adopt_quota("b", math.nan)  # a non-finite time
+    assert not pb.quota("gone", 5.0) and not pb.quota("b", 5.0)
     assert pb.learned() == ({} if limit is None else {"a": (float(limit), refused_at)})
     assert pb.refused_slots == ({} if limit is None else {"a": 40 - limit})
 
@@ -236,7 +239,8 @@ def test_an_adopted_limit_is_the_lower_one_with_the_later_refusal(
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["refuse", "adopt", "press", "grow", "hold", "release"]),
+            st.sampled_from(["refuse", "adopt", "adopt_quota", "press", "grow", "hold",
+                             "release"]),
             st.integers(0, 80),
             st.floats(0, 50)
         ),
@@ -263,6 +267,13 @@ def test_limits_stay_within_one_and_the_maximum_and_move_the_right_way(
         elif kind == "adopt":  # a peer's or a snapshot's limit, its refusal dt ago
             pb.adopt("a", k / 2, now - dt)
             assert pb.limit("a") <= before  # nor does adopting one
+        elif kind == "adopt_quota":  # a peer read the cluster's 429s as a quota's, dt ago
+            held = pb.held()
+            pb.adopt_quota("a", now - dt)
+            assert pb.limit("a") == cap  # its limit is dropped ...
+            assert pb.held() == held  # ... and no hold starts here (holds travel apart)
+            if dt < QUOTA_MEMORY_S:
+                assert pb.quota("a", now)  # read so until QUOTA_MEMORY_S after the peer's
         elif kind == "press":
             pb.pressed("a", k)
             assert pb.limit("a") == before
@@ -276,6 +287,7 @@ def test_limits_stay_within_one_and_the_maximum_and_move_the_right_way(
             pb.grow(now)
             assert pb.limit("a") >= before  # time alone never lowers one
         assert 1 <= pb.limit("a") <= cap
+        assert pb.quota("a", now) == ("a" in pb.quotas(now))  # what fleet mode publishes
         until = pb.held().get("a")
         assert until is None or until <= now + MAX_HOLD_S  # (possibly due, not yet released)
         full = until is not None

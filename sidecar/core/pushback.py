@@ -42,7 +42,13 @@ the refusals again) and, in fleet mode, from a peer (``sidecar.fleet.limits_sync
 ``k`` counts the whole fleet's requests, so the limit is the provider's, and
 each replica need not meet its own refusals to learn it). Adopting keeps the
 lower limit and the later refusal: it never raises a limit, and growth stays
-each replica's own (pressure it saw itself).
+each replica's own (pressure it saw itself). A quota (below) is the provider's
+too: a replica that reads a cluster's 429s as a quota's publishes it, and its
+peers read theirs so as well (:meth:`PushBack.adopt_quota`). In fleet mode ``k``
+counts the peers' requests, so a replica seldom sees a 429 come back to an empty
+cluster itself; without that, the replicas that never did kept ratcheting ``L``
+as the quota's refusals drained (lab hunt ``burst_429`` as 4 replicas sharing state:
+two of the four held ``L`` at 1-3 of 40 for the rest of the run).
 
 **A declared wait is a hold, not a limit.** A 429 that says when to come back
 (``Retry-After`` / ``retry-after-ms``, parsed into
@@ -210,6 +216,27 @@ class PushBack:
         last of them within ``QUOTA_MEMORY_S``)?"""
         q = self._quota.get(cluster)
         return q is not None and now - q.last < QUOTA_MEMORY_S
+
+    def quotas(self, now: float) -> dict[str, float]:
+        """``cluster -> its last 429 read as a quota's``, of every cluster whose 429s read
+        as a quota's now (fleet mode publishes them: the quota is the provider's)."""
+        return {c: q.last for c, q in self._quota.items() if now - q.last < QUOTA_MEMORY_S}
+
+    def adopt_quota(self, cluster: str, last: float) -> None:
+        """A peer reads ``cluster``'s 429s as a quota's, the last at ``last``: so does this
+        replica until ``QUOTA_MEMORY_S`` after it, and the limit it learned from them is
+        dropped. No hold starts here (the peer's holds travel as holds); this replica's
+        own 429s back off as a quota's do. Unknown clusters and non-finite times are
+        ignored."""
+        if cluster not in self._max or not math.isfinite(last):
+            return
+        q = self._quota.get(cluster)
+        if q is None:
+            self._quota[cluster] = _Quota(last, -math.inf, 0)
+        elif last > q.last:
+            q.last = last
+        if self._tracked.pop(cluster, None) is not None:
+            self._sync((cluster,))
 
     def _refused_by_quota(self, cluster: str, now: float) -> None:
         """A quota's 429: drop the learned limit (it was never one), back off a while."""

@@ -237,18 +237,32 @@ def decode_limits(raw: bytes) -> dict[str, tuple[float, int]]:
 HOLDS_FIELD = "_holds"  # a replica's holds by declared waits (fleet.limits_sync)
 
 
-def encode_holds(holds: dict[str, int]) -> bytes:
-    """``{cluster: end of the hold, wall-clock ms}``."""
-    return json.dumps(holds, separators=(",", ":"), sort_keys=True).encode()
+QUOTAS_FIELD = "_quotas"  # clusters whose 429s a replica reads as a quota's (same module)
 
 
-def decode_holds(raw: bytes) -> dict[str, int]:
-    """ValueError on anything malformed."""
+def encode_times(times: dict[str, int]) -> bytes:
+    """``{cluster: wall-clock ms}``: a hold's end (``HOLDS_FIELD``) or a quota's last
+    429 (``QUOTAS_FIELD``)."""
+    return json.dumps(times, separators=(",", ":"), sort_keys=True).encode()
+
+
+def decode_times(raw: bytes, what: str) -> dict[str, int]:
+    """ValueError, naming ``what`` record, on anything malformed."""
     try:
         d = json.loads(raw)
         return {str(c): int(v) for c, v in d.items()}
     except (TypeError, ValueError, AttributeError, OverflowError) as exc:
-        raise ValueError(f"malformed holds record: {exc!r}") from exc
+        raise ValueError(f"malformed {what} record: {exc!r}") from exc
+
+
+def encode_holds(holds: dict[str, int]) -> bytes:
+    """``{cluster: end of the hold, wall-clock ms}``."""
+    return encode_times(holds)
+
+
+def decode_holds(raw: bytes) -> dict[str, int]:
+    """ValueError on anything malformed."""
+    return decode_times(raw, "holds")
 
 
 def encode_probe(route: str, ok: bool) -> bytes:

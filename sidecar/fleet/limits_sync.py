@@ -29,11 +29,19 @@ quota is the provider's, so every peer holds it until the same moment instead of
 meeting a 429 of its own first. Only holds still running are published, and a
 peer takes one whose end is later than its own (a hold only ever extends, and
 never beyond ``pushback.MAX_HOLD_S`` from now).
+
+**Quotas** too (``codec.QUOTAS_FIELD``: ``{cluster: its last 429 read as a quota's,
+on the wall clock in ms}``): a replica that reads a cluster's 429s as a quota's
+(:meth:`~sidecar.core.pushback.PushBack.quota`: one came back while the fleet had
+nothing in flight there) publishes it while it lasts, and every peer reads its
+own 429s of that cluster so (:meth:`~sidecar.core.pushback.PushBack.adopt_quota`)
+instead of ratcheting a concurrency limit down on them. Only quotas younger than
+``pushback.QUOTA_MEMORY_S`` are published or taken.
 """
 
 from __future__ import annotations
 
-from sidecar.core.pushback import HOLD_S, MAX_HOLD_S
+from sidecar.core.pushback import HOLD_S, MAX_HOLD_S, QUOTA_MEMORY_S
 from sidecar.core.router import Router
 from sidecar.fleet import codec
 from sidecar.fleet.exchange import SyncCounters
@@ -48,6 +56,7 @@ class LimitsSync:
         self.counters = counters
         self._pushed = codec.encode_limits({})  # what the store holds of ours
         self._pushed_holds = codec.encode_holds({})
+        self._pushed_quotas = codec.encode_times({})
         self._applied: dict[tuple[str, str], int] = {}  # (peer, cluster) -> refusal ms
 
     def outgoing(self, now: float, republish: bool) -> bytes | None:
@@ -73,6 +82,16 @@ class LimitsSync:
         self._pushed_holds = raw
         return raw
 
+    def outgoing_quotas(self, now: float, republish: bool) -> bytes | None:
+        """This replica's quotas when they changed (or ``republish`` and it has some)."""
+        quotas = {c: round((last + self.wall_offset) * 1000.0)
+                  for c, last in self.router.pushback.quotas(now).items()}
+        raw = codec.encode_times(quotas)
+        if raw == self._pushed_quotas and not (republish and quotas):
+            return None
+        self._pushed_quotas = raw
+        return raw
+
     def merge(self, fields: dict[str, dict[str, bytes]], rid: str, now: float) -> None:
         """Adopt the peers' fresh limits whose last refusal is newer than the one taken,
         and their running holds."""
@@ -83,6 +102,9 @@ class LimitsSync:
             held = got.get(codec.HOLDS_FIELD)
             if held is not None:
                 self._merge_holds(held, now)
+            quotas = got.get(codec.QUOTAS_FIELD)
+            if quotas is not None:
+                self._merge_quotas(quotas, now)
             raw = got.get(codec.LIMITS_FIELD)
             if raw is None:
                 continue
@@ -112,3 +134,15 @@ class LimitsSync:
             wait = until_ms / 1000.0 - self.wall_offset - now
             if 0.0 < wait <= MAX_HOLD_S:
                 pushback.hold(cluster, wait, now)  # ignored unless it ends later
+
+    def _merge_quotas(self, raw: bytes, now: float) -> None:
+        try:
+            quotas = codec.decode_times(raw, "quotas")
+        except ValueError:
+            self.counters.bad_peer_records += 1
+            return
+        pushback = self.router.pushback
+        for cluster, last_ms in quotas.items():
+            last = min(last_ms / 1000.0 - self.wall_offset, now)
+            if now - last < QUOTA_MEMORY_S:
+                pushback.adopt_quota(cluster, last)

@@ -137,6 +137,8 @@ class FleetSync:
             stats_set[codec.LIMITS_FIELD] = limits
         if (holds := self.limits_sync.outgoing_holds(now, self._republish)) is not None:
             stats_set[codec.HOLDS_FIELD] = holds
+        if (quotas := self.limits_sync.outgoing_quotas(now, self._republish)) is not None:
+            stats_set[codec.QUOTAS_FIELD] = quotas
         health_set: dict[str, bytes] = {}
         for rf in sorted(self.owned):
             cluster, s = codec.parse_route(rf)
