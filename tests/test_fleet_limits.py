@@ -178,6 +178,7 @@ def test_the_record_travels_through_a_real_redis() -> None:
     f = Fleet(2)
     _refuse(f, 0, "a", 7, 1000.0)
     f.routers[0].observe(Observation("b", SL, "error", status=429, retry_after_s=3.0), 1000.0)
+    _refuse(f, 0, "c", 0, 1000.0)  # a quota's 429 (held 1 s by its backoff)
 
     async def main(port: int) -> None:
         store = RedisStore(f"redis://127.0.0.1:{port}/0", "lim", 0.5)
@@ -194,6 +195,9 @@ def test_the_record_travels_through_a_real_redis() -> None:
         asyncio.run(main(srv.port))
         stored = redis.Redis(port=srv.port).hget("{lim}:stats:r0", codec.LIMITS_FIELD)
         holds = redis.Redis(port=srv.port).hget("{lim}:stats:r0", codec.HOLDS_FIELD)
+        quotas = redis.Redis(port=srv.port).hget("{lim}:stats:r0", codec.QUOTAS_FIELD)
     assert stored == b'{"a":[7,1000000]}'
-    assert holds == b'{"b":1003000}' and f.routers[1].pushback.held() == {"b": 1003.0}
+    assert holds == b'{"b":1003000,"c":1001000}'
+    assert f.routers[1].pushback.held() == {"b": 1003.0, "c": 1001.0}
+    assert quotas == b'{"c":1000000}' and f.routers[1].pushback.quota("c", 1000.6)
     assert f.routers[1].pushback.learned() == {"a": (7.0, 1000.0)}
