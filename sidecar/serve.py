@@ -240,6 +240,7 @@ async def serve(
         admin.extra_state["native"] = native.state
         wake = native.wake
         app.on_transitions = lambda _events: wake()
+        app.on_holds = wake  # a hold started by a response, whichever path learned it
         if fleet is not None:
             # Peers add this replica's native load to their in-flight counts (as it
             # adds theirs), so the fleet's weights plan for the provider's whole load.

@@ -223,6 +223,7 @@ def test_a_hold_takes_the_route_out_at_once_and_back_when_it_ends(
     from sidecar.core.envoy_log import LogRecord
 
     _, app, native, feed = _native_app()
+    app.on_holds = native.wake  # as serve.py wires it
     refused = LogRecord(status=429, method="POST", path="/v1/chat/completions",
                         upstream_cluster="a", route_name=route_name(S, "len"),
                         duration_s=0.01, upstream_tx_s=0.001, retry_after_s=retry_after_s)

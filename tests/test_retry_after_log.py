@@ -100,10 +100,12 @@ def test_a_declared_wait_holds_the_route_even_when_its_outcome_is_not_sampled(
     has min_samples already), but its wait still holds the cluster: outcomes are
     sampled, a provider's quota is not."""
     side = Side(shortcut, observe_share=0.0)
+    woken: list[int] = []
+    side.app.on_holds = lambda: woken.append(1)  # native mode wakes its publisher
     side.feed([entry() for _ in range(3)], 10.0)
     side.feed([_logged(retry_after="4")], 10.5)
     assert [o.status for o in side.seen] == [200, 200, 200]  # the 429 went unobserved
-    assert side.app.router.pushback.held() == {"a": 14.5}
+    assert side.app.router.pushback.held() == {"a": 14.5} and woken == [1]
 
 
 @pytest.mark.parametrize("shortcut", [True, False])
@@ -145,6 +147,8 @@ def test_the_per_request_path_observes_the_wait() -> None:
         return real(obs, now)
 
     app.router.observe = observe  # type: ignore[method-assign]
+    woken: list[int] = []
+    app.on_holds = lambda: woken.append(1)  # native and hybrid mode wake the publisher
     e = _logged(retry_after_ms="2500")
     meta = e.common_properties.metadata.filter_metadata[ec.METADATA_NS].fields
     meta[ec.RID_KEY].string_value = "elsewhere-1"
@@ -153,6 +157,7 @@ def test_the_per_request_path_observes_the_wait() -> None:
     AccessLogService(OutcomeFeed(app), app.envoy).consume(_batch(e), 5.0)
     assert [(o.cluster, o.outcome, o.status, o.retry_after_s) for o in seen] == [
         ("a", "error", 429, 2.5)]
+    assert woken == [1] and app.router.pushback.held() == {"a": 7.5}
     counters = app.shell_counters()
     assert counters["retry_after:a"] == 1 and counters["retry_after_ms:a"] == 2500
     reg, _ = build_registry(lambda: app.router, lambda: 5.0, app.shell_counters)

@@ -106,6 +106,11 @@ class App:
     # Called with every non-empty batch of health transitions, whichever path caused
     # them (native mode republishes its weights at once: an ejection is weight 0 now).
     on_transitions: Callable[[list[TransitionEvent]], None] | None = None
+    # Called when a push-back hold started or ended (sidecar.core.pushback: a declared
+    # wait, a quota's backoff) while a response was learned, whichever path learned it
+    # (native mode republishes at once: a held route's weight is 0 now).
+    on_holds: Callable[[], None] | None = None
+    _holds_seen: int = 0  # the router's pushback.holds_version when last checked
     last_tick: float = 0.0  # the loop time of the last tick (for scrape-time gauges)
     last_entry: float | None = None  # when the last access-log entry arrived
     _ids: itertools.count[int] = field(default_factory=itertools.count)
@@ -289,6 +294,7 @@ class App:
         if not p.observed:
             if rec.retry_after_s is not None:  # a declared wait holds unobserved or not
                 self.router.note_declared_wait(cluster, rec.retry_after_s, now)
+                self.check_holds()
             return
         first_token_s = None
         if p.token_offset is not None and rec.first_body_s is not None:
@@ -308,6 +314,7 @@ class App:
     def observe(self, obs: Observation, now: float, api: Api) -> None:
         """Hand one finished measurement to the router and the observation hook."""
         self.log_events(self.router.observe(obs, now))
+        self.check_holds()
         if self.on_observation is not None:
             self.on_observation(obs, api)
 
@@ -317,6 +324,16 @@ class App:
         handed to the observation hook."""
         for failed in retried_attempts(rec, obs):
             self.log_events(self.router.observe(failed, now))
+        self.check_holds()
+
+    def check_holds(self) -> None:
+        """Call ``on_holds`` if a push-back hold started or ended since the last check
+        (call after anything that may start one)."""
+        version = self.router.pushback.holds_version
+        if version != self._holds_seen:
+            self._holds_seen = version
+            if self.on_holds is not None:
+                self.on_holds()
 
     def release_pending(self, p: Pending) -> None:
         """Give the request's in-flight slot back once."""

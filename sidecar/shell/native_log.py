@@ -84,13 +84,12 @@ class NativeFeed:
         self.inner(rec, now)
 
     def observe(self, rec: LogRecord, s: SliceKey, now: float) -> None:
-        # A hold that starts here -- a declared wait, or push-back's own backoff on a
-        # quota's 429 (sidecar.core.pushback) -- takes the route's weight to 0: publish
-        # now, not at the next interval. The loop wakes again when the hold ends.
-        holds = self.app.router.pushback.holds_version
         self._observe(rec, s, now)
-        if self.app.router.pushback.holds_version != holds:
-            self.native.wake()
+        # A hold that started here -- a declared wait, or push-back's own backoff on a
+        # quota's 429 (sidecar.core.pushback) -- takes the route's weight to 0: the app's
+        # on_holds wakes the publisher, not the next interval. It wakes again when the
+        # hold ends (the router's next deadline).
+        self.app.check_holds()
 
     def _observe(self, rec: LogRecord, s: SliceKey, now: float) -> None:
         app = self.app
