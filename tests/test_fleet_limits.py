@@ -72,13 +72,17 @@ def test_a_declared_wait_one_replica_met_holds_every_peer_until_the_same_moment(
     assert "_holds" not in f.syncs[0].outgoing(1005.0).stats_set
 
 
+@pytest.mark.parametrize("field", [codec.HOLDS_FIELD, codec.QUOTAS_FIELD])
 @pytest.mark.parametrize("raw", [b"{not json", b"[1]", b'{"a": "soon"}', b'{"a": [1]}'])
-def test_a_malformed_holds_record_is_counted_and_changes_nothing(raw: bytes) -> None:
+def test_a_malformed_holds_or_quotas_record_is_counted_and_changes_nothing(
+    field: str, raw: bytes,
+) -> None:
     f = Fleet(2)
     f.cycle(1000.0)
-    f.store.stats["r0"].fields[codec.HOLDS_FIELD] = raw
+    f.store.stats["r0"].fields[field] = raw
     f.cycle(1000.5, only=[1])
-    assert f.routers[1].pushback.held() == {}
+    pushback = f.routers[1].pushback
+    assert pushback.held() == {} and pushback.quotas(1000.5) == {}
     assert f.syncs[1].counters.bad_peer_records == 1
 
 
@@ -108,16 +112,6 @@ def test_a_quota_one_replica_read_is_every_peers_and_drops_their_limits() -> Non
     f.cycle(later)
     assert not any(r.pushback.quota("a", later) for r in f.routers)
     assert f.syncs[0].outgoing(later + 0.5).stats_set.get("_quotas") in (None, b"{}")
-
-
-@pytest.mark.parametrize("raw", [b"{not json", b"[1]", b'{"a": "now"}', b'{"a": [1]}'])
-def test_a_malformed_quotas_record_is_counted_and_changes_nothing(raw: bytes) -> None:
-    f = Fleet(2)
-    f.cycle(1000.0)
-    f.store.stats["r0"].fields[codec.QUOTAS_FIELD] = raw
-    f.cycle(1000.5, only=[1])
-    assert not f.routers[1].pushback.quota("a", 1000.5)
-    assert f.syncs[1].counters.bad_peer_records == 1
 
 
 def test_a_peers_higher_or_old_limit_moves_nobody() -> None:
