@@ -148,6 +148,10 @@ class _Quota:
     hold_end: float  # when its last backoff hold ended (or ends)
     streak: int  # backoff holds, each within BACKOFF_RESET_S of the last one's end
 
+    def live(self, now: float) -> bool:
+        """Still remembered: its last 429 came within QUOTA_MEMORY_S."""
+        return now - self.last < QUOTA_MEMORY_S
+
 
 @dataclass(slots=True)
 class _Limit:
@@ -215,12 +219,12 @@ class PushBack:
         """Are ``cluster``'s 429s read as a quota's now (one came back alone, and the
         last of them within ``QUOTA_MEMORY_S``)?"""
         q = self._quota.get(cluster)
-        return q is not None and now - q.last < QUOTA_MEMORY_S
+        return q is not None and q.live(now)
 
     def quotas(self, now: float) -> dict[str, float]:
         """``cluster -> its last 429 read as a quota's``, of every cluster whose 429s read
         as a quota's now (fleet mode publishes them: the quota is the provider's)."""
-        return {c: q.last for c, q in self._quota.items() if now - q.last < QUOTA_MEMORY_S}
+        return {c: q.last for c, q in self._quota.items() if q.live(now)}
 
     def adopt_quota(self, cluster: str, last: float) -> None:
         """A peer reads ``cluster``'s 429s as a quota's, the last at ``last``: so does this
@@ -228,24 +232,24 @@ class PushBack:
         dropped. No hold starts here (the peer's holds travel as holds); this replica's
         own 429s back off as a quota's do. Unknown clusters and non-finite times are
         ignored."""
-        if cluster not in self._max or not math.isfinite(last):
-            return
+        if cluster in self._max and math.isfinite(last):
+            self._note_quota(cluster, last)
+
+    def _note_quota(self, cluster: str, last: float) -> _Quota:
+        """``cluster``'s 429s are a quota's, the last at ``last``: its entry (made or
+        moved on) and no learned limit."""
         q = self._quota.get(cluster)
         if q is None:
-            self._quota[cluster] = _Quota(last, -math.inf, 0)
+            q = self._quota[cluster] = _Quota(last, -math.inf, 0)
         elif last > q.last:
             q.last = last
         if self._tracked.pop(cluster, None) is not None:
             self._sync((cluster,))
+        return q
 
     def _refused_by_quota(self, cluster: str, now: float) -> None:
         """A quota's 429: drop the learned limit (it was never one), back off a while."""
-        q = self._quota.get(cluster)
-        if q is None:
-            q = self._quota[cluster] = _Quota(now, -math.inf, 0)
-        q.last = now
-        if self._tracked.pop(cluster, None) is not None:
-            self._sync((cluster,))
+        q = self._note_quota(cluster, now)
         if cluster in self._sole or now < self._held.get(cluster, -math.inf):
             # some model's only route (held, it would get tailroute's own 429s instead of
             # the share the provider answers); or requests sent before the hold

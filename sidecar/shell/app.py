@@ -324,7 +324,7 @@ class App:
         handed to the observation hook."""
         for failed in retried_attempts(rec, obs):
             self.log_events(self.router.observe(failed, now))
-        self.check_holds()
+        # (No check_holds here: every caller hands ``obs`` itself on next, and checks.)
 
     def check_holds(self) -> None:
         """Call ``on_holds`` if a push-back hold started or ended since the last check
