@@ -447,3 +447,49 @@ def test_explain_header_on_the_rich_path(app: App) -> None:
     ex = json.loads(set_headers(r)["x-tailroute-explain-result"])  # type: ignore[arg-type]
     assert {c["c"] for c in ex["candidates"]} == {"a", "b", "c"}
     assert ex["slice"] == "m|interactive|short|stream"
+
+
+def _counts(app: App, now: float) -> tuple[int, int]:
+    """(misses, outcomes) in every live book at ``now``."""
+    books = list(app.router.live.books.values())
+    for b in books:
+        b.advance(now)
+    return sum(b.k for b in books), sum(b.m for b in books)
+
+
+def test_a_timed_stream_without_its_first_token_at_the_budget_is_a_miss_then() -> None:
+    """Live misses in the shell (sidecar.core.live_misses): a sampled stream still
+    without its first token when the 1 s TTFT budget passes is a miss at once; one whose
+    observer saw the token in time waits for its entry, which says hit."""
+    app = _sampled_app()
+    for _ in range(2):
+        fast(app, chat_request(), now=0.0)  # no token, no close: still waiting
+    on_time, r = fast(app, chat_request(), now=0.0)
+    meta = metadata(r)  # type: ignore[arg-type]
+    _observe(app, meta, [(0.2, observe_msg("response_headers", meta, SSE_HEADERS)),
+                         (0.3, observe_msg("response_body", meta, body=token("a")))])
+    on_time.close(0.5, cancelled=False)
+    OutcomeFeed(app)(entry(on_time.rid, first_body_s=0.3), 0.6)
+    assert _counts(app, 0.99) == (0, 1)  # the hit, with its entry
+    assert _counts(app, 1.0) == (2, 3)  # both late streams, at the budget
+
+
+def test_an_untimed_stream_counts_with_its_entry_only(app: App) -> None:
+    streams = [fast(app, chat_request(), now=0.0) for _ in range(3)]
+    for s, _ in streams:
+        s.close(5.0, cancelled=False)
+    assert _counts(app, 5.0) == (0, 0)  # its first token may well have come in time
+    for s, _ in streams:
+        OutcomeFeed(app)(entry(s.rid, first_body_s=3.0, end_s=5.0), 5.1)
+    assert _counts(app, 5.1) == (3, 3)
+
+
+def test_a_lost_or_unreadable_request_resolves_nothing() -> None:
+    app = _sampled_app()
+    _, r = fast(app, chat_request(), now=0.0)
+    meta = metadata(r)  # type: ignore[arg-type]
+    gz = {**SSE_HEADERS, "content-encoding": "gzip"}
+    _observe(app, meta, [(0.2, observe_msg("response_headers", meta, gz))])  # no token read
+    lost, _ = fast(app, chat_request(), now=0.0)
+    app.give_up(lost.rid)
+    assert _counts(app, 2.0) == (0, 0)

@@ -289,3 +289,28 @@ def test_a_declared_quota_holds_the_route_for_its_wait_and_keeps_its_limit(
     during = max(share(trace, "provider-a", t + 1, t + 7)[0] for t in bursts)
     between = min(share(trace, "provider-a", t + 15, t + 35)[0] for t in bursts)
     assert during < 0.25 and between > 0.45, (during, between)
+
+
+def _short_spike(live_horizon_s: float) -> tuple[int, int]:
+    """``short_spike`` with every stream timed at its first token: interactive violations,
+    and interactive requests sent to provider-a from 5 s into its 20 s spike."""
+    sc = load_case("short_spike")
+    cfg = sc.config
+    cfg = dataclasses.replace(
+        cfg, health=dataclasses.replace(cfg.health, live_horizon_s=live_horizon_s),
+        timing=dataclasses.replace(cfg.timing, token_sample_share=1.0))
+    out, sim = traced_run(dataclasses.replace(sc, config=cfg))
+    sent = sum(1 for r in trace_of(sim) if r.slice.klass == "interactive"
+               and r.cluster == "provider-a" and 205.0 <= r.t < 220.5)
+    return out["classes"]["interactive"]["violations"], sent
+
+
+def test_a_route_missing_its_budget_now_sits_out_the_rest_of_a_short_spike() -> None:
+    """Live misses (sidecar.core.live_misses): a request still without its first token
+    at the 2.25 s budget is a miss then, not ~10 s later at its answer. A third of the
+    traffic goes to provider-a when it turns 5.6x slower for 20 s: with the misses
+    judged at the budget it gets 3 requests after the first 5 s of the spike, against
+    10 without (``live_horizon_s: 0``), and fewer requests miss."""
+    live_v, live_sent = _short_spike(10.0)
+    off_v, off_sent = _short_spike(0.0)
+    assert live_sent * 2 <= off_sent and live_v < off_v, (live_sent, off_sent, live_v, off_v)

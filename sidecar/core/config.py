@@ -172,6 +172,9 @@ class HealthConfig:
     # Restore steps and probe shares are multiplied by this per recent offence.
     relapse_factor: float = 0.5
     forgive_after_s: float = 600.0  # healthy this long: one offence forgotten
+    # Outcomes resolved this long ago still say whether a route misses its budget now
+    # (sidecar.core.live_misses); 0 turns that off.
+    live_horizon_s: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)

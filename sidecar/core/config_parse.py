@@ -95,6 +95,7 @@ def _health(r: ConfigReader) -> HealthConfig:
                                 integer=True),
         relapse_factor=r.num("relapse_factor", d.relapse_factor, lo=0.01, hi=1.0),
         forgive_after_s=r.num("forgive_after_s", d.forgive_after_s, lo=1),
+        live_horizon_s=r.num("live_horizon_s", d.live_horizon_s, lo=0, hi=3600),
     )
     r.done()
     if not r.clean_since(mark):

@@ -9,6 +9,7 @@ others run once per plan (see :mod:`sidecar.core.pipeline`).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from sidecar.core.selection import Candidate, Filter, HealthView, SelectionContext
@@ -81,21 +82,27 @@ class ClassRestriction:
             return None
         if cand.health.quarantined:
             return None  # the quarantine filter answers for open circuits
-        cap = free = 0
-        for name in ctx.model.candidates:
-            if name == cand.name or not ctx.config.has_cluster(name):
-                continue
-            h = ctx.health_of(name)
-            if h.excluded_for_sensitive or h.quarantined:
-                continue
-            limit = ctx.config.cluster(name).max_concurrency
-            cap += limit
-            free += max(limit - ctx.view.inflight(name), 0)
+        free, cap = alternatives_room(
+            ctx, lambda name, h: name == cand.name or h.excluded_for_sensitive or h.quarantined)
         if cap and free >= HERD_HEADROOM * cap:
             return f"restricted for latency-sensitive class {ctx.klass.name}"
         cand.health = _at_weight(cand.health, ctx.config.health.degraded_weight)
         cand.note("herding_guard", f"kept: alternatives have {free}/{cap} slots free")
         return None
+
+
+def alternatives_room(ctx: SelectionContext,
+                      unusable: Callable[[str, HealthView], bool]) -> tuple[int, int]:
+    """``(free, cap)``: free slots and summed ``max_concurrency`` of the model's routes
+    that are not ``unusable`` (the herding guard's alternatives)."""
+    cap = free = 0
+    for name in ctx.model.candidates:
+        if not ctx.config.has_cluster(name) or unusable(name, ctx.health_of(name)):
+            continue
+        limit = ctx.config.cluster(name).max_concurrency
+        cap += limit
+        free += max(limit - ctx.view.inflight(name), 0)
+    return free, cap
 
 
 @functools.lru_cache(maxsize=256)
@@ -143,6 +150,32 @@ class FailureRun:
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class LiveMissing:
+    """A route whose recent requests miss the slice's budget far more often than its
+    allowed share (:mod:`sidecar.core.live_misses`) takes no new request of the slice
+    until those misses age out. With the class restriction's herding guard: only while
+    the other usable routes have ``HERD_HEADROOM`` of their slots free (at a peak that
+    slows every route, sitting one out would pile its traffic onto the next). Soft:
+    when it is the only route left, it serves."""
+
+    name: str = "live_misses"
+    soft: bool = True
+    per_request: bool = True
+
+    def __call__(self, ctx: SelectionContext, cand: Candidate) -> str | None:
+        missing = ctx.missing
+        if not missing or cand.name not in missing:
+            return None
+        sensitive = ctx.klass.latency_sensitive
+        free, cap = alternatives_room(ctx, lambda name, h: name in missing or h.quarantined
+                                      or (h.excluded_for_sensitive and sensitive))
+        if cap and free >= HERD_HEADROOM * cap:
+            return "missing its budget now: recent requests late beyond its allowed share"
+        cand.note("herding_guard", f"kept: alternatives have {free}/{cap} slots free")
+        return None
+
+
 DEFAULT_FILTERS: tuple[Filter, ...] = (
     ModelServed(),
     RegionPolicy(),
@@ -150,4 +183,5 @@ DEFAULT_FILTERS: tuple[Filter, ...] = (
     ClassRestriction(),
     Capacity(),
     FailureRun(),
+    LiveMissing(),
 )

@@ -73,13 +73,14 @@ def exponent_of(klass: ClassConfig) -> dict[str, float]:
 
 
 # Panic tiers by the soft filter that dropped a candidate: lower is less bad.
-_PANIC_TIER = {"capacity": 0, "class_restriction": 1, "failure_run": 2, "quarantine": 3}
+_PANIC_TIER = {"capacity": 0, "class_restriction": 1, "live_misses": 2, "failure_run": 3,
+               "quarantine": 4}
 
 
 def panic_tier(cands: Sequence[Candidate]) -> list[Candidate]:
     """Panic: never leave a class without a route. Serve the least-bad tier of
-    the soft-dropped candidates (healthy but full, then restricted, then held by
-    an open failure run, then circuit open) and let scoring spread the load
+    the soft-dropped candidates (healthy but full, then restricted, then missing its
+    budget now, then held by an open failure run, then circuit open) and let scoring spread the load
     across it: sending the whole class to one route herds."""
     soft = [c for c in cands if c.soft_drop]
     best = min((_PANIC_TIER.get(c.dropped or "", 9) for c in soft), default=9)

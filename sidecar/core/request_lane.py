@@ -7,8 +7,8 @@ the picker choose; the result object then feeds admission, the decision's
 labels and the recent-decision ring. Per request, only the in-flight counts
 vary. A :class:`RequestLane` is built with the plan when its per-request stage
 is the default one (picker ``weighted_random``, scorer ``load``, filters class
-restriction, capacity and the failure run's trial limit, which the router checks
-first: while it holds a route back the full stage runs) and computes, from a
+restriction, capacity, the failure run's trial limit and live misses, which the
+router checks first: while either holds a route back the full stage runs) and computes, from a
 snapshot of the counts, exactly what that stage would -- the same operations in
 the same order, so weights and pick are bit-identical. For each candidate the
 static stage kept, in order::
@@ -47,7 +47,13 @@ from typing import NamedTuple
 from sidecar.core.config import ClassConfig
 from sidecar.core.evidence import RouteEvidence
 from sidecar.core.explain import decision_reason
-from sidecar.core.filters import HERD_HEADROOM, Capacity, ClassRestriction, FailureRun
+from sidecar.core.filters import (
+    HERD_HEADROOM,
+    Capacity,
+    ClassRestriction,
+    FailureRun,
+    LiveMissing,
+)
 from sidecar.core.pickers import WeightedRandom
 from sidecar.core.pipeline import run_request
 from sidecar.core.scorers import Load
@@ -63,9 +69,9 @@ from sidecar.core.selection import (
 )
 from sidecar.core.types import SliceKey
 
-# FailureRun drops nothing unless the request's context holds routes back (an open
-# run of hard failures); the router runs the full stage then.
-_LANE_FILTERS = (ClassRestriction, Capacity, FailureRun)
+# FailureRun and LiveMissing drop nothing unless the request's context holds routes
+# back (an open run of hard failures, live misses); the router runs the full stage then.
+_LANE_FILTERS = (ClassRestriction, Capacity, FailureRun, LiveMissing)
 
 
 class _Row(NamedTuple):

@@ -32,6 +32,7 @@ from sidecar.core.filters import DEFAULT_FILTERS
 from sidecar.core.health_board import HealthBoard
 from sidecar.core.intake import Intake
 from sidecar.core.light_load import LightOutcomes
+from sidecar.core.live_misses import LiveMisses
 from sidecar.core.pickers import PICKERS
 from sidecar.core.pipeline import build_plan, run_request
 from sidecar.core.plan_cache import (
@@ -81,6 +82,7 @@ class Router(Intake):
         self.light = LightOutcomes()  # outcomes under light load (the floor's share)
         self.pushback = PushBack()  # limits learned from 429s (sidecar.core.pushback)
         self._refused = self.pushback.refused_slots
+        self.live = LiveMisses(config)  # routes missing their budget now
         self._configure(config)
 
     # ------------------------------------------------------------ config
@@ -112,6 +114,7 @@ class Router(Intake):
         self.config = config
         self._picker = PICKERS[config.picker]
         self.admission.reconfigure(config)
+        self.live.reconfigure(config)
         self._configure(config)
         self.compat_sr.retain(config)
 
@@ -271,7 +274,11 @@ class Router(Intake):
                              if self.board.run_held(c, req.slice, now))
             if held:
                 ctx = replace(ctx, held=held)
-        if cached.lane is not None and not req.explain and not ctx.held:
+        if self.live.books:
+            missing = self._missing(model, req.slice, now)
+            if missing:
+                ctx = replace(ctx, missing=missing)
+        if cached.lane is not None and not req.explain and not ctx.held and not ctx.missing:
             # Standalone, the in-flight counts are the Counter's own (missing: 0).
             lane = cached.lane
             pick = lane.pick(self.inflight if self.peer_inflight or self._refused
@@ -285,8 +292,17 @@ class Router(Intake):
                 cfg.default_cluster, "no_candidate", detail="hard filters left none"
             )
             return decision, None
+        if ctx.missing:  # count the routes it kept out (not those the guard kept in)
+            for cand in result.candidates:
+                if cand.dropped == "live_misses" and cand.name != result.chosen.name:
+                    self.counters[("live_missing", cand.name)] += 1
         reason = decision_reason(result, model)
         return self._decision(cached, req, result.chosen.name, reason, klass, result), result
+
+    def _missing(self, model: ModelConfig, slice: SliceKey, now: float) -> frozenset[str]:
+        """The model's routes missing the slice's budget now (sidecar.core.live_misses)."""
+        live = self.live
+        return frozenset(c for c in model.candidates if live.missing(c, slice, now))
 
     def _decision(
         self, cached: CachedPlan, req: RequestInfo, cluster: str, reason: str,

@@ -142,6 +142,9 @@ class SelectionContext:
     # Routes an open run of hard failures holds back for this request (the trial
     # limit of sidecar.core.health; the router sets it only while such a run is open).
     held: frozenset[str] = frozenset()
+    # Routes missing this slice's budget now (sidecar.core.live_misses; the router
+    # sets it only while one is).
+    missing: frozenset[str] = frozenset()
     # The view's in-flight counts are each request's own (False: a window's average,
     # as native mode's weights read them; the queue score is then left out).
     live_counts: bool = True

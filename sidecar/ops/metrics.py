@@ -43,6 +43,7 @@ _QUANTILE_HELP = {"ttft": "time to first token", "tpot": "time per output token"
 METRIC_NAMES = (
     "tailroute_decisions_total",
     "tailroute_fallbacks_total",
+    "tailroute_live_missing_total",
     "tailroute_outcomes_total",
     "tailroute_health_transitions_total",
     "tailroute_route_state",
@@ -102,6 +103,10 @@ class RouterCollector(Collector):
         yield counter("tailroute_fallbacks",
                       "Decisions without full narrow-slice evidence, by kind",
                       by_kind["fallback"], labels=["kind"])
+        yield counter("tailroute_live_missing",
+                      "Decisions that kept a route out of a slice because its recent requests "
+                      "missed the slice's budget far beyond its allowed share",
+                      by_kind["live_missing"], labels=["cluster"])
 
         state = GaugeMetricFamily("tailroute_route_state",
                                   "1 for the current health state of cluster x slice",

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from sidecar.core.classify import api_for_path
 from sidecar.core.config import Config
 from sidecar.core.envoy_log import LogRecord, observation_from_log, retried_attempts
+from sidecar.core.live_misses import LiveEntry, LiveMisses
 from sidecar.core.router import Router
 from sidecar.core.ttft_offset import OffsetBook
 from sidecar.core.types import Api, Decision, Observation, SliceKey, TransitionEvent
@@ -75,6 +76,7 @@ class Pending:
     record: LogRecord | None = None  # entry held while the observer may still report
     api: Api = "chat"  # which API the request called (gen_ai.operation.name)
     sent_load: float | None = None  # the route's load when released (Router.started)
+    live: LiveEntry | None = None  # its entry in the router's live books (observed only)
 
 
 @dataclass(slots=True)
@@ -236,9 +238,12 @@ class App:
     def new_rid(self) -> str:
         return f"{self._prefix}-{next(self._ids)}"
 
-    def register(self, pending: Pending) -> None:
+    def register(self, pending: Pending, now: float) -> None:
         self.pending[pending.rid] = pending
-        pending.sent_load = self.router.started(pending.decision.cluster, pending.decision.low)
+        cluster = pending.decision.cluster
+        pending.sent_load = self.router.started(cluster, pending.decision.low)
+        if pending.observed:  # only what resolves both ways (sidecar.core.live_misses)
+            pending.live = self.router.live.sent(cluster, pending.slice, now, pending.sampled)
 
     def route_closed(self, rid: str, now: float) -> None:
         """The routing stream ended, which Envoy does when the HTTP request is over:
@@ -247,6 +252,8 @@ class App:
         if p is None:
             return
         self.release_pending(p)
+        if p.live is not None:
+            LiveMisses.closed(p.live, now)
         p.deadline = min(p.deadline, now + LOG_GRACE_S)
         for pushed_out in self.waiting.closed(rid, now):
             self.give_up(pushed_out)
@@ -273,6 +280,11 @@ class App:
             return
         p.observer_done = True
         p.token_offset = offset
+        if p.live is not None:
+            if offset is None:
+                LiveMisses.unwatch(p.live)  # no token read: its outcome will say
+            else:
+                LiveMisses.first_token(p.live, now)
         if p.record is not None:
             self.finalize(p, p.record, now)
 
@@ -280,6 +292,20 @@ class App:
         """Turn the entry (and a sampled first-token time) into an observation; once."""
         if self._close(p.rid) is None:
             return
+        live, p.live = p.live, None
+        obs = self._observation(p, rec, now)
+        if live is not None:
+            if obs is None:
+                LiveMisses.dropped(live)
+            else:
+                LiveMisses.observed(live, obs, now)
+        if obs is not None:
+            self.observe_attempts(rec, obs, now)
+            self.observe(obs, now, p.api)
+
+    def _observation(self, p: Pending, rec: LogRecord, now: float) -> Observation | None:
+        """The observation of ``p``'s entry; None when it is not evidence (misrouted,
+        not observed, no outcome to read)."""
         cluster = p.decision.cluster
         if rec.upstream_cluster and rec.upstream_cluster != cluster:
             # Envoy sent it elsewhere: its routes do not know this decision (a bootstrap
@@ -290,16 +316,16 @@ class App:
                         "bootstrap has no route for that decision; re-render it with "
                         "`tailroute envoy-config`", cluster, rec.upstream_cluster,
                         rec.route_name or "?")
-            return
+            return None
         if not p.observed:
             if rec.retry_after_s is not None:  # a declared wait holds unobserved or not
                 self.router.note_declared_wait(cluster, rec.retry_after_s, now)
                 self.check_holds()
-            return
+            return None
         first_token_s = None
         if p.token_offset is not None and rec.first_body_s is not None:
             first_token_s = rec.first_body_s + p.token_offset
-        obs = observation_from_log(
+        return observation_from_log(
             rec, cluster, p.slice, p.streaming,
             ttft_offset_s=self.offsets.offset(cluster, p.slice),
             first_token_s=first_token_s,
@@ -307,9 +333,6 @@ class App:
             is_retry=p.is_retry or p.decision.is_retry, is_probe=p.decision.is_probe,
             sent_load=p.sent_load,
         )
-        if obs is not None:
-            self.observe_attempts(rec, obs, now)
-            self.observe(obs, now, p.api)
 
     def observe(self, obs: Observation, now: float, api: Api) -> None:
         """Hand one finished measurement to the router and the observation hook."""
@@ -357,6 +380,8 @@ class App:
         if p is None:
             return
         self.release_pending(p)
+        if p.live is not None:
+            LiveMisses.dropped(p.live)
         self.waiting.lost(rid)
         self.envoy["lost"] += 1
 

@@ -334,7 +334,7 @@ class RouteStream:
             observed=decision.reason != "not_llm"
             and app.router.wants_observation(cluster, info.slice, now, app.rng),
             sampled=sampled, api=info.api,
-        ))
+        ), now)
         return resp
 
     # -------------------------------------------------------------- response

@@ -19,6 +19,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from sidecar.core.config import ClassConfig
+from sidecar.core.live_misses import LiveEntry
 from sidecar.core.types import Observation, Outcome, RequestInfo, SliceKey
 
 if TYPE_CHECKING:
@@ -108,9 +109,9 @@ class Attempt:
     """One routed request. ``draws`` may hold pre-drawn service randomness (oracle)."""
 
     __slots__ = ("call", "cluster", "deadline", "deadline_kind", "degraded", "draws", "end_at",
-                 "first_token_at", "is_probe", "low", "n", "outcome", "retry_after", "sent_at",
-                 "sent_load", "slot_until", "state", "status", "tokens_done", "tpot_s",
-                 "ttft_deadline")
+                 "first_token_at", "is_probe", "live", "low", "n", "outcome", "retry_after",
+                 "sent_at", "sent_load", "slot_until", "state", "status", "tokens_done",
+                 "tpot_s", "ttft_deadline")
 
     def __init__(self, call: Call, n: int, now: float) -> None:
         self.call = call
@@ -134,6 +135,7 @@ class Attempt:
         self.degraded = False
         self.draws: Any = None
         self.sent_load: float | None = None  # the route's load when sent (Router.started)
+        self.live: LiveEntry | None = None  # its entry in the router's live books, if any
 
     # ---------------------------------------------------- Observation-like view
 

@@ -34,8 +34,8 @@ from sidecar.core.router import Router
 from sidecar.core.types import Decision, TransitionEvent
 from sidecar.fleet.memory import MemoryStore
 from sidecar.fleet.sync import FleetSync
-from sidecar.sim.policies import BasePolicy, Policy, PolicyContext
-from sidecar.sim.policies.tailroute import Tailroute, TailrouteNoAdmission
+from sidecar.sim.policies import BasePolicy, Policy, PolicyContext, live_entries
+from sidecar.sim.policies.tailroute import SAMPLE_SEED, Tailroute, TailrouteNoAdmission
 from sidecar.sim.records import Attempt, Call
 from sidecar.sim.replica_spec import ReplicaSpec
 from sidecar.sim.scenario import Scenario
@@ -63,6 +63,7 @@ class Replicas(BasePolicy):
         config = base.effective_config(ctx.config)
         self.routers = [Router(config) for _ in range(spec.count)]
         self._rng = random.Random(f"{seed}:replicas")
+        self.sample_rng = random.Random(SAMPLE_SEED)  # timed streams (live_entries)
         self._of: dict[int, int] = {}  # id(attempt) -> replica
         self._held: dict[str, int] = {}  # admission ticket -> replica
         self.log: list[tuple[float, int, str, str, str]] = []
@@ -100,13 +101,16 @@ class Replicas(BasePolicy):
             self.routers[i].withdraw(_ticket(call))
 
     def on_start(self, att: Attempt, now: float) -> None:
-        att.sent_load = self.routers[self._of[id(att)]].started(att.cluster, att.low)
+        router = self.routers[self._of[id(att)]]
+        att.sent_load = router.started(att.cluster, att.low)
+        live_entries.track(router, att, now, self.sample_rng)
 
     def on_result(self, att: Attempt, now: float) -> None:
         i = self._of.pop(id(att))
         router = self.routers[i]
         router.finished(att.cluster, att.low)
         obs = att.observation()
+        live_entries.resolve(att, obs, now)
         if obs is not None:
             self._record(i, router.observe(obs, now))
 

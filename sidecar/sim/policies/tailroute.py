@@ -33,8 +33,10 @@ from typing import NamedTuple
 from sidecar.core.config import Config
 from sidecar.core.router import Router
 from sidecar.core.types import Decision, SliceKey
-from sidecar.sim.policies import BasePolicy, PolicyContext
+from sidecar.sim.policies import BasePolicy, PolicyContext, live_entries
 from sidecar.sim.records import Attempt, Call
+
+SAMPLE_SEED = 0x7A11  # the timed-stream draw: any fixed seed (the run stays reproducible)
 
 
 class TraceRow(NamedTuple):
@@ -58,6 +60,8 @@ class Tailroute(BasePolicy):
         self.transitions: Counter[str] = Counter()
         # Set to a list to record every answer (named lab cases, time-to-react figures).
         self.trace: list[TraceRow] | None = None
+        # Which streams the observing filter times (live_entries), apart from the engine's.
+        self.sample_rng = random.Random(SAMPLE_SEED)
 
     @staticmethod
     def effective_config(config: Config) -> Config:
@@ -81,10 +85,12 @@ class Tailroute(BasePolicy):
 
     def on_start(self, att: Attempt, now: float) -> None:
         att.sent_load = self.router.started(att.cluster, att.low)
+        live_entries.track(self.router, att, now, self.sample_rng)
 
     def on_result(self, att: Attempt, now: float) -> None:
         self.router.finished(att.cluster, att.low)
         obs = att.observation()
+        live_entries.resolve(att, obs, now)
         if obs is not None:
             for e in self.router.observe(obs, now):
                 self.transitions[e.new] += 1

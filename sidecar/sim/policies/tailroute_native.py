@@ -39,7 +39,7 @@ import random
 from sidecar.core.types import Decision, SliceKey
 from sidecar.core.weights import SliceWeights, refresh_weights
 from sidecar.core.window_load import WindowLoad, WindowView
-from sidecar.sim.policies import PolicyContext
+from sidecar.sim.policies import PolicyContext, live_entries
 from sidecar.sim.policies.tailroute import Tailroute, _ticket
 from sidecar.sim.records import Attempt
 
@@ -97,8 +97,9 @@ class TailrouteNative(Tailroute):
         return Decision(cluster, "native", timeout_ms=timeout, is_probe=cluster in sw.probes)
 
     def on_start(self, att: Attempt, now: float) -> None:
-        if id(att) in self._per_request:
+        if id(att) in self._per_request:  # as the shell: only what it decided (live books too)
             att.sent_load = self.router.started(att.cluster, att.low)
+            live_entries.track(self.router, att, now, self.sample_rng)
 
     def on_result(self, att: Attempt, now: float) -> None:
         if id(att) in self._per_request:
@@ -107,6 +108,7 @@ class TailrouteNative(Tailroute):
         else:
             self.load.add(att.call.slice, att.cluster, now - att.sent_at)
         obs = att.observation()
+        live_entries.resolve(att, obs, now)
         if obs is not None:
             holds = self.router.pushback.holds_version
             events = self.router.observe(obs, now)

@@ -1,0 +1,278 @@
+"""Live misses: is a route missing its class budget *now*, from requests as they resolve.
+
+The statistics learn from finished requests and are read through a window of
+minutes, and plans are rebuilt every few dozen decisions: a route that turns
+slow for twenty seconds keeps much of its traffic while the evidence against it
+is still on its way (the generated ``spike`` family: a provider five times
+slower kept its share for most of its spike). A request's miss of its budget,
+though, is known as soon as the budget has passed without its answer. So each
+request sent on a route resolves as a **hit** or a **miss** of its class's
+budget at the first moment the sidecar can tell:
+
+====================================  =============================================
+request                               resolves
+====================================  =============================================
+*watched*, budget passed and its      a miss, at the budget (whatever it does next,
+first token (TTFT classes) or its     it is late: a censored observation)
+answer (others) not in by then
+any other, finished ``ok``            a hit or a miss by its measured latency, when
+                                      its outcome comes in
+a timeout or cancel                   a miss if it had waited past the budget, else
+                                      nothing (a user pressing stop says nothing)
+an error                              nothing: errors have their own rules (the fast
+                                      path, outcomes as evidence)
+====================================  =============================================
+
+Only observed requests are tracked (``stats.observe_share``): one whose outcome
+never comes could show its misses but never its hits.
+
+*Watched* are requests whose answer time the sidecar sees as it happens: every
+request of an end-to-end class (the routing stream closes when the response is
+over) and, of a TTFT class, the streams the observing filter times
+(``timing.token_sample_share``). An unwatched stream's first token is known only
+from its access-log entry, so its miss counts only then. A class whose SLO is on
+TPOT has no budget a request can pass in flight; it is not tracked. A TTFT class
+served without streaming is judged on the whole answer (its first byte).
+
+Per (cluster, slice) a :class:`Book` keeps the outcomes resolved in the last
+``H`` seconds (``health.live_horizon_s``, 10 s; 0 turns this off): ``k`` misses of
+``m``. The route is **missing**
+for the slice while::
+
+    k >= MIN_MISSES  and  P(X >= k | X ~ Binomial(m, a)) < ALPHA
+
+with ``a`` the class's allowed share ``1 - percentile / 100``: too many misses to
+be the route's allowed share by chance (with ``m = 20``, ``a = 0.05``: 5 misses).
+Then it takes no new request of the slice while another route can (the
+``live_misses`` filter, :mod:`sidecar.core.filters`; soft: alone, it serves). It
+is a steering signal, not a health state: nothing is escalated or remembered,
+and as the misses age out of ``H`` the route is back in the plan's share (the
+health machine judges the same requests through the statistics as before).
+
+Pure: times are the caller's ``now``. A lab that knows an answer's time in
+advance subclasses :class:`LiveEntry` (:meth:`LiveEntry.answer_at` is read only
+once the budget has passed, so it reads the past).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sidecar.core.config import Config
+from sidecar.core.types import Observation, SliceKey
+
+ALPHA = 0.01  # the chance of so many misses from a route at its allowed share
+MIN_MISSES = 2  # fewer misses never make a route missing, however few requests
+_THRESHOLDS_MAX = 65536  # cached (allowed share, m) thresholds before starting over
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """What a slice's requests are judged against: the budget in seconds, the
+    allowed share of misses, and whether the first token is what must arrive."""
+
+    seconds: float
+    allowed: float
+    first_token: bool
+
+
+def budget_of(config: Config, slice: SliceKey) -> Budget | None:
+    """The slice's budget; None when its class is unknown or its SLO is on TPOT."""
+    klass = config.workload_class(slice.klass)
+    if klass is None or klass.slo.metric == "tpot":
+        return None
+    return Budget(klass.slo.budget_ms / 1000.0, max(1.0 - klass.slo.percentile / 100.0, 1e-4),
+                  klass.slo.metric == "ttft" and slice.streaming is True)
+
+
+class LiveEntry:
+    """One request in a :class:`Book` (the caller keeps it until the request is done)."""
+
+    __slots__ = ("_answered", "book", "deadline", "resolved", "watched")
+
+    def __init__(self, book: Book, deadline: float, watched: bool) -> None:
+        self.book = book
+        self.deadline = deadline
+        self.watched = watched
+        self.resolved = False
+        self._answered: float | None = None
+
+    def answer_at(self) -> float | None:
+        """When its first token (TTFT classes) or its whole answer came; None: not yet."""
+        return self._answered
+
+
+class Book:
+    """The outcomes of one (cluster, slice), resolved within the horizon."""
+
+    __slots__ = ("budget", "horizon", "k", "m", "recent", "watch")
+
+    def __init__(self, budget: Budget, horizon: float) -> None:
+        self.budget = budget
+        self.horizon = horizon
+        self.watch: list[tuple[float, int, LiveEntry]] = []  # heap by deadline
+        self.recent: deque[tuple[float, bool]] = deque()  # (resolved at, miss)
+        self.k = 0  # misses in recent
+        self.m = 0  # outcomes in recent
+
+    def note(self, now: float, miss: bool) -> None:
+        self.recent.append((now, miss))
+        self.m += 1
+        if miss:
+            self.k += 1
+
+    def advance(self, now: float) -> None:
+        """Resolve watched requests whose budget passed; forget outcomes beyond ``H``."""
+        watch = self.watch
+        while watch and watch[0][0] <= now:
+            deadline, _, e = heapq.heappop(watch)
+            if e.resolved or not e.watched:
+                continue
+            t = e.answer_at()
+            if t is None or t > deadline:
+                e.resolved = True
+                self.note(now, True)  # at ``now``, not the deadline: ``recent`` stays in order
+            # else: answered in time; its outcome resolves it (an error resolves nothing)
+        recent, horizon = self.recent, now - self.horizon
+        while recent and recent[0][0] < horizon:
+            _, miss = recent.popleft()
+            self.m -= 1
+            if miss:
+                self.k -= 1
+
+
+class LiveMisses:
+    """Every route's :class:`Book` (module docstring)."""
+
+    __slots__ = ("_seq", "_thresholds", "books", "config")
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.books: dict[tuple[str, SliceKey], Book] = {}
+        self._seq = 0  # ties in the heap
+        self._thresholds: dict[tuple[float, int], int] = {}
+
+    def reconfigure(self, config: Config) -> None:
+        """A reload may change budgets: start the books afresh (entries of the old
+        ones still resolve there, harmlessly)."""
+        self.config = config
+        self.books.clear()
+
+    def sent(self, cluster: str, slice: SliceKey, now: float, timed: bool,
+             make: Callable[[Book, float, bool], LiveEntry] = LiveEntry) -> LiveEntry | None:
+        """An observed request of ``slice`` went to ``cluster`` at ``now``. ``timed``: its
+        first token will be reported as it comes (:meth:`first_token`; the observing
+        stream); every request's close is (:meth:`closed`). ``make`` builds the entry
+        (a lab's subclass). None: not tracked (TPOT class, unknown class, turned off)."""
+        key = (cluster, slice)
+        book = self.books.get(key)
+        if book is None:
+            horizon = self.config.health.live_horizon_s
+            budget = budget_of(self.config, slice)
+            if budget is None or horizon <= 0:
+                return None
+            book = self.books[key] = Book(budget, horizon)
+        watched = timed or not book.budget.first_token
+        entry = make(book, now + book.budget.seconds, watched)
+        if watched:
+            self._seq += 1
+            heapq.heappush(book.watch, (entry.deadline, self._seq, entry))
+        return entry
+
+    @staticmethod
+    def first_token(entry: LiveEntry, at: float) -> None:
+        """A timed request's first token came at ``at`` (TTFT classes' answer)."""
+        if entry.book.budget.first_token and entry._answered is None:
+            entry._answered = at
+
+    @staticmethod
+    def closed(entry: LiveEntry, at: float) -> None:
+        """The request's response is over (the routing stream closed) at ``at``: the
+        answer, for every class but a TTFT class's stream."""
+        if not entry.book.budget.first_token and entry._answered is None:
+            entry._answered = at
+
+    @staticmethod
+    def unwatch(entry: LiveEntry) -> None:
+        """Its first token will not be reported after all (the observer read none):
+        only its outcome resolves it."""
+        entry.watched = False
+
+    @staticmethod
+    def observed(entry: LiveEntry, obs: Observation, now: float) -> None:
+        """The request's outcome (module docstring's table): ``ok`` is a hit or a miss by
+        the class metric; a timeout or cancel that already waited past the budget a
+        miss; anything else resolves nothing."""
+        if entry.resolved:
+            return
+        entry.resolved = True
+        book = entry.book
+        value = obs.ttft_s if book.budget.first_token else obs.e2e_s
+        if value is None or obs.outcome == "error":
+            return
+        late = value > book.budget.seconds
+        if obs.outcome == "ok" or late:
+            book.advance(now)
+            book.note(now, late)
+
+    @staticmethod
+    def dropped(entry: LiveEntry) -> None:
+        """No outcome will come for the request (lost, misrouted)."""
+        entry.resolved = True
+
+    def missing(self, cluster: str, slice: SliceKey, now: float) -> bool:
+        """Is the route missing the slice's budget now (module docstring)?"""
+        book = self.books.get((cluster, slice))
+        if book is None:
+            return False
+        book.advance(now)
+        if book.k < MIN_MISSES:
+            return False
+        return book.k >= self.threshold(book.budget.allowed, book.m)
+
+    def threshold(self, allowed: float, m: int) -> int:
+        """The fewest misses of ``m`` whose chance at share ``allowed`` is below ALPHA."""
+        key = (allowed, m)
+        t = self._thresholds.get(key)
+        if t is None:
+            if len(self._thresholds) >= _THRESHOLDS_MAX:
+                self._thresholds.clear()
+            t = self._thresholds[key] = binomial_threshold(m, allowed, ALPHA)
+        return t
+
+
+def binomial_threshold(m: int, p: float, alpha: float) -> int:
+    """The least ``k`` with ``P(X >= k) < alpha`` for ``X ~ Binomial(m, p)`` (``m + 1``
+    when none: even ``m`` misses of ``m`` are not that unlikely)."""
+    if m <= 0:
+        return 1
+    q = 1.0 - p
+    pmf = q ** m  # P(X = 0)
+    if pmf == 0.0:  # underflow at large m: start from the normal approximation's mean
+        return _threshold_by_logs(m, p, alpha)
+    below = 0.0  # P(X < k)
+    for k in range(m + 1):
+        if 1.0 - below < alpha:
+            return k
+        below += pmf
+        pmf *= (m - k) / (k + 1) * p / q
+    return m + 1
+
+
+def _threshold_by_logs(m: int, p: float, alpha: float) -> int:
+    """:func:`binomial_threshold` with the tail summed in logs (large ``m``)."""
+
+    def log_pmf(k: int) -> float:
+        return (math.lgamma(m + 1) - math.lgamma(k + 1) - math.lgamma(m - k + 1)
+                + k * math.log(p) + (m - k) * math.log1p(-p))
+
+    tail = 0.0  # P(X >= k) for k from m down
+    for k in range(m, -1, -1):
+        tail += math.exp(log_pmf(k))
+        if tail >= alpha:
+            return k + 1
+    return 0

@@ -1,0 +1,58 @@
+"""The lab's side of live misses (:mod:`sidecar.core.live_misses`): what the server
+shell reports as it happens, from an attempt's simulated times.
+
+The server tells the router's books when a request is sent, when its first token
+comes (the sampled observing stream: ``timing.token_sample_share`` of streams),
+when its routing stream closes, and its outcome. The lab has no event at the
+first token or at the close, but an attempt knows both once its service starts
+(:mod:`sidecar.sim.provider`); an :class:`AttemptEntry` hands them to the book,
+which reads an answer time only once the request's budget has passed -- the
+past, as the server would have reported it. Which streams are timed is drawn
+from the policy's own generator, so the engine's draws stay as they were.
+"""
+
+from __future__ import annotations
+
+import random
+
+from sidecar.core.live_misses import Book, LiveEntry, LiveMisses
+from sidecar.core.router import Router
+from sidecar.core.types import Observation
+from sidecar.sim.records import Attempt
+
+
+class AttemptEntry(LiveEntry):
+    """A lab request's entry: its answer time is the attempt's."""
+
+    __slots__ = ("att",)
+
+    def __init__(self, book: Book, deadline: float, watched: bool) -> None:
+        super().__init__(book, deadline, watched)
+        self.att: Attempt | None = None
+
+    def answer_at(self) -> float | None:
+        att = self.att
+        if att is None:
+            return None
+        return att.first_token_at if self.book.budget.first_token else att.end_at
+
+
+def track(router: Router, att: Attempt, now: float, rng: random.Random) -> None:
+    """``att`` was released to its cluster: enter it in the router's books."""
+    timed = att.call.stream and rng.random() < router.config.timing.token_sample_share
+    entry = router.live.sent(att.cluster, att.call.slice, now, timed, AttemptEntry)
+    if entry is not None:
+        assert isinstance(entry, AttemptEntry)
+        entry.att = att
+        att.live = entry
+
+
+def resolve(att: Attempt, obs: Observation | None, now: float) -> None:
+    """``att`` is over with observation ``obs``: that resolves its entry, if it has one."""
+    entry = att.live
+    if entry is not None:
+        att.live = None
+        if obs is None:
+            LiveMisses.dropped(entry)
+        else:
+            LiveMisses.observed(entry, obs, now)

@@ -1,0 +1,253 @@
+"""Live misses (sidecar.core.live_misses): books, the binomial threshold, and the router
+keeping a route that misses its budget now out of the slice while another can serve."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import pytest
+from conftest import base_config_dict
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sidecar.core.config import Config, parse_config
+from sidecar.core.live_misses import (
+    ALPHA,
+    LiveEntry,
+    LiveMisses,
+    _threshold_by_logs,
+    binomial_threshold,
+)
+from sidecar.core.router import Router
+from sidecar.core.types import Observation, RequestInfo, SliceKey
+
+STREAM = SliceKey("m", "interactive", "short", True)  # TTFT, 1 s budget, p95
+WHOLE = SliceKey("m", "agentic", "short", False)  # end to end, 8 s budget, p95
+
+
+def make_config(**health: Any) -> Config:
+    return parse_config(base_config_dict(health=health), "t.yaml")
+
+
+def ok(cluster: str, slice: SliceKey, latency_s: float, outcome: str = "ok") -> Observation:
+    return Observation(cluster, slice, outcome, 200 if outcome == "ok" else None,
+                       ttft_s=latency_s, e2e_s=latency_s)
+
+
+def tail(m: int, p: float, k: int) -> float:
+    """P(X >= k), X ~ Binomial(m, p), summed exactly."""
+    return sum(math.comb(m, i) * p**i * (1 - p) ** (m - i) for i in range(k, m + 1))
+
+
+# ------------------------------------------------------------------ threshold
+
+
+@pytest.mark.parametrize(("m", "p", "expected"), [
+    (0, 0.05, 1),
+    (2, 0.05, 2),  # two late of two: 0.25 % at a 5 % share
+    (20, 0.05, 5),  # four of twenty is 1.6 %: not yet
+    (100, 0.05, 12),
+    (5, 0.5, 6),  # even five of five is 3 % at a 50 % share: never
+])
+def test_threshold_values(m: int, p: float, expected: int) -> None:
+    assert binomial_threshold(m, p, ALPHA) == expected
+
+
+@given(st.integers(0, 300), st.sampled_from([0.001, 0.01, 0.05, 0.1, 0.3]))
+def test_threshold_is_the_least_unlikely_count(m: int, p: float) -> None:
+    t = binomial_threshold(m, p, ALPHA)
+    if t <= m:
+        assert tail(m, p, t) < ALPHA * (1 + 1e-9)  # a tie at ALPHA may round either way
+    if t >= 1:
+        assert tail(m, p, t - 1) >= ALPHA * (1 - 1e-9)
+
+
+@given(st.integers(0, 400), st.sampled_from([0.01, 0.05, 0.2]))
+def test_threshold_grows_with_evidence(m: int, p: float) -> None:
+    """More outcomes never make fewer misses enough (monotone in evidence)."""
+    assert binomial_threshold(m + 1, p, ALPHA) >= binomial_threshold(m, p, ALPHA)
+
+
+@pytest.mark.parametrize(("m", "p"), [(50, 0.05), (400, 0.01), (1000, 0.05)])
+def test_the_log_sum_agrees(m: int, p: float) -> None:
+    assert _threshold_by_logs(m, p, ALPHA) == binomial_threshold(m, p, ALPHA)
+
+
+def test_huge_counts_do_not_underflow() -> None:
+    t = binomial_threshold(40000, 0.05, ALPHA)
+    assert 2000 < t < 2200  # mean 2000, sd ~44
+
+
+# ------------------------------------------------------------------ books
+
+
+def test_a_watched_request_past_its_budget_is_a_miss_at_the_budget() -> None:
+    live = LiveMisses(make_config())
+    late = [live.sent("a", WHOLE, 0.0, timed=False) for _ in range(3)]
+    assert all(e is not None and e.watched for e in late)  # end to end: every close is seen
+    assert not live.missing("a", WHOLE, 7.9)
+    assert live.missing("a", WHOLE, 8.0)  # three of three late: known without an answer
+    book = live.books[("a", WHOLE)]
+    assert (book.k, book.m) == (3, 3)
+
+
+def test_an_answer_in_time_waits_for_its_outcome() -> None:
+    live = LiveMisses(make_config())
+    e = live.sent("a", WHOLE, 0.0, timed=False)
+    assert e is not None
+    LiveMisses.closed(e, 2.0)
+    assert not live.missing("a", WHOLE, 9.0)
+    assert live.books[("a", WHOLE)].m == 0  # closed in time: the outcome decides
+    LiveMisses.observed(e, ok("a", WHOLE, 2.0, "error"), 9.0)
+    assert live.books[("a", WHOLE)].m == 0  # an error resolves nothing
+
+
+def test_an_untimed_stream_counts_only_with_its_outcome() -> None:
+    live = LiveMisses(make_config())
+    entries = [live.sent("a", STREAM, 0.0, timed=False) for _ in range(3)]
+    assert all(e is not None and not e.watched for e in entries)
+    assert not live.missing("a", STREAM, 5.0)  # its first token may well have come
+    for e in entries:
+        assert e is not None
+        LiveMisses.observed(e, ok("a", STREAM, 3.0), 6.0)
+    assert live.missing("a", STREAM, 6.0)
+
+
+def test_a_timed_stream_is_judged_at_its_budget_by_its_first_token() -> None:
+    live = LiveMisses(make_config())
+    on_time = live.sent("a", STREAM, 0.0, timed=True)
+    late = [live.sent("a", STREAM, 0.0, timed=True) for _ in range(2)]
+    assert on_time is not None
+    LiveMisses.first_token(on_time, 0.4)
+    LiveMisses.closed(on_time, 0.5)  # a stream's close is not its first token
+    assert live.missing("a", STREAM, 1.0)
+    assert live.books[("a", STREAM)].k == 2
+    for e in late:
+        assert e is not None
+        LiveMisses.observed(e, ok("a", STREAM, 2.0), 3.0)  # already counted: once
+    assert live.books[("a", STREAM)].k == 2
+
+
+def test_an_observer_that_read_no_token_unwatches() -> None:
+    live = LiveMisses(make_config())
+    e = live.sent("a", STREAM, 0.0, timed=True)
+    assert e is not None
+    LiveMisses.unwatch(e)
+    live.missing("a", STREAM, 5.0)
+    assert live.books[("a", STREAM)].m == 0
+
+
+@pytest.mark.parametrize(("outcome", "waited", "counted"), [
+    ("timeout", 9.0, (1, 1)),  # waited past the budget: a miss
+    ("cancel", 9.0, (1, 1)),
+    ("cancel", 2.0, (0, 0)),  # a user pressing stop says nothing
+    ("ok", 2.0, (0, 1)),
+    ("ok", 9.0, (1, 1)),
+])
+def test_outcomes(outcome: str, waited: float, counted: tuple[int, int]) -> None:
+    live = LiveMisses(make_config())
+    e = live.sent("a", WHOLE, 0.0, timed=False)
+    assert e is not None
+    LiveMisses.closed(e, 0.1)  # closed early: only the outcome counts
+    LiveMisses.observed(e, ok("a", WHOLE, waited, outcome), 10.0)
+    book = live.books[("a", WHOLE)]
+    assert (book.k, book.m) == counted
+
+
+def test_misses_age_out_of_the_horizon() -> None:
+    live = LiveMisses(make_config(live_horizon_s=10))
+    for _ in range(3):
+        live.sent("a", WHOLE, 0.0, timed=False)
+    assert live.missing("a", WHOLE, 8.0)
+    assert live.missing("a", WHOLE, 17.9)
+    assert not live.missing("a", WHOLE, 18.1)
+
+
+@pytest.mark.parametrize("slice_, health", [
+    (SliceKey("m", "nosuch", "short", True), {}),
+    (STREAM, {"live_horizon_s": 0}),
+])
+def test_untracked(slice_: SliceKey, health: dict[str, Any]) -> None:
+    live = LiveMisses(make_config(**health))
+    assert live.sent("a", slice_, 0.0, timed=True) is None
+    assert not live.missing("a", slice_, 100.0)
+
+
+def test_a_tpot_class_is_not_tracked() -> None:
+    data = base_config_dict()
+    data["classes"] = {"tpot": {"slo": {"metric": "tpot", "percentile": 95,
+                                        "budget_ms": 50, "timeout_ms": 30000}}}
+    live = LiveMisses(parse_config(data, "t.yaml"))
+    assert live.sent("a", SliceKey("m", "tpot", "short", True), 0.0, timed=True) is None
+
+
+def test_a_lab_entry_reads_its_answer_time() -> None:
+    class Known(LiveEntry):
+        __slots__ = ()
+
+        def answer_at(self) -> float | None:
+            return 0.5  # the lab knows it ahead; the book reads it after the budget
+
+    live = LiveMisses(make_config())
+    for _ in range(4):
+        live.sent("a", WHOLE, 0.0, timed=False, make=Known)
+    assert not live.missing("a", WHOLE, 9.0)
+
+
+@given(st.lists(st.tuples(st.booleans(), st.floats(0, 30)), max_size=60))
+def test_counts_stay_consistent(events: list[tuple[bool, float]]) -> None:
+    """Whatever arrives in whatever order, ``0 <= k <= m`` and both equal the recent list."""
+    live = LiveMisses(make_config())
+    now = 0.0
+    for late, dt in events:
+        now += dt / 10
+        e = live.sent("a", WHOLE, now, timed=False)
+        assert e is not None
+        if not late:
+            LiveMisses.closed(e, now + 1.0)
+        live.missing("a", WHOLE, now)
+    book = live.books.get(("a", WHOLE))
+    if book is not None:
+        assert 0 <= book.k <= book.m == len(book.recent)
+        assert book.k == sum(miss for _, miss in book.recent)
+
+
+# ------------------------------------------------------------------ the router
+
+
+def request(slice_: SliceKey, rid: str) -> RequestInfo:
+    return RequestInfo(api="chat", model="m", stream=slice_.streaming is True, max_tokens=None,
+                       input_tokens=10, klass=slice_.klass, priority=5, tenant=None,
+                       slice=slice_, request_id=rid)
+
+
+def test_the_router_keeps_a_missing_route_out_while_another_serves() -> None:
+    router = Router(make_config())
+    rng = random.Random(3)
+    for _ in range(3):
+        router.live.sent("a", WHOLE, 0.0, timed=False)
+    chosen = {router.decide(request(WHOLE, f"r{i}"), 9.0, rng).cluster for i in range(200)}
+    assert "a" not in chosen and chosen == {"b", "c"}
+    assert router.counters[("live_missing", "a")] == 200
+
+
+def test_the_last_route_serves_even_when_missing() -> None:
+    """Never leaves a class without a route: soft, like the failure run's hold."""
+    router = Router(make_config())
+    rng = random.Random(3)
+    for c in ("a", "b", "c"):
+        for _ in range(3):
+            router.live.sent(c, WHOLE, 0.0, timed=False)
+    d = router.decide(request(WHOLE, "r"), 9.0, rng)
+    assert d.cluster in ("a", "b", "c") and d.reason != "no_candidate"
+    assert d.admission == "admit"
+
+
+def test_a_reload_starts_the_books_afresh() -> None:
+    router = Router(make_config())
+    for _ in range(3):
+        router.live.sent("a", WHOLE, 0.0, timed=False)
+    router.reload(make_config(live_horizon_s=20))
+    assert not router.live.missing("a", WHOLE, 9.0)
