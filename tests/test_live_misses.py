@@ -100,7 +100,7 @@ def test_an_answer_in_time_waits_for_its_outcome() -> None:
     LiveMisses.closed(e, 2.0)
     assert not live.missing("a", WHOLE, 9.0)
     assert live.books[("a", WHOLE)].m == 0  # closed in time: the outcome decides
-    LiveMisses.observed(e, ok("a", WHOLE, 2.0, "error"), 9.0)
+    live.observed(e, ok("a", WHOLE, 2.0, "error"), 9.0)
     assert live.books[("a", WHOLE)].m == 0  # an error resolves nothing
 
 
@@ -111,7 +111,7 @@ def test_an_untimed_stream_counts_only_with_its_outcome() -> None:
     assert not live.missing("a", STREAM, 5.0)  # its first token may well have come
     for e in entries:
         assert e is not None
-        LiveMisses.observed(e, ok("a", STREAM, 3.0), 6.0)
+        live.observed(e, ok("a", STREAM, 3.0), 6.0)
     assert live.missing("a", STREAM, 6.0)
 
 
@@ -126,7 +126,7 @@ def test_a_timed_stream_is_judged_at_its_budget_by_its_first_token() -> None:
     assert live.books[("a", STREAM)].k == 2
     for e in late:
         assert e is not None
-        LiveMisses.observed(e, ok("a", STREAM, 2.0), 3.0)  # already counted: once
+        live.observed(e, ok("a", STREAM, 2.0), 3.0)  # already counted: once
     assert live.books[("a", STREAM)].k == 2
 
 
@@ -151,7 +151,7 @@ def test_outcomes(outcome: str, waited: float, counted: tuple[int, int]) -> None
     e = live.sent("a", WHOLE, 0.0, timed=False)
     assert e is not None
     LiveMisses.closed(e, 0.1)  # closed early: only the outcome counts
-    LiveMisses.observed(e, ok("a", WHOLE, waited, outcome), 10.0)
+    live.observed(e, ok("a", WHOLE, waited, outcome), 10.0)
     book = live.books[("a", WHOLE)]
     assert (book.k, book.m) == counted
 

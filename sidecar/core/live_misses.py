@@ -109,34 +109,29 @@ class LiveEntry:
 class Book:
     """The outcomes of one (cluster, slice), resolved within the horizon."""
 
-    __slots__ = ("budget", "horizon", "k", "m", "recent", "watch")
+    __slots__ = ("budget", "horizon", "k", "m", "recent", "suspects")
 
-    def __init__(self, budget: Budget, horizon: float) -> None:
+    def __init__(self, budget: Budget, horizon: float, suspects: set[Book]) -> None:
         self.budget = budget
         self.horizon = horizon
-        self.watch: list[tuple[float, int, LiveEntry]] = []  # heap by deadline
-        self.recent: deque[tuple[float, bool]] = deque()  # (resolved at, miss)
+        self.recent: deque[tuple[float, bool]] = deque()  # (resolved at, miss), in order
         self.k = 0  # misses in recent
         self.m = 0  # outcomes in recent
+        self.suspects = suspects  # the books with MIN_MISSES or more (LiveMisses')
 
     def note(self, now: float, miss: bool) -> None:
-        self.recent.append((now, miss))
+        recent = self.recent
+        if recent and recent[0][0] < now - self.horizon:
+            self.forget(now)
+        recent.append((now, miss))
         self.m += 1
         if miss:
             self.k += 1
+            if self.k >= MIN_MISSES:
+                self.suspects.add(self)
 
-    def advance(self, now: float) -> None:
-        """Resolve watched requests whose budget passed; forget outcomes beyond ``H``."""
-        watch = self.watch
-        while watch and watch[0][0] <= now:
-            deadline, _, e = heapq.heappop(watch)
-            if e.resolved or not e.watched:
-                continue
-            t = e.answer_at()
-            if t is None or t > deadline:
-                e.resolved = True
-                self.note(now, True)  # at ``now``, not the deadline: ``recent`` stays in order
-            # else: answered in time; its outcome resolves it (an error resolves nothing)
+    def forget(self, now: float) -> None:
+        """Drop the outcomes resolved more than ``H`` before ``now``."""
         recent, horizon = self.recent, now - self.horizon
         while recent and recent[0][0] < horizon:
             _, miss = recent.popleft()
@@ -145,14 +140,21 @@ class Book:
                 self.k -= 1
 
 
-class LiveMisses:
-    """Every route's :class:`Book` (module docstring)."""
+_NONE: frozenset[str] = frozenset()
 
-    __slots__ = ("_seq", "_thresholds", "books", "config")
+
+class LiveMisses:
+    """Every route's :class:`Book` (module docstring). Per decision the work is a look
+    at the earliest watched budget and, while some book holds ``MIN_MISSES`` misses,
+    the test on the candidates' books."""
+
+    __slots__ = ("_seq", "_thresholds", "books", "config", "suspects", "watch")
 
     def __init__(self, config: Config) -> None:
         self.config = config
         self.books: dict[tuple[str, SliceKey], Book] = {}
+        self.watch: list[tuple[float, int, LiveEntry]] = []  # watched requests, by deadline
+        self.suspects: set[Book] = set()
         self._seq = 0  # ties in the heap
         self._thresholds: dict[tuple[float, int], int] = {}
 
@@ -161,6 +163,8 @@ class LiveMisses:
         ones still resolve there, harmlessly)."""
         self.config = config
         self.books.clear()
+        self.watch.clear()
+        self.suspects.clear()
 
     def sent(self, cluster: str, slice: SliceKey, now: float, timed: bool,
              make: Callable[[Book, float, bool], LiveEntry] = LiveEntry) -> LiveEntry | None:
@@ -175,13 +179,26 @@ class LiveMisses:
             budget = budget_of(self.config, slice)
             if budget is None or horizon <= 0:
                 return None
-            book = self.books[key] = Book(budget, horizon)
+            book = self.books[key] = Book(budget, horizon, self.suspects)
         watched = timed or not book.budget.first_token
         entry = make(book, now + book.budget.seconds, watched)
         if watched:
             self._seq += 1
-            heapq.heappush(book.watch, (entry.deadline, self._seq, entry))
+            heapq.heappush(self.watch, (entry.deadline, self._seq, entry))
         return entry
+
+    def advance(self, now: float) -> None:
+        """Resolve the watched requests whose budget passed unanswered: misses, now."""
+        watch = self.watch
+        while watch and watch[0][0] <= now:
+            deadline, _, e = heapq.heappop(watch)
+            if e.resolved or not e.watched:
+                continue
+            t = e.answer_at()
+            if t is None or t > deadline:
+                e.resolved = True
+                e.book.note(now, True)  # at ``now``, not the deadline: ``recent`` in order
+            # else: answered in time; its outcome resolves it (an error resolves nothing)
 
     @staticmethod
     def first_token(entry: LiveEntry, at: float) -> None:
@@ -202,8 +219,7 @@ class LiveMisses:
         only its outcome resolves it."""
         entry.watched = False
 
-    @staticmethod
-    def observed(entry: LiveEntry, obs: Observation, now: float) -> None:
+    def observed(self, entry: LiveEntry, obs: Observation, now: float) -> None:
         """The request's outcome (module docstring's table): ``ok`` is a hit or a miss by
         the class metric; a timeout or cancel that already waited past the budget a
         miss; anything else resolves nothing."""
@@ -216,7 +232,9 @@ class LiveMisses:
             return
         late = value > book.budget.seconds
         if obs.outcome == "ok" or late:
-            book.advance(now)
+            watch = self.watch
+            if watch and watch[0][0] <= now:
+                self.advance(now)  # earlier budgets first: ``recent`` stays in order
             book.note(now, late)
 
     @staticmethod
@@ -224,13 +242,25 @@ class LiveMisses:
         """No outcome will come for the request (lost, misrouted)."""
         entry.resolved = True
 
+    def missing_among(self, clusters: tuple[str, ...], slice: SliceKey,
+                      now: float) -> frozenset[str]:
+        """Which of ``clusters`` miss the slice's budget now (:meth:`missing`)."""
+        watch = self.watch
+        if watch and watch[0][0] <= now:
+            self.advance(now)
+        if not self.suspects:
+            return _NONE
+        return frozenset(c for c in clusters if self.missing(c, slice, now))
+
     def missing(self, cluster: str, slice: SliceKey, now: float) -> bool:
         """Is the route missing the slice's budget now (module docstring)?"""
+        self.advance(now)
         book = self.books.get((cluster, slice))
-        if book is None:
+        if book is None or book not in self.suspects:
             return False
-        book.advance(now)
+        book.forget(now)
         if book.k < MIN_MISSES:
+            self.suspects.discard(book)
             return False
         return book.k >= self.threshold(book.budget.allowed, book.m)
 

@@ -274,10 +274,9 @@ class Router(Intake):
                              if self.board.run_held(c, req.slice, now))
             if held:
                 ctx = replace(ctx, held=held)
-        if self.live.books:
-            missing = self._missing(model, req.slice, now)
-            if missing:
-                ctx = replace(ctx, missing=missing)
+        missing = self.live.missing_among(model.candidates, req.slice, now)
+        if missing:
+            ctx = replace(ctx, missing=missing)
         if cached.lane is not None and not req.explain and not ctx.held and not ctx.missing:
             # Standalone, the in-flight counts are the Counter's own (missing: 0).
             lane = cached.lane
@@ -298,11 +297,6 @@ class Router(Intake):
                     self.counters[("live_missing", cand.name)] += 1
         reason = decision_reason(result, model)
         return self._decision(cached, req, result.chosen.name, reason, klass, result), result
-
-    def _missing(self, model: ModelConfig, slice: SliceKey, now: float) -> frozenset[str]:
-        """The model's routes missing the slice's budget now (sidecar.core.live_misses)."""
-        live = self.live
-        return frozenset(c for c in model.candidates if live.missing(c, slice, now))
 
     def _decision(
         self, cached: CachedPlan, req: RequestInfo, cluster: str, reason: str,

@@ -298,7 +298,7 @@ class App:
             if obs is None:
                 LiveMisses.dropped(live)
             else:
-                LiveMisses.observed(live, obs, now)
+                self.router.live.observed(live, obs, now)
         if obs is not None:
             self.observe_attempts(rec, obs, now)
             self.observe(obs, now, p.api)

@@ -110,7 +110,7 @@ class Replicas(BasePolicy):
         router = self.routers[i]
         router.finished(att.cluster, att.low)
         obs = att.observation()
-        live_entries.resolve(att, obs, now)
+        live_entries.resolve(router, att, obs, now)
         if obs is not None:
             self._record(i, router.observe(obs, now))
 

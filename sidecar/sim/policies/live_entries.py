@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 
-from sidecar.core.live_misses import Book, LiveEntry, LiveMisses
+from sidecar.core.live_misses import LiveEntry, LiveMisses
 from sidecar.core.router import Router
 from sidecar.core.types import Observation
 from sidecar.sim.records import Attempt
@@ -25,29 +25,24 @@ class AttemptEntry(LiveEntry):
     """A lab request's entry: its answer time is the attempt's."""
 
     __slots__ = ("att",)
-
-    def __init__(self, book: Book, deadline: float, watched: bool) -> None:
-        super().__init__(book, deadline, watched)
-        self.att: Attempt | None = None
+    att: Attempt  # set by track() right after the book makes the entry
 
     def answer_at(self) -> float | None:
         att = self.att
-        if att is None:
-            return None
         return att.first_token_at if self.book.budget.first_token else att.end_at
 
 
 def track(router: Router, att: Attempt, now: float, rng: random.Random) -> None:
     """``att`` was released to its cluster: enter it in the router's books."""
-    timed = att.call.stream and rng.random() < router.config.timing.token_sample_share
-    entry = router.live.sent(att.cluster, att.call.slice, now, timed, AttemptEntry)
+    call = att.call
+    timed = call.stream and rng.random() < router.config.timing.token_sample_share
+    entry = router.live.sent(att.cluster, call.slice, now, timed, AttemptEntry)
     if entry is not None:
-        assert isinstance(entry, AttemptEntry)
-        entry.att = att
+        entry.att = att  # type: ignore[attr-defined]  # an AttemptEntry: make= said so
         att.live = entry
 
 
-def resolve(att: Attempt, obs: Observation | None, now: float) -> None:
+def resolve(router: Router, att: Attempt, obs: Observation | None, now: float) -> None:
     """``att`` is over with observation ``obs``: that resolves its entry, if it has one."""
     entry = att.live
     if entry is not None:
@@ -55,4 +50,4 @@ def resolve(att: Attempt, obs: Observation | None, now: float) -> None:
         if obs is None:
             LiveMisses.dropped(entry)
         else:
-            LiveMisses.observed(entry, obs, now)
+            router.live.observed(entry, obs, now)

@@ -90,7 +90,7 @@ class Tailroute(BasePolicy):
     def on_result(self, att: Attempt, now: float) -> None:
         self.router.finished(att.cluster, att.low)
         obs = att.observation()
-        live_entries.resolve(att, obs, now)
+        live_entries.resolve(self.router, att, obs, now)
         if obs is not None:
             for e in self.router.observe(obs, now):
                 self.transitions[e.new] += 1

@@ -108,7 +108,7 @@ class TailrouteNative(Tailroute):
         else:
             self.load.add(att.call.slice, att.cluster, now - att.sent_at)
         obs = att.observation()
-        live_entries.resolve(att, obs, now)
+        live_entries.resolve(self.router, att, obs, now)
         if obs is not None:
             holds = self.router.pushback.holds_version
             events = self.router.observe(obs, now)
