@@ -15,7 +15,7 @@ import redis
 
 from sidecar.core.config import Config, parse_config
 from sidecar.core.router import Router
-from sidecar.core.types import Observation, SliceKey
+from sidecar.core.types import Observation, SliceKey, TransitionEvent
 from sidecar.devtools.redis_server import RedisServer
 from sidecar.fleet.link import FleetLink
 from sidecar.fleet.metrics import FLEET_METRIC_NAMES, FleetCollector
@@ -333,3 +333,33 @@ def test_a_refused_password_is_reported_as_an_authentication_failure(
     assert said == [("ERROR", f"fleet store: authentication to the Redis at {shown} failed: "
                      f"{problem}; continuing on local state, retrying with backoff")], said
     assert not any(w in m for w in ("HELLO", "n0tit", "s3cret", "unreachable") for _, m in said)
+
+
+def test_a_peers_hold_and_transitions_reach_the_native_publisher(server: RedisServer) -> None:
+    """What a replica adopts from its peers wakes ``on_holds`` / ``on_transitions`` as
+    its own would (native mode publishes the weights at once, not at the next
+    interval); the adopted transitions are counted and logged."""
+    cfg = _config(server.url)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        apps = [App.create(cfg, seed=i) for i in range(2)]
+        links = [FleetLink(app, cfg.fleet, rid=f"r{i}") for i, app in  # type: ignore[arg-type]
+                 enumerate(apps)]
+        holds: list[int] = []
+        seen: list[TransitionEvent] = []
+        apps[1].on_holds = lambda: holds.append(1)
+        apps[1].on_transitions = seen.extend
+        for link in links:
+            await link.cycle()
+        apps[0].router.note_declared_wait("a", 5.0, loop.time())
+        for link in links:
+            await link.cycle()
+        assert holds == [1] and apps[1].router.pushback.held()
+        links[1]._record([TransitionEvent(1.0, "a", "*", "healthy", "quarantined", "fleet")])
+        assert [e.new for e in seen] == ["quarantined"]
+        assert apps[1].router.counters[("transition", "quarantined")] == 1
+        for link in links:
+            await link.close()
+
+    asyncio.run(main())

@@ -35,19 +35,26 @@ TPOT has no budget a request can pass in flight; it is not tracked. A TTFT class
 served without streaming is judged on the whole answer (its first byte).
 
 Per (cluster, slice) a :class:`Book` keeps the outcomes resolved in the last
-``H`` seconds (``health.live_horizon_s``, 10 s; 0 turns this off): ``k`` misses of
-``m``. The route is **missing**
-for the slice while::
+``H`` seconds (``health.live_horizon_s``, 10 s; 0 turns this off): ``k`` misses
+of ``m``. The route is **missing** for the slice while::
 
     k >= MIN_MISSES  and  P(X >= k | X ~ Binomial(m, a)) < ALPHA
 
 with ``a`` the class's allowed share ``1 - percentile / 100``: too many misses to
 be the route's allowed share by chance (with ``m = 20``, ``a = 0.05``: 5 misses).
-Then it takes no new request of the slice while another route can (the
-``live_misses`` filter, :mod:`sidecar.core.filters`; soft: alone, it serves). It
-is a steering signal, not a health state: nothing is escalated or remembered,
-and as the misses age out of ``H`` the route is back in the plan's share (the
-health machine judges the same requests through the statistics as before).
+Then it takes no new request of the slice while the other usable routes have a
+quarter of their slots free (the ``live_misses`` filter in
+:mod:`sidecar.core.filters`, with the class restriction's herding guard: when a
+peak slows every route, sitting one out would only pile its traffic onto the
+next; soft: alone, it serves). It is a steering signal, not a health state:
+nothing is escalated or remembered, and as the misses age out of ``H`` the route
+is back in the plan's share (the health machine judges the same requests
+through the statistics as before). Each replica of a fleet keeps its own books.
+
+Cost: one heap entry per watched request in flight, popped when its budget
+passes; per decision a look at the earliest budget and, only while some book
+holds ``MIN_MISSES`` misses, the test on the candidates' books (thresholds
+cached per ``(a, m)``).
 
 Pure: times are the caller's ``now``. A lab that knows an answer's time in
 advance subclasses :class:`LiveEntry` (:meth:`LiveEntry.answer_at` is read only

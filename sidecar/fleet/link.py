@@ -109,15 +109,19 @@ class FleetLink:
         self._acked, self._take_gen = self._take_gen, self._take_gen + 1
         now = loop.time()
         self._record(self.sync.incoming(reply, now))
+        self.app.check_holds()  # a peer's declared wait or quota backoff: native publishes now
         self.app.settled_elsewhere([r.decode(errors="replace") for r in reply.entries])
         self.last_cycle_s = now - t0
 
     def _record(self, events: list[TransitionEvent]) -> None:
+        """Transitions adopted from the fleet, recorded as the router records its own
+        (logged, and handed on: native mode publishes them at once, not at the next
+        interval)."""
         router = self.app.router
         for e in events:
             router.transitions.append(e)
             router.counters[("transition", e.new)] += 1
-            log.info("health %s %s: %s -> %s (%s)", e.cluster, e.slice, e.old, e.new, e.reason)
+        self.app.log_events(events)
 
     async def _attempt(self) -> bool:
         try:
