@@ -83,11 +83,11 @@ def test_an_entry_received_elsewhere_ends_the_wait_not_as_lost() -> None:
     assert receiver.envoy["orphan"] == 1 and receiver.router.counters[("outcome", "ok")] == 1
     forwarded = receiver.forwards.take()
     assert forwarded == {decider.prefix: [rid]}
-    decider.settled_elsewhere(forwarded[decider.prefix])
+    decider.settled_elsewhere(forwarded[decider.prefix], 1.0)
     assert not decider.pending and len(decider.waiting) == 0
     assert decider.envoy["elsewhere"] == 1 and decider.envoy["lost"] == 0
     assert decider.router.counters[("outcome", "ok")] == 0  # observed once, by the receiver
-    decider.settled_elsewhere([rid])  # a repeat changes nothing
+    decider.settled_elsewhere([rid], 1.0)  # a repeat changes nothing
     assert decider.envoy["elsewhere"] == 1
 
 
@@ -96,7 +96,7 @@ def test_a_forward_after_the_grace_counts_late() -> None:
     rid = _decided(decider, 0.0)
     decider.tick(1_000.0)  # the entry's grace is over: lost
     assert decider.envoy["lost"] == 1
-    decider.settled_elsewhere([rid])
+    decider.settled_elsewhere([rid], 1.0)
     assert decider.envoy["late"] == 1 and decider.envoy["elsewhere"] == 0
 
 
@@ -106,3 +106,18 @@ def test_without_a_fleet_nothing_is_noted() -> None:
     OutcomeFeed(app)(entry("bbbbbbbb-1", route="a|interactive|n",
                            slice_label="m|interactive|short|stream"), 0.0)
     assert app.envoy["orphan"] == 1 and app.forwards.take() == {}
+
+
+def test_a_request_settled_elsewhere_keeps_the_live_books_even() -> None:
+    """Live misses (sidecar.core.live_misses): an end-to-end request counts as a miss at
+    its budget if still open, so one that closed in time must count as a hit even when
+    its entry went to another process; else the decider's books lean to misses."""
+    decider = _fleet_app(1)
+    s = RouteStream(decider)
+    s.on_message(body_only_msg(chat_request(stream=False), {"x-tailroute-class": "agentic"}),
+                 0.0)
+    s.close(0.3, cancelled=False)  # 8 s budget: answered in time
+    assert s.rid is not None
+    decider.settled_elsewhere([s.rid], 1.0)
+    books = list(decider.router.live.books.values())
+    assert [(b.k, b.m) for b in books] == [(0, 1)]

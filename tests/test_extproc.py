@@ -492,5 +492,5 @@ def test_a_lost_or_unreadable_request_resolves_nothing() -> None:
     gz = {**SSE_HEADERS, "content-encoding": "gzip"}
     _observe(app, meta, [(0.2, observe_msg("response_headers", meta, gz))])  # no token read
     lost, _ = fast(app, chat_request(), now=0.0)
-    app.give_up(lost.rid)
+    app.give_up(lost.rid, 0.5)
     assert _counts(app, 2.0) == (0, 0)

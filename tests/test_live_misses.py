@@ -156,6 +156,26 @@ def test_outcomes(outcome: str, waited: float, counted: tuple[int, int]) -> None
     assert (book.k, book.m) == counted
 
 
+@pytest.mark.parametrize(("slice_", "timed", "answer", "counted"), [
+    (WHOLE, False, 2.0, (0, 1)),  # watched, closed in time: its hit counts
+    (WHOLE, False, None, (0, 0)),  # not answered yet, no outcome coming: nothing
+    (STREAM, False, None, (0, 0)),  # unwatched: only an outcome could say
+    (STREAM, True, 0.5, (0, 1)),  # a timed stream's first token in time
+])
+def test_an_outcome_that_never_comes(slice_: SliceKey, timed: bool, answer: float | None,
+                                      counted: tuple[int, int]) -> None:
+    live = LiveMisses(make_config())
+    e = live.sent("a", slice_, 0.0, timed=timed)
+    assert e is not None
+    if answer is not None:
+        LiveMisses.first_token(e, answer)
+        LiveMisses.closed(e, answer)
+    live.unobserved(e, 0.6)
+    live.unobserved(e, 0.7)  # once
+    book = live.books[("a", slice_)]
+    assert (book.k, book.m) == counted
+
+
 def test_misses_age_out_of_the_horizon() -> None:
     live = LiveMisses(make_config(live_horizon_s=10))
     for _ in range(3):

@@ -21,6 +21,9 @@ a timeout or cancel                   a miss if it had waited past the budget, e
                                       nothing (a user pressing stop says nothing)
 an error                              nothing: errors have their own rules (the fast
                                       path, outcomes as evidence)
+no outcome will come (its entry       a watched request answered in time: a hit (its
+reached another process, or never     miss would have counted at the budget, so its
+came)                                 hit must too); any other: nothing
 ====================================  =============================================
 
 Only observed requests are tracked (``stats.observe_share``): one whose outcome
@@ -246,8 +249,23 @@ class LiveMisses:
 
     @staticmethod
     def dropped(entry: LiveEntry) -> None:
-        """No outcome will come for the request (lost, misrouted)."""
+        """The request says nothing about its route (Envoy sent it elsewhere)."""
         entry.resolved = True
+
+    def unobserved(self, entry: LiveEntry, now: float) -> None:
+        """No outcome will come for the request (its entry reached another process, or
+        never came). A watched one answered in time is a hit: its miss would have
+        counted at the budget, so without its hit the book would lean to misses. Any
+        other resolves nothing."""
+        if entry.resolved:
+            return
+        entry.resolved = True
+        t = entry.answer_at() if entry.watched else None
+        if t is not None and t <= entry.deadline:
+            watch = self.watch
+            if watch and watch[0][0] <= now:
+                self.advance(now)
+            entry.book.note(now, False)
 
     def missing_among(self, clusters: tuple[str, ...], slice: SliceKey,
                       now: float) -> frozenset[str]:

@@ -110,7 +110,7 @@ class FleetLink:
         now = loop.time()
         self._record(self.sync.incoming(reply, now))
         self.app.check_holds()  # a peer's declared wait or quota backoff: native publishes now
-        self.app.settled_elsewhere([r.decode(errors="replace") for r in reply.entries])
+        self.app.settled_elsewhere([r.decode(errors="replace") for r in reply.entries], now)
         self.last_cycle_s = now - t0
 
     def _record(self, events: list[TransitionEvent]) -> None:

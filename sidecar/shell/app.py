@@ -256,7 +256,7 @@ class App:
             LiveMisses.closed(p.live, now)
         p.deadline = min(p.deadline, now + LOG_GRACE_S)
         for pushed_out in self.waiting.closed(rid, now):
-            self.give_up(pushed_out)
+            self.give_up(pushed_out, now)
 
     def on_record(self, p: Pending, rec: LogRecord, now: float) -> None:
         """The request's access-log entry arrived."""
@@ -295,10 +295,12 @@ class App:
         live, p.live = p.live, None
         obs = self._observation(p, rec, now)
         if live is not None:
-            if obs is None:
-                LiveMisses.dropped(live)
-            else:
+            if obs is not None:
                 self.router.live.observed(live, obs, now)
+            elif rec.upstream_cluster and rec.upstream_cluster != p.decision.cluster:
+                LiveMisses.dropped(live)  # misrouted: about neither route
+            else:
+                self.router.live.unobserved(live, now)
         if obs is not None:
             self.observe_attempts(rec, obs, now)
             self.observe(obs, now, p.api)
@@ -373,7 +375,7 @@ class App:
             self.release_pending(p)
         return p
 
-    def give_up(self, rid: str) -> None:
+    def give_up(self, rid: str, now: float) -> None:
         """The request's entry is not coming (grace over, or pushed out of the bounded
         book): counted ``lost`` once, no observation; a late entry is not observed."""
         p = self.pending.pop(rid, None)
@@ -381,7 +383,7 @@ class App:
             return
         self.release_pending(p)
         if p.live is not None:
-            LiveMisses.dropped(p.live)
+            self.router.live.unobserved(p.live, now)
         self.waiting.lost(rid)
         self.envoy["lost"] += 1
 
@@ -391,13 +393,16 @@ class App:
         if self.config.fleet is not None:
             self.forwards.note(rid)
 
-    def settled_elsewhere(self, rids: list[str]) -> None:
+    def settled_elsewhere(self, rids: list[str], now: float) -> None:
         """Requests decided here whose entries another process received: stop waiting
         (``elsewhere``, not ``lost``; that process observed them). One given up on
         already was counted ``lost``; its forward then counts ``late``, as its entry would."""
         for rid in rids:
-            if self._close(rid) is not None:
+            p = self._close(rid)
+            if p is not None:
                 self.envoy["elsewhere"] += 1
+                if p.live is not None:
+                    self.router.live.unobserved(p.live, now)
             elif self.waiting.take_lost(rid):
                 self.envoy["late"] += 1
 
@@ -422,7 +427,7 @@ class App:
             p.observer_done = True
             self.finalize(p, p.record, now)
             return True
-        self.give_up(p.rid)
+        self.give_up(p.rid, now)
         return False
 
     def deadline_for(self, decision: Decision, now: float) -> float:

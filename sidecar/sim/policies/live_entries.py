@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 
-from sidecar.core.live_misses import LiveEntry, LiveMisses
+from sidecar.core.live_misses import LiveEntry
 from sidecar.core.router import Router
 from sidecar.core.types import Observation
 from sidecar.sim.records import Attempt
@@ -48,6 +48,6 @@ def resolve(router: Router, att: Attempt, obs: Observation | None, now: float) -
     if entry is not None:
         att.live = None
         if obs is None:
-            LiveMisses.dropped(entry)
+            router.live.unobserved(entry, now)
         else:
             router.live.observed(entry, obs, now)
