@@ -43,6 +43,12 @@ def _config(ports: dict[str, int], a_port: int, redis_url: str) -> dict[str, Any
         "classes": {"interactive": {"slo": {"metric": "ttft", "percentile": 95,
                                             "budget_ms": 300, "timeout_ms": 20000}}},
         "stats": {"subwindow_s": 1.0, "subwindows": 10, "min_samples": 5},
+        # What this test follows is the fleet's shared health evidence. Live misses act
+        # on each replica's own requests (sidecar.core.live_misses): s1 would keep its
+        # slow provider-a1 out by itself, its slow samples would stop, and s2's fast
+        # ones under the same cluster name would carry the shared verdict -- a split
+        # that only this test's two upstreams behind one name can make.
+        "health": {"live_horizon_s": 0},
         "fleet": {"url": redis_url, "push_interval_s": PUSH_S, "lease_ttl_s": 1.5,
                   "timeout_ms": 200},
     }
