@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -112,3 +112,15 @@ def e2e_samples(state: dict[str, Any]) -> dict[tuple[str, str], int]:
     """Latency samples per routed (narrow) cluster x slice in a /state document."""
     return {(r["cluster"], r["slice"]): r["latency"]["e2e"]["samples"]
             for r in state["routes"] if r["narrow"]}
+
+
+async def open_loop(seconds: float, rate: float, one: Callable[[], Awaitable[None]]) -> None:
+    """Start ``one()`` ``rate`` times a second for ``seconds`` (open-loop arrivals, as real
+    clients send: ``seconds x rate`` in all, whatever the answers take), then wait for
+    every one of them."""
+    start = time.monotonic()
+    tasks = []
+    for i in range(int(seconds * rate)):
+        await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
+        tasks.append(asyncio.create_task(one()))
+    await asyncio.gather(*tasks)

@@ -9,7 +9,6 @@ request by the client's timeout).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
 from typing import Any
 
@@ -17,7 +16,7 @@ import openai
 import pytest
 
 from sidecar.devtools.harness import Stack
-from tests.ops_stack import tailroute_metrics
+from tests.ops_stack import open_loop, tailroute_metrics
 
 pytestmark = pytest.mark.envoy
 
@@ -55,12 +54,7 @@ async def _drive(url: str, seconds: float, served: Counter[str]) -> None:
                 model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
             served[raw.headers["x-fake-provider"]] += 1
 
-    start = time.monotonic()
-    tasks = []
-    for i in range(int(seconds * RATE)):
-        await asyncio.sleep(max(0.0, start + i / RATE - time.monotonic()))
-        tasks.append(asyncio.create_task(one()))
-    await asyncio.gather(*tasks)
+    await open_loop(seconds, RATE, one)
     await client.close()
 
 

@@ -32,6 +32,7 @@ import openai
 import pytest
 
 from sidecar.devtools.harness import Stack
+from tests.ops_stack import open_loop
 
 pytestmark = pytest.mark.envoy
 
@@ -95,12 +96,7 @@ async def _drive(st: Stack, seconds: float, hits: list[Hit], t0: float, seed: in
             except openai.APIError:
                 pass
 
-    start = time.monotonic()
-    tasks = []
-    for i in range(int(seconds * RATE)):
-        await asyncio.sleep(max(0.0, start + i / RATE - time.monotonic()))
-        tasks.append(asyncio.create_task(one("batch" if rng.random() < 0.3 else "interactive")))
-    await asyncio.gather(*tasks)
+    await open_loop(seconds, RATE, lambda: one("batch" if rng.random() < 0.3 else "interactive"))
     await client.close()
 
 
