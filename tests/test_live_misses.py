@@ -267,7 +267,10 @@ def test_the_last_route_serves_even_when_missing() -> None:
 
 def test_a_reload_starts_the_books_afresh() -> None:
     router = Router(make_config())
-    for _ in range(3):
-        router.live.sent("a", WHOLE, 0.0, timed=False)
+    old = [router.live.sent("a", WHOLE, 0.0, timed=False) for _ in range(3)]
     router.reload(make_config(live_horizon_s=20))
     assert not router.live.missing("a", WHOLE, 9.0)
+    for e in old:  # requests sent before the reload still resolve, in the old book
+        assert e is not None
+        router.live.observed(e, ok("a", WHOLE, 9.0), 9.5)
+    assert not router.live.suspects  # ... and leave the new books alone

@@ -172,9 +172,10 @@ class LiveMisses:
         """A reload may change budgets: start the books afresh (entries of the old
         ones still resolve there, harmlessly)."""
         self.config = config
-        self.books.clear()
-        self.watch.clear()
-        self.suspects.clear()
+        self.books = {}
+        self.watch = []
+        # A new set: the old books (their requests still resolve) keep the old one.
+        self.suspects = set()
 
     def sent(self, cluster: str, slice: SliceKey, now: float, timed: bool,
              make: Callable[[Book, float, bool], LiveEntry] = LiveEntry) -> LiveEntry | None:
