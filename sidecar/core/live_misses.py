@@ -276,11 +276,15 @@ class LiveMisses:
             self.advance(now)
         if not self.suspects:
             return _NONE
-        return frozenset(c for c in clusters if self.missing(c, slice, now))
+        return frozenset(c for c in clusters if self._judge(c, slice, now))
 
     def missing(self, cluster: str, slice: SliceKey, now: float) -> bool:
         """Is the route missing the slice's budget now (module docstring)?"""
         self.advance(now)
+        return self._judge(cluster, slice, now)
+
+    def _judge(self, cluster: str, slice: SliceKey, now: float) -> bool:
+        """:meth:`missing` once the watched budgets up to ``now`` are resolved."""
         book = self.books.get((cluster, slice))
         if book is None or book not in self.suspects:
             return False

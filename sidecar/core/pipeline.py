@@ -80,8 +80,8 @@ _PANIC_TIER = {"capacity": 0, "class_restriction": 1, "live_misses": 2, "failure
 def panic_tier(cands: Sequence[Candidate]) -> list[Candidate]:
     """Panic: never leave a class without a route. Serve the least-bad tier of
     the soft-dropped candidates (healthy but full, then restricted, then missing its
-    budget now, then held by an open failure run, then circuit open) and let scoring spread the load
-    across it: sending the whole class to one route herds."""
+    budget now, then held by an open failure run, then circuit open) and let
+    scoring spread the load across it: sending the whole class to one route herds."""
     soft = [c for c in cands if c.soft_drop]
     best = min((_PANIC_TIER.get(c.dropped or "", 9) for c in soft), default=9)
     return [c for c in soft if _PANIC_TIER.get(c.dropped or "", 9) == best]

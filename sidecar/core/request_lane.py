@@ -8,10 +8,10 @@ labels and the recent-decision ring. Per request, only the in-flight counts
 vary. A :class:`RequestLane` is built with the plan when its per-request stage
 is the default one (picker ``weighted_random``, scorer ``load``, filters class
 restriction, capacity, the failure run's trial limit and live misses, which the
-router checks first: while either holds a route back the full stage runs) and computes, from a
-snapshot of the counts, exactly what that stage would -- the same operations in
-the same order, so weights and pick are bit-identical. For each candidate the
-static stage kept, in order::
+router checks first: while either holds a route back the full stage runs) and
+computes, from a snapshot of the counts, exactly what that stage would -- the
+same operations in the same order, so weights and pick are bit-identical. For
+each candidate the static stage kept, in order::
 
     restricted for this latency-sensitive class (the herding guard):
         dropped       if  free_alt >= HERD_HEADROOM * cap_alt   (alternatives' room)
