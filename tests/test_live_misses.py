@@ -176,6 +176,37 @@ def test_an_outcome_that_never_comes(slice_: SliceKey, timed: bool, answer: floa
     assert (book.k, book.m) == counted
 
 
+@pytest.mark.parametrize(("outcome", "waited", "counted"), [
+    ("ok", 0.5, (0, 1)),
+    ("ok", 1.5, (1, 1)),  # the stream's first token after its 1 s budget
+    ("timeout", 30.0, (1, 1)),
+    ("cancel", 0.3, (0, 0)),
+    ("error", 0.1, (0, 0)),  # errors have their own rules
+])
+def test_a_native_outcome_resolves_at_once(outcome: str, waited: float,
+                                           counted: tuple[int, int]) -> None:
+    """Native mode: no send, no entry; the log entry's outcome is the whole evidence."""
+    live = LiveMisses(make_config())
+    live.outcome(ok("a", STREAM, waited, outcome), 5.0)
+    book = live.books[("a", STREAM)]
+    assert (book.k, book.m) == counted
+
+
+def test_a_batch_of_native_successes_is_one_note() -> None:
+    """``outcomes_ok`` reads the class metric of each sample (TTFT here; the first
+    item) and skips samples without it; the book is as if each came alone."""
+    batched, single = LiveMisses(make_config()), LiveMisses(make_config())
+    samples = [(0.2, 0.01, 3.0, 50), (1.4, 0.01, 4.0, 50), (None, None, 2.0, 50),
+               (2.5, 0.02, 6.0, 80)]
+    batched.outcomes_ok("a", STREAM, samples, 5.0)
+    for ttft, tpot, e2e, n in samples:
+        single.outcome(Observation("a", STREAM, "ok", 200, ttft, tpot, e2e, n), 5.0)
+    b, s1 = batched.books[("a", STREAM)], single.books[("a", STREAM)]
+    assert (b.k, b.m) == (s1.k, s1.m) == (2, 3)
+    assert batched.missing("a", STREAM, 5.0) == single.missing("a", STREAM, 5.0) is True
+    assert not batched.missing("a", STREAM, 15.1)  # aged out together
+
+
 def test_misses_age_out_of_the_horizon() -> None:
     live = LiveMisses(make_config(live_horizon_s=10))
     for _ in range(3):
@@ -216,22 +247,25 @@ def test_a_lab_entry_reads_its_answer_time() -> None:
     assert not live.missing("a", WHOLE, 9.0)
 
 
-@given(st.lists(st.tuples(st.booleans(), st.floats(0, 30)), max_size=60))
-def test_counts_stay_consistent(events: list[tuple[bool, float]]) -> None:
-    """Whatever arrives in whatever order, ``0 <= k <= m`` and both equal the recent list."""
+@given(st.lists(st.tuples(st.booleans(), st.floats(0, 30),
+                          st.lists(st.floats(0.0, 5.0), max_size=8)), max_size=60))
+def test_counts_stay_consistent(events: list[tuple[bool, float, list[float]]]) -> None:
+    """Whatever arrives in whatever order -- sent requests, and batches of native
+    successes -- ``0 <= k <= m`` and both equal the recent list's sums."""
     live = LiveMisses(make_config())
     now = 0.0
-    for late, dt in events:
+    for late, dt, batch in events:
         now += dt / 10
         e = live.sent("a", WHOLE, now, timed=False)
         assert e is not None
         if not late:
             LiveMisses.closed(e, now + 1.0)
+        live.outcomes_ok("a", WHOLE, [(None, None, x, None) for x in batch], now)
         live.missing("a", WHOLE, now)
     book = live.books.get(("a", WHOLE))
     if book is not None:
-        assert 0 <= book.k <= book.m == len(book.recent)
-        assert book.k == sum(miss for _, miss in book.recent)
+        assert 0 <= book.k <= book.m == sum(m for _, m, _ in book.recent)
+        assert book.k == sum(k for _, _, k in book.recent)
 
 
 # ------------------------------------------------------------------ the router

@@ -120,12 +120,14 @@ class Side:
 
     def view(self) -> tuple[Any, ...]:
         """What the router learned (statistics, health and transitions as a warm-restart
-        snapshot holds them, each series' version and last sample), its counters, the
-        sidecar's counters and the interval's load."""
+        snapshot holds them, each series' version and last sample, the live-miss
+        books' outcomes and misses), its counters, the sidecar's counters and the
+        interval's load."""
         self.native.load.roll(100.0)
         router = self.app.router
         series = {k: (rs.version, rs.last_seen) for k, rs in router.stats.items()}
-        return (snapshot.build(router, 100.0, 0.0), series, dict(router.counters),
+        books = {k: (b.m, b.k) for k, b in router.live.books.items()}
+        return (snapshot.build(router, 100.0, 0.0), series, books, dict(router.counters),
                 dict(self.app.envoy), dict(self.native.counters), self.native.load.demand)
 
 

@@ -79,6 +79,27 @@ def test_publish_skips_immaterial_changes_and_records_material_ones() -> None:
     assert state["version"] == 2 and state["publications"][-1]["changed"][S.label()]["b"] == 0
 
 
+def test_a_route_missing_its_budget_is_published_at_zero_and_counted_once() -> None:
+    """Live misses in native mode: late answers' log entries make ``b`` missing; the
+    next computation publishes it at 0 and counts it in ``tailroute_live_missing_total``
+    -- once per slice computed, not for the slices whose weights were only kept."""
+    cfg = _config()
+    router = Router(cfg)
+    native = NativeRouting(cfg, lambda: router)
+    assert native.publish(0.0, force=True)
+    for _ in range(6):
+        router.live.outcome(Observation("b", S, "ok", 200, ttft_s=60.0, e2e_s=61.0), 0.5)
+    native.on_logged(S, "a", 0.2)  # the slice carried load: recomputed between windows
+    assert native.publish(0.6)
+    assert native.weights[S].weight("b") == 0 and native.weights[S].missing == ("b",)
+    assert router.counters[("live_missing", "b")] == 1
+    assert not native.publish(0.7)  # no load since: kept, not recomputed, not counted
+    assert router.counters[("live_missing", "b")] == 1
+    later = 0.5 + cfg.health.live_horizon_s + 0.5
+    native.on_logged(S, "a", 0.2)
+    assert native.publish(later) and native.weights[S].weight("b") > 0
+
+
 def test_logged_requests_feed_load_and_mark_probes() -> None:
     cfg = _config()
     router = Router(cfg)

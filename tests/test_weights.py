@@ -332,3 +332,23 @@ def test_trial_floor_keeps_the_total_and_raises_only_the_routes_on_trial(
         others = [c for c in shares if c not in on]
         for c in others:
             assert out[c] <= shares[c] + 1e-9
+
+
+def test_a_route_missing_its_budget_now_gets_no_weight_while_others_have_room() -> None:
+    """Live misses in native mode: the log entries' outcomes fill the books
+    (``LiveMisses.outcome``), and a route missing the slice's budget now is
+    published at 0 -- while the others have room (the herding guard) -- and back
+    once its misses age out of the horizon."""
+    cfg, router, view = _warmed(0.1)
+    for _ in range(6):
+        router.live.outcome(Observation("c", SLICE, "ok", 200, ttft_s=60.0, e2e_s=61.0), 3.0)
+    kept = compute_weights(cfg, view, 3.1, [SLICE], live=router.live)[SLICE]
+    assert kept.weight("c") == 0 and kept.missing == ("c",)
+    assert kept.weight("a") > 0 and kept.weight("b") > 0
+    busy = WindowView(router, {"a": 10_000.0, "b": 10_000.0})  # no room elsewhere
+    guarded = compute_weights(cfg, busy, 3.1, [SLICE], live=router.live)[SLICE]
+    assert guarded.weight("c") > 0 and guarded.missing == ()
+    horizon = cfg.health.live_horizon_s
+    back = compute_weights(cfg, view, 3.0 + horizon + 0.1, [SLICE], live=router.live)[SLICE]
+    assert back.weight("c") > 0 and back.missing == ()
+    assert compute_weights(cfg, view, 3.1, [SLICE])[SLICE].weight("c") > 0  # no live: as before

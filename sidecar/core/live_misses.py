@@ -54,6 +54,15 @@ nothing is escalated or remembered, and as the misses age out of ``H`` the route
 is back in the plan's share (the health machine judges the same requests
 through the statistics as before). Each replica of a fleet keeps its own books.
 
+**Native mode.** Envoy routes native requests from the published weights, and the
+sidecar learns of each only from its access-log entry: such a request is never
+sent through :meth:`LiveMisses.sent`, and resolves by its outcome alone
+(:meth:`LiveMisses.outcome`; a batch of successes, :meth:`LiveMisses.outcomes_ok`)
+-- unwatched, as an untimed stream is per request. The weights
+(:mod:`sidecar.core.weights`) run the same filter, so a missing route is published
+at weight 0 while the others have room. Hybrid mode's two kinds of traffic feed the
+same books, each request once.
+
 Cost: one heap entry per watched request in flight, popped when its budget
 passes; per decision a look at the earliest budget and, only while some book
 holds ``MIN_MISSES`` misses, the test on the candidates' books (thresholds
@@ -69,10 +78,11 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sidecar.core.config import Config
+from sidecar.core.subwindow import OkSample
 from sidecar.core.types import Observation, SliceKey
 
 ALPHA = 0.01  # the chance of so many misses from a route at its allowed share
@@ -124,19 +134,25 @@ class Book:
     def __init__(self, budget: Budget, horizon: float, suspects: set[Book]) -> None:
         self.budget = budget
         self.horizon = horizon
-        self.recent: deque[tuple[float, bool]] = deque()  # (resolved at, miss), in order
+        # (resolved at, outcomes, misses among them), in order; a batch of log entries
+        # resolves many at one time.
+        self.recent: deque[tuple[float, int, int]] = deque()
         self.k = 0  # misses in recent
         self.m = 0  # outcomes in recent
         self.suspects = suspects  # the books with MIN_MISSES or more (LiveMisses')
 
     def note(self, now: float, miss: bool) -> None:
+        self.note_many(now, 1, 1 if miss else 0)
+
+    def note_many(self, now: float, m: int, k: int) -> None:
+        """``m`` outcomes resolved at ``now``, ``k`` of them misses."""
         recent = self.recent
         if recent and recent[0][0] < now - self.horizon:
             self.forget(now)
-        recent.append((now, miss))
-        self.m += 1
-        if miss:
-            self.k += 1
+        recent.append((now, m, k))
+        self.m += m
+        if k:
+            self.k += k
             if self.k >= MIN_MISSES:
                 self.suspects.add(self)
 
@@ -144,10 +160,9 @@ class Book:
         """Drop the outcomes resolved more than ``H`` before ``now``."""
         recent, horizon = self.recent, now - self.horizon
         while recent and recent[0][0] < horizon:
-            _, miss = recent.popleft()
-            self.m -= 1
-            if miss:
-                self.k -= 1
+            _, m, k = recent.popleft()
+            self.m -= m
+            self.k -= k
 
 
 _NONE: frozenset[str] = frozenset()
@@ -183,6 +198,19 @@ class LiveMisses:
         first token will be reported as it comes (:meth:`first_token`; the observing
         stream); every request's close is (:meth:`closed`). ``make`` builds the entry
         (a lab's subclass). None: not tracked (TPOT class, unknown class, turned off)."""
+        book = self._book(cluster, slice)
+        if book is None:
+            return None
+        watched = timed or not book.budget.first_token
+        entry = make(book, now + book.budget.seconds, watched)
+        if watched:
+            self._seq += 1
+            heapq.heappush(self.watch, (entry.deadline, self._seq, entry))
+        return entry
+
+    def _book(self, cluster: str, slice: SliceKey) -> Book | None:
+        """The route's book, made on first use; None: not tracked (TPOT class, unknown
+        class, turned off)."""
         key = (cluster, slice)
         book = self.books.get(key)
         if book is None:
@@ -191,12 +219,7 @@ class LiveMisses:
             if budget is None or horizon <= 0:
                 return None
             book = self.books[key] = Book(budget, horizon, self.suspects)
-        watched = timed or not book.budget.first_token
-        entry = make(book, now + book.budget.seconds, watched)
-        if watched:
-            self._seq += 1
-            heapq.heappush(self.watch, (entry.deadline, self._seq, entry))
-        return entry
+        return book
 
     def advance(self, now: float) -> None:
         """Resolve the watched requests whose budget passed unanswered: misses, now."""
@@ -237,7 +260,39 @@ class LiveMisses:
         if entry.resolved:
             return
         entry.resolved = True
-        book = entry.book
+        self._resolve(entry.book, obs, now)
+
+    def outcome(self, obs: Observation, now: float) -> None:
+        """The outcome of a request routed without a decision (native mode: Envoy drew
+        its cluster from the published weights, and the sidecar learns of it only from
+        its access-log entry): unwatched, it resolves by its outcome, as
+        :meth:`observed` resolves any other request."""
+        book = self._book(obs.cluster, obs.slice)
+        if book is not None:
+            self._resolve(book, obs, now)
+
+    def outcomes_ok(self, cluster: str, slice: SliceKey, samples: Sequence[OkSample],
+                    now: float) -> None:
+        """:meth:`outcome` of many ``ok`` requests of ``slice`` on ``cluster`` at ``now``
+        (a batch of native log entries), in one note."""
+        book = self._book(cluster, slice)
+        if book is None:
+            return
+        budget = book.budget
+        i = 0 if budget.first_token else 2  # OkSample: (ttft, tpot, e2e, tokens)
+        m = k = 0
+        for sample in samples:
+            value = sample[i]
+            if value is not None:
+                m += 1
+                k += value > budget.seconds
+        if m:
+            watch = self.watch
+            if watch and watch[0][0] <= now:
+                self.advance(now)  # earlier budgets first: ``recent`` stays in order
+            book.note_many(now, m, k)
+
+    def _resolve(self, book: Book, obs: Observation, now: float) -> None:
         value = obs.ttft_s if book.budget.first_token else obs.e2e_s
         if value is None or obs.outcome == "error":
             return

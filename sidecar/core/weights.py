@@ -24,6 +24,10 @@ representative request of the slice:
 
    Quarantined routes never survive the quarantine filter (weight 0) -- unless
    every candidate is excluded, when panic mode serves the least-bad tier.
+   Nor does a route missing the slice's budget now (live misses, judged from
+   the native requests' log entries as they come: :meth:`LiveMisses.outcome`)
+   while the others have room (the herding guard of the ``live_misses``
+   filter); it is back in the next computation after its misses age out.
    **Trial floor** (:func:`trial_floor`): a surviving route whose open run of
    hard failures is on trial (:attr:`HealthView.on_trial`) gets at least
    ``TRIAL_SHARE`` (split evenly when several are), the others keep their
@@ -63,6 +67,7 @@ from sidecar.core.classify import LONG_PROFILE, TOKEN_PROFILES
 from sidecar.core.config import Config, ModelConfig
 from sidecar.core.evidence import RouteEvidence
 from sidecar.core.filters import DEFAULT_FILTERS
+from sidecar.core.live_misses import LiveMisses
 from sidecar.core.pickers import PICKERS
 from sidecar.core.pipeline import panic_tier, run_pipeline
 from sidecar.core.scorers import DEFAULT_SCORERS
@@ -86,6 +91,7 @@ class SliceWeights:
     weights: tuple[tuple[str, int], ...]
     probes: tuple[str, ...] = ()  # clusters whose share is the probe share
     panic: bool = False  # every candidate was excluded: least-bad tier served
+    missing: tuple[str, ...] = ()  # clusters kept out by live misses (weight 0)
 
     def weight(self, cluster: str) -> int:
         return dict(self.weights).get(cluster, 0)
@@ -233,15 +239,17 @@ class _Split:
     shares: dict[str, float]
     probes: tuple[str, ...]
     panic: bool
+    missing: tuple[str, ...] = ()
 
     def rounded(self, slice: SliceKey, order: tuple[str, ...], scale: int) -> SliceWeights:
         """What Envoy is told: the shares as integer weights (step 4), in ``order``."""
         return SliceWeights(slice, integer_weights(self.shares, order, scale), self.probes,
-                            self.panic)
+                            self.panic, self.missing)
 
 
 def _split(config: Config, view: RouteView, slice: SliceKey, now: float,
-           order: tuple[str, ...], rng: random.Random | None = None) -> _Split:
+           order: tuple[str, ...], rng: random.Random | None = None,
+           missing: frozenset[str] = frozenset()) -> _Split:
     model = config.model(slice.model)
     klass = config.workload_class(slice.klass)
     if model is None or klass is None:
@@ -255,13 +263,14 @@ def _split(config: Config, view: RouteView, slice: SliceKey, now: float,
     # The counts are a window's average and the weights hold for an interval: no queue
     # score (with it the suite's native total rose 135.6 -> 145.4 %, docs/native-mode.md).
     ctx = SelectionContext(config, model, klass, representative(config, slice), view, now,
-                           live_counts=False)
+                           live_counts=False, missing=missing)
     picker = PICKERS[config.picker]
     # The picker's draw is not used (only its probabilities): any RNG state gives the
     # same weights, so one generator serves a whole computation.
     result = run_pipeline(ctx, DEFAULT_FILTERS, DEFAULT_SCORERS, picker,
                           rng or random.Random(0))
     panic = False
+    kept: tuple[str, ...] = ()
     if result is not None and rest > 0:
         panic = result.panic
         # In panic the served tier keeps its soft-filter verdicts (run_request).
@@ -277,7 +286,10 @@ def _split(config: Config, view: RouteView, slice: SliceKey, now: float,
         trial = [c for c in order if shares[c] > 0 and view.health(c, slice).on_trial]
         if trial:
             shares = trial_floor(shares, trial)
-    return _Split(shares, probes, panic)
+        if missing:
+            kept = tuple(c.name for c in result.candidates
+                         if c.dropped == "live_misses" and not shares.get(c.name))
+    return _Split(shares, probes, panic, kept)
 
 
 def slice_weights(
@@ -299,6 +311,7 @@ def compute_weights(
     config: Config, view: RouteView, now: float,
     slices: Iterable[SliceKey] | None = None, scale: int = WEIGHT_SCALE,
     demand: Mapping[SliceKey, Mapping[str, float]] | None = None,
+    live: LiveMisses | None = None,
 ) -> dict[SliceKey, SliceWeights]:
     """Weights of every slice (default: :func:`native_slices`) as of ``now``.
 
@@ -318,15 +331,22 @@ def compute_weights(
     so the capacity filter, the herding guard and the load score see the load
     the new weights would bring, not the load the old weights brought. The view's
     own in-flight counts (per-request traffic in hybrid mode) are added as given.
+
+    ``live``: the router's live misses (:mod:`sidecar.core.live_misses`); a route
+    missing a slice's budget now takes no share of it (the ``live_misses`` filter,
+    herding guard included), listed in :attr:`SliceWeights.missing`.
     """
     cands = {m.name: route_candidates(config, m) for m in config.models}
     todo = native_slices(config) if slices is None else tuple(slices)
     rng = random.Random(0)
+    none: frozenset[str] = frozenset()
+    missing = {s: live.missing_among(cands.get(s.model, ()), s, now) if live else none
+               for s in todo}
     if not demand:
         out = {}
         for s in todo:
             order = cands.get(s.model, ())
-            out[s] = _split(config, view, s, now, order, rng).rounded(s, order, scale)
+            out[s] = _split(config, view, s, now, order, rng, missing[s]).rounded(s, order, scale)
         return out
     load: dict[str, float] = defaultdict(float)
     for per_cluster in demand.values():
@@ -337,7 +357,8 @@ def compute_weights(
     last: dict[SliceKey, _Split] = {}
     for _ in range(PLAN_ROUNDS):
         planned = LoadedView(view, dict(load))
-        last = {s: _split(config, planned, s, now, cands.get(s.model, ()), rng) for s in todo}
+        last = {s: _split(config, planned, s, now, cands.get(s.model, ()), rng, missing[s])
+                for s in todo}
         predicted: dict[str, float] = defaultdict(float)
         for s, sp in last.items():
             for c, share in sp.shares.items():
@@ -346,7 +367,8 @@ def compute_weights(
         for c in set(load) | set(predicted):
             load[c] = (load[c] + predicted[c]) / 2.0
     return {
-        s: _Split(acc[s], last[s].probes, last[s].panic).rounded(s, cands.get(s.model, ()), scale)
+        s: _Split(acc[s], last[s].probes, last[s].panic, last[s].missing).rounded(
+            s, cands.get(s.model, ()), scale)
         for s in todo
     }
 
@@ -354,6 +376,7 @@ def compute_weights(
 def refresh_weights(
     config: Config, view: RouteView, now: float, previous: Mapping[SliceKey, SliceWeights],
     demand: Mapping[SliceKey, Mapping[str, float]], full: bool, scale: int = WEIGHT_SCALE,
+    live: LiveMisses | None = None,
 ) -> dict[SliceKey, SliceWeights]:
     """Recompute the slices that carried load in the last interval; all of them if ``full``.
 
@@ -365,9 +388,9 @@ def refresh_weights(
     """
     every = native_slices(config)
     if full or not previous:
-        return compute_weights(config, view, now, every, scale, demand)
+        return compute_weights(config, view, now, every, scale, demand, live)
     active = [s for s in every if s in demand or s not in previous]
     out = {s: previous[s] for s in every if s in previous}
     if active:
-        out.update(compute_weights(config, view, now, active, scale, demand))
+        out.update(compute_weights(config, view, now, active, scale, demand, live))
     return out

@@ -104,8 +104,9 @@ class RouterCollector(Collector):
                       "Decisions without full narrow-slice evidence, by kind",
                       by_kind["fallback"], labels=["kind"])
         yield counter("tailroute_live_missing",
-                      "Decisions that kept a route out of a slice because its recent requests "
-                      "missed the slice's budget far beyond its allowed share",
+                      "Decisions (native mode: slice weight computations) that kept a route "
+                      "out of a slice because its recent requests missed the slice's budget "
+                      "far beyond its allowed share",
                       by_kind["live_missing"], labels=["cluster"])
 
         state = GaugeMetricFamily("tailroute_route_state",

@@ -142,9 +142,15 @@ class NativeRouting:
         window = int(now / config.stats.subwindow_s)
         full = force or window != self._window
         self._window = window
-        new = refresh_weights(config, WindowView(self._router(), {}), now,
-                              self.layer.weights, self.load.demand, full)
+        router = self._router()
+        old = self.layer.weights
+        new = refresh_weights(config, WindowView(router, {}), now, old, self.load.demand, full,
+                              live=router.live)
         self.computed_at = now
+        for s, sw in new.items():  # routes live misses kept out, per slice computed
+            if sw.missing and sw is not old.get(s):
+                for c in sw.missing:
+                    router.counters[("live_missing", c)] += 1
         if not force and self.layer.version and not material_change(self.layer.weights, new):
             return False
         changed = self.layer.publish(new, now)

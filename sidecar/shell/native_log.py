@@ -37,8 +37,8 @@ retried, decided requests, other routes)    :func:`~sidecar.core.envoy_log.obser
 
 Both teach the router the same for the same entries (the ``ok`` timing is
 :func:`~sidecar.core.envoy_log.ok_timing` on both; ``tests/test_native_log.py``
-compares the router's statistics, health, counters and the load after any
-batches, against the record path fed every entry as one observation).
+compares the router's statistics, health, live-miss books, counters and the load after
+any batches, against the record path fed every entry as one observation).
 """
 
 from __future__ import annotations
@@ -117,6 +117,7 @@ class NativeFeed:
         )
         if obs is not None:
             app.observe_attempts(rec, obs, now)
+            app.router.live.outcome(obs, now)
             app.log_events(app.router.observe(obs, now))
             board = app.router.board
             if obs.outcome != "ok" and board.runs and board.on_trial(cluster, s):
@@ -220,6 +221,7 @@ class NativeBatch:
             return True
         obs = Observation(cluster, s, "ok", status, ttft, tpot, end, tokens or None,
                           False, plan.probe, False)
+        self.router.live.outcome(obs, self.now)
         events = self.router.observe(obs, self.now)
         if events:
             self.app.log_events(events)
@@ -242,9 +244,11 @@ class NativeBatch:
         """Learn the gathered successes, a route at a time (class docstring)."""
         pending, self.pending = self.pending, []
         observe_ok, now = self.router.observe_ok, self.now
+        outcomes_ok = self.router.live.outcomes_ok
         for plan in pending:
             samples, plan.samples = plan.samples, []
             self._count(plan.slice, plan.cluster, [e2e for _, _, e2e, _ in samples])
+            outcomes_ok(plan.cluster, plan.slice, samples, now)
             observe_ok(plan.cluster, plan.slice, samples, now)
 
 

@@ -71,7 +71,7 @@ class TailrouteNative(Tailroute):
         full = full or window != self._window or holds != self._holds
         self._window, self._holds = window, holds
         return refresh_weights(self.config, WindowView(self.router, {}), now, self.weights,
-                               self.load.demand, full)
+                               self.load.demand, full, live=self.router.live)
 
     def wants_per_request(self, att: Attempt) -> bool:
         return False
@@ -108,7 +108,10 @@ class TailrouteNative(Tailroute):
         else:
             self.load.add(att.call.slice, att.cluster, now - att.sent_at)
         obs = att.observation()
-        live_entries.resolve(self.router, att, obs, now)
+        if att.live is not None:
+            live_entries.resolve(self.router, att, obs, now)
+        elif obs is not None:  # a native request: learned from its log entry only
+            self.router.live.outcome(obs, now)
         if obs is not None:
             holds = self.router.pushback.holds_version
             events = self.router.observe(obs, now)
