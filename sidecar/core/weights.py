@@ -24,10 +24,9 @@ representative request of the slice:
 
    Quarantined routes never survive the quarantine filter (weight 0) -- unless
    every candidate is excluded, when panic mode serves the least-bad tier.
-   Nor does a route missing the slice's budget now (live misses, judged from
-   the native requests' log entries as they come: :meth:`LiveMisses.outcome`)
-   while the others have room (the herding guard of the ``live_misses``
-   filter); it is back in the next computation after its misses age out.
+   Nor does a route missing the slice's budget now (live misses, from the native
+   requests' log entries) while the others have room (the ``live_misses``
+   filter's herding guard); it is back once its misses age out.
    **Trial floor** (:func:`trial_floor`): a surviving route whose open run of
    hard failures is on trial (:attr:`HealthView.on_trial`) gets at least
    ``TRIAL_SHARE`` (split evenly when several are), the others keep their
@@ -354,6 +353,7 @@ def compute_weights(
             load[c] += n
     total = {s: sum(demand.get(s, {}).values()) for s in todo}
     acc: dict[SliceKey, dict[str, float]] = {s: defaultdict(float) for s in todo}
+    kept: dict[SliceKey, set[str]] = {s: set() for s in todo}  # by live misses, any round
     last: dict[SliceKey, _Split] = {}
     for _ in range(PLAN_ROUNDS):
         planned = LoadedView(view, dict(load))
@@ -361,14 +361,18 @@ def compute_weights(
                 for s in todo}
         predicted: dict[str, float] = defaultdict(float)
         for s, sp in last.items():
+            kept[s].update(sp.missing)
             for c, share in sp.shares.items():
                 acc[s][c] += share / PLAN_ROUNDS
                 predicted[c] += total[s] * share
         for c in set(load) | set(predicted):
             load[c] = (load[c] + predicted[c]) / 2.0
+    # Published: the mean of the rounds. A route live misses kept out of some round
+    # and that no round gave a share is listed as kept out.
     return {
-        s: _Split(acc[s], last[s].probes, last[s].panic, last[s].missing).rounded(
-            s, cands.get(s.model, ()), scale)
+        s: _Split(acc[s], last[s].probes, last[s].panic,
+                  tuple(c for c in cands.get(s.model, ()) if c in kept[s] and not acc[s].get(c))
+                  ).rounded(s, cands.get(s.model, ()), scale)
         for s in todo
     }
 
