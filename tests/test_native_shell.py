@@ -93,6 +93,7 @@ def test_a_route_missing_its_budget_is_published_at_zero_and_counted_once() -> N
     assert native.publish(0.6)
     assert native.weights[S].weight("b") == 0 and native.weights[S].missing == ("b",)
     assert router.counters[("live_missing", "b")] == 1
+    assert native.state(0.6)["weights"][S.label()]["missing"] == ["b"]  # /state says why
     assert not native.publish(0.7)  # no load since: kept, not recomputed, not counted
     assert router.counters[("live_missing", "b")] == 1
     later = 0.5 + cfg.health.live_horizon_s + 0.5

@@ -213,7 +213,7 @@ class NativeRouting:
             "computed_at": self.computed_at,
             "published_at": layer.history[-1].at if layer.history else None,
             "weights": {s.label(): {"weights": dict(sw.weights), "probes": list(sw.probes),
-                                    "panic": sw.panic}
+                                    "panic": sw.panic, "missing": list(sw.missing)}
                         for s, sw in layer.weights.items()},
             "publications": [
                 {"at": p.at, "version": p.version, "keys": p.keys,
