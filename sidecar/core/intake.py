@@ -30,6 +30,7 @@ from sidecar.core.config import Config, ModelConfig
 from sidecar.core.health import HealthState
 from sidecar.core.health_board import CLUSTER_SLICE, HealthBoard
 from sidecar.core.light_load import LIGHT, LightOutcomes, load_of
+from sidecar.core.live_misses import LiveMisses
 from sidecar.core.pushback import WAIT_STATUSES, PushBack
 from sidecar.core.stats import StatsStore
 from sidecar.core.subwindow import OkSample
@@ -93,6 +94,7 @@ class Intake:
     peer_inflight: dict[str, int]  # fleet mode: other replicas' in-flight counts
     pushback: PushBack
     _refused: dict[str, int]  # pushback.refused_slots
+    live: LiveMisses  # routes missing their budget now
 
     def inflight(self, cluster: str) -> int:
         """Requests in flight on ``cluster`` as capacity rules see them: ours, the peers'
@@ -205,16 +207,25 @@ class Intake:
             self._log(events)
         return events
 
+    def observe_logged(self, obs: Observation, now: float) -> list[TransitionEvent]:
+        """:meth:`observe` for a request routed without a decision (native mode: Envoy
+        drew its cluster from the published weights), learned from its access-log entry
+        alone: its outcome also resolves it in the live-miss books, which a decided
+        request reaches through its own entry (:mod:`sidecar.core.live_misses`)."""
+        self.live.outcome(obs, now)
+        return self.observe(obs, now)
+
     def observe_ok(self, cluster: str, slice: SliceKey, samples: Sequence[OkSample],
                    now: float) -> None:
-        """:meth:`observe` of many ``ok`` first attempts of ``slice`` on ``cluster`` that
-        are not probes, all at ``now`` (a batch of log entries), in one pass: the same
-        statistics, counters and fast-path runs as one call per sample in order. A
-        success trips nothing, so there are no events; and on a route the health board
-        holds nothing for, it changes nothing there either."""
+        """:meth:`observe_logged` of many ``ok`` first attempts of ``slice`` on ``cluster``
+        that are not probes, all at ``now`` (a batch of native log entries), in one pass:
+        the same statistics, counters, live-miss books and fast-path runs as one call per
+        sample in order. A success trips nothing, so there are no events; and on a route
+        the health board holds nothing for, it changes nothing there either."""
         n = len(samples)
         if not n:
             return
+        self.live.outcomes_ok(cluster, slice, samples, now)
         config = self.config
         if self.compat_sr.covers(slice.model, config):
             for ttft, tpot, e2e, tokens in samples:

@@ -117,8 +117,7 @@ class NativeFeed:
         )
         if obs is not None:
             app.observe_attempts(rec, obs, now)
-            app.router.live.outcome(obs, now)
-            app.log_events(app.router.observe(obs, now))
+            app.log_events(app.router.observe_logged(obs, now))
             board = app.router.board
             if obs.outcome != "ok" and board.runs and board.on_trial(cluster, s):
                 # The weights give a route on trial its floor now, not at the next
@@ -221,8 +220,7 @@ class NativeBatch:
             return True
         obs = Observation(cluster, s, "ok", status, ttft, tpot, end, tokens or None,
                           False, plan.probe, False)
-        self.router.live.outcome(obs, self.now)
-        events = self.router.observe(obs, self.now)
+        events = self.router.observe_logged(obs, self.now)
         if events:
             self.app.log_events(events)
         return True
@@ -244,11 +242,9 @@ class NativeBatch:
         """Learn the gathered successes, a route at a time (class docstring)."""
         pending, self.pending = self.pending, []
         observe_ok, now = self.router.observe_ok, self.now
-        outcomes_ok = self.router.live.outcomes_ok
         for plan in pending:
             samples, plan.samples = plan.samples, []
             self._count(plan.slice, plan.cluster, [e2e for _, _, e2e, _ in samples])
-            outcomes_ok(plan.cluster, plan.slice, samples, now)
             observe_ok(plan.cluster, plan.slice, samples, now)
 
 

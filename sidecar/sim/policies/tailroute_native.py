@@ -102,19 +102,19 @@ class TailrouteNative(Tailroute):
             live_entries.track(self.router, att, now, self.sample_rng)
 
     def on_result(self, att: Attempt, now: float) -> None:
-        if id(att) in self._per_request:
+        decided = id(att) in self._per_request
+        if decided:
             self._per_request.discard(id(att))
             self.router.finished(att.cluster, att.low)
         else:
             self.load.add(att.call.slice, att.cluster, now - att.sent_at)
         obs = att.observation()
-        if att.live is not None:
-            live_entries.resolve(self.router, att, obs, now)
-        elif obs is not None:  # a native request: learned from its log entry only
-            self.router.live.outcome(obs, now)
+        live_entries.resolve(self.router, att, obs, now)  # a decided request's entry
         if obs is not None:
             holds = self.router.pushback.holds_version
-            events = self.router.observe(obs, now)
+            # As the shell: a native request is learned from its log entry alone.
+            events = (self.router.observe(obs, now) if decided
+                      else self.router.observe_logged(obs, now))
             for e in events:
                 self.transitions[e.new] += 1
             if events:  # e.g. a fast ejection: the sidecar publishes at once, not at a tick
