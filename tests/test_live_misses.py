@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from sidecar.core.config import Config, parse_config
 from sidecar.core.live_misses import (
     ALPHA,
+    EPISODE_GAP,
     LiveEntry,
     LiveMisses,
     _threshold_by_logs,
@@ -268,6 +269,74 @@ def test_counts_stay_consistent(events: list[tuple[bool, float, list[float]]]) -
         assert book.k == sum(k for _, _, k in book.recent)
 
 
+# ------------------------------------------------------------------ repeat offenders
+
+
+def miss_at(live: LiveMisses, cluster: str, t: float) -> bool:
+    """Three unanswered end-to-end requests sent at ``t - 8`` (the 8 s budget passes
+    at ``t``): the route is missing at ``t``, a verdict that may begin an episode."""
+    for _ in range(3):
+        live.sent(cluster, WHOLE, t - 8.0, timed=False)
+    return live.missing(cluster, WHOLE, t)
+
+
+@pytest.mark.parametrize(("verdicts", "at", "expected"), [
+    ([], 100.0, {}),
+    ([10.0], 100.0, {}),  # one episode: a lone spike costs nothing
+    ([10.0, 12.0, 25.0], 100.0, {}),  # verdicts seconds apart: one episode
+    ([10.0, 100.0], 110.0, {"a": 0.5}),  # a second episode halves its weight
+    ([10.0, 100.0, 250.0], 260.0, {"a": 0.25}),
+    ([10.0, 100.0], 615.0, {}),  # the first episode is forgiven after 600 s
+    ([10.0, 100.0, 250.0], 615.0, {"a": 0.5}),  # ... one at a time
+])
+def test_episodes_make_a_repeat_offender(verdicts: list[float], at: float,
+                                         expected: dict[str, float]) -> None:
+    live = LiveMisses(make_config())
+    for t in verdicts:
+        assert miss_at(live, "a", t)
+    assert live.recurrence(("a", "b"), WHOLE, at) == expected
+
+
+def test_an_episode_lasts_while_verdicts_come_within_the_gap() -> None:
+    """Within an episode the verdict comes and goes as misses age out of the horizon
+    and fresh requests miss again; only a quiet gap longer than EPISODE_GAP horizons
+    separates two episodes."""
+    live = LiveMisses(make_config(live_horizon_s=10))
+    gap = EPISODE_GAP * 10
+    assert miss_at(live, "a", 10.0)
+    assert miss_at(live, "a", 10.0 + gap - 1)  # same episode
+    assert live.recurrence(("a",), WHOLE, 50.0) == {}
+    assert miss_at(live, "a", 10.0 + 2 * gap)  # quiet for more than the gap: a new one
+    assert live.recurrence(("a",), WHOLE, 60.0) == {"a": 0.5}
+
+
+def test_the_factor_is_the_configured_relapse_factor() -> None:
+    live = LiveMisses(make_config(relapse_factor=0.8))
+    for t in (10.0, 100.0, 200.0):
+        miss_at(live, "a", t)
+    assert live.recurrence(("a",), WHOLE, 210.0) == {"a": pytest.approx(0.64)}
+
+
+@given(st.lists(st.floats(0.0, 200.0), max_size=30), st.floats(0.0, 2000.0))
+def test_recurrence_is_bounded_and_monotone_in_episodes(gaps: list[float],
+                                                        later: float) -> None:
+    """Whatever the verdicts' timing: the factor is ``relapse_factor ** (n - 1)`` for
+    ``n`` remembered episodes, in (0, 1) when listed (so it scales a route, never
+    removes it), and one more episode never raises it."""
+    live = LiveMisses(make_config())
+    t = 10.0
+    for g in gaps:
+        t += g
+        before = live.recurrence(("a",), WHOLE, t).get("a", 1.0)
+        miss_at(live, "a", t)
+        after = live.recurrence(("a",), WHOLE, t).get("a", 1.0)
+        assert 0.0 < after <= before <= 1.0
+    book = live.books.get(("a", WHOLE))
+    factor = live.recurrence(("a",), WHOLE, t + later).get("a", 1.0)
+    n = len(book.episodes) if book is not None else 0
+    assert factor == (0.5 ** (n - 1) if n > 1 else 1.0)
+
+
 # ------------------------------------------------------------------ the router
 
 
@@ -308,3 +377,22 @@ def test_a_reload_starts_the_books_afresh() -> None:
         assert e is not None
         router.live.observed(e, ok("a", WHOLE, 9.0), 9.5)
     assert not router.live.suspects  # ... and leave the new books alone
+
+
+def test_the_router_scales_a_repeat_offender() -> None:
+    """Two episodes of missing its budget within ``forgive_after_s``: once its misses
+    aged out, the route is back in the plan, its weight halved (the ``recurrence``
+    score, shown by the explain)."""
+    router = Router(make_config())
+    rng = random.Random(3)
+    for t in (10.0, 100.0):
+        assert miss_at(router.live, "a", t)
+    req = RequestInfo(api="chat", model="m", stream=False, max_tokens=None, input_tokens=10,
+                      klass="agentic", priority=5, tenant=None, slice=WHOLE,
+                      request_id="x", explain=True)
+    d = router.decide(req, 130.0, rng)
+    assert d.explain is not None
+    by = {c.cluster: c for c in d.explain.candidates}
+    assert by["a"].scores["recurrence"] == 0.5
+    assert "recurrence" not in by["b"].scores and "recurrence" not in by["c"].scores
+    assert by["a"].verdicts.get("live_misses") in (None, "pass")  # back in the plan

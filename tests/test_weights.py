@@ -352,3 +352,21 @@ def test_a_route_missing_its_budget_now_gets_no_weight_while_others_have_room() 
     back = compute_weights(cfg, view, 3.0 + horizon + 0.1, [SLICE], live=router.live)[SLICE]
     assert back.weight("c") > 0 and back.missing == ()
     assert compute_weights(cfg, view, 3.1, [SLICE])[SLICE].weight("c") > 0  # no live: as before
+
+
+def test_a_repeat_offender_gets_a_smaller_share_once_back() -> None:
+    """Native mode keeps the same repeat-offender memory: a route that missed its
+    budget in two episodes within ``forgive_after_s`` comes back from the second with
+    its weight scaled by ``relapse_factor`` (not to 0: it still earns evidence)."""
+    cfg, router, view = _warmed(0.1)
+    late = Observation("c", SLICE, "ok", 200, ttft_s=60.0, e2e_s=61.0)
+    for t in (3.0, 40.0):  # two episodes, a quiet gap between them
+        for _ in range(6):
+            router.live.outcome(late, t)
+        assert compute_weights(cfg, view, t + 0.1, [SLICE], live=router.live)[SLICE].missing \
+            == ("c",)
+    back = 40.0 + cfg.health.live_horizon_s + 0.2
+    scaled = compute_weights(cfg, view, back, [SLICE], live=router.live)[SLICE]
+    plain = compute_weights(cfg, view, back, [SLICE])[SLICE]
+    assert scaled.missing == () and 0 < scaled.weight("c") < 0.75 * plain.weight("c")
+    assert scaled.weight("a") > plain.weight("a")

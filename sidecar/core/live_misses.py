@@ -50,9 +50,27 @@ quarter of their slots free (the ``live_misses`` filter in
 :mod:`sidecar.core.filters`, with the class restriction's herding guard: when a
 peak slows every route, sitting one out would only pile its traffic onto the
 next; soft: alone, it serves). It is a steering signal, not a health state:
-nothing is escalated or remembered, and as the misses age out of ``H`` the route
-is back in the plan's share (the health machine judges the same requests
-through the statistics as before). Each replica of a fleet keeps its own books.
+nothing is escalated, and as the misses age out of ``H`` the route is back in the
+plan's share (the health machine judges the same requests through the statistics
+as before). Each replica of a fleet keeps its own books.
+
+**Repeat-offender memory.** A route that keeps relapsing is back at full share
+just in time for its next episode, and an episode's first seconds, before enough
+misses resolve, are paid on that share. So the books remember episodes: a
+*missing* verdict more than ``EPISODE_GAP x H`` after the route's previous one
+starts an episode (within an episode the verdict comes and goes as misses age out
+and fresh requests miss again, seconds apart). With ``n`` episodes begun in the
+last ``health.forgive_after_s`` (600 s)::
+
+    recurrence = relapse_factor ** (n - 1)        (1 for n <= 1; relapse_factor 0.5)
+
+multiplies the route's static weight for the slice (the ``recurrence`` score,
+:mod:`sidecar.core.scorers`): a lone spike costs nothing, a second episode within
+ten minutes halves the route's share, a third quarters it, and each episode older
+than ``forgive_after_s`` is forgiven. The exploration floor still gives the route
+traffic, so its statistics stay fresh. The health machine's own memory
+(:mod:`sidecar.core.health`) shrinks restore steps after escalations; episodes the
+live misses handle alone rarely escalate, so they had none.
 
 **Native mode.** Envoy routes native requests from the published weights, and the
 sidecar learns of each only from its access-log entry: such a request is never
@@ -78,7 +96,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sidecar.core.config import Config
@@ -87,6 +105,7 @@ from sidecar.core.types import Observation, SliceKey
 
 ALPHA = 0.01  # the chance of so many misses from a route at its allowed share
 MIN_MISSES = 2  # fewer misses never make a route missing, however few requests
+EPISODE_GAP = 2.0  # horizons without a missing verdict that separate two episodes
 _THRESHOLDS_MAX = 65536  # cached (allowed share, m) thresholds before starting over
 
 
@@ -129,7 +148,8 @@ class LiveEntry:
 class Book:
     """The outcomes of one (cluster, slice), resolved within the horizon."""
 
-    __slots__ = ("budget", "horizon", "k", "m", "recent", "suspects")
+    __slots__ = ("budget", "episodes", "horizon", "k", "last_missing", "m", "recent",
+                 "suspects")
 
     def __init__(self, budget: Budget, horizon: float, suspects: set[Book]) -> None:
         self.budget = budget
@@ -140,6 +160,8 @@ class Book:
         self.k = 0  # misses in recent
         self.m = 0  # outcomes in recent
         self.suspects = suspects  # the books with MIN_MISSES or more (LiveMisses')
+        self.last_missing: float | None = None  # the latest missing verdict
+        self.episodes: deque[float] = deque()  # when each remembered episode began
 
     def note(self, now: float, miss: bool) -> None:
         self.note_many(now, 1, 1 if miss else 0)
@@ -347,7 +369,31 @@ class LiveMisses:
         if book.k < MIN_MISSES:
             self.suspects.discard(book)
             return False
-        return book.k >= self.threshold(book.budget.allowed, book.m)
+        if book.k < self.threshold(book.budget.allowed, book.m):
+            return False
+        last = book.last_missing
+        if last is None or now - last > EPISODE_GAP * book.horizon:
+            book.episodes.append(now)
+        book.last_missing = now
+        return True
+
+    def recurrence(self, clusters: tuple[str, ...], slice: SliceKey,
+                   now: float) -> Mapping[str, float]:
+        """Each of ``clusters``' repeat-offender factor for the slice, where below 1
+        (module docstring): ``relapse_factor ** (n - 1)``, ``n`` its episodes begun
+        in the last ``forgive_after_s``."""
+        out: dict[str, float] = {}
+        memory = now - self.config.health.forgive_after_s
+        for c in clusters:
+            book = self.books.get((c, slice))
+            if book is None or not book.episodes:
+                continue
+            episodes = book.episodes
+            while episodes and episodes[0] < memory:
+                episodes.popleft()
+            if len(episodes) > 1:
+                out[c] = self.config.health.relapse_factor ** min(len(episodes) - 1, 30)
+        return out
 
     def threshold(self, allowed: float, m: int) -> int:
         """The fewest misses of ``m`` whose chance at share ``allowed`` is below ALPHA."""

@@ -65,11 +65,13 @@ from sidecar.core.steepness import load_factor
 
 def exponent_of(klass: ClassConfig) -> dict[str, float]:
     """Exponent per score name: the class weight (the load score's steepened by
-    :func:`sidecar.core.steepness.load_factor`). Scores not listed (e.g. the raw
+    :func:`sidecar.core.steepness.load_factor`; ``recurrence``, repeat-offender
+    memory, always 1). Scores not listed (e.g. the raw
     ``latency_ratio``, ``violation``) are informational only."""
     weights = klass.weights
     return {"latency": weights.latency, "attainment": weights.latency, "cost": weights.cost,
-            "quality": weights.quality, "load": weights.capacity * load_factor(klass)}
+            "quality": weights.quality, "load": weights.capacity * load_factor(klass),
+            "recurrence": 1.0}
 
 
 # Panic tiers by the soft filter that dropped a candidate: lower is less bad.

@@ -337,7 +337,8 @@ class Router(Intake):
         # The workflow meets the worst of its k calls: each may miss 1/k of the share.
         allowed = max(1.0 - klass.slo.percentile / 100.0, 1e-4) / fanout
         ctx = SelectionContext(self.config, model, klass, req, self, now,
-                               step_budget_s(budget_key), allowed, light=self._light)
+                               step_budget_s(budget_key), allowed, light=self._light,
+                               recurrence=self.live.recurrence(model.candidates, req.slice, now))
         self._fresh = True
         try:
             plan = build_plan(ctx, DEFAULT_FILTERS, DEFAULT_SCORERS)

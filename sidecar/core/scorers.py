@@ -1,7 +1,8 @@
 """Selection scorers. Each writes ``cand.scores[name]``, a goodness in (0, 1].
 
 The pipeline combines them as ``w = health * prod_i s_i ** k_i`` with the
-class's weights (latency weight for ``latency`` and ``attainment``). Only
+class's weights (latency weight for ``latency`` and ``attainment``; 1 for
+``recurrence``). Only
 :class:`Load` runs per request; the others once per plan.
 """
 
@@ -159,6 +160,28 @@ def floor_shares(ctx: SelectionContext, cands: list[Candidate], a: float) -> Non
 
 
 @dataclass(frozen=True, slots=True)
+class Recurrence:
+    """Repeat-offender memory of live misses (:mod:`sidecar.core.live_misses`)::
+
+        s = relapse_factor ** (n - 1)     n = episodes of missing its budget begun
+                                          in the last forgive_after_s (1 for n <= 1)
+
+    Exponent 1 whatever the class weights (it is health, not a preference). Written
+    only where below 1, so a plan without relapses looks as it did."""
+
+    name: str = "recurrence"
+    per_request: bool = False
+
+    def __call__(self, ctx: SelectionContext, cands: list[Candidate]) -> None:
+        recurrence = ctx.recurrence
+        if recurrence:
+            for c in cands:
+                s = recurrence.get(c.name)
+                if s is not None:
+                    c.scores[self.name] = s
+
+
+@dataclass(frozen=True, slots=True)
 class Cost:
     """Cheaper is better: ``s = min_cost / cost`` over the candidates (free = 1)."""
 
@@ -200,4 +223,5 @@ class Load:
             c.scores[self.name] = max(1.0 - used, 0.02)
 
 
-DEFAULT_SCORERS: tuple[Scorer, ...] = (LatencyRatio(), Attainment(), Cost(), Quality(), Load())
+DEFAULT_SCORERS: tuple[Scorer, ...] = (LatencyRatio(), Attainment(), Recurrence(), Cost(),
+                                       Quality(), Load())

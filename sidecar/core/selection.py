@@ -145,6 +145,9 @@ class SelectionContext:
     # Routes missing this slice's budget now (sidecar.core.live_misses; the router
     # sets it only while one is).
     missing: frozenset[str] = frozenset()
+    # Repeat-offender factors below 1 by cluster (sidecar.core.live_misses, the
+    # ``recurrence`` score); None or empty while no route relapsed.
+    recurrence: Mapping[str, float] | None = None
     # The view's in-flight counts are each request's own (False: a window's average,
     # as native mode's weights read them; the queue score is then left out).
     live_counts: bool = True

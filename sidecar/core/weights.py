@@ -70,7 +70,13 @@ from sidecar.core.live_misses import LiveMisses
 from sidecar.core.pickers import PICKERS
 from sidecar.core.pipeline import panic_tier, run_pipeline
 from sidecar.core.scorers import DEFAULT_SCORERS
-from sidecar.core.selection import Candidate, HealthView, LatencyValue, RouteView, SelectionContext
+from sidecar.core.selection import (
+    Candidate,
+    HealthView,
+    LatencyValue,
+    RouteView,
+    SelectionContext,
+)
 from sidecar.core.types import RequestInfo, SliceKey
 from sidecar.core.window_load import LoadedView
 
@@ -248,7 +254,8 @@ class _Split:
 
 def _split(config: Config, view: RouteView, slice: SliceKey, now: float,
            order: tuple[str, ...], rng: random.Random | None = None,
-           missing: frozenset[str] = frozenset()) -> _Split:
+           missing: frozenset[str] = frozenset(),
+           recurrence: Mapping[str, float] | None = None) -> _Split:
     model = config.model(slice.model)
     klass = config.workload_class(slice.klass)
     if model is None or klass is None:
@@ -262,7 +269,7 @@ def _split(config: Config, view: RouteView, slice: SliceKey, now: float,
     # The counts are a window's average and the weights hold for an interval: no queue
     # score (with it the suite's native total rose 135.6 -> 145.4 %, docs/native-mode.md).
     ctx = SelectionContext(config, model, klass, representative(config, slice), view, now,
-                           live_counts=False, missing=missing)
+                           live_counts=False, missing=missing, recurrence=recurrence)
     picker = PICKERS[config.picker]
     # The picker's draw is not used (only its probabilities): any RNG state gives the
     # same weights, so one generator serves a whole computation.
@@ -333,7 +340,9 @@ def compute_weights(
 
     ``live``: the router's live misses (:mod:`sidecar.core.live_misses`); a route
     missing a slice's budget now takes no share of it (the ``live_misses`` filter,
-    herding guard included), listed in :attr:`SliceWeights.missing`.
+    herding guard included), listed in :attr:`SliceWeights.missing`; a route that
+    keeps relapsing has its weight scaled by its repeat-offender factor (the
+    ``recurrence`` score).
     """
     cands = {m.name: route_candidates(config, m) for m in config.models}
     todo = native_slices(config) if slices is None else tuple(slices)
@@ -341,11 +350,14 @@ def compute_weights(
     none: frozenset[str] = frozenset()
     missing = {s: live.missing_among(cands.get(s.model, ()), s, now) if live else none
                for s in todo}
+    recur = {s: live.recurrence(cands.get(s.model, ()), s, now) if live else None
+             for s in todo}
     if not demand:
         out = {}
         for s in todo:
             order = cands.get(s.model, ())
-            out[s] = _split(config, view, s, now, order, rng, missing[s]).rounded(s, order, scale)
+            out[s] = _split(config, view, s, now, order, rng, missing[s],
+                            recur[s]).rounded(s, order, scale)
         return out
     load: dict[str, float] = defaultdict(float)
     for per_cluster in demand.values():
@@ -357,7 +369,8 @@ def compute_weights(
     last: dict[SliceKey, _Split] = {}
     for _ in range(PLAN_ROUNDS):
         planned = LoadedView(view, dict(load))
-        last = {s: _split(config, planned, s, now, cands.get(s.model, ()), rng, missing[s])
+        last = {s: _split(config, planned, s, now, cands.get(s.model, ()), rng, missing[s],
+                          recur[s])
                 for s in todo}
         predicted: dict[str, float] = defaultdict(float)
         for s, sp in last.items():
