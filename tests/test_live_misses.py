@@ -396,3 +396,20 @@ def test_the_router_scales_a_repeat_offender() -> None:
     assert by["a"].scores["recurrence"] == 0.5
     assert "recurrence" not in by["b"].scores and "recurrence" not in by["c"].scores
     assert by["a"].verdicts.get("live_misses") in (None, "pass")  # back in the plan
+
+
+def test_state_shows_the_book_and_the_memory_without_judging() -> None:
+    """``/state``'s ``live`` per route: the horizon's misses and outcomes, whether they
+    make it missing, its episodes and factor; reading it begins no episode."""
+    router = Router(make_config())
+    for t in (10.0, 100.0):
+        miss_at(router.live, "a", t)
+    for _ in range(3):
+        router.live.sent("a", WHOLE, 150.0, timed=False)  # misses at 158, not yet judged
+    shown = router.live.summary("a", WHOLE, 158.5)
+    assert shown == {"misses": 3, "outcomes": 3, "missing": True, "episodes": 2,
+                     "recurrence": 0.5}
+    assert len(router.live.books[("a", WHOLE)].episodes) == 2  # no third episode from a read
+    assert router.live.summary("b", WHOLE, 158.5) is None
+    assert router.live.summary("a", WHOLE, 800.0) == {
+        "misses": 0, "outcomes": 0, "missing": False, "episodes": 0, "recurrence": 1.0}

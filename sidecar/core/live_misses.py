@@ -395,6 +395,27 @@ class LiveMisses:
                 out[c] = self.config.health.relapse_factor ** min(len(episodes) - 1, 30)
         return out
 
+    def summary(self, cluster: str, slice: SliceKey, now: float) -> dict[str, object] | None:
+        """What ``/state`` shows of the route's book (None: not tracked, or nothing yet):
+        misses and outcomes within the horizon, whether they make it missing, its
+        remembered episodes and its repeat-offender factor. Resolves the budgets that
+        passed (as any decision would), but judges nothing: beginning an episode is
+        the decisions'."""
+        self.advance(now)
+        book = self.books.get((cluster, slice))
+        if book is None:
+            return None
+        horizon = now - book.horizon
+        k = sum(x for t, _, x in book.recent if t >= horizon)
+        m = sum(x for t, x, _ in book.recent if t >= horizon)
+        memory = now - self.config.health.forgive_after_s
+        n = sum(1 for t in book.episodes if t >= memory)
+        return {"misses": k, "outcomes": m,
+                "missing": k >= MIN_MISSES and k >= self.threshold(book.budget.allowed, m),
+                "episodes": n,
+                "recurrence": self.config.health.relapse_factor ** min(n - 1, 30) if n > 1
+                else 1.0}
+
     def threshold(self, allowed: float, m: int) -> int:
         """The fewest misses of ``m`` whose chance at share ``allowed`` is below ALPHA."""
         key = (allowed, m)

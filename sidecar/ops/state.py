@@ -40,6 +40,9 @@ def state_json(router: Router, now: float) -> dict[str, Any]:
             "state": h.state.value if h else "healthy",
             "weight": h.weight if h else 1.0,
             "since": h.since if h else None,
+            # live misses (sidecar.core.live_misses): the book of the last
+            # health.live_horizon_s and the repeat-offender memory; None if untracked
+            "live": router.live.summary(cluster, slice, now),
         })
     _add_shares(routes)
     last: dict[tuple[str, str], dict[str, Any]] = {}
