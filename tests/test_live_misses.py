@@ -208,6 +208,40 @@ def test_a_batch_of_native_successes_is_one_note() -> None:
     assert not batched.missing("a", STREAM, 15.1)  # aged out together
 
 
+def test_watched_misses_are_not_diluted_by_older_streams_ending() -> None:
+    """A streaming TTFT route turns slow: the streams sent before it did keep ending
+    (hits, resolved at their outcome), and among them two watched requests miss at the
+    budget. Two misses of 42 are chance at a 5 % share; two of the two watched are not."""
+    live = LiveMisses(make_config())
+    for _ in range(40):
+        e = live.sent("a", STREAM, 0.0, timed=False)
+        assert e is not None
+        live.observed(e, ok("a", STREAM, 0.4), 6.0)
+    for _ in range(2):
+        live.sent("a", STREAM, 5.0, timed=True)  # no first token by 6.0
+    book = live.books[("a", STREAM)]
+    assert not live.missing("a", STREAM, 5.9)
+    assert live.missing("a", STREAM, 6.1)
+    assert (book.k, book.m, book.wk, book.wm) == (2, 42, 2, 2)
+    assert live.threshold(0.05, 42) > 2  # the whole book alone would not say so
+
+
+def test_watched_hits_count_against_watched_misses() -> None:
+    """Ten watched requests whose first token came in time (hits once their outcome
+    comes) and two that missed: 2 of 12 at a 5 % share is chance (12 % likely)."""
+    live = LiveMisses(make_config())
+    for _ in range(10):
+        e = live.sent("a", STREAM, 0.0, timed=True)
+        assert e is not None
+        LiveMisses.first_token(e, 0.3)
+        live.observed(e, ok("a", STREAM, 0.3), 4.0)
+    for _ in range(2):
+        live.sent("a", STREAM, 4.0, timed=True)
+    assert not live.missing("a", STREAM, 5.1)
+    book = live.books[("a", STREAM)]
+    assert (book.wk, book.wm) == (2, 12)
+
+
 def test_misses_age_out_of_the_horizon() -> None:
     live = LiveMisses(make_config(live_horizon_s=10))
     for _ in range(3):
@@ -265,8 +299,10 @@ def test_counts_stay_consistent(events: list[tuple[bool, float, list[float]]]) -
         live.missing("a", WHOLE, now)
     book = live.books.get(("a", WHOLE))
     if book is not None:
-        assert 0 <= book.k <= book.m == sum(m for _, m, _ in book.recent)
-        assert book.k == sum(k for _, _, k in book.recent)
+        assert 0 <= book.k <= book.m == sum(m for _, m, _, _ in book.recent)
+        assert book.k == sum(k for _, _, k, _ in book.recent)
+        assert 0 <= book.wk <= book.wm <= book.m and book.wk <= book.k
+        assert book.wm == sum(m for _, m, _, w in book.recent if w)
 
 
 # ------------------------------------------------------------------ repeat offenders
@@ -407,9 +443,10 @@ def test_state_shows_the_book_and_the_memory_without_judging() -> None:
     for _ in range(3):
         router.live.sent("a", WHOLE, 150.0, timed=False)  # misses at 158, not yet judged
     shown = router.live.summary("a", WHOLE, 158.5)
-    assert shown == {"misses": 3, "outcomes": 3, "missing": True, "episodes": 2,
-                     "recurrence": 0.5}
+    assert shown == {"misses": 3, "outcomes": 3, "watched_misses": 3, "watched_outcomes": 3,
+                     "missing": True, "episodes": 2, "recurrence": 0.5}
     assert len(router.live.books[("a", WHOLE)].episodes) == 2  # no third episode from a read
     assert router.live.summary("b", WHOLE, 158.5) is None
     assert router.live.summary("a", WHOLE, 800.0) == {
-        "misses": 0, "outcomes": 0, "missing": False, "episodes": 0, "recurrence": 1.0}
+        "misses": 0, "outcomes": 0, "watched_misses": 0, "watched_outcomes": 0,
+        "missing": False, "episodes": 0, "recurrence": 1.0}

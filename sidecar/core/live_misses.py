@@ -39,13 +39,22 @@ served without streaming is judged on the whole answer (its first byte).
 
 Per (cluster, slice) a :class:`Book` keeps the outcomes resolved in the last
 ``H`` seconds (``health.live_horizon_s``, 10 s; 0 turns this off): ``k`` misses
-of ``m``. The route is **missing** for the slice while::
+of ``m``, ``k_w`` of ``m_w`` among them of watched requests. The route is
+**missing** for the slice while::
 
     k >= MIN_MISSES  and  P(X >= k | X ~ Binomial(m, a)) < ALPHA
 
 with ``a`` the class's allowed share ``1 - percentile / 100``: too many misses to
-be the route's allowed share by chance (with ``m = 20``, ``a = 0.05``: 5 misses).
-Then it takes no new request of the slice while the other usable routes have a
+be the route's allowed share by chance (with ``m = 20``, ``a = 0.05``: 5 misses)
+-- or while the same test holds for its *watched* requests' outcomes alone
+(``k_w`` of ``m_w``). Of a streaming TTFT class only a sample is watched, and the
+rest resolve when their streams end, seconds after their first token: when a
+route turns slow, the hits of streams sent before keep coming in for a while
+and dilute the first misses (a 10 s spike was over before ``k`` of ``m`` grew
+beyond chance). The watched requests resolve within the budget of being sent,
+so their own test reads the route as it is now (two at ``ALPHA`` each: a
+route at its allowed share is kept out by chance at most twice as often). Then
+it takes no new request of the slice while the other usable routes have a
 quarter of their slots free (the ``live_misses`` filter in
 :mod:`sidecar.core.filters`, with the class restriction's herding guard: when a
 peak slows every route, sitting one out would only pile its traffic onto the
@@ -149,30 +158,35 @@ class Book:
     """The outcomes of one (cluster, slice), resolved within the horizon."""
 
     __slots__ = ("budget", "episodes", "horizon", "k", "last_missing", "m", "recent",
-                 "suspects")
+                 "suspects", "wk", "wm")
 
     def __init__(self, budget: Budget, horizon: float, suspects: set[Book]) -> None:
         self.budget = budget
         self.horizon = horizon
-        # (resolved at, outcomes, misses among them), in order; a batch of log entries
-        # resolves many at one time.
-        self.recent: deque[tuple[float, int, int]] = deque()
+        # (resolved at, outcomes, misses among them, 1 if a watched request's), in order;
+        # a batch of log entries resolves many at one time.
+        self.recent: deque[tuple[float, int, int, int]] = deque()
         self.k = 0  # misses in recent
         self.m = 0  # outcomes in recent
+        self.wk = 0  # ... of watched requests
+        self.wm = 0
         self.suspects = suspects  # the books with MIN_MISSES or more (LiveMisses')
         self.last_missing: float | None = None  # the latest missing verdict
         self.episodes: deque[float] = deque()  # when each remembered episode began
 
-    def note(self, now: float, miss: bool) -> None:
-        self.note_many(now, 1, 1 if miss else 0)
+    def note(self, now: float, miss: bool, watched: bool = False) -> None:
+        self.note_many(now, 1, 1 if miss else 0, watched)
 
-    def note_many(self, now: float, m: int, k: int) -> None:
+    def note_many(self, now: float, m: int, k: int, watched: bool = False) -> None:
         """``m`` outcomes resolved at ``now``, ``k`` of them misses."""
         recent = self.recent
         if recent and recent[0][0] < now - self.horizon:
             self.forget(now)
-        recent.append((now, m, k))
+        recent.append((now, m, k, 1 if watched else 0))
         self.m += m
+        if watched:
+            self.wm += m
+            self.wk += k
         if k:
             self.k += k
             if self.k >= MIN_MISSES:
@@ -182,9 +196,12 @@ class Book:
         """Drop the outcomes resolved more than ``H`` before ``now``."""
         recent, horizon = self.recent, now - self.horizon
         while recent and recent[0][0] < horizon:
-            _, m, k = recent.popleft()
+            _, m, k, w = recent.popleft()
             self.m -= m
             self.k -= k
+            if w:
+                self.wm -= m
+                self.wk -= k
 
 
 _NONE: frozenset[str] = frozenset()
@@ -253,7 +270,7 @@ class LiveMisses:
             t = e.answer_at()
             if t is None or t > deadline:
                 e.resolved = True
-                e.book.note(now, True)  # at ``now``, not the deadline: ``recent`` in order
+                e.book.note(now, True, True)  # at ``now``, not the deadline: in order
             # else: answered in time; its outcome resolves it (an error resolves nothing)
 
     @staticmethod
@@ -282,7 +299,7 @@ class LiveMisses:
         if entry.resolved:
             return
         entry.resolved = True
-        self._resolve(entry.book, obs, now)
+        self._resolve(entry.book, obs, now, entry.watched)
 
     def outcome(self, obs: Observation, now: float) -> None:
         """The outcome of a request routed without a decision (native mode: Envoy drew
@@ -314,7 +331,8 @@ class LiveMisses:
                 self.advance(now)  # earlier budgets first: ``recent`` stays in order
             book.note_many(now, m, k)
 
-    def _resolve(self, book: Book, obs: Observation, now: float) -> None:
+    def _resolve(self, book: Book, obs: Observation, now: float,
+                 watched: bool = False) -> None:
         value = obs.ttft_s if book.budget.first_token else obs.e2e_s
         if value is None or obs.outcome == "error":
             return
@@ -323,7 +341,7 @@ class LiveMisses:
             watch = self.watch
             if watch and watch[0][0] <= now:
                 self.advance(now)  # earlier budgets first: ``recent`` stays in order
-            book.note(now, late)
+            book.note(now, late, watched)
 
     @staticmethod
     def dropped(entry: LiveEntry) -> None:
@@ -343,7 +361,7 @@ class LiveMisses:
             watch = self.watch
             if watch and watch[0][0] <= now:
                 self.advance(now)
-            entry.book.note(now, False)
+            entry.book.note(now, False, True)
 
     def missing_among(self, clusters: tuple[str, ...], slice: SliceKey,
                       now: float) -> frozenset[str]:
@@ -369,13 +387,21 @@ class LiveMisses:
         if book.k < MIN_MISSES:
             self.suspects.discard(book)
             return False
-        if book.k < self.threshold(book.budget.allowed, book.m):
+        if not self._over(book):
             return False
         last = book.last_missing
         if last is None or now - last > EPISODE_GAP * book.horizon:
             book.episodes.append(now)
         book.last_missing = now
         return True
+
+    def _over(self, book: Book) -> bool:
+        """Too many misses to be the allowed share by chance: among all the horizon's
+        outcomes, or among its watched requests' alone (module docstring)."""
+        allowed = book.budget.allowed
+        if book.k >= MIN_MISSES and book.k >= self.threshold(allowed, book.m):
+            return True
+        return book.wk >= MIN_MISSES and book.wk >= self.threshold(allowed, book.wm)
 
     def recurrence(self, clusters: tuple[str, ...], slice: SliceKey,
                    now: float) -> Mapping[str, float]:
@@ -405,13 +431,12 @@ class LiveMisses:
         book = self.books.get((cluster, slice))
         if book is None:
             return None
-        horizon = now - book.horizon
-        k = sum(x for t, _, x in book.recent if t >= horizon)
-        m = sum(x for t, x, _ in book.recent if t >= horizon)
+        book.forget(now)
         memory = now - self.config.health.forgive_after_s
         n = sum(1 for t in book.episodes if t >= memory)
-        return {"misses": k, "outcomes": m,
-                "missing": k >= MIN_MISSES and k >= self.threshold(book.budget.allowed, m),
+        return {"misses": book.k, "outcomes": book.m,
+                "watched_misses": book.wk, "watched_outcomes": book.wm,
+                "missing": self._over(book),
                 "episodes": n,
                 "recurrence": self.config.health.relapse_factor ** min(n - 1, 30) if n > 1
                 else 1.0}
