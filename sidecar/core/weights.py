@@ -70,13 +70,7 @@ from sidecar.core.live_misses import LiveMisses
 from sidecar.core.pickers import PICKERS
 from sidecar.core.pipeline import panic_tier, run_pipeline
 from sidecar.core.scorers import DEFAULT_SCORERS
-from sidecar.core.selection import (
-    Candidate,
-    HealthView,
-    LatencyValue,
-    RouteView,
-    SelectionContext,
-)
+from sidecar.core.selection import Candidate, HealthView, LatencyValue, RouteView, SelectionContext
 from sidecar.core.types import RequestInfo, SliceKey
 from sidecar.core.window_load import LoadedView
 
