@@ -409,37 +409,40 @@ class LiveMisses:
         (module docstring): ``relapse_factor ** (n - 1)``, ``n`` its episodes begun
         in the last ``forgive_after_s``."""
         out: dict[str, float] = {}
-        memory = now - self.config.health.forgive_after_s
         for c in clusters:
             book = self.books.get((c, slice))
-            if book is None or not book.episodes:
-                continue
-            episodes = book.episodes
-            while episodes and episodes[0] < memory:
-                episodes.popleft()
-            if len(episodes) > 1:
-                out[c] = self.config.health.relapse_factor ** min(len(episodes) - 1, 30)
+            if book is not None and book.episodes:
+                factor = self._factor(self._remembered(book, now))
+                if factor < 1.0:
+                    out[c] = factor
         return out
+
+    def _remembered(self, book: Book, now: float) -> int:
+        """The book's episodes begun in the last ``forgive_after_s`` (older ones forgiven)."""
+        episodes, memory = book.episodes, now - self.config.health.forgive_after_s
+        while episodes and episodes[0] < memory:
+            episodes.popleft()
+        return len(episodes)
+
+    def _factor(self, n: int) -> float:
+        """``relapse_factor ** (n - 1)`` for ``n`` remembered episodes (1 for n <= 1)."""
+        return self.config.health.relapse_factor ** min(n - 1, 30) if n > 1 else 1.0
 
     def summary(self, cluster: str, slice: SliceKey, now: float) -> dict[str, object] | None:
         """What ``/state`` shows of the route's book (None: not tracked, or nothing yet):
         misses and outcomes within the horizon, whether they make it missing, its
         remembered episodes and its repeat-offender factor. Resolves the budgets that
-        passed (as any decision would), but judges nothing: beginning an episode is
-        the decisions'."""
+        passed and forgets what aged out (as any decision would), but judges nothing:
+        beginning an episode is the decisions'."""
         self.advance(now)
         book = self.books.get((cluster, slice))
         if book is None:
             return None
         book.forget(now)
-        memory = now - self.config.health.forgive_after_s
-        n = sum(1 for t in book.episodes if t >= memory)
+        n = self._remembered(book, now)
         return {"misses": book.k, "outcomes": book.m,
                 "watched_misses": book.wk, "watched_outcomes": book.wm,
-                "missing": self._over(book),
-                "episodes": n,
-                "recurrence": self.config.health.relapse_factor ** min(n - 1, 30) if n > 1
-                else 1.0}
+                "missing": self._over(book), "episodes": n, "recurrence": self._factor(n)}
 
     def threshold(self, allowed: float, m: int) -> int:
         """The fewest misses of ``m`` whose chance at share ``allowed`` is below ALPHA."""
