@@ -9,6 +9,7 @@ from google.protobuf import struct_pb2
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sidecar.core.buckets import Buckets
 from sidecar.core.envoy_log import (
     CANCEL_FLAGS,
     ERROR_FLAGS,
@@ -18,6 +19,7 @@ from sidecar.core.envoy_log import (
     outcome_of,
     retried_attempts,
 )
+from sidecar.core.subwindow import latency_indices
 from sidecar.core.ttft_offset import BLIND_OFFSET_S, OffsetBook
 from sidecar.core.types import SliceKey
 from sidecar.pb.envoy.data.accesslog.v3 import accesslog_pb2 as al
@@ -196,8 +198,10 @@ def test_an_error_event_in_a_2xx_stream_makes_an_error(rec: LogRecord,
     obs = observation_from_log(rec, "a", S, streaming=True)
     assert (obs.outcome if obs is not None else None) == outcome
     if outcome == "error":
-        assert obs is not None and obs.ttft_s is obs.tpot_s is obs.e2e_s is None
-        assert not obs.censored  # never a latency sample, not a lower bound either
+        assert obs is not None and obs.ttft_s is obs.tpot_s is None
+        assert obs.e2e_s is None  # a cut stream is dated when seen
+        assert latency_indices(obs, Buckets(0.02)) is None  # never a latency sample
+        assert not obs.censored  # nor a lower bound: its duration only dates it
 
 
 def _marked(tag: str | None, metadata: bool) -> al.HTTPAccessLogEntry:
@@ -299,3 +303,19 @@ def test_retried_attempts_are_errors_of_the_route(attempts: int, status: int,
     for f in failed:
         assert (f.cluster, f.slice, f.outcome, f.attempt) == ("a", S, "error", True)
         assert f.status is None and f.ttft_s is None and f.e2e_s is None
+
+
+@pytest.mark.parametrize(("rec", "dated"), [
+    (LogRecord(status=503, end_s=5.0), 5.0),  # the upstream answered 503 after 5 s
+    (LogRecord(status=500, end_s=0.04), 0.04),
+    (LogRecord(status=503, end_s=5.0, flags=frozenset({"upstream_remote_reset"})), None),
+    (LogRecord(status=503, flags=frozenset({"upstream_connection_failure"})), None),
+    (LogRecord(status=200, end_s=5.0, stream_error=True), None),  # cut by an error event
+])
+def test_an_error_status_is_dated_by_how_long_it_took(rec: LogRecord,
+                                                      dated: float | None) -> None:
+    """An error answered by the upstream keeps its duration (the fast path dates the
+    request by it); a reset or a cut stream is dated when seen. Never a sample."""
+    obs = observation_from_log(rec, "a", S, streaming=True)
+    assert obs is not None and obs.outcome == "error" and obs.e2e_s == dated
+    assert latency_indices(obs, Buckets(0.02)) is None

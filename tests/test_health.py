@@ -263,6 +263,24 @@ def test_probing_is_judged_on_several_answers(probes: str, state: HealthState) -
     assert d.h.state is state
 
 
+@pytest.mark.parametrize(
+    ("probes", "state"),
+    [
+        ("OOOOO", S.RESTRICTED),  # a slow route passes five in a row one time in four
+        ("O" * 9 + "F" + "O" * 9, S.RESTRICTED),  # a miss restarts the count
+        ("F" * 20, S.RESTRICTED),  # slow, not down: probes never quarantine it
+        ("F" + "O" * 10, S.DEGRADED),  # restricted_probe_successes in a row
+    ],
+)
+def test_a_restricted_route_leaves_on_a_longer_run_of_probes(
+        probes: str, state: HealthState) -> None:
+    d = Driver(S.RESTRICTED)
+    events = [e for p in probes for e in d.send(G.PROBE_OK if p == "O" else G.PROBE_FAIL)]
+    assert d.h.state is state
+    assert [e.reason for e in events] == (
+        ["10 consecutive probes ok"] if state is S.DEGRADED else [])
+
+
 def test_cooldown_grows_per_offence_caps_and_is_forgiven() -> None:
     d = Driver()
     d.send(G.BURST)

@@ -7,10 +7,11 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from sidecar.core.config import Config, parse_config
+from sidecar.core.health import HealthState, RouteHealth
 from sidecar.core.light_load import (
     FLOOR_PRICE,
     HALF_LIFE_S,
@@ -212,3 +213,49 @@ def test_only_routes_health_has_not_moved_lose_part_of_the_floor(
 def test_fleet_mode_keeps_the_whole_floor() -> None:
     config = _config(fleet={"url": "redis://127.0.0.1:1/0"})  # never connected: core only
     assert _plan_floor(config) == {"a": 1.0, "b": 1.0, "c": 1.0}
+
+
+# ---------------------------------------------------------------- probes of restricted routes
+
+
+def _probe_shares(state: HealthState, misses: int, hits: int = 0) -> dict[str, float]:
+    """The plan's probe shares after route c (held in ``state``) missed its budget on
+    ``misses`` light-load requests and met it on ``hits``, route a meeting it on ten."""
+    router = Router(_config())
+    for i in range(10):
+        router.observe(_ok("a", 0.1, 0.0), 1.0 + i * 0.01)
+    for i in range(misses + hits):
+        router.observe(_ok("c", 2.0 if i < misses else 0.1, 0.0), 1.2 + i * 0.01)
+    h = RouteHealth("c", SL, router.config.health, router.config.stats, 1.5)
+    h.state = state
+    router.board._routes[("c", SL)] = h
+    router.board.version += 1
+    router.decide(RequestInfo("chat", "m", True, 200, 50, "interactive", 10, None, SL,
+                              request_id="r"), 2.0, random.Random(0))
+    cached = next(iter(router.plans.entries.values()))
+    return {p.cluster: p.share for p in cached.probes}
+
+
+@pytest.mark.parametrize(("state", "misses", "hits", "priced"), [
+    (HealthState.RESTRICTED, 10, 0, True),  # slow by itself: probes cost what the floor may
+    (HealthState.RESTRICTED, 3, 7, True),  # still over the best by more than the price
+    (HealthState.RESTRICTED, 0, 10, False),  # its probes meet the budget: the whole share
+    (HealthState.RESTRICTED, 0, 0, False),  # no light evidence: the whole share
+    (HealthState.PROBING, 10, 0, False),  # an open circuit's probes end its cooldown
+])
+def test_a_restricted_route_s_probes_are_priced_like_the_floor(
+        state: HealthState, misses: int, hits: int, priced: bool) -> None:
+    whole = _config().health.probe_share
+    share = _probe_shares(state, misses, hits)["c"]
+    assert 0.0 < share <= whole
+    assert (share < whole / 2) is priced, share
+
+
+@given(st.integers(0, RING - 1), st.integers(0, RING - 1))
+def test_a_probe_share_never_grows_with_one_more_miss(misses: int, hits: int) -> None:
+    """Monotone in evidence: one more light-load miss (all kept by the ring) never
+    raises a restricted route's probe share, and the share stays in (0, probe_share]."""
+    assume(misses + hits < RING)
+    more, fewer = (_probe_shares(HealthState.RESTRICTED, m, hits)["c"]
+                   for m in (misses + 1, misses))
+    assert 0.0 < more <= fewer <= _config().health.probe_share

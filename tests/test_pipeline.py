@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 from dataclasses import dataclass, field
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sidecar.core.config import Config, parse_config
 from sidecar.core.evidence import RouteEvidence
@@ -32,6 +35,7 @@ class FakeView:
     health_of: dict[str, HealthView] = field(default_factory=dict)
     busy: dict[str, int] = field(default_factory=dict)
     attain: dict[str, float] = field(default_factory=dict)  # success share, all within budget
+    outcomes: dict[str, float] = field(default_factory=dict)  # behind attain (default 100)
     no_tpot: set[str] = field(default_factory=set)
     hold: dict[str, float] = field(default_factory=dict)  # e2e median (s), every sample ok
 
@@ -56,8 +60,8 @@ class FakeView:
             return None
         h = LogHistogram()
         h.add(0.01)  # every sample well within any budget: P = p_ok
-        return RouteEvidence(h.cumulative(), 100, 100.0, 0.0, 100.0 * p, 100.0, True, slice,
-                             False)
+        n = self.outcomes.get(cluster, 100.0)
+        return RouteEvidence(h.cumulative(), int(n), n, 0.0, n * p, n, True, slice, False)
 
     def health(self, cluster: str, slice: SliceKey) -> HealthView:
         return self.health_of.get(cluster, HEALTHY)
@@ -199,6 +203,71 @@ def test_fast_errors_are_evidence() -> None:
     shares = _shares(view, n=600)
     assert shares["c"] / 600 < 0.05 and shares["c"] > 0
     assert abs(shares["a"] - shares["b"]) < 90
+
+
+def _attainment(view: FakeView) -> dict[str, float]:
+    scores = {c.name: c.scores for c in _run(view).candidates}
+    return {name: sc["attainment"] for name, sc in scores.items()}
+
+
+@pytest.mark.parametrize(("miss_c", "n", "low", "high"), [
+    # 4 % more misses than a and b on 100 outcomes each: within chance of them
+    # (z ~ 1.3), judged on the gentle scale a = 5 %: exp(-0.8)
+    (0.05, 100.0, 0.40, 0.50),
+    # the same excess on 2,000 outcomes is sure: most of it counts four times
+    (0.05, 2000.0, 0.01, 0.10),
+    # 19 % more on 100 outcomes: sure beyond ~3 points of noise, far below exp(-3.8)
+    (0.20, 100.0, 1e-6, 1e-3),
+])
+def test_an_excess_counts_sharper_once_chance_cannot_explain_it(
+        miss_c: float, n: float, low: float, high: float) -> None:
+    view = FakeView(ttft={"a": 0.2, "b": 0.2, "c": 0.2},
+                    attain={"a": 0.99, "b": 0.99, "c": 1.0 - miss_c},
+                    outcomes={"a": n, "b": n, "c": n})
+    s = _attainment(view)
+    assert s["a"] == s["b"] == 1.0
+    assert low <= s["c"] <= high, s
+
+
+def test_no_excess_counts_sharper_while_a_route_refuses_by_time() -> None:
+    """A quota's refusals (8 s of 70 % every 40 s) are a sure excess on average, yet the
+    route serves well between them, and the others' evidence carries the load its
+    holds moved: while any candidate refuses by time (SelectionContext.refusing), every
+    route is judged on the gentle scale."""
+    view = FakeView(ttft={"a": 0.2, "b": 0.2, "c": 0.2},
+                    attain={"a": 0.99, "b": 0.99, "c": 0.94},
+                    outcomes={"a": 2000.0, "b": 2000.0, "c": 2000.0})
+    cfg = parse_config(base_config_dict(), "t.yaml")
+    model, k = cfg.model("m"), cfg.workload_class("interactive")
+    assert model is not None and k is not None
+    scores = {}
+    for refusing in (frozenset(), frozenset({"a"})):
+        ctx = SelectionContext(cfg, model, k, _req(), view, 0.0, refusing=refusing)
+        result = run_pipeline(ctx, DEFAULT_FILTERS, DEFAULT_SCORERS,
+                              PICKERS["weighted_random"], random.Random(0))
+        assert result is not None
+        scores[refusing] = {c.name: c.scores["attainment"] for c in result.candidates}
+    assert scores[frozenset()]["c"] < 0.1  # sure: sharper
+    assert scores[frozenset({"a"})]["c"] == pytest.approx(math.exp(-0.05 / 0.05))
+
+
+@given(st.floats(0.0, 0.3), st.floats(0.0, 0.3), st.floats(10.0, 5000.0))
+def test_attainment_is_bounded_and_never_rises_with_more_evidence(
+        miss_best: float, excess: float, n: float) -> None:
+    """Bounded in (0, 1], 1 for the best route, never above the gentle scale, and
+    the same excess on more outcomes never weighs more (monotone in evidence)."""
+    def score(outcomes: float) -> float:
+        view = FakeView(ttft={"a": 0.2, "b": 0.2, "c": 0.2},
+                        attain={"a": 1.0 - miss_best, "b": 1.0 - miss_best - excess,
+                                "c": 1.0 - miss_best},
+                        outcomes={"a": outcomes, "b": outcomes, "c": outcomes})
+        s = _attainment(view)
+        assert s["a"] == 1.0
+        return s["b"]
+
+    few, more = score(n), score(2.0 * n)
+    gentle = math.exp(-excess / 0.05)
+    assert 0.0 < more <= few * (1.0 + 1e-9) and few <= max(gentle, 1e-6) * (1.0 + 1e-9)
 
 
 @pytest.mark.parametrize("fanout", [1, 8])

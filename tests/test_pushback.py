@@ -152,6 +152,27 @@ def test_a_declared_wait_holds_the_cluster_full_without_touching_its_limit(
     assert "x" not in pb.held()
 
 
+@pytest.mark.parametrize(("steps", "at", "refusing"), [
+    ([], 1.0, False),  # never held nor refused by a quota
+    ([("hold", 2.0)], 2.0, True),  # held now
+    ([("hold", 2.0)], 3.0 + QUOTA_MEMORY_S - 0.1, True),  # its hold ended lately
+    ([("hold", 2.0)], 3.0 + QUOTA_MEMORY_S, False),  # long enough ago
+    ([("refuse", 0)], 1.0 + QUOTA_MEMORY_S - 0.1, True),  # its 429s read as a quota's
+    ([("refuse", 16)], 2.0, False),  # a concurrency limit refuses by load, not by time
+])
+def test_a_cluster_refusing_by_time_lately(
+        steps: list[tuple[str, float]], at: float, refusing: bool) -> None:
+    """``refusing`` (the attainment score's gate): a hold, a declared wait's or a
+    quota's backoff, ended less than QUOTA_MEMORY_S ago, or 429s read as a quota's."""
+    pb = _pb()
+    for kind, x in steps:
+        if kind == "hold":
+            pb.hold("a", x, 1.0)
+        else:
+            pb.refused("a", int(x), 1.0)
+    assert pb.refusing("a", at) is refusing and not pb.refusing("b", at)
+
+
 def test_a_hold_ends_by_itself_and_gives_back_every_slot() -> None:
     pb = _pb()
     pb.hold("a", 2.0, 1.0)

@@ -81,6 +81,25 @@ def test_a_slice_confined_run_ejects_that_slice_only() -> None:
     assert r.board.get("b", CLUSTER_SLICE).state is S.HEALTHY
 
 
+@pytest.mark.parametrize(("took_s", "ejected"), [
+    (None, True),  # no elapsed time (a fast error): sent when seen
+    (0.05, True),  # fast errors: answers to requests sent before them say nothing
+    (5.0, False),  # slow 503s: requests sent after them were answered in between
+])
+def test_a_slow_error_s_run_begins_when_it_was_sent(took_s: float | None,
+                                                    ejected: bool) -> None:
+    """A provider failing some requests after seconds (a gateway timing out behind it)
+    must not look like one that went down: each error is dated by its send time, so
+    the answers that arrive between errors, to requests sent after them, end each run."""
+    r = _router()
+    for i in range(3):
+        t = 10.0 + i
+        r.observe(Observation("b", SHORT, "error", status=503, e2e_s=took_s), t)
+        r.observe(ok("b", ttft=1.0), t + 0.1)  # sent 1.4 s before, after a slow error
+    assert r.health("b", SHORT).quarantined is ejected
+    assert not [t for t in r.transitions if t.cluster == "b"] or ejected
+
+
 def test_the_last_viable_route_is_restricted_not_ejected() -> None:
     data = base_config_dict(health={"cooldown_s": 100, "cooldown_max_s": 100})
     data["models"][0]["candidates"] = ["a", "b"]
@@ -100,7 +119,7 @@ def test_a_cluster_restricted_as_a_whole_gets_probes_and_leaves_on_them() -> Non
     whole cluster. Latency-sensitive traffic avoids it, so only probes can show it
     recovered: without them it sat unused until the stale-verdict timeout (310 s
     in the outage case at 50 req/s)."""
-    r = _router(probe_successes=3)
+    r = _router(probe_successes=3, restricted_probe_successes=3)
     rng = random.Random(1)
     now = 1.0
     for o in "FOFOOFOOFOFOOOFOFOOFFOOFFFFF":  # ~40 % failing: its runs are chance

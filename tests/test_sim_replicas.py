@@ -25,14 +25,16 @@ SCENARIOS = Path(__file__).resolve().parents[1] / "sidecar" / "sim" / "scenarios
 
 def _sustained_tail(queue: float | None) -> Scenario:
     """The shipped sustained tail shortened to 150 s of tail; ``queue``: every class's
-    ``weights.queue`` (None: as shipped, the default), and with it pooling and live
-    misses off (the ways traffic leaves a slow route before its health is judged)."""
+    ``weights.queue`` (None: as shipped, the default), and with it pooling, live
+    misses and the attainment score's sharper scale off (the ways traffic leaves a
+    slow route before its health is judged)."""
     path = SCENARIOS / "sustained_tail.yaml"
     data = yaml.safe_load(path.read_text())
     if queue is not None:
         for klass in data["config"]["classes"].values():
             klass.setdefault("weights", {})["queue"] = queue
             klass["pool_worse"] = False
+            klass["attainment_sharpen"] = 0
         data["config"].setdefault("health", {})["live_horizon_s"] = 0
     return parse_scenario(data, str(path), base=path.parent, duration=330)
 

@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from sidecar.core.buckets import Buckets
+from sidecar.core.subwindow import latency_indices
 from sidecar.core.timing import ResponseTimer, outcome_for_status
 from sidecar.core.types import SliceKey
 
@@ -70,7 +72,9 @@ def test_error_is_not_a_latency_sample() -> None:
     t.on_headers(503, "application/json", 0.1)
     t.on_body(b'{"error": {}}', 0.1, end=True)
     obs = t.observation(0.1)
-    assert obs is not None and obs.outcome == "error" and obs.e2e_s is None
+    assert obs is not None and obs.outcome == "error" and obs.ttft_s is None
+    assert obs.e2e_s == 0.1  # how long it took: dates the error (the fast path's runs)
+    assert latency_indices(obs, Buckets(0.02)) is None  # never a latency sample
 
 
 def test_cancel_mid_stream() -> None:
@@ -90,3 +94,13 @@ def test_no_response_at_all_is_cancel_or_timeout() -> None:
     obs_t = t.observation(1.0, cancelled=False)
     assert obs_c is not None and obs_c.outcome == "cancel"
     assert obs_t is not None and obs_t.outcome == "timeout"
+
+
+def test_a_stream_cut_by_an_error_event_is_not_dated() -> None:
+    """Only an error status is dated by its duration: a stream the provider broke off
+    after its headers (an error event behind a 200) is dated when seen."""
+    t = ResponseTimer("a", S, t0=0.0, streaming=True)
+    t.on_headers(200, "text/event-stream", 0.1)
+    t.on_body(b'data: {"error": {"message": "overloaded"}}\n\n', 4.0, end=True)
+    obs = t.observation(4.0)
+    assert obs is not None and obs.outcome == "error" and obs.e2e_s is None

@@ -108,6 +108,10 @@ class ClassConfig:
     # Steepness of the latency preference (sidecar.core.steepness): the latency score is
     # r ** -E with E rising from 2 to this with the route's samples. 2: the gentle curve.
     latency_exponent: float = 2.0
+    # How much more the sure part of a route's excess violation share weighs in the
+    # attainment score (sidecar.core.scorers.Attainment): 3 judges it on a / 4; 0 is
+    # the gentle scale a for all of it.
+    attainment_sharpen: float = 3.0
     # Routes clearly worse than the best pool their static weight (sidecar.core.pooling),
     # so many slow alternatives do not outweigh the best one. False: each keeps its own.
     pool_worse: bool = True
@@ -161,6 +165,11 @@ class HealthConfig:
     # route's weight, so a route that fell behind by score keeps fresh statistics.
     explore_share: float = 0.05
     probe_successes: int = 5
+    # Consecutive probes within budget that move a restricted route back to degraded.
+    # A restricted route was slow, not down: it may still miss a share of its requests,
+    # and any such route passes a run of probes some time (a failed probe restarts the
+    # count). At 25 % misses ten in a row take ~67 probes, five only ~13.
+    restricted_probe_successes: int = 10
     restore_step: float = 0.25  # weight returned per healthy window while restoring
     # Escalation needs evidence at this confidence (one-sided binomial test).
     confidence: float = 0.95

@@ -87,6 +87,8 @@ def _health(r: ConfigReader) -> HealthConfig:
         probe_share=r.num("probe_share", d.probe_share, lo=0.001, hi=1.0),
         explore_share=r.num("explore_share", d.explore_share, lo=0.001, hi=1.0),
         probe_successes=r.num("probe_successes", d.probe_successes, lo=1, integer=True),
+        restricted_probe_successes=r.num("restricted_probe_successes",
+                                         d.restricted_probe_successes, lo=1, integer=True),
         restore_step=r.num("restore_step", d.restore_step, lo=0.01, hi=1.0),
         confidence=r.num("confidence", d.confidence, lo=0.5, hi=0.999999),
         history_windows=r.num("history_windows", d.history_windows, lo=1, hi=10000,

@@ -249,6 +249,7 @@ def _class(name: str, r: ConfigReader) -> ClassConfig:
         weights=weights,
         latency_sensitive=r.bool_("latency_sensitive", True),
         latency_exponent=r.num("latency_exponent", 2.0, lo=2.0, hi=12.0),
+        attainment_sharpen=r.num("attainment_sharpen", 3.0, lo=0.0, hi=20.0),
         pool_worse=r.bool_("pool_worse", True),
     )
     r.done()

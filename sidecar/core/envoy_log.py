@@ -230,6 +230,12 @@ def observation_from_log(
         e2e = waited_s(rec)
         if streaming:
             ttft = first if first is not None else e2e
+    elif rec.status >= 500 and not rec.flags & ERROR_FLAGS and not rec.stream_error:
+        # The upstream answered with a 5xx status: how long it took dates the
+        # request (a slow 503's run of failures begins when it was sent; never a
+        # latency sample). A reset or a cut stream is dated when seen, as before:
+        # a killed provider's streams were sent long before it died.
+        e2e = rec.end_s
     return Observation(
         cluster=cluster,
         slice=slice,

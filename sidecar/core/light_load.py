@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 
 from sidecar.core.types import SliceKey
 
@@ -119,6 +120,17 @@ def floor_share(v: float, best: float, a: float) -> float:
     excess = v - best
     price = FLOOR_PRICE * a
     return price / excess if excess > price else 1.0
+
+
+def route_price(book: LightOutcomes, clusters: Iterable[str], cluster: str, slice: SliceKey,
+                a: float, now: float) -> float:
+    """``f`` of ``cluster`` against the best of ``clusters`` (1 without light evidence):
+    what a restricted route's probe share keeps (:func:`~sidecar.core.plan_cache.probes`)."""
+    x, n = book.counts(cluster, slice, now)
+    if n <= 0.0:
+        return 1.0
+    best = min(violation_share(*book.counts(c, slice, now), a) for c in clusters)
+    return floor_share(violation_share(x, n, a), best, a)
 
 
 def load_of(inflight: int, max_concurrency: int) -> float:

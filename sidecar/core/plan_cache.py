@@ -23,6 +23,7 @@ traffic to show recovery (:func:`probes`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sidecar.core.config import ClassConfig, Config, ModelConfig, StatsConfig
@@ -31,7 +32,7 @@ from sidecar.core.request_lane import RequestLane
 from sidecar.core.selection import Plan, SelectionContext
 from sidecar.core.series import RouteStats
 from sidecar.core.types import Decision, RequestInfo, SliceKey
-from sidecar.core.viability import probe_share
+from sidecar.core.viability import probe_share, probing
 
 PLAN_REUSE = 48  # decisions a plan serves before new evidence is folded in
 PLAN_SUBWINDOWS = 2  # sub-windows a plan may serve before new evidence is folded in
@@ -123,7 +124,8 @@ class PlanCache:
 
 
 def probes(board: HealthBoard, config: Config, slice: SliceKey, klass: ClassConfig,
-           model: ModelConfig) -> tuple[Probe, ...]:
+           model: ModelConfig, price: Callable[[str], float] | None = None
+           ) -> tuple[Probe, ...]:
     """Where a small share of a slice's traffic goes as probes.
 
     Probes go to routes whose cooldown has ended (probing; the cluster-wide
@@ -131,10 +133,19 @@ def probes(board: HealthBoard, config: Config, slice: SliceKey, klass: ClassConf
     routes (the slice's entry or the cluster-wide one), which otherwise see
     no such traffic and could never show recovery. Shares shrink with the
     route's relapses; capacity still applies.
+
+    ``price`` (the router's light-load book) scales a restricted route's share the
+    way the exploration floor is scaled for an unmoved one
+    (:func:`~sidecar.core.light_load.route_price`): probes to a route that keeps
+    missing under light load cost what the floor may, so a restricted route does
+    not see more of the slice than a watching one would. A probing circuit keeps
+    its share (its probes decide the cooldown's end).
     """
     out: list[Probe] = []
     for c in model.candidates:
         share = probe_share(board, config, c, slice, klass.latency_sensitive)
         if share is not None:
+            if price is not None and not probing(board, c, slice):
+                share *= price(c)
             out.append(Probe(c, share))
     return tuple(out)

@@ -96,6 +96,11 @@ refusing a few requests at random -- overloaded now and then -- would, held, ref
 all of them). Its quota's 429s still learn no limit. (A declared wait holds it: the
 provider asked for it.)
 
+A cluster held lately (a declared wait or a quota's backoff, whose hold ended less
+than ``QUOTA_MEMORY_S`` ago) or whose 429s read as a quota's is *refusing by time*
+(:meth:`PushBack.refusing`): the selection's attainment score then judges its
+model's routes on its gentle scale only (:class:`~sidecar.core.scorers.Attainment`).
+
 Native routing has no per-request in-flight count (``k`` is 0 there, the peers'
 requests in fleet mode), so there every 429 without a wait is a quota's: before, one
 such 429 set ``L = 1`` for good -- the route then looked full to the weights and never
@@ -175,6 +180,7 @@ class PushBack:
         self.holds_version = 0  # moves when a hold starts or ends (native weights republish)
         self._sole: frozenset[str] = frozenset()  # some model's only candidate
         self._quota: dict[str, _Quota] = {}  # clusters whose 429s read as a quota's
+        self._last_hold: dict[str, float] = {}  # cluster -> end of its latest hold
 
     def configure(self, limits: dict[str, int], sole: Iterable[str] = ()) -> None:
         """Set each cluster's configured ``max_concurrency``; learned limits of clusters
@@ -184,6 +190,8 @@ class PushBack:
         self._sole = frozenset(sole)
         for c in [c for c in self._quota if c not in self._max]:
             del self._quota[c]
+        for c in [c for c in self._last_hold if c not in self._max]:
+            del self._last_hold[c]
         for c in list(self._held):
             if c not in self._max:
                 del self._held[c]
@@ -270,8 +278,17 @@ class PushBack:
         if cluster not in self._held:
             self.holds_version += 1
         self._held[cluster] = until
+        self._last_hold[cluster] = until
         self.next_release = min(self._held.values())
         self._sync((cluster,))
+
+    def refusing(self, cluster: str, now: float) -> bool:
+        """Has ``cluster`` refused work by time lately: a hold (a declared wait or a
+        quota's backoff) ended less than ``QUOTA_MEMORY_S`` ago, or its 429s read as a
+        quota's? Its window's refusals are then a schedule's, not a share at random
+        (the attainment score does not sharpen on them)."""
+        end = self._last_hold.get(cluster)
+        return (end is not None and now - end < QUOTA_MEMORY_S) or self.quota(cluster, now)
 
     def release(self, now: float) -> None:
         """End the holds whose wait is over (call when ``now >= next_release``)."""

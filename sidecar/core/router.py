@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import replace
 
 from sidecar.core import compat_sr
@@ -31,7 +32,7 @@ from sidecar.core.explain import RecentDecision, build_explain, decision_reason,
 from sidecar.core.filters import DEFAULT_FILTERS
 from sidecar.core.health_board import HealthBoard
 from sidecar.core.intake import Intake
-from sidecar.core.light_load import LightOutcomes
+from sidecar.core.light_load import LightOutcomes, route_price
 from sidecar.core.live_misses import LiveMisses
 from sidecar.core.pickers import PICKERS
 from sidecar.core.pipeline import build_plan, run_request
@@ -338,7 +339,8 @@ class Router(Intake):
         allowed = max(1.0 - klass.slo.percentile / 100.0, 1e-4) / fanout
         ctx = SelectionContext(self.config, model, klass, req, self, now,
                                step_budget_s(budget_key), allowed, light=self._light,
-                               recurrence=self.live.recurrence(model.candidates, req.slice, now))
+                               recurrence=self.live.recurrence(model.candidates, req.slice, now),
+                               refusing=self._refusing(model.candidates, now))
         self._fresh = True
         try:
             plan = build_plan(ctx, DEFAULT_FILTERS, DEFAULT_SCORERS)
@@ -347,12 +349,21 @@ class Router(Intake):
         deps = tuple(rs for c in model.candidates for s in (req.slice, *req.slice.broader())
                      if (rs := self.stats.series(c, s)) is not None)  # fmt: skip
         ctx = replace(ctx, healths={c.name: c.health for c in plan.candidates})
-        cached = CachedPlan(plan, ctx, probes(self.board, self.config, req.slice, klass, model),
+        light, names = self._light, model.candidates
+        price = None if light is None else (
+            lambda c: route_price(light, names, c, req.slice, allowed, now))
+        cached = CachedPlan(plan, ctx, probes(self.board, self.config, req.slice, klass, model,
+                                              price),
                             now, 0, self.board.version, self.stats.layout, deps,
                             tuple(rs.version for rs in deps),
                             RequestLane.of(plan, ctx, self._picker))
         self.plans.store(key, cached)
         return cached
+
+    def _refusing(self, clusters: Iterable[str], now: float) -> frozenset[str]:
+        """The clusters refusing work by time lately (``SelectionContext.refusing``)."""
+        pushback = self.pushback
+        return frozenset(c for c in clusters if pushback.refusing(c, now))
 
     def _trial(self, cached: CachedPlan, slice: SliceKey, now: float) -> str | None:
         """The route, if any, whose open run is on trial with no trial pending

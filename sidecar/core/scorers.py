@@ -23,6 +23,9 @@ _NEUTRAL = 1.0
 UNMOVED = frozenset({"healthy", "watching"})
 SLO_TAIL = "slo_tail"  # Candidate.latency key: the class metric at the SLO percentile
 _NO_TAIL = LatencyValue(None, None, False, 0)
+# Attainment: the excess over the best route beyond SURE_Z standard errors (one-sided
+# 95 %) counts 1 + the class's attainment_sharpen times (3: judged on a / 4).
+SURE_Z = 1.645
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,14 +89,29 @@ class Attainment:
         P*  = with_prior(P, W, prior_samples, 1 - (1 - q/100))   thin evidence -> "just meets SLO"
         v   = 1 - P*                           the route's violation share
         n   = max(W, prior_samples)            the outcomes behind v (prior included)
-        s   = exp(-(v - min_c v) / a)          a = SelectionContext.step_allowed
+        e   = v - v*                           the excess over the best route (v*, n*)
+        se  = sqrt(v (1 - v) / n + v* (1 - v*) / n*)
+        e+  = max(0, e - SURE_Z se)            the part of the excess chance cannot explain
+        s   = exp(-(e + K e+) / a)             a = SelectionContext.step_allowed,
+                                               K = the class's attainment_sharpen (3)
 
     so a route that misses one more allowed share ``a`` than the best one gets
-    1/e of its weight: for a p95 class a route failing fast on 30 % of its
-    requests gets ~exp(-6) of a clean one's, two healthy routes 1 % apart
-    ~0.8 of each other. Sharper scales (a / 2, a / 4) concentrated a little
-    more on generated scenarios but slowed the reaction at 0.5 req/s, where
-    priors dominate thin routes' ``v`` (docs/policy-lab.md, "Concentration").
+    1/e of its weight while that could be chance, and down to 1/e^4 once the
+    evidence is sure of it: for a p95 class a route failing fast on 30 % of its
+    requests gets ~exp(-6) of a clean one's or less, two healthy routes 1 %
+    apart ~0.8 of each other. The uniformly sharper scale (``a / 4`` for all of
+    ``e``) concentrated more on generated scenarios, but it also moved traffic
+    on noise: in the shipped ``burst_queueing`` routes 1-4 % apart in ``v``
+    (about one standard error) got 5-20x different weights, the bursts piled
+    onto the routes that looked best and admission turned more of them away
+    (docs/policy-lab.md, "Sharper where the evidence is sure"). While a
+    candidate refuses work by time (``SelectionContext.refusing``: a quota's or
+    a declared wait's holds, :mod:`sidecar.core.pushback`) nothing counts
+    sharper (``e+ = 0``): its refusals are a schedule, sure on average though
+    the route serves well between them, and the others' evidence carries the
+    load its holds moved (sharper, the lab hunt ``burst_429`` kept its fastest
+    route cut between bursts). Native weights do not see holds and always
+    sharpen.
     For a step of a k-way fan-out ``a`` is k times smaller
     (the workflow meets the worst of its k calls), and ``budget`` shrinks to
     the caller's remaining deadline. ``violation`` (v) and ``violation_n`` (n)
@@ -116,7 +134,7 @@ class Attainment:
         neutral = slo.percentile / 100.0  # "just meets its SLO"
         m = ctx.config.stats.prior_samples
         slice, now = ctx.request.slice, ctx.now
-        best = 1.0
+        best, best_n = 1.0, float(m)
         for c in cands:
             ev = ctx.view.evidence(c.name, slice, metric, now)
             if ev is None:
@@ -133,9 +151,15 @@ class Attainment:
             v = min(max(1.0 - p, 0.0), 1.0)
             c.scores["violation"] = v
             c.scores["violation_n"] = n
-            best = min(best, v)
+            if v < best:
+                best, best_n = v, n
+        spread = best * (1.0 - best) / best_n  # the best route's own standard error, squared
+        sharpen = 0.0 if ctx.refusing else ctx.klass.attainment_sharpen
         for c in cands:
-            c.scores[self.name] = max(math.exp(-(c.scores["violation"] - best) / a), 1e-6)
+            v, n = c.scores["violation"], c.scores["violation_n"]
+            e = v - best
+            sure = max(0.0, e - SURE_Z * math.sqrt(v * (1.0 - v) / n + spread)) if sharpen else 0.0
+            c.scores[self.name] = max(math.exp(-(e + sharpen * sure) / a), 1e-6)
         if ctx.light is not None:
             floor_shares(ctx, cands, a)
 

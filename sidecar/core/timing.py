@@ -25,9 +25,12 @@ evidence about the route); stream closed before the end -> cancel; a 2xx
 stream that carries an error event (:func:`is_error_event`: ``event: error``, or
 data with one of :data:`ERROR_SELECTORS`, the same definition Envoy's
 ``sse_to_metadata`` rules apply on the access-log path) -> error. Error responses are never
-latency samples. Non-streaming responses give e2e only. A body with a
-content-encoding (gzip, br, ...) is not read at all (:attr:`ResponseTimer.unreadable`):
-outcome and e2e only, no token, no usage.
+latency samples; a 5xx status keeps its e2e all the same (how long it took
+dates the request for the fast path's runs of failures, and the duration
+metric), a stream cut by an error event keeps none (dated when seen).
+Non-streaming responses give e2e only. A body with a content-encoding (gzip,
+br, ...) is not read at all (:attr:`ResponseTimer.unreadable`): outcome and e2e
+only, no token, no usage.
 
 Timeouts and cancels are *censored*: e2e (and TTFT when no token came) is the
 time waited, a lower bound. The router keeps a cancel as evidence only when
@@ -207,6 +210,14 @@ class ResponseTimer:
                     tpot = (self.last_token_at - self.first_token_at) / (tokens - 1)
             if self.ended_at is not None:
                 e2e = self.ended_at - self.t0
+        elif (outcome == "error" and (self.status or 0) >= 500 and not self.stream_error
+              and self.ended_at is not None):
+            # A 5xx status: how long it took dates the request, so a slow 503's run
+            # of failures begins when it was sent and answers to later requests end
+            # it (sidecar.core.failure_run); never a latency sample (errors are
+            # counted). A stream cut by an error event is dated when seen, and a
+            # 429 -- no hard failure -- as before.
+            e2e = self.ended_at - self.t0
         elif censored:
             # Lower bounds: the request was given up after this long. The router
             # decides whether that is evidence (waited beyond the class budget).

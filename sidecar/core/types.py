@@ -112,7 +112,7 @@ class Observation:
     status: int | None = None
     ttft_s: float | None = None
     tpot_s: float | None = None
-    e2e_s: float | None = None
+    e2e_s: float | None = None  # an error status: how long it took (dates it; no sample)
     output_tokens: int | None = None
     is_retry: bool = False
     is_probe: bool = False

@@ -83,6 +83,12 @@ def probe_share(board: HealthBoard, config: Config, cluster: str, slice: SliceKe
     return None
 
 
+def probing(board: HealthBoard, cluster: str, slice: SliceKey) -> bool:
+    """Is the cluster's circuit, or the slice's, probing after its cooldown?"""
+    return any(e is not None and e.state is HealthState.PROBING
+               for e in (board.peek(cluster, CLUSTER_SLICE), board.peek(cluster, slice)))
+
+
 def viable(board: HealthBoard, cluster: str, slice: SliceKey | None) -> bool:
     """Is ``cluster`` open for ``slice`` (None: as a whole, its circuit only)?"""
     hc = board.peek(cluster, CLUSTER_SLICE)

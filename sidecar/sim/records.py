@@ -187,7 +187,10 @@ class Attempt:
                 if ft is not None:
                     ttft = ft - sent
                 tpot = self.tpot_s
-        elif outcome != "error":  # timeout or cancel
+        elif outcome == "error":
+            if end is not None and (self.status or 0) >= 500:
+                e2e = end - sent  # as the ResponseTimer does: dates a 5xx (no sample)
+        else:  # timeout or cancel
             censored = True
             if end is not None:
                 # As the ResponseTimer does: the time waited, a lower bound.
