@@ -60,7 +60,7 @@ def _config(ports: dict[str, int]) -> dict[str, Any]:
         "stats": {"subwindow_s": 1.0, "subwindows": 6, "min_samples": 4},
         "health": {"degrade_windows": 1, "restrict_windows": 1, "recover_windows": 2,
                    "cooldown_s": 2, "probe_share": 0.1, "probe_successes": 3,
-                   "restore_step": 0.25},
+                   "restricted_probe_successes": 3, "restore_step": 0.25},
     }
 
 

@@ -15,6 +15,7 @@ from sidecar.core.health import HealthState, RouteHealth
 from sidecar.core.light_load import (
     FLOOR_PRICE,
     HALF_LIFE_S,
+    PROBE_PRICE_MIN,
     RING,
     LightOutcomes,
     floor_share,
@@ -247,15 +248,17 @@ def test_a_restricted_route_s_probes_are_priced_like_the_floor(
         state: HealthState, misses: int, hits: int, priced: bool) -> None:
     whole = _config().health.probe_share
     share = _probe_shares(state, misses, hits)["c"]
-    assert 0.0 < share <= whole
+    assert PROBE_PRICE_MIN * whole <= share <= whole  # never starved of its way back
     assert (share < whole / 2) is priced, share
 
 
 @given(st.integers(0, RING - 1), st.integers(0, RING - 1))
 def test_a_probe_share_never_grows_with_one_more_miss(misses: int, hits: int) -> None:
     """Monotone in evidence: one more light-load miss (all kept by the ring) never
-    raises a restricted route's probe share, and the share stays in (0, probe_share]."""
+    raises a restricted route's probe share, and the share stays within
+    [PROBE_PRICE_MIN, 1] x probe_share."""
     assume(misses + hits < RING)
     more, fewer = (_probe_shares(HealthState.RESTRICTED, m, hits)["c"]
                    for m in (misses + 1, misses))
-    assert 0.0 < more <= fewer <= _config().health.probe_share
+    whole = _config().health.probe_share
+    assert PROBE_PRICE_MIN * whole <= more <= fewer <= whole

@@ -75,6 +75,11 @@ PRIOR = 5.0  # pseudo-outcomes violating at exactly the allowed share
 # three such routes beside a good one held ~13 % of the traffic by the floor alone.
 FLOOR_PRICE = 0.25
 MAX_ROUTES = 4096  # (cluster, slice) pairs kept before the book starts over
+# A restricted route's probes are its only way back (its slice sends it nothing else),
+# so their price never cuts them below this share of probe_share: unpriced, a route
+# missing a quarter of its requests took 5 % of the slice as probes; priced down to
+# f (~2 %), one that had recovered waited minutes for its misses to age out.
+PROBE_PRICE_MIN = 0.25
 
 _LN_HALF_PER_S = -0.6931471805599453 / HALF_LIFE_S
 
@@ -124,13 +129,14 @@ def floor_share(v: float, best: float, a: float) -> float:
 
 def route_price(book: LightOutcomes, clusters: Iterable[str], cluster: str, slice: SliceKey,
                 a: float, now: float) -> float:
-    """``f`` of ``cluster`` against the best of ``clusters`` (1 without light evidence):
-    what a restricted route's probe share keeps (:func:`~sidecar.core.plan_cache.probes`)."""
+    """``max(PROBE_PRICE_MIN, f)`` of ``cluster`` against the best of ``clusters`` (1
+    without light evidence): what a restricted route's probe share keeps
+    (:func:`~sidecar.core.plan_cache.probes`)."""
     x, n = book.counts(cluster, slice, now)
     if n <= 0.0:
         return 1.0
     best = min(violation_share(*book.counts(c, slice, now), a) for c in clusters)
-    return floor_share(violation_share(x, n, a), best, a)
+    return max(PROBE_PRICE_MIN, floor_share(violation_share(x, n, a), best, a))
 
 
 def load_of(inflight: int, max_concurrency: int) -> float:
