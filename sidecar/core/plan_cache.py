@@ -137,9 +137,10 @@ def probes(board: HealthBoard, config: Config, slice: SliceKey, klass: ClassConf
     ``price`` (the router's light-load book) scales a restricted route's share the
     way the exploration floor is scaled for an unmoved one
     (:func:`~sidecar.core.light_load.route_price`): probes to a route that keeps
-    missing under light load cost what the floor may, so a restricted route does
-    not see more of the slice than a watching one would. A probing circuit keeps
-    its share (its probes decide the cooldown's end).
+    missing under light load cost what the floor may, down to a quarter of the
+    share (``PROBE_PRICE_MIN``: the probes are its only way back), so a restricted
+    route does not see much more of the slice than a watching one would. A
+    probing circuit keeps its share (its probes decide the cooldown's end).
     """
     out: list[Probe] = []
     for c in model.candidates:
