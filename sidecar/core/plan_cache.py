@@ -32,7 +32,7 @@ from sidecar.core.request_lane import RequestLane
 from sidecar.core.selection import Plan, SelectionContext
 from sidecar.core.series import RouteStats
 from sidecar.core.types import Decision, RequestInfo, SliceKey
-from sidecar.core.viability import probe_share, probing
+from sidecar.core.viability import probe_share
 
 PLAN_REUSE = 48  # decisions a plan serves before new evidence is folded in
 PLAN_SUBWINDOWS = 2  # sub-windows a plan may serve before new evidence is folded in
@@ -144,9 +144,7 @@ def probes(board: HealthBoard, config: Config, slice: SliceKey, klass: ClassConf
     """
     out: list[Probe] = []
     for c in model.candidates:
-        share = probe_share(board, config, c, slice, klass.latency_sensitive)
+        share = probe_share(board, config, c, slice, klass.latency_sensitive, price)
         if share is not None:
-            if price is not None and not probing(board, c, slice):
-                share *= price(c)
             out.append(Probe(c, share))
     return tuple(out)

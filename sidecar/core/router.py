@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import random
 from collections import Counter, deque
-from collections.abc import Iterable
 from dataclasses import replace
 
 from sidecar.core import compat_sr
@@ -340,7 +339,8 @@ class Router(Intake):
         ctx = SelectionContext(self.config, model, klass, req, self, now,
                                step_budget_s(budget_key), allowed, light=self._light,
                                recurrence=self.live.recurrence(model.candidates, req.slice, now),
-                               refusing=self._refusing(model.candidates, now))
+                               refusing=any(self.pushback.refusing(c, now)
+                                            for c in model.candidates))
         self._fresh = True
         try:
             plan = build_plan(ctx, DEFAULT_FILTERS, DEFAULT_SCORERS)
@@ -359,11 +359,6 @@ class Router(Intake):
                             RequestLane.of(plan, ctx, self._picker))
         self.plans.store(key, cached)
         return cached
-
-    def _refusing(self, clusters: Iterable[str], now: float) -> frozenset[str]:
-        """The clusters refusing work by time lately (``SelectionContext.refusing``)."""
-        pushback = self.pushback
-        return frozenset(c for c in clusters if pushback.refusing(c, now))
 
     def _trial(self, cached: CachedPlan, slice: SliceKey, now: float) -> str | None:
         """The route, if any, whose open run is on trial with no trial pending

@@ -148,9 +148,9 @@ class SelectionContext:
     # Repeat-offender factors below 1 by cluster (sidecar.core.live_misses, the
     # ``recurrence`` score); None or empty while no route relapsed.
     recurrence: Mapping[str, float] | None = None
-    # Routes refusing work by time lately (sidecar.core.pushback.PushBack.refusing):
-    # while any is, the attainment score judges every route on its gentle scale.
-    refusing: frozenset[str] = frozenset()
+    # Some candidate refuses work by time lately (sidecar.core.pushback.PushBack.refusing):
+    # the attainment score then judges every route on its gentle scale.
+    refusing: bool = False
     # The view's in-flight counts are each request's own (False: a window's average,
     # as native mode's weights read them; the queue score is then left out).
     live_counts: bool = True

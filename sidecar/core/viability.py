@@ -21,7 +21,7 @@ routes are all out with none: the last viable route is restricted instead.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from sidecar.core.config import Config, ModelConfig
 from sidecar.core.health import HealthState
@@ -58,8 +58,9 @@ def health_view(board: HealthBoard, config: Config, cluster: str, slice: SliceKe
 
 
 def probe_share(board: HealthBoard, config: Config, cluster: str, slice: SliceKey,
-                sensitive: bool) -> float | None:
-    """The share of ``slice``'s traffic :func:`probes` sends ``cluster`` (None: none)."""
+                sensitive: bool, price: Callable[[str], float] | None = None) -> float | None:
+    """The share of ``slice``'s traffic :func:`probes` sends ``cluster`` (None: none);
+    ``price`` scales a restricted route's (:func:`~sidecar.core.plan_cache.probes`)."""
     hc = board.peek(cluster, CLUSTER_SLICE)
     if hc is not None and hc.state is HealthState.PROBING:
         return hc.probe_share
@@ -79,14 +80,9 @@ def probe_share(board: HealthBoard, config: Config, cluster: str, slice: SliceKe
     # sends it a request, and it would wait out the stale-verdict timeout.
     for e in (h, hc):
         if e is not None and e.state is HealthState.RESTRICTED:
-            return config.health.probe_share * e.memory
+            share = config.health.probe_share * e.memory
+            return share if price is None else share * price(cluster)
     return None
-
-
-def probing(board: HealthBoard, cluster: str, slice: SliceKey) -> bool:
-    """Is the cluster's circuit, or the slice's, probing after its cooldown?"""
-    return any(e is not None and e.state is HealthState.PROBING
-               for e in (board.peek(cluster, CLUSTER_SLICE), board.peek(cluster, slice)))
 
 
 def viable(board: HealthBoard, cluster: str, slice: SliceKey | None) -> bool:
