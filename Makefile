@@ -8,7 +8,7 @@ BINDIR ?= $(PREFIX)/bin
 
 .DEFAULT_GOAL := venv
 .PHONY: venv demo test test-tools pytest proto check-proto lint typecheck install uninstall bench \
-        simulate clean
+        simulate clean compiled
 
 # Shared install step: creates or refreshes the virtualenv when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -45,6 +45,11 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 typecheck: lint
+
+# The policy lab compiled with mypyc into build/compiled/ (about two minutes; the same
+# results, about twice as fast). `tailroute simulate --compiled` builds it on first use.
+compiled: $(STAMP)
+	$(PY) -c "from sidecar.devtools.compiled import ensure; print(ensure())"
 
 # Puts `tailroute` on PATH: a small wrapper in $(BINDIR) that runs this checkout's venv.
 install: $(STAMP)

@@ -91,7 +91,8 @@ def panic_tier(cands: Sequence[Candidate]) -> list[Candidate]:
 
 def _filter(
     ctx: SelectionContext, cand: Candidate, filters: tuple[Filter, ...], record_pass: bool
-) -> None:
+) -> bool:
+    """Runs ``filters`` on ``cand`` until one drops it; True when none did."""
     for f in filters:
         verdict = f(ctx, cand)
         if verdict is None:
@@ -101,7 +102,8 @@ def _filter(
         cand.note(f.name, verdict)
         cand.dropped = f.name
         cand.soft_drop = f.soft
-        return
+        return False
+    return True
 
 
 def build_plan(
@@ -175,10 +177,10 @@ def run_request(
     cands = [c.for_request() for c in plan.candidates]
     survivors: list[Candidate] = []
     for cand in cands:
-        if cand.dropped is None:
-            _filter(ctx, cand, request_filters, False)
-            if cand.dropped is None:
-                survivors.append(cand)
+        # The filter's answer, not a second look at cand.dropped: a type checker
+        # (and the compiled build) take that attribute as still None here.
+        if cand.dropped is None and _filter(ctx, cand, request_filters, False):
+            survivors.append(cand)
     notes: tuple[str, ...] = ()
     panic = False
     if not survivors:

@@ -56,6 +56,7 @@ from sidecar.core.filters import (
 )
 from sidecar.core.pickers import WeightedRandom
 from sidecar.core.pipeline import run_request
+from sidecar.core.replayed_draw import ReplayedDraw
 from sidecar.core.scorers import Load
 from sidecar.core.selection import (
     FLOOR_SHARE,
@@ -261,7 +262,7 @@ class LanePick(NamedTuple):
         lane = self.lane
         counts = dict(zip(lane.names, self.counts, strict=True))
         ctx = replace(lane.ctx, view=_Counted(lane.ctx.view, counts))
-        result = run_request(lane.plan, ctx, lane.picker, _Replay(self.u))
+        result = run_request(lane.plan, ctx, lane.picker, ReplayedDraw(self.u))
         assert result is not None and result.chosen.name == self.name
         return result
 class _Counted:
@@ -283,17 +284,6 @@ class _Counted:
 
     def inflight(self, cluster: str) -> int:
         return self._counts[cluster]
-
-
-class _Replay(random.Random):
-    """Answers the picker's one draw with the pick's."""
-
-    def __init__(self, u: float) -> None:
-        super().__init__(0)
-        self._u = u
-
-    def random(self) -> float:
-        return self._u
 
 
 def full_result(result: PipelineResult | LanePick | None) -> PipelineResult | None:

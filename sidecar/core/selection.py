@@ -88,14 +88,23 @@ class Candidate:
     __slots__ = ("_own", "base", "cluster", "dropped", "health", "latency", "name", "scores",
                  "soft_drop", "verdicts", "weight")
 
-    def __init__(self, cluster: ClusterConfig, health: HealthView) -> None:
+    def __init__(self, cluster: ClusterConfig, health: HealthView,
+                 shared: Candidate | None = None) -> None:
+        """A fresh candidate, or (``shared``) a request's copy of a plan's."""
         self.cluster = cluster
         self.name = cluster.name  # read a dozen times per request: a slot, not a property
         self.health = health
-        self.verdicts: dict[str, str] = {}  # filter -> "pass" or reason (see note())
-        self._own = True  # verdicts is this candidate's own dict (not the plan's)
-        self.scores: dict[str, float] = {}
-        self.latency: dict[str, LatencyValue] = {}
+        if shared is None:
+            self.verdicts: dict[str, str] = {}  # filter -> "pass" or reason (see note())
+            self._own = True  # verdicts is this candidate's own dict (not the plan's)
+            self.scores: dict[str, float] = {}
+            self.latency: dict[str, LatencyValue] = {}
+        else:
+            # A compiled (mypyc) class cannot be made without __init__, so the copy
+            # is made through it rather than by Candidate.__new__.
+            self.verdicts, self._own = shared.verdicts, False
+            self.scores = dict(shared.scores)
+            self.latency = shared.latency
         self.weight = 1.0
         self.base = 1.0
         self.dropped: str | None = None  # the first filter that rejected it, if any
@@ -109,11 +118,7 @@ class Candidate:
         self.verdicts[name] = verdict
 
     def for_request(self) -> Candidate:
-        c = Candidate.__new__(Candidate)
-        c.cluster, c.name, c.health, c.latency, c.verdicts = \
-            self.cluster, self.name, self.health, self.latency, self.verdicts
-        c._own = False
-        c.scores = dict(self.scores)
+        c = Candidate(self.cluster, self.health, self)
         c.weight, c.base, c.dropped, c.soft_drop = self.weight, self.base, self.dropped, \
             self.soft_drop
         return c

@@ -143,7 +143,7 @@ def slice_confined(d: Draw) -> tuple[Base, str]:
                           "at_s": r3(d.uniform(120, 240))}
     if mode == "long_input":
         b.chat_max_tokens = 256
-        b.output_median, b.output_p99 = 100, 250
+        b.output_median, b.output_p99 = 100.0, 250.0
         # share of inputs above 2048 tokens ~ share: a lognormal with median 600
         b.input_p99 = _p99_for_share_above(600.0, 2048.0, share)
         b.workloads = [b.chat(b.rate)]

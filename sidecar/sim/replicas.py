@@ -49,16 +49,16 @@ _BASES: dict[str, type[Tailroute]] = {"tailroute": Tailroute,
 def replicated(policy: str, ctx: PolicyContext, spec: ReplicaSpec, seed: int) -> Policy | None:
     """The replicated form of ``policy`` (None for policies that are not tailroute's)."""
     base = _BASES.get(policy)
-    return None if base is None else Replicas(ctx, spec, seed, base)
+    return None if base is None else Replicas(ctx, spec, seed, base, policy)
 
 
 class Replicas(BasePolicy):
     needs_tick = True
 
     def __init__(self, ctx: PolicyContext, spec: ReplicaSpec, seed: int,
-                 base: type[Tailroute] = Tailroute) -> None:
+                 base: type[Tailroute] = Tailroute, name: str = "tailroute") -> None:
         super().__init__(ctx)
-        self.name = base.name
+        self.name = name  # base's (the caller knows it: a class attribute read stays plain)
         self.spec = spec
         config = base.effective_config(ctx.config)
         self.routers = [Router(config) for _ in range(spec.count)]
