@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -49,6 +51,29 @@ def test_outside_a_compiled_child_nothing_is_required(monkeypatch: pytest.Monkey
     monkeypatch.setenv(compiled.ENV_FLAG, "1")
     with pytest.raises(compiled.BuildError, match="did not load"):
         compiled.require()
+
+
+def test_two_processes_asking_at_once_build_once(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[str] = []
+    started = threading.Event()
+
+    def fake_build(root: Path, key: str, log: Path) -> None:
+        built.append(key)
+        started.set()
+        time.sleep(0.2)  # hold the lock while the other asker arrives
+        (root / key / "sidecar").mkdir(parents=True)
+        (root / key / "sidecar" / ".complete").write_text(key)
+
+    monkeypatch.setattr(compiled, "build_key", lambda: "k1")
+    monkeypatch.setattr(compiled, "_build", fake_build)
+    results: list[Path] = []
+    first = threading.Thread(target=lambda: results.append(compiled.ensure(tmp_path)))
+    first.start()
+    started.wait(10)
+    results.append(compiled.ensure(tmp_path))  # waits on the lock, then finds it built
+    first.join(10)
+    assert built == ["k1"] and results == [tmp_path / "k1", tmp_path / "k1"]
 
 
 @pytest.fixture(scope="module")

@@ -265,6 +265,8 @@ class LanePick(NamedTuple):
         result = run_request(lane.plan, ctx, lane.picker, ReplayedDraw(self.u))
         assert result is not None and result.chosen.name == self.name
         return result
+
+
 class _Counted:
     """A route view whose in-flight counts are a snapshot (the rest is the view's)."""
 

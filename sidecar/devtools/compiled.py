@@ -7,7 +7,8 @@ that run the same code about twice as fast. :func:`ensure` builds a compiled
 silently shadow an edited source -- under ``build/compiled/<key>/`` (or
 ``$TAILROUTE_COMPILED_DIR``), keyed by a hash of every source file, the
 Python and the mypy version: an edit makes a new build, an unchanged tree
-reuses the last one. ``tailroute simulate --compiled`` and
+reuses the last one; a lock file lets one process build while another waits
+for it. ``tailroute simulate --compiled`` and
 ``bench/bench_sim.py --compiled`` run in a child process that imports that
 copy first (:func:`child_command`).
 
@@ -24,6 +25,7 @@ headers that pip already needs). A failed build names its log.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.machinery
 import os
@@ -39,6 +41,7 @@ CHECKOUT = PACKAGE.parent
 #: Set in the child that runs the compiled copy (and checked there: see require()).
 ENV_FLAG = "TAILROUTE_COMPILED"
 ENV_DIR = "TAILROUTE_COMPILED_DIR"
+_LOCK = ".lock"
 
 #: Compiled: every module of these folders, except INTERPRETED.
 COMPILED_DIRS = ("core", "sim", "sim/policies")
@@ -118,6 +121,19 @@ def ensure(root: Path | None = None, log: Path | None = None) -> Path:
     src = root / key
     if (src / "sidecar" / ".complete").is_file():
         return src
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / _LOCK).open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time; a second waits for it
+        if (src / "sidecar" / ".complete").is_file():
+            return src
+        _build(root, key, log or root / f"{key}.log")
+    return src
+
+
+def _build(root: Path, key: str, log: Path) -> None:
+    """Copy the package to ``root/<key>.partial``, compile it there, and move it to
+    ``root/<key>`` when complete (so a half-built copy is never used)."""
+    src = root / key
     tmp = root / f"{key}.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -125,7 +141,6 @@ def ensure(root: Path | None = None, log: Path | None = None) -> Path:
                     ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyc"))
     if (CHECKOUT / "pyproject.toml").is_file():  # mypy's settings for the type check
         shutil.copy2(CHECKOUT / "pyproject.toml", tmp / "pyproject.toml")
-    log = log or root / f"{key}.log"
     paths = [f"sidecar/{m}" for m in compiled_modules()]
     with log.open("w") as fh:
         rc = subprocess.run([sys.executable, "-c", _SETUP, *paths], cwd=tmp, stdout=fh,
@@ -137,14 +152,13 @@ def ensure(root: Path | None = None, log: Path | None = None) -> Path:
     (tmp / "sidecar" / ".complete").write_text(key + "\n")
     shutil.rmtree(src, ignore_errors=True)
     tmp.rename(src)
-    for old in root.iterdir():  # earlier builds and their logs (not one under way)
-        if old.name.startswith(key) or old.name.endswith(".partial"):
+    for old in root.iterdir():  # earlier builds and their logs
+        if old.name.startswith(key) or old.name == _LOCK:
             continue
         if old.is_dir():
             shutil.rmtree(old, ignore_errors=True)
         else:
             old.unlink(missing_ok=True)
-    return src
 
 
 def is_compiled() -> bool:

@@ -195,7 +195,11 @@ def main(argv: list[str] | None = None) -> int:
             if ns.suite == "":  # the shipped suite as files of this tree, not of the copy
                 args += ["--suite", str(SHIPPED)]
             return compiled.run_compiled(["-m", "sidecar.cli", *args])
-        compiled.require()  # the child: it must really be the compiled build
+        try:
+            compiled.require()  # the child: it must really be the compiled build
+        except compiled.BuildError as exc:
+            sys.stderr.write(f"error: --compiled: {exc}\n")
+            return 2
     try:
         return int(ns.func(ns))
     except ConfigError as exc:  # scenario and config errors: file + field path
