@@ -76,7 +76,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sidecar.core.frozen import fast_init
-from sidecar.core.timing import outcome_for_status
+from sidecar.core.timing import error_keeps_duration, outcome_for_status
 from sidecar.core.types import Observation, Outcome, SliceKey
 
 # ResponseFlags field names (envoy.data.accesslog.v3.ResponseFlags) by meaning.
@@ -230,12 +230,8 @@ def observation_from_log(
         e2e = waited_s(rec)
         if streaming:
             ttft = first if first is not None else e2e
-    elif rec.status >= 500 and not rec.flags & ERROR_FLAGS and not rec.stream_error:
-        # The upstream answered with a 5xx status: how long it took dates the
-        # request (a slow 503's run of failures begins when it was sent; never a
-        # latency sample). A reset or a cut stream is dated when seen, as before:
-        # a killed provider's streams were sent long before it died.
-        e2e = rec.end_s
+    elif error_keeps_duration(rec.status, bool(rec.flags & ERROR_FLAGS) or rec.stream_error):
+        e2e = rec.end_s  # an upstream's 5xx: dates the error (never a latency sample)
     return Observation(
         cluster=cluster,
         slice=slice,

@@ -99,16 +99,18 @@ class Candidate:
             self._own = True  # verdicts is this candidate's own dict (not the plan's)
             self.scores: dict[str, float] = {}
             self.latency: dict[str, LatencyValue] = {}
+            self.weight = 1.0
+            self.base = 1.0
+            self.dropped: str | None = None  # the first filter that rejected it, if any
+            self.soft_drop = False
         else:
             # A compiled (mypyc) class cannot be made without __init__, so the copy
             # is made through it rather than by Candidate.__new__.
             self.verdicts, self._own = shared.verdicts, False
             self.scores = dict(shared.scores)
             self.latency = shared.latency
-        self.weight = 1.0
-        self.base = 1.0
-        self.dropped: str | None = None  # the first filter that rejected it, if any
-        self.soft_drop = False
+            self.weight, self.base = shared.weight, shared.base
+            self.dropped, self.soft_drop = shared.dropped, shared.soft_drop
 
     def note(self, name: str, verdict: str) -> None:
         """Record a filter's verdict (a request copy copies the plan's dict on first write)."""
@@ -118,10 +120,8 @@ class Candidate:
         self.verdicts[name] = verdict
 
     def for_request(self) -> Candidate:
-        c = Candidate(self.cluster, self.health, self)
-        c.weight, c.base, c.dropped, c.soft_drop = self.weight, self.base, self.dropped, \
-            self.soft_drop
-        return c
+        """A request's copy: scores its own, verdicts and latency shared until written."""
+        return Candidate(self.cluster, self.health, self)
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,6 +88,17 @@ def outcome_for_status(status: int) -> Outcome | None:
     return None
 
 
+def error_keeps_duration(status: int | None, cut: bool) -> bool:
+    """Whether an ``error`` outcome carries how long it took as ``e2e_s`` (never a
+    latency sample): a 5xx status the upstream answered with does, so a slow 503's run
+    of failures begins when it was sent and answers to later requests end it
+    (:mod:`sidecar.core.failure_run`); a 429 (no hard failure) does not, nor a reset
+    or a stream cut by an error event (``cut``), which are dated when seen: a killed
+    provider's streams were sent long before it died. One rule for the server's
+    timer, the access log and the lab."""
+    return (status or 0) >= 500 and not cut
+
+
 @dataclass(slots=True)
 class ResponseTimer:
     """Incremental SSE-aware timer for one response.
@@ -210,14 +221,9 @@ class ResponseTimer:
                     tpot = (self.last_token_at - self.first_token_at) / (tokens - 1)
             if self.ended_at is not None:
                 e2e = self.ended_at - self.t0
-        elif (outcome == "error" and (self.status or 0) >= 500 and not self.stream_error
+        elif (outcome == "error" and error_keeps_duration(self.status, self.stream_error)
               and self.ended_at is not None):
-            # A 5xx status: how long it took dates the request, so a slow 503's run
-            # of failures begins when it was sent and answers to later requests end
-            # it (sidecar.core.failure_run); never a latency sample (errors are
-            # counted). A stream cut by an error event is dated when seen, and a
-            # 429 -- no hard failure -- as before.
-            e2e = self.ended_at - self.t0
+            e2e = self.ended_at - self.t0  # dates the error (never a latency sample)
         elif censored:
             # Lower bounds: the request was given up after this long. The router
             # decides whether that is evidence (waited beyond the class budget).

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from sidecar.core.config import ClassConfig
 from sidecar.core.live_misses import LiveEntry
+from sidecar.core.timing import error_keeps_duration
 from sidecar.core.types import Observation, Outcome, RequestInfo, SliceKey
 
 if TYPE_CHECKING:
@@ -188,7 +189,7 @@ class Attempt:
                     ttft = ft - sent
                 tpot = self.tpot_s
         elif outcome == "error":
-            if end is not None and (self.status or 0) >= 500:
+            if end is not None and error_keeps_duration(self.status, False):
                 e2e = end - sent  # as the ResponseTimer does: dates a 5xx (no sample)
         else:  # timeout or cancel
             censored = True
