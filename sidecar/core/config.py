@@ -112,6 +112,9 @@ class ClassConfig:
     # attainment score (sidecar.core.scorers.Attainment): 3 judges it on a / 4; 0 is
     # the gentle scale a for all of it.
     attainment_sharpen: float = 3.0
+    # How a route's violation share weighs against the best route's as a ratio
+    # (sidecar.core.scorers.MissRatio): the score is (ratio) ** -this. 0: not at all.
+    miss_ratio_exponent: float = 1.0
     # Routes clearly worse than the best pool their static weight (sidecar.core.pooling),
     # so many slow alternatives do not outweigh the best one. False: each keeps its own.
     pool_worse: bool = True

@@ -53,6 +53,26 @@ slow samples leave the shared evidence; the others' fast samples then speak for
 the route, and the fleet never judges it (measured in
 ``tests/test_integration_fleet.py``: the route stayed ``healthy``).
 
+**The record.** The ring answers "has this route been missing lately", ten
+outcomes deep; too few to tell a route missing on 1 % of its requests from one
+that never misses, which is what the miss-ratio score
+(:class:`~sidecar.core.scorers.MissRatio`) compares. So the book also keeps,
+per (cluster, slice), every light outcome as a decayed count::
+
+    x, n = sum_i w_i [violated_i], sum_i w_i     w_i = 0.5 ** ((now - t_i) / RECORD_HALF_LIFE_S)
+    v    = (x + PRIOR a) / (n + PRIOR)           as for the floor
+
+with a half-life of one minute: some hundreds of outcomes at a few requests a
+second, and an incident's misses weigh a quarter two minutes later. Only
+light outcomes, because under load a route's misses are its queue's, which the
+load and queue scores already answer per request: compared as ratios they
+moved whole bursts (the window's shares in their place raised the shipped
+suite's violations by 3 %, `burst_queueing` and `capacity_fallback` most). A
+two-minute half-life told small shares apart better on generated scenarios but
+judged recovered routes on their incidents for longer: the suite's
+`capacity_fallback`, `outage_recovery` and `retry_storm` rose 7-9 %
+(docs/policy-lab.md, "Misses as ratios").
+
 Outcomes without a send-time load (native mode, where Envoy picks the route;
 unit tests) are not counted: a route without light evidence keeps the whole
 floor. Pure: times come from the caller.
@@ -81,25 +101,50 @@ MAX_ROUTES = 4096  # (cluster, slice) pairs kept before the book starts over
 # f (~2 %), one that had recovered waited minutes for its misses to age out.
 PROBE_PRICE_MIN = 0.25
 
+# The record's half-life: long enough to tell 1 % of misses from none at a few requests
+# a second, short enough that a recovered route is not judged on its incident for long
+# (120 s did better on generated scenarios and worse on the shipped suite's recoveries).
+RECORD_HALF_LIFE_S = 60.0
+
 _LN_HALF_PER_S = -0.6931471805599453 / HALF_LIFE_S
+_LN_RECORD_PER_S = -0.6931471805599453 / RECORD_HALF_LIFE_S
 
 
 class LightOutcomes:
     """The latest light-load outcomes per (cluster, slice) (module docstring)."""
 
-    __slots__ = ("_rings",)
+    __slots__ = ("_records", "_rings")
 
     def __init__(self) -> None:
         self._rings: dict[tuple[str, SliceKey], deque[tuple[float, bool]]] = {}
+        # The record: [x, n, time of the last note] (module docstring, "The record").
+        self._records: dict[tuple[str, SliceKey], list[float]] = {}
 
     def note(self, cluster: str, slice: SliceKey, violated: bool, now: float) -> None:
         """One outcome of a request served under light load, finished at ``now``."""
-        ring = self._rings.get((cluster, slice))
+        key = (cluster, slice)
+        ring = self._rings.get(key)
         if ring is None:
             if len(self._rings) >= MAX_ROUTES:
                 self._rings.clear()
-            ring = self._rings[(cluster, slice)] = deque(maxlen=RING)
+                self._records.clear()
+            ring = self._rings[key] = deque(maxlen=RING)
+            self._records[key] = [0.0, 0.0, now]
         ring.append((now, violated))
+        rec = self._records[key]
+        w = math.exp((now - rec[2]) * _LN_RECORD_PER_S) if now > rec[2] else 1.0
+        rec[0] = rec[0] * w + (1.0 if violated else 0.0)
+        rec[1] = rec[1] * w + 1.0
+        rec[2] = max(rec[2], now)
+
+    def record(self, cluster: str, slice: SliceKey, now: float) -> tuple[float, float]:
+        """``(x, n)`` of the record: every light outcome, decayed with a half-life of
+        ``RECORD_HALF_LIFE_S`` (module docstring); (0, 0) if none."""
+        rec = self._records.get((cluster, slice))
+        if rec is None:
+            return 0.0, 0.0
+        w = math.exp((now - rec[2]) * _LN_RECORD_PER_S) if now > rec[2] else 1.0
+        return rec[0] * w, rec[1] * w
 
     def counts(self, cluster: str, slice: SliceKey, now: float) -> tuple[float, float]:
         """``(x, n)``: decayed violations and outcomes (module docstring); (0, 0) if none."""

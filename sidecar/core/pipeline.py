@@ -69,7 +69,8 @@ def exponent_of(klass: ClassConfig) -> dict[str, float]:
     memory, always 1). Scores not listed (e.g. the raw
     ``latency_ratio``, ``violation``) are informational only."""
     weights = klass.weights
-    return {"latency": weights.latency, "attainment": weights.latency, "cost": weights.cost,
+    return {"latency": weights.latency, "attainment": weights.latency,
+            "miss_ratio": weights.latency, "cost": weights.cost,
             "quality": weights.quality, "load": weights.capacity * load_factor(klass),
             "recurrence": 1.0}
 
