@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -331,3 +332,15 @@ def test_regions_of_a_model_with_a_broken_candidate_say_nothing_more() -> None:
     with pytest.raises(ConfigError) as err:
         parse_config(data, "t.yaml")
     assert [p.split(": ")[1] for p in err.value.problems] == ["clusters[0].address"]
+
+
+def test_replacing_a_field_leaves_the_original_lookups_alone() -> None:
+    """dataclasses.replace builds the copy's lookups afresh; the original keeps its own."""
+    cfg = parse_config(base_config_dict(), "t.yaml")
+    k = cfg.workload_class("interactive")
+    assert k is not None
+    steep = dataclasses.replace(k, latency_exponent=6.0)
+    other = dataclasses.replace(
+        cfg, classes=tuple(steep if c.name == k.name else c for c in cfg.classes))
+    assert other.workload_class("interactive") == steep
+    assert cfg.workload_class("interactive") == k

@@ -1,5 +1,6 @@
 """The miss-ratio score: light-load violation shares compared as ratios
-(sidecar.core.scorers.MissRatio, sidecar.core.light_load "The record")."""
+(sidecar.core.scorers.MissRatio, sidecar.core.light_load "The record"); an option,
+off by default, so these tests set ``miss_ratio_exponent`` 1 unless they say."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ from hypothesis import strategies as st
 
 from sidecar.core.config import Config, ConfigError, parse_config
 from sidecar.core.filters import DEFAULT_FILTERS
-from sidecar.core.light_load import RECORD_HALF_LIFE_S, LightOutcomes
+from sidecar.core.light_load import RECORD_HALF_LIFE_S, RECORD_MIN, LightOutcomes
 from sidecar.core.pickers import PICKERS
 from sidecar.core.pipeline import run_pipeline
 from sidecar.core.scorers import DEFAULT_SCORERS
-from sidecar.core.selection import Candidate, SelectionContext
+from sidecar.core.selection import Candidate, HealthView, SelectionContext
 from tests.conftest import base_config_dict
 from tests.test_pipeline import FakeView, _req
 
@@ -38,7 +39,7 @@ def _book(misses: dict[str, int], n: int = N, at: float = 0.0) -> LightOutcomes:
 
 def _candidates(book: LightOutcomes | None, cfg: Config | None = None,
                 now: float = 0.0) -> dict[str, Candidate]:
-    cfg = cfg or parse_config(base_config_dict(), "t.yaml")
+    cfg = cfg or parse_config(_with(1.0), "t.yaml")
     model, k = cfg.model("m"), cfg.workload_class("interactive")
     assert model is not None and k is not None
     view = FakeView(ttft={"a": 0.2, "b": 0.2, "c": 0.2})
@@ -82,11 +83,43 @@ def test_nothing_without_a_book_or_light_outcomes() -> None:
     assert _scores(None) == _scores(LightOutcomes()) == {"a": 1.0, "b": 1.0, "c": 1.0}
 
 
-def test_a_route_with_no_light_outcomes_is_judged_at_the_allowed_share() -> None:
-    """c was never sent to under light load: its record is the prior's ``a``."""
-    s = _scores(_book({"a": 0, "b": 0}))
-    assert s["a"] == s["b"] == 1.0
-    assert s["c"] == pytest.approx(0.005 / 0.055, rel=0.01)
+def test_a_route_without_a_record_is_not_compared() -> None:
+    """c was never sent to under light load (or its record just started over): no
+    evidence, no score, and the others are compared among themselves."""
+    s = _scores(_book({"a": 0, "b": 100}))
+    assert s["a"] == s["c"] == 1.0
+    assert s["b"] == pytest.approx(0.005 / 0.015, rel=0.01)
+    assert _scores(_book({"a": 0, "b": 100, "c": 0}, n=int(RECORD_MIN) - 1))["b"] == 1.0
+
+
+def test_a_record_starts_over_when_the_route_is_restored() -> None:
+    """LightOutcomes.forget (intake calls it on every transition into restoring):
+    the route's misses of every slice are gone, the other routes' records stay."""
+    book = _book({"a": 0, "b": 300, "c": 0})
+    book.forget("b", None)
+    assert book.record("b", _req().slice, 0.0) == (0.0, 0.0)
+    assert book.record("a", _req().slice, 0.0)[1] == N
+    assert _scores(book)["b"] == 1.0
+
+
+def test_off_by_default() -> None:
+    book = _book({"a": 0, "b": 300, "c": 0})
+    assert _scores(book, parse_config(base_config_dict(), "t.yaml"))["b"] == 1.0
+
+
+def test_a_route_the_health_machine_moved_keeps_its_ladder_weight() -> None:
+    cfg = parse_config(_with(1.0), "t.yaml")
+    model, k = cfg.model("m"), cfg.workload_class("interactive")
+    assert model is not None and k is not None
+    view = FakeView(ttft={"a": 0.2, "b": 0.2, "c": 0.2},
+                    health_of={"b": HealthView("degraded", 0.3, False, False)})
+    ctx = SelectionContext(cfg, model, k, _req(), view, 0.0,
+                           light=_book({"a": 0, "b": 300, "c": 100}))
+    result = run_pipeline(ctx, DEFAULT_FILTERS, DEFAULT_SCORERS, PICKERS["weighted_random"],
+                          random.Random(0))
+    assert result is not None
+    scores = {c.name: c.scores.get("miss_ratio", 1.0) for c in result.candidates}
+    assert scores["b"] == 1.0 and scores["c"] < 1.0
 
 
 def test_misses_age_out_with_the_record() -> None:

@@ -112,9 +112,10 @@ class ClassConfig:
     # attainment score (sidecar.core.scorers.Attainment): 3 judges it on a / 4; 0 is
     # the gentle scale a for all of it.
     attainment_sharpen: float = 3.0
-    # How a route's violation share weighs against the best route's as a ratio
-    # (sidecar.core.scorers.MissRatio): the score is (ratio) ** -this. 0: not at all.
-    miss_ratio_exponent: float = 1.0
+    # How a route's light-load violation share weighs against the best route's as a
+    # ratio (sidecar.core.scorers.MissRatio): the score is (ratio) ** -this. 0 (the
+    # default): not at all; 1 is the measured option (docs/policy-lab.md).
+    miss_ratio_exponent: float = 0.0
     # Routes clearly worse than the best pool their static weight (sidecar.core.pooling),
     # so many slow alternatives do not outweigh the best one. False: each keeps its own.
     pool_worse: bool = True
@@ -334,9 +335,15 @@ class Config:
     # serve --workers N: liveness of the workers (a factory: the class is not defined here)
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     source: str = "<memory>"
-    _by_cluster: dict[str, ClusterConfig] = field(default_factory=dict, compare=False, repr=False)
-    _by_model: dict[str, ModelConfig] = field(default_factory=dict, compare=False, repr=False)
-    _by_class: dict[str, ClassConfig] = field(default_factory=dict, compare=False, repr=False)
+    # Lookups built from the tuples above. Not init fields: dataclasses.replace would
+    # hand the new config the old one's dicts, and its __post_init__ would then
+    # rewrite the old config's lookups with the new entries.
+    _by_cluster: dict[str, ClusterConfig] = field(
+        default_factory=dict, init=False, compare=False, repr=False)
+    _by_model: dict[str, ModelConfig] = field(
+        default_factory=dict, init=False, compare=False, repr=False)
+    _by_class: dict[str, ClassConfig] = field(
+        default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self._by_cluster.update({c.name: c for c in self.clusters})

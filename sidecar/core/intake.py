@@ -329,6 +329,10 @@ class Intake:
         for e in events:
             self.transitions.append(e)
             self.counters[("transition", e.new)] += 1
+            if e.new == "restoring":
+                # Restoring: judge the route's light record on what it does from now on.
+                s = SliceKey.parse(e.slice)
+                self.light.forget(e.cluster, None if s == CLUSTER_SLICE else s)
             if e.old == "probing" and e.new == "restoring":
                 # The circuit closes again: judge the route on what it does from now on.
                 s = SliceKey.parse(e.slice)

@@ -71,7 +71,12 @@ suite's violations by 3 %, `burst_queueing` and `capacity_fallback` most). A
 two-minute half-life told small shares apart better on generated scenarios but
 judged recovered routes on their incidents for longer: the suite's
 `capacity_fallback`, `outage_recovery` and `retry_storm` rose 7-9 %
-(docs/policy-lab.md, "Misses as ratios").
+(docs/policy-lab.md, "Misses as ratios"). For the same reason a route's record
+starts over when the health machine begins to restore it (:meth:`LightOutcomes.forget`,
+as its statistics are fenced when a circuit closes), and the score compares
+only routes with ``RECORD_MIN`` light outcomes or more: an empty record is no
+evidence, and its prior (the allowed share) would cut a route just restored to
+a tenth of the best one's weight.
 
 Outcomes without a send-time load (native mode, where Envoy picks the route;
 unit tests) are not counted: a route without light evidence keeps the whole
@@ -105,6 +110,7 @@ PROBE_PRICE_MIN = 0.25
 # a second, short enough that a recovered route is not judged on its incident for long
 # (120 s did better on generated scenarios and worse on the shipped suite's recoveries).
 RECORD_HALF_LIFE_S = 60.0
+RECORD_MIN = 10.0  # light outcomes (decayed) a record needs before the miss ratio reads it
 
 _LN_HALF_PER_S = -0.6931471805599453 / HALF_LIFE_S
 _LN_RECORD_PER_S = -0.6931471805599453 / RECORD_HALF_LIFE_S
@@ -136,6 +142,12 @@ class LightOutcomes:
         rec[0] = rec[0] * w + (1.0 if violated else 0.0)
         rec[1] = rec[1] * w + 1.0
         rec[2] = max(rec[2], now)
+
+    def forget(self, cluster: str, slice: SliceKey | None) -> None:
+        """Start ``cluster``'s record over (of ``slice``, or of every slice when None):
+        the health machine is restoring it, so judge it on what it does from now on."""
+        for key in [k for k in self._records if k[0] == cluster and slice in (None, k[1])]:
+            self._records[key] = [0.0, 0.0, self._records[key][2]]
 
     def record(self, cluster: str, slice: SliceKey, now: float) -> tuple[float, float]:
         """``(x, n)`` of the record: every light outcome, decayed with a half-life of
