@@ -330,10 +330,10 @@ class Intake:
             self.transitions.append(e)
             self.counters[("transition", e.new)] += 1
             if e.new == "restoring":
-                # Restoring: judge the route's light record on what it does from now on.
+                # Judge the route on what it does from now on: its light record always,
+                # its statistics too when the circuit closes again.
                 s = SliceKey.parse(e.slice)
-                self.light.forget(e.cluster, None if s == CLUSTER_SLICE else s)
-            if e.old == "probing" and e.new == "restoring":
-                # The circuit closes again: judge the route on what it does from now on.
-                s = SliceKey.parse(e.slice)
-                self.stats.fence(e.cluster, None if s == CLUSTER_SLICE else s, e.at)
+                scope = None if s == CLUSTER_SLICE else s
+                self.light.forget(e.cluster, scope)
+                if e.old == "probing":
+                    self.stats.fence(e.cluster, scope, e.at)

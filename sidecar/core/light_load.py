@@ -138,7 +138,7 @@ class LightOutcomes:
             self._records[key] = [0.0, 0.0, now]
         ring.append((now, violated))
         rec = self._records[key]
-        w = math.exp((now - rec[2]) * _LN_RECORD_PER_S) if now > rec[2] else 1.0
+        w = _record_decay(rec, now)
         rec[0] = rec[0] * w + (1.0 if violated else 0.0)
         rec[1] = rec[1] * w + 1.0
         rec[2] = max(rec[2], now)
@@ -155,7 +155,7 @@ class LightOutcomes:
         rec = self._records.get((cluster, slice))
         if rec is None:
             return 0.0, 0.0
-        w = math.exp((now - rec[2]) * _LN_RECORD_PER_S) if now > rec[2] else 1.0
+        w = _record_decay(rec, now)
         return rec[0] * w, rec[1] * w
 
     def counts(self, cluster: str, slice: SliceKey, now: float) -> tuple[float, float]:
@@ -170,6 +170,11 @@ class LightOutcomes:
             if violated:
                 x += w
         return x, n
+
+
+def _record_decay(rec: list[float], now: float) -> float:
+    """How much of a record last noted at ``rec[2]`` still weighs at ``now``."""
+    return math.exp((now - rec[2]) * _LN_RECORD_PER_S) if now > rec[2] else 1.0
 
 
 def violation_share(x: float, n: float, a: float) -> float:
