@@ -8,7 +8,7 @@ keeps :class:`RecentDecision` entries whose explain is built only when read.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from sidecar.core.config import ModelConfig
 from sidecar.core.latency_aware import enabled_metrics
@@ -19,15 +19,20 @@ if TYPE_CHECKING:
     from sidecar.core.request_lane import LanePick
 
 
-class RecentDecision(NamedTuple):
-    """One entry of the recent-decision ring; explain is built when someone reads it
-    (a tuple: one is made per request)."""
+class RecentDecision:
+    """One entry of the recent-decision ring; explain is built when someone reads it.
+    One is made per request: a plain slotted class (the compiled lab makes it a
+    native class, without the Python-level ``__new__`` a NamedTuple has)."""
 
-    at: float
-    request: RequestInfo
-    decision: Decision
-    result: PipelineResult | LanePick | None = None  # a lane pick is rebuilt when read
-    picker: str = ""
+    __slots__ = ("at", "decision", "picker", "request", "result")
+
+    def __init__(self, at: float, request: RequestInfo, decision: Decision,
+                 result: PipelineResult | LanePick | None = None, picker: str = "") -> None:
+        self.at = at
+        self.request = request
+        self.decision = decision
+        self.result = result  # a lane pick is rebuilt when read
+        self.picker = picker
 
     def explain(self) -> Explain | None:
         result = self.result

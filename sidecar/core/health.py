@@ -68,6 +68,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Final
 
 from sidecar.core.config import HealthConfig, StatsConfig
 from sidecar.core.failure_run import FailureRun
@@ -155,6 +156,17 @@ _STAY = Rule(None)
 # Signals whose quarantine respects may_quarantine (the last viable route is kept).
 _GUARDED_SIGNALS = frozenset(G) - {G.COOLDOWN_OVER, G.PROBE_OK, G.PROBE_FAIL}
 _ESCALATIONS = (S.DEGRADED, S.QUARANTINED)
+# The members the per-request views test, as module constants: compiled, a lookup on
+# the enum class costs more than the rest of such a test.
+_HEALTHY: Final = S.HEALTHY
+_DEGRADED: Final = S.DEGRADED
+_RESTRICTED: Final = S.RESTRICTED
+_QUARANTINED: Final = S.QUARANTINED
+_PROBING: Final = S.PROBING
+_RESTORING: Final = S.RESTORING
+_FULL_WEIGHT: Final = (S.HEALTHY, S.WATCHING)
+_EXCLUDED: Final = (S.RESTRICTED, S.QUARANTINED, S.PROBING)
+_OPEN: Final = (S.QUARANTINED, S.PROBING)
 
 
 class RouteHealth(FailureRun):
@@ -194,12 +206,12 @@ class RouteHealth(FailureRun):
     @property
     def weight(self) -> float:
         """Selection weight for latency-sensitive classes (table in the module docstring)."""
-        if self.state in (S.HEALTHY, S.WATCHING):
+        if self.state in _FULL_WEIGHT:
             return 1.0
-        if self.state is S.DEGRADED:
+        if self.state is _DEGRADED:
             return self.cfg.degraded_weight
-        if self.state is S.RESTORING:
-            steps = self.votes.get(S.HEALTHY, 0)
+        if self.state is _RESTORING:
+            steps = self.votes.get(_HEALTHY, 0)
             return min(1.0, self.restore_base + steps * self.restore_step)
         return 0.0
 
@@ -207,28 +219,28 @@ class RouteHealth(FailureRun):
         """Tolerant classes ignore latency states but not an open or restoring circuit."""
         if latency_sensitive or self.circuit_open:
             return self.weight
-        return self.weight if self.state is S.RESTORING and self.restore_from_circuit else 1.0
+        return self.weight if self.state is _RESTORING and self.restore_from_circuit else 1.0
 
     @property
     def excluded_for_sensitive(self) -> bool:
-        return self.state in (S.RESTRICTED, S.QUARANTINED, S.PROBING)
+        return self.state in _EXCLUDED
 
     @property
     def circuit_open(self) -> bool:
-        return self.state in (S.QUARANTINED, S.PROBING)
+        return self.state in _OPEN
 
     @property
     def probe_share(self) -> float:
         """Share of the slice's traffic to send as probes (0 unless probing)."""
-        return self.cfg.probe_share * self.memory if self.state is S.PROBING else 0.0
+        return self.cfg.probe_share * self.memory if self.state is _PROBING else 0.0
 
     def next_deadline(self) -> float | None:
-        return self.cooldown_until if self.state is S.QUARANTINED else None
+        return self.cooldown_until if self.state is _QUARANTINED else None
 
     @property
     def is_default(self) -> bool:
         """Indistinguishable from a fresh route (the board need not keep it)."""
-        return self.state is S.HEALTHY and not (
+        return self.state is _HEALTHY and not (
             self.offences or self.relapses or self.votes or self.panic or self.streak
             or self.history.windows or self.fail_rate > 1e-3)
 
@@ -236,7 +248,7 @@ class RouteHealth(FailureRun):
 
     def tick(self, now: float) -> list[TransitionEvent]:
         """Time-driven transitions: cooldown expiry; forgiveness of old offences."""
-        if (self.state is S.HEALTHY and (self.offences or self.relapses)
+        if (self.state is _HEALTHY and (self.offences or self.relapses)
                 and now - self.healthy_since >= self.cfg.forgive_after_s):
             self.offences = max(0, self.offences - 1)
             self.relapses = max(0, self.relapses - 1)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sidecar.core.config import ClassConfig, Config, ModelConfig, StatsConfig
 from sidecar.core.health_board import HealthBoard
@@ -37,6 +37,7 @@ from sidecar.core.viability import probe_share
 PLAN_REUSE = 48  # decisions a plan serves before new evidence is folded in
 PLAN_SUBWINDOWS = 2  # sub-windows a plan may serve before new evidence is folded in
 PLAN_CACHE_MAX = 4096  # plans kept before the cache starts over (bounded by config anyway)
+LOW_VARIANTS_MAX = 1024  # decisions whose low variant is kept (LowVariants)
 BUDGET_STEPS_PER_E = 20  # step budgets are cached in ~5 % steps (log scale)
 
 #: (model, slice, step budget key or None for the class's, fan-out)
@@ -121,6 +122,32 @@ class PlanCache:
         if len(self.entries) >= PLAN_CACHE_MAX:
             self.entries.clear()
         self.entries[key] = cached
+
+
+class LowVariants:
+    """``replace(decision, low=True)``, kept per decision object: a plan reuses its
+    decisions (:attr:`CachedPlan.decisions`), so admitted low-priority requests
+    would otherwise pay ``dataclasses.replace`` -- more than the rest of a
+    decision -- for the same answer each time. Bounded: starts over at
+    :data:`LOW_VARIANTS_MAX` entries."""
+
+    __slots__ = ("_memo",)
+
+    def __init__(self) -> None:
+        # id(decision) -> (decision, its low variant); the entry keeps the decision
+        # alive, so its id cannot be reused by another object while it is here.
+        self._memo: dict[int, tuple[Decision, Decision]] = {}
+
+    def of(self, decision: Decision) -> Decision:
+        memo = self._memo
+        hit = memo.get(id(decision))
+        if hit is not None and hit[0] is decision:
+            return hit[1]
+        low = replace(decision, low=True)
+        if len(memo) >= LOW_VARIANTS_MAX:
+            memo.clear()
+        memo[id(decision)] = (decision, low)
+        return low
 
 
 def probes(board: HealthBoard, config: Config, slice: SliceKey, klass: ClassConfig,

@@ -39,6 +39,7 @@ Pure like the rest of the core: the in-flight counts come from the caller.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import replace
@@ -144,8 +145,13 @@ class RequestLane:
 
     def pick(self, inflight: Callable[[str], int], rng: random.Random) -> LanePick | None:
         """Choose for one request (module docstring); None: the full stage must decide
-        (a candidate is full, or the class restriction left none)."""
-        counts = tuple(map(inflight, self.names))
+        (a candidate is full, or the class restriction left none).
+
+        Sums and minima are explicit loops in order and powers are ``math.pow``: the
+        same float operations as the formulas (``sum`` of floats in CPython 3.11 adds in
+        order too), which the compiled lab runs as plain C arithmetic on unboxed floats
+        instead of generic calls."""
+        counts = tuple([inflight(name) for name in self.names])
         k = self.k_load
         beta = self.beta
         kept: list[int] = []
@@ -174,7 +180,7 @@ class RequestLane:
                 load = 1.0 - n / limit
                 if load < 0.02:
                     load = 0.02  # so max(load, 1e-6) is load itself
-                weight *= load ** k
+                weight *= math.pow(load, k)
             w = weight * health
             if w < 1e-9:
                 w = 1e-9
@@ -188,15 +194,24 @@ class RequestLane:
                 top = w
         if not kept:
             return None  # panic
-        if beta and (total_w := sum(expected)) > 0.0:
+        total_w = 0.0
+        for e in expected:
+            total_w += e
+        if beta and total_w > 0.0:
             # queue_scores() inlined, the same operations in the same order (it is
             # every 1.0 when no expected weight is positive: the weights stay as they are).
-            scale = sum(held) / total_w
+            total_held = 0
+            for n in held:
+                total_held += n
+            scale = total_held / total_w
             xs = [(1.0 + n) / (1.0 + scale * e) for n, e in zip(held, expected, strict=True)]
-            best = min(xs)
+            best = xs[0]
+            for x in xs:
+                if x < best:
+                    best = x
             top = 0.0
             for j, x in enumerate(xs):
-                w = weights[j] * (best / x) ** beta
+                w = weights[j] * math.pow(best / x, beta)
                 if w < 1e-9:
                     w = 1e-9
                 weights[j] = w
@@ -208,7 +223,10 @@ class RequestLane:
             if w < own:
                 weights[j] = own
         u = rng.random()
-        x = u * sum(weights)
+        total = 0.0
+        for w in weights:
+            total += w
+        x = u * total
         chosen = kept[-1]
         for j, w in enumerate(weights):
             x -= w
@@ -233,14 +251,21 @@ def _alternatives(ctx: SelectionContext, name: str) -> list[tuple[str, int]]:
     return out
 
 
-class LanePick(NamedTuple):
-    """One request's choice through a :class:`RequestLane`."""
+class LanePick:
+    """One request's choice through a :class:`RequestLane` (read-only).
 
-    lane: RequestLane
-    counts: tuple[int, ...]  # the in-flight count of each of the lane's names, as read
-    kept: tuple[int, ...]  # rows that survived the per-request filters
-    chosen: int  # the chosen row
-    u: float  # the picker's uniform draw
+    A plain slotted class, not a NamedTuple: one is made per request, and the
+    compiled lab builds a native class without a Python-level ``__new__``."""
+
+    __slots__ = ("chosen", "counts", "kept", "lane", "u")
+
+    def __init__(self, lane: RequestLane, counts: tuple[int, ...], kept: tuple[int, ...],
+                 chosen: int, u: float) -> None:
+        self.lane = lane
+        self.counts = counts  # the in-flight count of each of the lane's names, as read
+        self.kept = kept  # rows that survived the per-request filters
+        self.chosen = chosen  # the chosen row
+        self.u = u  # the picker's uniform draw
 
     @property
     def name(self) -> str:

@@ -37,6 +37,7 @@ from sidecar.core.pickers import PICKERS
 from sidecar.core.pipeline import build_plan, run_request
 from sidecar.core.plan_cache import (
     CachedPlan,
+    LowVariants,
     PlanCache,
     probes,
     step_budget_s,
@@ -71,6 +72,7 @@ class Router(Intake):
         self.counters: Counter[tuple[str, str]] = Counter()  # (kind, label) -> count
         self.decisions: Counter[tuple[str, str, str]] = Counter()  # (cluster, class, reason)
         self.recent: deque[RecentDecision] = deque(maxlen=recent)
+        self._as_low = LowVariants()  # decisions marked low, kept per decision
         self.transitions: deque[TransitionEvent] = deque(maxlen=256)
         self._next_eval: float | None = None
         self._picker = PICKERS[config.picker]
@@ -178,7 +180,7 @@ class Router(Intake):
         decision, new_event = self._admit(req, klass, decision, result, now,
                                           ticket or req.request_id)
         if decision.admission == "admit" and not cfg.admission.high(req.priority):
-            decision = replace(decision, low=True)
+            decision = self._as_low.of(decision)
         if not new_event:
             return decision
         if self.board.runs and decision.admission == "admit":
