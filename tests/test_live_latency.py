@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import operator
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.core.live_latency import queue_scores
+from sidecar.core.live_latency import queue_scores, sum_in_order
 
 counts_st = st.lists(st.integers(0, 200), min_size=1, max_size=6)
 share = st.floats(1e-6, 1e3, allow_nan=False, allow_infinity=False)
@@ -75,3 +78,10 @@ def test_a_route_failing_fast_gains_nothing_from_its_empty_slots() -> None:
     static share the failing route's few in-flight requests are what it should hold."""
     qs = queue_scores([19, 1], [0.95, 0.05], 2.0)
     assert qs[0] > 0.9
+
+
+@given(st.lists(st.floats(min_value=0.0, max_value=1e12, allow_nan=False), max_size=12))
+def test_sum_in_order_adds_left_to_right(values: list[float]) -> None:
+    # Bit for bit the sequential sum, whatever the Python's own sum() does (3.12+
+    # compensates): the request lane and the full stage must add alike.
+    assert sum_in_order(values) == functools.reduce(operator.add, values, 0.0)

@@ -47,14 +47,26 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+def sum_in_order(values: list[float]) -> float:
+    """``((0 + v_0) + v_1) + ...``: plain left-to-right addition, as CPython 3.11's
+    ``sum`` does for floats (3.12 and later compensate the rounding). The request
+    lane (:mod:`sidecar.core.request_lane`) must add exactly as the full stage it
+    replays does, on any Python, so both sum through here. A list: compiled, its
+    loop then runs over the list's items directly."""
+    total = 0.0
+    for v in values:
+        total += v
+    return total
+
+
 def queue_scores(counts: Sequence[int], expected: Sequence[float], beta: float) -> list[float]:
     """``q_i`` for candidates with in-flight ``counts`` and ``expected`` in-flight weights
     ``w_i L_i`` (any scale); every 1.0 when ``beta`` is 0 or no weight is positive
     (module docstring)."""
     if not beta:
         return [1.0] * len(counts)
-    total_n = sum(counts)
-    total_w = sum(expected)
+    total_n = sum(counts)  # ints: exact in any order
+    total_w = sum_in_order(list(expected))
     if total_w <= 0.0:
         return [1.0] * len(counts)
     scale = total_n / total_w

@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from sidecar.core.live_latency import sum_in_order
 from sidecar.core.selection import Candidate, Picker, SelectionContext
 
 
@@ -23,7 +24,7 @@ class WeightedRandom:
     def __call__(
         self, ctx: SelectionContext, cands: list[Candidate], rng: random.Random
     ) -> Candidate:
-        total = sum([c.weight for c in cands])  # a list is cheaper than a generator here
+        total = sum_in_order([c.weight for c in cands])  # as the request lane adds
         x = rng.random() * total
         for c in cands:
             x -= c.weight

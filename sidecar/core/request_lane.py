@@ -55,6 +55,7 @@ from sidecar.core.filters import (
     FailureRun,
     LiveMissing,
 )
+from sidecar.core.live_latency import sum_in_order
 from sidecar.core.pickers import WeightedRandom
 from sidecar.core.pipeline import run_request
 from sidecar.core.replayed_draw import ReplayedDraw
@@ -147,10 +148,10 @@ class RequestLane:
         """Choose for one request (module docstring); None: the full stage must decide
         (a candidate is full, or the class restriction left none).
 
-        Sums and minima are explicit loops in order and powers are ``math.pow``: the
-        same float operations as the formulas (``sum`` of floats in CPython 3.11 adds in
-        order too), which the compiled lab runs as plain C arithmetic on unboxed floats
-        instead of generic calls."""
+        Written for the compiled lab as well: float sums through
+        :func:`~sidecar.core.live_latency.sum_in_order` (as the full stage adds), the
+        minimum as a loop and powers as ``math.pow`` (the C ``pow`` that ``**`` calls
+        for these positive bases) run as C arithmetic there, not as generic calls."""
         counts = tuple([inflight(name) for name in self.names])
         k = self.k_load
         beta = self.beta
@@ -194,9 +195,7 @@ class RequestLane:
                 top = w
         if not kept:
             return None  # panic
-        total_w = 0.0
-        for e in expected:
-            total_w += e
+        total_w = sum_in_order(expected)
         if beta and total_w > 0.0:
             # queue_scores() inlined, the same operations in the same order (it is
             # every 1.0 when no expected weight is positive: the weights stay as they are).
@@ -223,10 +222,7 @@ class RequestLane:
             if w < own:
                 weights[j] = own
         u = rng.random()
-        total = 0.0
-        for w in weights:
-            total += w
-        x = u * total
+        x = u * sum_in_order(weights)
         chosen = kept[-1]
         for j, w in enumerate(weights):
             x -= w
