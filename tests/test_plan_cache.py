@@ -8,7 +8,7 @@ import pytest
 
 from sidecar.core import plan_cache
 from sidecar.core.plan_cache import LowVariants
-from sidecar.core.types import Decision
+from sidecar.core.types import Decision, Explain
 
 
 @pytest.mark.parametrize("decision", [
@@ -38,3 +38,15 @@ def test_the_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     for d in kept:
         assert variants.of(d).low
         assert len(variants._memo) <= 4
+
+
+
+def test_an_explained_decision_is_not_kept() -> None:
+    # An explain is built for one request: keeping it would only hold memory.
+    variants = LowVariants()
+    why = Explain("m|interactive|short|s", (), "weighted_random")
+    explained = Decision("a", "scored", explain=why)
+    low = variants.of(explained)
+    assert low.low and low.explain is explained.explain
+    assert not variants._memo
+    assert variants.of(Decision("a", "scored")).low and len(variants._memo) == 1

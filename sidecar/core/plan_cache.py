@@ -139,6 +139,8 @@ class LowVariants:
         self._memo: dict[int, tuple[Decision, Decision]] = {}
 
     def of(self, decision: Decision) -> Decision:
+        if decision.explain is not None:  # made for one request: nothing to reuse
+            return replace(decision, low=True)
         memo = self._memo
         hit = memo.get(id(decision))
         if hit is not None and hit[0] is decision:
