@@ -201,7 +201,8 @@ class LogHistogram:
             was = view * _RESIDUE
             view -= src * scale
             view[view <= was] = 0.0
-            self._total = self._zero + float(counts.sum())
+            # add.reduce is what ndarray.sum runs, without its two Python-level wrappers
+            self._total = self._zero + float(np.add.reduce(counts))
         else:
             self._total = max(self._total - other._total * scale, 0.0)
 

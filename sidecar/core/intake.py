@@ -23,7 +23,6 @@ from __future__ import annotations
 import random
 from collections import Counter, deque
 from collections.abc import Sequence
-from dataclasses import replace
 
 from sidecar.core import compat_sr
 from sidecar.core.config import Config, ModelConfig
@@ -59,8 +58,8 @@ def judge_censored(config: Config, obs: Observation) -> Observation:
     if klass is not None:
         value = obs.ttft_s if klass.slo.metric == "ttft" else obs.e2e_s
     if klass is not None and value is not None and value * 1000.0 >= klass.slo.budget_ms:
-        return replace(obs, outcome="timeout")
-    return replace(obs, ttft_s=None, e2e_s=None, censored=False)
+        return obs.judged("timeout", obs.ttft_s, obs.e2e_s, censored=True)
+    return obs.judged("cancel", None, None, censored=False)
 
 
 def within_budget(config: Config, obs: Observation) -> bool:

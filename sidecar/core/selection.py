@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 FLOOR_SHARE = "floor"  # Candidate.scores key: its share of the exploration floor
 
 
-@fast_init
 @dataclass(frozen=True, slots=True)
 class LatencyValue:
     """A percentile looked up through the slice hierarchy."""
@@ -43,6 +42,17 @@ class LatencyValue:
     used: SliceKey | None
     fell_back: bool
     samples: int
+
+    # Written out for the compiled lab (sidecar.core.frozen).
+    def __init__(self, value: float | None, used: SliceKey | None, fell_back: bool,
+                 samples: int) -> None:
+        object.__setattr__(self, "value", value)
+        object.__setattr__(self, "used", used)
+        object.__setattr__(self, "fell_back", fell_back)
+        object.__setattr__(self, "samples", samples)
+
+
+fast_init(LatencyValue)
 
 
 @fast_init

@@ -151,7 +151,6 @@ class WindowSummary:
         return max(0, round(self.samples - self.cum.weight_at_most(threshold_s)))
 
 
-@fast_init
 @dataclass(frozen=True, slots=True)
 class Evidence:
     """The rate-following window of one series and metric at one moment.
@@ -169,9 +168,21 @@ class Evidence:
     ok: float
     requests: float
 
+    # Written out for the compiled lab (one per plan's lookup; sidecar.core.frozen).
+    def __init__(self, parts: tuple[tuple[LogHistogram, float], ...], samples: int,
+                 weight: float, ok: float, requests: float) -> None:
+        object.__setattr__(self, "parts", parts)
+        object.__setattr__(self, "samples", samples)
+        object.__setattr__(self, "weight", weight)
+        object.__setattr__(self, "ok", ok)
+        object.__setattr__(self, "requests", requests)
+
     def merged(self, accuracy: float) -> LogHistogram:
         """The window's histogram as one (a new object)."""
         return LogHistogram.weighted_sum(accuracy, self.parts)
+
+
+fast_init(Evidence)
 
 
 class SubWindow:
