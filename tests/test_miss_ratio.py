@@ -154,3 +154,20 @@ def test_bounded_best_is_one_and_more_misses_never_weigh_more(best: int, more: i
 def test_config_errors_name_the_field(bad: object) -> None:
     with pytest.raises(ConfigError, match="miss_ratio_exponent"):
         parse_config(_with(bad), "t.yaml")
+
+
+def test_the_router_keeps_records_only_while_a_class_reads_them() -> None:
+    """The record is one exp per light outcome on the response path: kept only while
+    some class has a miss-ratio exponent; a reload that turns it off drops them."""
+    from sidecar.core.router import Router
+
+    slice = _req().slice
+    off = Router(parse_config(base_config_dict(), "t.yaml"))
+    off.light.note("a", slice, True, 0.0)
+    assert off.light.record("a", slice, 0.0) == (0.0, 0.0)
+    assert off.light.counts("a", slice, 0.0) == (1.0, 1.0)  # the floor's ring is kept
+    on = Router(parse_config(_with(1.0), "t.yaml"))
+    on.light.note("a", slice, True, 0.0)
+    assert on.light.record("a", slice, 0.0) == (1.0, 1.0)
+    on.reload(parse_config(base_config_dict(), "t.yaml"))
+    assert on.light.record("a", slice, 0.0) == (0.0, 0.0)

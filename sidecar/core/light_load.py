@@ -77,6 +77,8 @@ as its statistics are fenced when a circuit closes), and the score compares
 only routes with ``RECORD_MIN`` light outcomes or more: an empty record is no
 evidence, and its prior (the allowed share) would cut a route just restored to
 a tenth of the best one's weight.
+The router keeps records only while some class has a ``miss_ratio_exponent``
+(:meth:`LightOutcomes.keep_records`): nothing else reads them.
 
 Outcomes without a send-time load (native mode, where Envoy picks the route;
 unit tests) are not counted: a route without light evidence keeps the whole
@@ -119,12 +121,23 @@ _LN_RECORD_PER_S = -0.6931471805599453 / RECORD_HALF_LIFE_S
 class LightOutcomes:
     """The latest light-load outcomes per (cluster, slice) (module docstring)."""
 
-    __slots__ = ("_records", "_rings")
+    __slots__ = ("_keeps_records", "_records", "_rings")
 
     def __init__(self) -> None:
         self._rings: dict[tuple[str, SliceKey], deque[tuple[float, bool]]] = {}
-        # The record: [x, n, time of the last note] (module docstring, "The record").
+        # The record: [x, n, time of the last note] (module docstring, "The record");
+        # kept for routes with a ring, and only while someone reads it (keep_records).
         self._records: dict[tuple[str, SliceKey], list[float]] = {}
+        self._keeps_records = True
+
+    def keep_records(self, on: bool) -> None:
+        """Keep the records or not: only the miss-ratio score reads them, so the router
+        keeps them while some class has a ``miss_ratio_exponent`` (a record, one
+        ``exp`` per light outcome, is then not paid for on every response for nothing).
+        Turned off, they are dropped; turned on again, they start empty."""
+        self._keeps_records = on
+        if not on:
+            self._records.clear()
 
     def note(self, cluster: str, slice: SliceKey, violated: bool, now: float) -> None:
         """One outcome of a request served under light load, finished at ``now``."""
@@ -135,9 +148,12 @@ class LightOutcomes:
                 self._rings.clear()
                 self._records.clear()
             ring = self._rings[key] = deque(maxlen=RING)
-            self._records[key] = [0.0, 0.0, now]
         ring.append((now, violated))
-        rec = self._records[key]
+        if not self._keeps_records:
+            return
+        rec = self._records.get(key)
+        if rec is None:
+            rec = self._records[key] = [0.0, 0.0, now]
         w = _record_decay(rec, now)
         rec[0] = rec[0] * w + (1.0 if violated else 0.0)
         rec[1] = rec[1] * w + 1.0

@@ -94,6 +94,7 @@ class Router(Intake):
         # Floor shares from light-load outcomes, standalone only (sidecar.core.light_load,
         # "Fleet mode"): replicas share one health verdict, which needs each one's path.
         self._light = self.light if config.fleet is None else None
+        self.light.keep_records(any(k.miss_ratio_exponent for k in config.classes))
         self._limits = {c.name: c.max_concurrency for c in config.clusters}
         self.pushback.configure(
             self._limits, {m.candidates[0] for m in config.models if len(m.candidates) == 1})
