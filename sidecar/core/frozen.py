@@ -34,7 +34,6 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 _MISSING = dataclasses.MISSING
-_FACTORY = "<default factory>"
 
 
 def fast_init(cls: type[T]) -> type[T]:
@@ -81,15 +80,17 @@ def fast_init(cls: type[T]) -> type[T]:
 
 def _check_signature(cls: type, init: FunctionType,
                      fields: tuple[dataclasses.Field[Any], ...]) -> None:
-    """``init`` takes exactly the fields, in order, with their defaults (a field with
-    a default factory: any default)."""
-    empty = inspect.Parameter.empty
-    got = [(p.name, p.default) for p in list(inspect.signature(init).parameters.values())[1:]]
-    want = [(f.name, f.default if f.default is not _MISSING
-             else empty if f.default_factory is _MISSING else _FACTORY) for f in fields]
-    if len(got) == len(want):
-        got = [(g[0], _FACTORY) if w[1] is _FACTORY and g[1] is not empty else g
-               for g, w in zip(got, want, strict=True)]
-    if got != want:
-        raise TypeError(f"{cls.__name__}.__init__ does not match the fields: "
-                        f"it takes {got}, the fields are {want}")
+    """``init`` takes exactly the fields, in order, each with its default (a field
+    with a default factory: some default)."""
+    params = list(inspect.signature(init).parameters.values())[1:]
+    names = [p.name for p in params] == [f.name for f in fields]
+    if not names or not all(_same_default(p, f) for p, f in zip(params, fields, strict=True)):
+        raise TypeError(f"{cls.__name__}.__init__ does not match the fields: it takes "
+                        f"{[(p.name, p.default) for p in params]}, the fields are "
+                        f"{[(f.name, f.default) for f in fields]}")
+
+
+def _same_default(p: inspect.Parameter, f: dataclasses.Field[Any]) -> bool:
+    if f.default is not _MISSING:
+        return bool(p.default == f.default)
+    return (p.default is inspect.Parameter.empty) == (f.default_factory is _MISSING)

@@ -39,12 +39,12 @@ def percentile_of_runs(values: FArr, lo: IArr, hi: IArr, q: float) -> FArr:
     if not has.any():
         return out
     n, start = n[has], lo[has]
-    v = (n - 1) * np.true_divide(q, 100)
-    above = v >= n - 1
+    last = n - 1
+    v = last * np.true_divide(q, 100)
+    above = v >= last
     i = np.floor(v)
     i[above] = -1.0  # numpy's index for "the last value", which g is taken from
     g = v - i
-    last = n - 1
     i_at = np.where(above, last, i.astype(np.int64))
     j_at = np.where(above, last, i_at + 1)
     a = values[start + i_at]
