@@ -116,13 +116,18 @@ class Stream:
         return min(int(self.random() * n), n - 1)
 
 
-def service_block(g: np.random.Generator, width: int) -> list[list[float]]:
+def service_array(g: np.random.Generator, width: int) -> npt.NDArray[np.float64]:
     """``_BLOCK`` rows of service variates ``[u, u, z, z, u, ...]`` (``width`` >= 5)."""
     arr = np.empty((_BLOCK, width))
     arr[:, 0:2] = g.random((_BLOCK, 2))
     arr[:, 2:4] = g.standard_normal((_BLOCK, 2))
     arr[:, 4:width] = g.random((_BLOCK, width - 4))
-    rows: list[list[float]] = arr.tolist()
+    return arr
+
+
+def service_block(g: np.random.Generator, width: int) -> list[list[float]]:
+    """:func:`service_array` as Python rows, for a stream that uses every row in turn."""
+    rows: list[list[float]] = service_array(g, width).tolist()
     return rows
 
 
@@ -137,6 +142,13 @@ class KeyedRows:
     under every policy (common random numbers for service, not only for
     arrivals) and the oracle sees exactly the draws any policy would get.
     Rows are :meth:`Stream.row` (5 variates) or :meth:`Stream.wide_row` (7).
+
+    A block stays a numpy array and a row becomes Python floats when asked for.
+    Its keys are every call's, so a table (one provider, workload and attempt
+    number) uses only the rows of its own calls: converting whole blocks made
+    about 3 rows per simulated request, and the ~60k lists the kept blocks held
+    were most of what the cyclic garbage collector traversed in a run
+    (docs/policy-lab.md, "Service draws kept as arrays").
     """
 
     __slots__ = ("_blocks", "name", "width")
@@ -145,23 +157,23 @@ class KeyedRows:
     def __init__(self, name: str, width: int = 5) -> None:
         self.name = name
         self.width = width
-        self._blocks: dict[int, list[list[float]]] = {}
+        self._blocks: dict[int, npt.NDArray[np.float64]] = {}
 
     def row(self, key: int) -> list[float]:
         b = key >> 12
         blk = self._blocks.get(b)
         if blk is None:
             blk = self._block(b)
-        row: list[float] = blk[key & 4095]
+        row: list[float] = blk[key & 4095].tolist()
         return row
 
-    def _block(self, b: int) -> list[list[float]]:
+    def _block(self, b: int) -> npt.NDArray[np.float64]:
         blocks = self._blocks
         if len(blocks) >= self._KEEP:
             del blocks[min(blocks)]
         seed = int.from_bytes(hashlib.sha256(f"{self.name}:{b}".encode()).digest()[:8],
                               "little")
-        blk = blocks[b] = service_block(np.random.Generator(np.random.PCG64(seed)), self.width)
+        blk = blocks[b] = service_array(np.random.Generator(np.random.PCG64(seed)), self.width)
         return blk
 
 
