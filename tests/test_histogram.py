@@ -233,6 +233,36 @@ def test_weighted_sum_is_bit_identical_to_merging_in_order(
     assert summed.cumulative().quantile(1.0) == merged.cumulative().quantile(1.0)
 
 
+@FAST
+@given(st.lists(st.tuples(st.lists(st.tuples(values, st.floats(0.0, 3.0)), max_size=30),
+                          st.one_of(st.just(1.0), st.floats(0.0, 2.0), st.just(math.inf))),
+                max_size=7))
+def test_weighted_sum_adds_weighted_parts_bit_for_bit_in_order(
+    parts: list[tuple[list[tuple[float, float]], float]],
+) -> None:
+    """Fractional weights and scales round at every step, so the order of the
+    additions shows: the weighted sum must leave every bucket's float64 bits as
+    merging the parts one by one does."""
+    hists = []
+    for data, scale in parts:
+        h = LogHistogram()
+        for x, w in data:
+            h.add(x, w)
+        hists.append((h, scale))
+    merged = LogHistogram()
+    with np.errstate(invalid="ignore"):
+        for h, scale in hists:
+            merged.merge(h, scale)
+        summed = LogHistogram.weighted_sum(0.02, hists)
+    assert (summed._lo, summed._hi) == (merged._lo, merged._hi)
+    if merged._counts is None:
+        assert summed._counts is None
+    else:
+        assert summed._counts is not None
+        assert summed._counts.tobytes() == merged._counts.tobytes()
+    assert repr((summed._zero, summed.count)) == repr((merged._zero, merged.count))  # NaN too
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     st.lists(st.tuples(st.lists(values, min_size=1, max_size=12), st.floats(0.05, 1.0)),
