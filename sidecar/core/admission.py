@@ -49,6 +49,7 @@ import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Final
 
 from sidecar.core.admission_priority import PriorityPressure
 from sidecar.core.admission_queue import AdmissionQueue, Waiter
@@ -64,7 +65,7 @@ from sidecar.core.types import Admission, Decision, RequestInfo
 
 __all__ = ["RULES", "AdmissionControl", "RouteFacts", "Situation", "Verdict", "evaluate"]
 
-RETRY_TAU_SUBWINDOWS = 6  # retry budgets decay over this many sub-windows (60 s by default)
+RETRY_TAU_SUBWINDOWS: Final = 6  # retry budgets decay over this many sub-windows (60 s by default)
 
 @fast_init
 @dataclass(frozen=True, slots=True)

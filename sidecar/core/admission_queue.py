@@ -18,9 +18,10 @@ holds at most ``queue_max`` live waiters.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
-EPS_S = 1e-6  # a re-ask at the deadline (float rounding) counts as expired
-GRACE_S = 1.0  # keep expired waiters this long (at least) for their final re-ask
+EPS_S: Final = 1e-6  # a re-ask at the deadline (float rounding) counts as expired
+GRACE_S: Final = 1.0  # keep expired waiters this long (at least) for their final re-ask
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,10 +42,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 from sidecar.core.types import Admission, Step
 
-STATUS: dict[str, int] = {"defer": 429, "shed": 503, "reject": 503, "skip": 412}
+STATUS: Final[dict[str, int]] = {"defer": 429, "shed": 503, "reject": 503, "skip": 412}
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,14 +104,14 @@ def _exceeds(need: float | None, remaining: float) -> bool:
     return need is not None and need > remaining
 
 
-RULES: tuple[Rule, ...] = (
+RULES: Final[tuple[Rule, ...]] = (
     Rule(lambda s: not s.enabled, "admit", "disabled"),
     Rule(lambda s: s.deadline_over and s.optional, "skip", "deadline_exhausted"),
     Rule(lambda s: s.deadline_over, "reject", "deadline_exhausted"),
     Rule(lambda s: s.has_deadline and s.optional and _exceeds(s.need_tail_ms, s.remaining_ms),
-         "skip", "optional_does_not_fit"),
+                "skip", "optional_does_not_fit"),
     Rule(lambda s: s.has_deadline and _exceeds(s.need_ms, s.remaining_ms),
-         "reject", "deadline_unreachable"),
+                "reject", "deadline_unreachable"),
     Rule(lambda s: s.is_retry and s.retry_blocked, "reject", "retry_budget"),
     Rule(lambda s: s.contended and s.optional, "skip", "overload_optional"),
     Rule(lambda s: s.contended and not s.high and s.can_defer, "defer", "overload"),

@@ -26,9 +26,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import Final
 
-MIN_VALUE = 1e-6  # seconds; at or below this a value goes to the zero bucket
-MAX_VALUE = 1e4  # seconds; above this a value is clamped into the top bucket
+MIN_VALUE: Final = 1e-6  # seconds; at or below this a value goes to the zero bucket
+MAX_VALUE: Final = 1e4  # seconds; above this a value is clamped into the top bucket
 
 
 class Buckets:

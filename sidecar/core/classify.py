@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from sidecar.core.config import Config
 from sidecar.core.types import NAME_OK, UNKNOWN_MODEL, Api, RequestInfo, SliceKey, Step
@@ -32,21 +32,21 @@ from sidecar.core.types import NAME_OK, UNKNOWN_MODEL, Api, RequestInfo, SliceKe
 # Token-profile buckets: (name, upper bound of expected output tokens). Output
 # length dominates end-to-end time, input length dominates TTFT (prefill), so
 # the bucket combines both: a long prompt is "long" even with a short answer.
-_PROFILES: tuple[tuple[str, int, int], ...] = (
+_PROFILES: Final[tuple[tuple[str, int, int], ...]] = (
     ("short", 256, 2048),  # name, max output tokens, max input tokens
     ("medium", 1024, 16384),
 )
-_LONG = "long"
-_DEFAULT_MAX_TOKENS = 256  # when the client gives none: a typical chat answer
+_LONG: Final = "long"
+_DEFAULT_MAX_TOKENS: Final = 256  # when the client gives none: a typical chat answer
 # Public view of the bounds above for code that buckets requests outside Python
 # (native mode's Envoy routes, sidecar.shell.bootstrap_native).
-TOKEN_PROFILES = _PROFILES
-LONG_PROFILE = _LONG
-DEFAULT_MAX_TOKENS = _DEFAULT_MAX_TOKENS
-CHARS_PER_TOKEN = 4  # approx_tokens: ceil(chars / 4)
-_NAME_OK = NAME_OK
+TOKEN_PROFILES: Final = _PROFILES
+LONG_PROFILE: Final = _LONG
+DEFAULT_MAX_TOKENS: Final = _DEFAULT_MAX_TOKENS
+CHARS_PER_TOKEN: Final = 4  # approx_tokens: ceil(chars / 4)
+_NAME_OK: Final = NAME_OK
 
-API_PATHS: dict[str, Api] = {
+API_PATHS: Final[dict[str, Api]] = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
     "/v1/responses": "responses",
@@ -78,13 +78,13 @@ def approx_tokens(text_chars: int) -> int:
 
 # What the prompt walk reads in a message, content part or Responses input item: text,
 # the arguments of earlier tool calls and the outputs returned for them.
-_PROMPT_KEYS = ("content", "text", "input", "prompt", "tool_calls", "function",
-                "function_call", "arguments", "output")
+_PROMPT_KEYS: Final = ("content", "text", "input", "prompt", "tool_calls", "function",
+                       "function_call", "arguments", "output")
 # An image part costs tokens its URL or base64 data does not show: OpenAI bills 85 at
 # detail "low" and 170 per 512-px tile + 85 otherwise (765 for a 1024 x 1024 image).
-IMAGE_TOKENS_LOW = 85
-IMAGE_TOKENS = 765
-_IMAGE_PARTS = frozenset({"image_url", "input_image"})
+IMAGE_TOKENS_LOW: Final = 85
+IMAGE_TOKENS: Final = 765
+_IMAGE_PARTS: Final = frozenset({"image_url", "input_image"})
 
 
 def _image_chars(part: dict[str, Any]) -> int:

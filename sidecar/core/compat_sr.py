@@ -46,16 +46,17 @@ from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from sidecar.core.config import SEMANTIC_ROUTER, Config, ModelConfig
 from sidecar.core.latency_aware import enabled_metrics, latency_aware_scores, pick_lowest
 from sidecar.core.types import CandidateExplain, Explain, Observation, RequestInfo
 
-WINDOW = 1000
-EMA_ALPHA = 0.3
-MIN_FOR_PERCENTILE = 3
+WINDOW: Final = 1000
+EMA_ALPHA: Final = 0.3
+MIN_FOR_PERCENTILE: Final = 3
 # semantic-router's score sums the TPOT ratio first; the order of a float sum matters for ties.
-_SCORE_ORDER = ("tpot", "ttft")
+_SCORE_ORDER: Final = ("tpot", "ttft")
 
 
 def interpolated_percentile(ordered: Sequence[float], fraction: float) -> float:

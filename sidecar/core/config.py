@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from sidecar.core.fields import ConfigError as ConfigError  # re-exported
 from sidecar.core.tls_config import ListenTlsConfig, SidecarTlsConfig
@@ -21,7 +21,7 @@ from sidecar.core.workers_config import WorkersConfig
 
 # The rendered Envoy bootstrap's cluster for the sidecar (sidecar.shell.bootstrap): an
 # upstream cluster of that name would be a duplicate Envoy refuses.
-SIDECAR_CLUSTER = "tailroute_sidecar"
+SIDECAR_CLUSTER: Final = "tailroute_sidecar"
 
 Metric = Literal["ttft", "tpot", "e2e"]
 PickerMode = Literal["weighted_random", "lowest_score"]
@@ -30,7 +30,7 @@ Algorithm = Literal["latency_aware", "static"]
 # Routing profile of a model: tailroute's own, or semantic-router's latency_aware
 # reproduced exactly (sidecar.core.compat_sr).
 Compat = Literal["tailroute", "semantic-router"]
-SEMANTIC_ROUTER: Compat = "semantic-router"
+SEMANTIC_ROUTER: Final[Compat] = "semantic-router"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +81,7 @@ class SloConfig:
 
 
 # Default class weight of the live latency ratio (sidecar.core.live_latency).
-QUEUE_WEIGHT = 2.0
+QUEUE_WEIGHT: Final = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,25 +367,25 @@ class Config:
         return tuple(c.name for c in self.clusters)
 
 
-DEFAULT_CLASSES: tuple[ClassConfig, ...] = (
+DEFAULT_CLASSES: Final[tuple[ClassConfig, ...]] = (
     ClassConfig(
-        "interactive",
-        SloConfig("ttft", 95, 1000, 30000),
-        priority=10,
-        weights=Weights(1.0, 0.0, 0.0, 0.5),
+               "interactive",
+               SloConfig("ttft", 95, 1000, 30000),
+               priority=10,
+               weights=Weights(1.0, 0.0, 0.0, 0.5),
     ),
     ClassConfig(
-        "agentic",
-        SloConfig("e2e", 95, 8000, 60000),
-        priority=8,
-        weights=Weights(1.0, 0.1, 0.2, 0.5),
+               "agentic",
+               SloConfig("e2e", 95, 8000, 60000),
+               priority=8,
+               weights=Weights(1.0, 0.1, 0.2, 0.5),
     ),
     ClassConfig(
-        "batch",
-        SloConfig("e2e", 99, 60000, 300000),
-        priority=1,
-        weights=Weights(0.2, 1.0, 0.0, 1.0),
-        latency_sensitive=False,
+               "batch",
+               SloConfig("e2e", 99, 60000, 300000),
+               priority=1,
+               weights=Weights(0.2, 1.0, 0.0, 1.0),
+               latency_sensitive=False,
     ),
 )
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from sidecar.core.config import (
     DEFAULT_CLASSES,
@@ -188,7 +188,7 @@ def _timing(r: ConfigReader) -> TimingConfig:
     return cfg
 
 
-_FLEET_SCHEMES = ("redis://", "rediss://", "unix://")
+_FLEET_SCHEMES: Final = ("redis://", "rediss://", "unix://")
 
 
 def _fleet(r: ConfigReader, stats: StatsConfig) -> FleetConfig | None:
@@ -368,7 +368,7 @@ def _parse(root: ConfigReader, source: str) -> Config:
     return cfg
 
 
-QUEUE_MARGIN_MS = 50  # decision time and gRPC overhead on top of the longest queue wait
+QUEUE_MARGIN_MS: Final = 50  # decision time and gRPC overhead on top of the longest queue wait
 
 
 def _check_queue_wait(root: ConfigReader, cfg: Config) -> None:

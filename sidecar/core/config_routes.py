@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
 from sidecar.core.config import (
     DEFAULT_CLASSES,
@@ -31,10 +31,10 @@ from sidecar.core.fields import ConfigReader, did_you_mean
 from sidecar.core.hostport import split_hostport
 from sidecar.core.types import ANY, NAME_OK, OVERFLOW_CLASS, UNKNOWN_MODEL
 
-COMPATS: tuple[Compat, ...] = ("tailroute", SEMANTIC_ROUTER)
+COMPATS: Final[tuple[Compat, ...]] = ("tailroute", SEMANTIC_ROUTER)
 # The rendered Envoy circuit breakers are 4 x max_concurrency (sidecar.shell.bootstrap),
 # UInt32 fields in Envoy: this keeps them (and a sum over a few hundred clusters) in range.
-MAX_CONCURRENCY = 1_000_000
+MAX_CONCURRENCY: Final = 1_000_000
 
 
 def _percentile_or_none(r: ConfigReader, key: str) -> int | None:
@@ -104,7 +104,7 @@ def _sr_latency_aware(r: ConfigReader, kind: Algorithm, given: bool) -> LatencyA
     return cfg
 
 
-_NAME_RULE = "1-128 letters, digits or . _ : / @ + -"
+_NAME_RULE: Final = "1-128 letters, digits or . _ : / @ + -"
 
 
 def _cluster(r: ConfigReader) -> ClusterConfig:
@@ -149,7 +149,7 @@ def _cluster(r: ConfigReader) -> ClusterConfig:
     return cfg
 
 
-_PROVIDER = re.compile(r"^[a-z0-9][a-z0-9._]{0,63}$")
+_PROVIDER: Final = re.compile(r"^[a-z0-9][a-z0-9._]{0,63}$")
 
 
 def _provider(r: ConfigReader) -> str:

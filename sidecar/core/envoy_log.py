@@ -74,24 +74,25 @@ decides whether a cancel is evidence.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from sidecar.core.frozen import fast_init
 from sidecar.core.timing import error_keeps_duration, outcome_for_status
 from sidecar.core.types import Observation, Outcome, SliceKey
 
 # ResponseFlags field names (envoy.data.accesslog.v3.ResponseFlags) by meaning.
-CANCEL_FLAGS = frozenset({"downstream_remote_reset", "downstream_connection_termination"})
-TIMEOUT_FLAGS = frozenset({
+CANCEL_FLAGS: Final = frozenset({"downstream_remote_reset", "downstream_connection_termination"})
+TIMEOUT_FLAGS: Final = frozenset({
     "upstream_request_timeout", "stream_idle_timeout", "duration_timeout",
     "upstream_max_stream_duration_reached",
 })
-ERROR_FLAGS = frozenset({
+ERROR_FLAGS: Final = frozenset({
     "upstream_remote_reset", "upstream_connection_failure", "upstream_connection_termination",
     "upstream_overflow", "no_healthy_upstream", "upstream_retry_limit_exceeded",
     "upstream_protocol_error", "no_cluster_found", "dns_resolution_failure", "local_reset",
     "overload_manager",
 })
-TAILROUTE_DETAILS_PREFIX = "tailroute_"
+TAILROUTE_DETAILS_PREFIX: Final = "tailroute_"
 
 
 @fast_init

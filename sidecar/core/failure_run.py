@@ -79,24 +79,26 @@ the saturated provider: 11.9 -> 13.9 % and 10.8 -> 11.9 % violations).
 from __future__ import annotations
 
 import math
+from typing import Final
 
 from sidecar.core.config import HealthConfig
 
-FALSE_EJECT_ODDS = 1e-4  # accepted chance per request that a healthy route's run ejects it
-FAIL_RATE_HORIZON = 100  # requests the fast path's failure-rate EWMA averages over
-EPISODE_END_RATE = 1e-3  # a failure episode ends once the failure-rate EWMA is back below this
+FALSE_EJECT_ODDS: Final = 1e-4  # accepted chance per request that a healthy route's run ejects it
+FAIL_RATE_HORIZON: Final = 100  # requests the fast path's failure-rate EWMA averages over
+# A failure episode ends once the failure-rate EWMA is back below this.
+EPISODE_END_RATE: Final = 1e-3
 # A trial unanswered this much longer than twice the run's fastest failure stops
 # counting as pending (the trial limit above): it is not failing like the run.
-RUN_TRIAL_GRACE_S = 0.25
-RUN_TRIALS_MAX = 64  # send times kept per open run (K is small; bounded memory)
+RUN_TRIAL_GRACE_S: Final = 0.25
+RUN_TRIALS_MAX: Final = 64  # send times kept per open run (K is small; bounded memory)
 # A failure's send time (its outcome time minus its measured duration) matches a
 # trial's recorded send time within this (the two clocks are the router's and the
 # proxy's timing of the same request).
-TRIAL_MATCH_S = 0.02
+TRIAL_MATCH_S: Final = 0.02
 # What :meth:`FailureRun._init_run` sets: one process's own count of its outcomes.
-_RUN_FIELDS = ("streak", "streak_since", "run_parts", "run_confined", "run_trials",
-               "run_fail_s", "run_timeouts", "fail_rate", "episode_since", "episode_ok",
-               "episode_fail")
+_RUN_FIELDS: Final = ("streak", "streak_since", "run_parts", "run_confined", "run_trials",
+                      "run_fail_s", "run_timeouts", "fail_rate", "episode_since", "episode_ok",
+                      "episode_fail")
 
 
 class FailureRun:

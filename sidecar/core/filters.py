@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Final
 
 from sidecar.core.selection import Candidate, Filter, HealthView, SelectionContext
 
@@ -58,7 +59,7 @@ class Quarantine:
 
 # Herding guard: a restricted route is only excluded while the routes left for
 # the class have at least this share of their capacity free.
-HERD_HEADROOM = 0.25
+HERD_HEADROOM: Final = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +177,7 @@ class LiveMissing:
         return None
 
 
-DEFAULT_FILTERS: tuple[Filter, ...] = (
+DEFAULT_FILTERS: Final[tuple[Filter, ...]] = (
     ModelServed(),
     RegionPolicy(),
     Quarantine(),

@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from sidecar.core.config import HealthConfig, Metric, StatsConfig
 from sidecar.core.health import HealthState, RouteHealth
@@ -61,7 +61,7 @@ from sidecar.core.subwindow import DecayedWindow
 from sidecar.core.types import SliceKey, TransitionEvent
 
 Route = tuple[str, SliceKey]
-COUNTERS = ("ok", "error", "timeout", "cancel")
+COUNTERS: Final = ("ok", "error", "timeout", "cancel")
 
 
 @dataclass(slots=True)

@@ -30,10 +30,10 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from types import FunctionType
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 T = TypeVar("T")
-_MISSING = dataclasses.MISSING
+_MISSING: Final = dataclasses.MISSING
 
 
 def fast_init(cls: type[T]) -> type[T]:

@@ -98,9 +98,9 @@ class Rule:
 
 
 S, G = HealthState, Signal
-_RESET = Rule(None, reset=True)
-_EJECT = Rule(S.QUARANTINED)
-TRANSITIONS: dict[tuple[HealthState, Signal], Rule] = {
+_RESET: Final = Rule(None, reset=True)
+_EJECT: Final = Rule(S.QUARANTINED)
+TRANSITIONS: Final[dict[tuple[HealthState, Signal], Rule]] = {
     (S.HEALTHY, G.ELEVATED): Rule(S.DEGRADED, "degrade_windows", meanwhile=S.WATCHING),
     (S.HEALTHY, G.THREATENING): Rule(S.DEGRADED, "degrade_windows", meanwhile=S.WATCHING),
     (S.HEALTHY, G.BURST): _EJECT,
@@ -152,10 +152,10 @@ TRANSITIONS: dict[tuple[HealthState, Signal], Rule] = {
     (S.RESTORING, G.FAST_FAIL): _EJECT,
     (S.RESTORING, G.PARTIAL_FAIL): Rule(S.RESTRICTED),
 }
-_STAY = Rule(None)
+_STAY: Final = Rule(None)
 # Signals whose quarantine respects may_quarantine (the last viable route is kept).
-_GUARDED_SIGNALS = frozenset(G) - {G.COOLDOWN_OVER, G.PROBE_OK, G.PROBE_FAIL}
-_ESCALATIONS = (S.DEGRADED, S.QUARANTINED)
+_GUARDED_SIGNALS: Final = frozenset(G) - {G.COOLDOWN_OVER, G.PROBE_OK, G.PROBE_FAIL}
+_ESCALATIONS: Final = (S.DEGRADED, S.QUARANTINED)
 # The members the per-request views test, as module constants: compiled, a lookup on
 # the enum class costs more than the rest of such a test.
 _HEALTHY: Final = S.HEALTHY

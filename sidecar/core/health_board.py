@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import Any, Final
 
 from sidecar.core.config import HealthConfig, SloConfig, StatsConfig
 from sidecar.core.health import HealthState, RouteHealth
@@ -28,7 +28,7 @@ from sidecar.core.types import ANY, SliceKey, TransitionEvent
 _Step = Callable[[RouteHealth], list[TransitionEvent]]
 
 #: The key of a cluster-wide entry (hard failures across every slice of a cluster).
-CLUSTER_SLICE = SliceKey(ANY, ANY, ANY, None)
+CLUSTER_SLICE: Final = SliceKey(ANY, ANY, ANY, None)
 
 
 class HealthBoard:
@@ -227,10 +227,10 @@ class HealthBoard:
 # ---------------------------------------------------------------- one route's snapshot
 
 # Snapshot verbatim (fields added later are optional when reading older snapshots).
-_PLAIN = ("offences", "panic", "restore_base", "restore_from_circuit")
-_PLAIN_OPTIONAL = ("relapses", "streak", "fail_rate")
-_TIMES = ("since", "cooldown_until", "last_evidence", "healthy_since")  # snapshot as ages
-_TIMES_OPTIONAL = ("restored_at", "streak_since")
+_PLAIN: Final = ("offences", "panic", "restore_base", "restore_from_circuit")
+_PLAIN_OPTIONAL: Final = ("relapses", "streak", "fail_rate")
+_TIMES: Final = ("since", "cooldown_until", "last_evidence", "healthy_since")  # snapshot as ages
+_TIMES_OPTIONAL: Final = ("restored_at", "streak_since")
 
 
 def _route_to_dict(h: RouteHealth, now: float) -> dict[str, Any]:

@@ -37,12 +37,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Final
 
 from sidecar.core.config import HealthConfig, SloConfig
 from sidecar.core.evidence import binom_sf, significant
 from sidecar.core.subwindow import WindowSummary
 
-HISTORY_MARGIN = 1.5  # a change: the watch-level share half as much again as the route's usual
+# A change: the watch-level share half as much again as the route's usual.
+HISTORY_MARGIN: Final = 1.5
 
 
 class Signal(StrEnum):

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -35,12 +35,12 @@ from sidecar.core.cumulative import Cumulative, FloatArray
 
 __all__ = ["MAX_VALUE", "MIN_VALUE", "Buckets", "Cumulative", "LogHistogram"]
 
-_PAD = 8  # buckets of headroom added around a new index (about +-17% at a = 0.02)
-_EXACT_INTEGERS = float(2**53)  # every whole float64 below this is exact, as is its + 1
+_PAD: Final = 8  # buckets of headroom added around a new index (about +-17% at a = 0.02)
+_EXACT_INTEGERS: Final = float(2**53)  # every whole float64 below this is exact, as is its + 1
 # remove(): what is left of a weight at or below this share of it is rounding, not
 # samples (a sum of float64 terms cancels to within ~1e-15 of its magnitude; a
 # window's real weights are at least its 0.05 cutoff against totals far below 1e7).
-_RESIDUE = 1e-9
+_RESIDUE: Final = 1e-9
 
 
 class LogHistogram:

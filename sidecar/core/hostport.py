@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from typing import Final
 
 # A host name (RFC 1123 labels, '_' tolerated as resolvers do) or a dotted IPv4 address.
-_HOST = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62})"
-                   r"(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62}))*\.?$")
+_HOST: Final = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62})"
+                          r"(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62}))*\.?$")
 
 
 def join_hostport(host: str, port: int) -> str:

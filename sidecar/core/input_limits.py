@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 import numpy as np
 
@@ -36,15 +36,16 @@ from sidecar.core.config import Config, LimitsConfig
 
 Refused = Literal["body_too_large", "body_too_deep"]
 # Headers the classifier reads (the rest pass through to the upstream untouched).
-READ_PREFIX = "x-tailroute-"
-READ_HEADERS = frozenset({"x-request-id", "x-envoy-attempt-count", "x-stainless-retry-count"})
+READ_PREFIX: Final = "x-tailroute-"
+READ_HEADERS: Final = frozenset({"x-request-id", "x-envoy-attempt-count",
+                                 "x-stainless-retry-count"})
 # gRPC framing and the request headers ride in the same message as the body.
-GRPC_HEADROOM_BYTES = 1 << 20
+GRPC_HEADROOM_BYTES: Final = 1 << 20
 
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
-_BLOCK = 1 << 20
-_STEP = np.zeros(256, dtype=np.int32)
+_CONTROL: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_NOT_STRUCTURE: Final = bytes(b for b in range(256) if b not in b'"[]{}')
+_BLOCK = 1 << 20  # not Final: tests/test_input_limits.py rebinds it
+_STEP: Final = np.zeros(256, dtype=np.int32)
 _STEP[list(b"[{")] = 1
 _STEP[list(b"]}")] = -1
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from sidecar.core.config import LatencyAwareConfig
 
-_EPS = 1e-9  # a zero best value (sub-resolution) must not divide by zero
+_EPS: Final = 1e-9  # a zero best value (sub-resolution) must not divide by zero
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,32 +90,33 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable
+from typing import Final
 
 from sidecar.core.types import SliceKey
 
-LIGHT = 0.5  # below this share of max_concurrency in flight, a route is not queueing
-RING = 10  # light outcomes kept per (cluster, slice)
-HALF_LIFE_S = 60.0  # a light outcome's weight halves every minute
-PRIOR = 5.0  # pseudo-outcomes violating at exactly the allowed share
+LIGHT: Final = 0.5  # below this share of max_concurrency in flight, a route is not queueing
+RING: Final = 10  # light outcomes kept per (cluster, slice)
+HALF_LIFE_S: Final = 60.0  # a light outcome's weight halves every minute
+PRIOR: Final = 5.0  # pseudo-outcomes violating at exactly the allowed share
 # The floor may cost a route this share of the allowed violation share per request
 # (module docstring). At 1 every route within ``a`` of the best kept its whole floor:
 # three such routes beside a good one held ~13 % of the traffic by the floor alone.
-FLOOR_PRICE = 0.25
-MAX_ROUTES = 4096  # (cluster, slice) pairs kept before the book starts over
+FLOOR_PRICE: Final = 0.25
+MAX_ROUTES: Final = 4096  # (cluster, slice) pairs kept before the book starts over
 # A restricted route's probes are its only way back (its slice sends it nothing else),
 # so their price never cuts them below this share of probe_share: unpriced, a route
 # missing a quarter of its requests took 5 % of the slice as probes; priced down to
 # f (~2 %), one that had recovered waited minutes for its misses to age out.
-PROBE_PRICE_MIN = 0.25
+PROBE_PRICE_MIN: Final = 0.25
 
 # The record's half-life: long enough to tell 1 % of misses from none at a few requests
 # a second, short enough that a recovered route is not judged on its incident for long
 # (120 s did better on generated scenarios and worse on the shipped suite's recoveries).
-RECORD_HALF_LIFE_S = 60.0
-RECORD_MIN = 10.0  # light outcomes (decayed) a record needs before the miss ratio reads it
+RECORD_HALF_LIFE_S: Final = 60.0
+RECORD_MIN: Final = 10.0  # light outcomes (decayed) a record needs before the miss ratio reads it
 
-_LN_HALF_PER_S = -0.6931471805599453 / HALF_LIFE_S
-_LN_RECORD_PER_S = -0.6931471805599453 / RECORD_HALF_LIFE_S
+_LN_HALF_PER_S: Final = -0.6931471805599453 / HALF_LIFE_S
+_LN_RECORD_PER_S: Final = -0.6931471805599453 / RECORD_HALF_LIFE_S
 
 
 class LightOutcomes:

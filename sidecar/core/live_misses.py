@@ -107,15 +107,16 @@ import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from sidecar.core.config import Config
 from sidecar.core.subwindow import OkSample
 from sidecar.core.types import Observation, SliceKey
 
-ALPHA = 0.01  # the chance of so many misses from a route at its allowed share
-MIN_MISSES = 2  # fewer misses never make a route missing, however few requests
-EPISODE_GAP = 2.0  # horizons without a missing verdict that separate two episodes
-_THRESHOLDS_MAX = 65536  # cached (allowed share, m) thresholds before starting over
+ALPHA: Final = 0.01  # the chance of so many misses from a route at its allowed share
+MIN_MISSES: Final = 2  # fewer misses never make a route missing, however few requests
+EPISODE_GAP: Final = 2.0  # horizons without a missing verdict that separate two episodes
+_THRESHOLDS_MAX: Final = 65536  # cached (allowed share, m) thresholds before starting over
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +205,7 @@ class Book:
                 self.wk -= k
 
 
-_NONE: frozenset[str] = frozenset()
+_NONE: Final[frozenset[str]] = frozenset()
 
 
 class LiveMisses:

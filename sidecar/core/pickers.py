@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Final
 
 from sidecar.core.live_latency import sum_in_order
 from sidecar.core.selection import Candidate, Picker, SelectionContext
@@ -49,4 +50,5 @@ class LowestScore:
         return best
 
 
-PICKERS: dict[str, Picker] = {"weighted_random": WeightedRandom(), "lowest_score": LowestScore()}
+PICKERS: Final[dict[str, Picker]] = {"weighted_random": WeightedRandom(),
+                                             "lowest_score": LowestScore()}

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import Final
 
 from sidecar.core.config import ClassConfig
 from sidecar.core.live_latency import queue_scores
@@ -76,8 +77,8 @@ def exponent_of(klass: ClassConfig) -> dict[str, float]:
 
 
 # Panic tiers by the soft filter that dropped a candidate: lower is less bad.
-_PANIC_TIER = {"capacity": 0, "class_restriction": 1, "live_misses": 2, "failure_run": 3,
-               "quarantine": 4}
+_PANIC_TIER: Final = {"capacity": 0, "class_restriction": 1, "live_misses": 2, "failure_run": 3,
+                      "quarantine": 4}
 
 
 def panic_tier(cands: Sequence[Candidate]) -> list[Candidate]:

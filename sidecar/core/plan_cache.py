@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Final
 
 from sidecar.core.config import ClassConfig, Config, ModelConfig, StatsConfig
 from sidecar.core.health_board import HealthBoard
@@ -34,11 +35,11 @@ from sidecar.core.series import RouteStats
 from sidecar.core.types import Decision, RequestInfo, SliceKey
 from sidecar.core.viability import probe_share
 
-PLAN_REUSE = 48  # decisions a plan serves before new evidence is folded in
-PLAN_SUBWINDOWS = 2  # sub-windows a plan may serve before new evidence is folded in
-PLAN_CACHE_MAX = 4096  # plans kept before the cache starts over (bounded by config anyway)
+PLAN_REUSE: Final = 48  # decisions a plan serves before new evidence is folded in
+PLAN_SUBWINDOWS: Final = 2  # sub-windows a plan may serve before new evidence is folded in
+PLAN_CACHE_MAX: Final = 4096  # plans kept before the cache starts over (bounded by config anyway)
 LOW_VARIANTS_MAX = 1024  # decisions whose low variant is kept (LowVariants)
-BUDGET_STEPS_PER_E = 20  # step budgets are cached in ~5 % steps (log scale)
+BUDGET_STEPS_PER_E: Final = 20  # step budgets are cached in ~5 % steps (log scale)
 
 #: (model, slice, step budget key or None for the class's, fan-out)
 PlanKey = tuple[str, SliceKey, int | None, int]

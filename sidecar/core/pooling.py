@@ -42,10 +42,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Final
 
 from sidecar.core.selection import Candidate
 
-POOL = "pool"  # the factor, in the candidate's scores (explain)
+POOL: Final = "pool"  # the factor, in the candidate's scores (explain)
 
 
 def pool_worse(cands: Sequence[Candidate]) -> None:

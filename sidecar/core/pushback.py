@@ -123,15 +123,16 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Final
 
-GROW = 0.5  # share of the limit regained per window once quiet (at least one slot)
-HOLD_S = 30.0  # quiet time after the last refusal before the limit may grow again
+GROW: Final = 0.5  # share of the limit regained per window once quiet (at least one slot)
+HOLD_S: Final = 30.0  # quiet time after the last refusal before the limit may grow again
 # A declared wait longer than this is cut to it: a hostile or mistaken header must
 # not take a route away for an hour; the provider can refuse again after a minute.
-MAX_HOLD_S = 60.0
+MAX_HOLD_S: Final = 60.0
 # The answers whose Retry-After is read as a wait: a 429's quota, and a 503's "unavailable
 # until" (RFC 9110 section 10.2.3 names 503 for it; a 3xx's says when to follow it).
-WAIT_STATUSES = frozenset((429, 503))
+WAIT_STATUSES: Final = frozenset((429, 503))
 
 
 # A 429 that came back while nothing else of ours was in flight there is not a
@@ -141,10 +142,10 @@ WAIT_STATUSES = frozenset((429, 503))
 # and each one that comes while the cluster is not held holds it for BACKOFF_S,
 # doubled for each such hold that starts within BACKOFF_RESET_S of the last one's end
 # (the quota still there as soon as traffic came back), up to MAX_BACKOFF_S.
-BACKOFF_S = 1.0
-MAX_BACKOFF_S = 32.0
-BACKOFF_RESET_S = 10.0
-QUOTA_MEMORY_S = 300.0
+BACKOFF_S: Final = 1.0
+MAX_BACKOFF_S: Final = 32.0
+BACKOFF_RESET_S: Final = 10.0
+QUOTA_MEMORY_S: Final = 300.0
 
 
 @dataclass(slots=True)

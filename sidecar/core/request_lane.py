@@ -43,7 +43,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import replace
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from sidecar.core.config import ClassConfig
 from sidecar.core.evidence import RouteEvidence
@@ -74,7 +74,7 @@ from sidecar.core.types import SliceKey
 
 # FailureRun and LiveMissing drop nothing unless the request's context holds routes
 # back (an open run of hard failures, live misses); the router runs the full stage then.
-_LANE_FILTERS = (ClassRestriction, Capacity, FailureRun, LiveMissing)
+_LANE_FILTERS: Final = (ClassRestriction, Capacity, FailureRun, LiveMissing)
 
 
 class _Row(NamedTuple):

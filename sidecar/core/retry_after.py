@@ -35,14 +35,15 @@ import calendar
 import math
 import re
 from email.utils import parsedate_tz
+from typing import Final
 
-MAX_WAIT_S = 86400.0
+MAX_WAIT_S: Final = 86400.0
 # Longer values are not a number or a date anyone sends (an IMF-fixdate is 29
 # characters); refusing them first bounds the work hostile text can cause.
-MAX_VALUE_CHARS = 64
+MAX_VALUE_CHARS: Final = 64
 # Plain decimal numbers only: float() would also take "nan", "inf", "1e9", "1_000"
 # and non-ASCII digits.
-_NUMBER = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)", re.ASCII)
+_NUMBER: Final = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)", re.ASCII)
 
 
 def parse_retry_after(retry_after: str | None, retry_after_ms: str | None,

@@ -29,11 +29,11 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
-RETRY_MEMORY_S = 120.0  # a repeated request id within this long is a retry
-RETRY_MEMORY_SIZE = 4096  # request ids remembered (LRU)
-RETRY_FLOOR = 3.0  # retries always allowed per tau, even on an idle route
+RETRY_MEMORY_S: Final = 120.0  # a repeated request id within this long is a retry
+RETRY_MEMORY_SIZE: Final = 4096  # request ids remembered (LRU)
+RETRY_FLOOR: Final = 3.0  # retries always allowed per tau, even on an idle route
 
 
 class Seen(NamedTuple):

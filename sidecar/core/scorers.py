@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Final
 
 from sidecar.core.evidence import with_prior
 from sidecar.core.latency_aware import enabled_metrics, latency_aware_scores
@@ -17,17 +18,17 @@ from sidecar.core.light_load import RECORD_MIN, floor_share, violation_share
 from sidecar.core.selection import FLOOR_SHARE, Candidate, LatencyValue, Scorer, SelectionContext
 from sidecar.core.steepness import latency_score
 
-_NEUTRAL = 1.0
+_NEUTRAL: Final = 1.0
 # Health states that have not moved a route: the floor share applies only there (a
 # moved route's traffic is the health machine's, which must see evidence to judge it).
-UNMOVED = frozenset({"healthy", "watching"})
-SLO_TAIL = "slo_tail"  # Candidate.latency key: the class metric at the SLO percentile
-_NO_TAIL = LatencyValue(None, None, False, 0)
+UNMOVED: Final = frozenset({"healthy", "watching"})
+SLO_TAIL: Final = "slo_tail"  # Candidate.latency key: the class metric at the SLO percentile
+_NO_TAIL: Final = LatencyValue(None, None, False, 0)
 # Attainment: the excess over the best route beyond SURE_Z standard errors (one-sided
 # 95 %) counts 1 + the class's attainment_sharpen times (3: judged on a / 4).
-SURE_Z = 1.645
+SURE_Z: Final = 1.645
 # MissRatio: shares below this fraction of the allowed share are not told apart by ratio.
-MISS_RATIO_FLOOR = 0.1
+MISS_RATIO_FLOOR: Final = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,5 +303,5 @@ class Load:
             c.scores[self.name] = max(1.0 - used, 0.02)
 
 
-DEFAULT_SCORERS: tuple[Scorer, ...] = (LatencyRatio(), Attainment(), MissRatio(), Recurrence(),
-                                       Cost(), Quality(), Load())
+DEFAULT_SCORERS: Final[tuple[Scorer, ...]] = (
+    LatencyRatio(), Attainment(), MissRatio(), Recurrence(), Cost(), Quality(), Load())

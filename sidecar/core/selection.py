@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from sidecar.core.config import ClassConfig, ClusterConfig, Config, ModelConfig
 from sidecar.core.frozen import fast_init
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from sidecar.core.light_load import LightOutcomes
 
 
-FLOOR_SHARE = "floor"  # Candidate.scores key: its share of the exploration floor
+FLOOR_SHARE: Final = "floor"  # Candidate.scores key: its share of the exploration floor
 
 
 @dataclass(frozen=True, slots=True)

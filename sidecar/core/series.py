@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Final
 
 from sidecar.core.buckets import buckets
 from sidecar.core.config import Metric, StatsConfig
@@ -65,8 +66,8 @@ from sidecar.core.subwindow import (
 from sidecar.core.types import Observation
 
 # Evidence read without a stated max age may be this share of a sub-window old.
-REFRESH_SHARE_OF_SUBWINDOW = 0.5
-_REBUILD_ROTATIONS = 1000  # rebuild the decayed window from the ring now and then (rounding)
+REFRESH_SHARE_OF_SUBWINDOW: Final = 0.5
+_REBUILD_ROTATIONS: Final = 1000  # rebuild the decayed window from the ring now and then (rounding)
 
 
 class RouteStats:

@@ -11,14 +11,14 @@ the shift tests and the caches are not stored: they are rebuilt from the ring.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Final
 
 from sidecar.core.config import StatsConfig
 from sidecar.core.histogram import LogHistogram
 from sidecar.core.series import RouteStats
 from sidecar.core.subwindow import COUNTERS, NEVER, as_metric
 
-_MAX_COUNT = 2**53  # counts above this are not requests anyone served
+_MAX_COUNT: Final = 2**53  # counts above this are not requests anyone served
 
 
 def series_to_dict(rs: RouteStats, now: float) -> dict[str, Any]:

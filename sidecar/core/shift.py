@@ -47,6 +47,7 @@ is one of them, and ``F`` would be off by their ratio.
 from __future__ import annotations
 
 import math
+from typing import Final
 
 from sidecar.core.config import Metric
 from sidecar.core.histogram import Cumulative, LogHistogram
@@ -54,14 +55,14 @@ from sidecar.core.subwindow import DecayedWindow
 
 Parts = tuple[tuple[LogHistogram, float], ...]  # a window as (histogram, scale) parts
 
-SHIFT_TAIL = 0.1  # p0: share of samples beyond the reference quantile under no change
-SHIFT_HIT = 0.7  # p1: the share a shift worth acting on puts there
+SHIFT_TAIL: Final = 0.1  # p0: share of samples beyond the reference quantile under no change
+SHIFT_HIT: Final = 0.7  # p1: the share a shift worth acting on puts there
 # Samples from before a shift needed to read its factor: a median of two is one of
 # them, so F is off by their ratio (0.12 s and 1.55 s before, 3.78 s and 4.22 s
 # since: F 31 moved 1.55 s to 48 s, a p90 of 53.5 s from samples up to 4.22 s).
-SHIFT_MIN_BEFORE = 5
-_HIT = math.log(SHIFT_HIT / SHIFT_TAIL)
-_MISS = math.log((1.0 - SHIFT_HIT) / (1.0 - SHIFT_TAIL))
+SHIFT_MIN_BEFORE: Final = 5
+_HIT: Final = math.log(SHIFT_HIT / SHIFT_TAIL)
+_MISS: Final = math.log((1.0 - SHIFT_HIT) / (1.0 - SHIFT_TAIL))
 
 
 class ShiftState:

@@ -44,11 +44,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Final
 
-MAX_LINE_BYTES = 1 << 20
-MAX_EVENT_BYTES = 4 << 20
-_EOL = re.compile(rb"\r\n|\r|\n")
-_BOM = b"\xef\xbb\xbf"
+MAX_LINE_BYTES: Final = 1 << 20
+MAX_EVENT_BYTES: Final = 4 << 20
+_EOL: Final = re.compile(rb"\r\n|\r|\n")
+_BOM: Final = b"\xef\xbb\xbf"
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from sidecar.core.buckets import buckets
 from sidecar.core.config import Metric, StatsConfig
@@ -46,7 +46,7 @@ __all__ = [
     "as_metric",
 ]
 
-GLOBAL_OVERFLOW = SliceKey(OVERFLOW_CLASS, OVERFLOW_CLASS, ANY, None)
+GLOBAL_OVERFLOW: Final = SliceKey(OVERFLOW_CLASS, OVERFLOW_CLASS, ANY, None)
 # A slice and its broader slices on one cluster, narrow first, with their series (if any).
 _Levels = tuple[tuple[SliceKey, RouteStats | None], ...]
 

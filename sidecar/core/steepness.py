@@ -29,10 +29,12 @@ The two refinements that make the steep curve usable at all:
 
 from __future__ import annotations
 
+from typing import Final
+
 from sidecar.core.config import ClassConfig
 
-GENTLE = 2.0  # E of a route without samples, and of every route of a default class
-HALF_SAMPLES = 50.0  # samples at which E is halfway from GENTLE to the class's maximum
+GENTLE: Final = 2.0  # E of a route without samples, and of every route of a default class
+HALF_SAMPLES: Final = 50.0  # samples at which E is halfway from GENTLE to the class's maximum
 
 
 def latency_exponent(klass: ClassConfig, samples: int) -> float:

@@ -19,11 +19,12 @@ from __future__ import annotations
 import ipaddress
 import re
 import unicodedata
+from typing import Final
 
-_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:(//)?")
-_PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
+_SCHEME: Final = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:(//)?")
+_PERCENT: Final = re.compile(r"%([0-9A-Fa-f]{2})")
 # Query arguments redis-py reads as credentials (after percent-decoding the name).
-_SECRET_ARGS = ("password", "username")
+_SECRET_ARGS: Final = ("password", "username")
 
 
 def redacted(url: str) -> str:

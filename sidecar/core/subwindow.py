@@ -42,7 +42,7 @@ import math
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from sidecar.core.buckets import Buckets
 from sidecar.core.config import Metric, StatsConfig
@@ -50,11 +50,12 @@ from sidecar.core.frozen import fast_init
 from sidecar.core.histogram import Cumulative, LogHistogram
 from sidecar.core.types import Observation
 
-METRICS: tuple[Metric, ...] = ("ttft", "tpot", "e2e")
-WEIGHT_CUTOFF = 0.05  # older sub-windows weigh less than this: left out of the window
-COUNTERS = ("ok", "error", "timeout", "cancel")  # SubWindow attributes, named as the outcomes
-NEVER = -(1 << 62)  # index of an unused ring slot: matches no real sub-window
-NO_VALUE = -(1 << 61)  # a latency_indices entry: the metric was not measured
+METRICS: Final[tuple[Metric, ...]] = ("ttft", "tpot", "e2e")
+WEIGHT_CUTOFF: Final = 0.05  # older sub-windows weigh less than this: left out of the window
+# SubWindow attributes, named as the outcomes.
+COUNTERS: Final = ("ok", "error", "timeout", "cancel")
+NEVER: Final = -(1 << 62)  # index of an unused ring slot: matches no real sub-window
+NO_VALUE: Final = -(1 << 61)  # a latency_indices entry: the metric was not measured
 Indices = tuple[int | None, int | None, int | None]
 
 
@@ -100,7 +101,7 @@ def aging(requests: int, decay: float, per: float, floor: float = 0.0,
     return f
 
 
-_DROPPED = 0.01  # an aging factor that leaves older evidence below the 0.05 cut-off
+_DROPPED: Final = 0.01  # an aging factor that leaves older evidence below the 0.05 cut-off
 
 
 def as_metric(name: str) -> Metric:

@@ -42,18 +42,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from sidecar.core.sse import SseEvent, SseParser
 from sidecar.core.types import Observation, Outcome, SliceKey
 
-_DONE = "[DONE]"
-_MAX_JSON_BODY = 1 << 20
+_DONE: Final = "[DONE]"
+_MAX_JSON_BODY: Final = 1 << 20
 # Delta fields that carry generated output (role alone does not).
-_DELTA_TOKEN_KEYS = ("content", "tool_calls", "function_call", "refusal", "reasoning_content",
-                     "reasoning")
+_DELTA_TOKEN_KEYS: Final = (
+    "content", "tool_calls", "function_call", "refusal", "reasoning_content", "reasoning",
+)
 # Responses-API event types whose ``delta`` is generated output.
-_TOKEN_TYPES = frozenset({
+_TOKEN_TYPES: Final = frozenset({
     "response.output_text.delta", "response.refusal.delta",
     "response.function_call_arguments.delta", "response.reasoning_text.delta",
     "response.reasoning_summary_text.delta", "response.audio.delta",
@@ -72,7 +73,7 @@ _TOKEN_TYPES = frozenset({
 # (sidecar.shell.bootstrap_filters.usage_filters): it lifts each path's value into
 # dynamic metadata and the sidecar judges it with the same is_error_value, so both
 # paths agree on what an error event is.
-ERROR_SELECTORS: tuple[tuple[str, ...], ...] = (
+ERROR_SELECTORS: Final[tuple[tuple[str, ...], ...]] = (
     ("error",), ("message",), ("response", "error"),
 )
 

@@ -35,10 +35,11 @@ from __future__ import annotations
 import random
 from collections import deque
 from statistics import median
+from typing import Final
 
 from sidecar.core.types import SliceKey
 
-BLIND_OFFSET_S = 0.002  # median first-body-byte -> first-token gap that makes a route blind
+BLIND_OFFSET_S: Final = 0.002  # median first-body-byte -> first-token gap that makes a route blind
 
 
 class OffsetBook:

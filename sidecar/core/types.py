@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Final, Literal, NamedTuple
 
 from sidecar.core.frozen import fast_init
 
@@ -17,15 +17,15 @@ Outcome = Literal["ok", "error", "timeout", "cancel"]
 Api = Literal["chat", "completions", "responses", "other"]
 Step = Literal["critical", "optional"]
 
-ANY = "*"  # wildcard level in a broader slice
+ANY: Final = "*"  # wildcard level in a broader slice
 # Slice parts of the sidecar's own: requests for a model the config does not know, and
 # the slices beyond stats.max_slices. No configured model or class may take these names.
-UNKNOWN_MODEL = "_unknown"
-OVERFLOW_CLASS = "_overflow"
+UNKNOWN_MODEL: Final = "_unknown"
+OVERFLOW_CLASS: Final = "_overflow"
 # A class name the x-tailroute-class header can carry (sidecar.core.classify); no '|',
 # which separates the parts of a slice label (SliceKey.label / parse) and of an Envoy
 # route key (cluster|class|sampled), and no ANY.
-NAME_OK = re.compile(r"^[A-Za-z0-9._:/@+-]{1,128}$")
+NAME_OK: Final = re.compile(r"^[A-Za-z0-9._:/@+-]{1,128}$")
 
 
 class SliceKey(NamedTuple):

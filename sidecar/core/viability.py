@@ -22,6 +22,7 @@ routes are all out with none: the last viable route is restricted instead.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Final
 
 from sidecar.core.config import Config, ModelConfig
 from sidecar.core.health import HealthState
@@ -30,9 +31,9 @@ from sidecar.core.selection import HealthView
 from sidecar.core.types import SliceKey
 
 #: States in which a route takes probes only.
-QUARANTINED = frozenset({HealthState.QUARANTINED, HealthState.PROBING})
-_HEALTHY = HealthView("healthy", 1.0, False, False)
-_HEALTHY_ON_TRIAL = HealthView("healthy", 1.0, False, False, on_trial=True)
+QUARANTINED: Final = frozenset({HealthState.QUARANTINED, HealthState.PROBING})
+_HEALTHY: Final = HealthView("healthy", 1.0, False, False)
+_HEALTHY_ON_TRIAL: Final = HealthView("healthy", 1.0, False, False, on_trial=True)
 
 
 def health_view(board: HealthBoard, config: Config, cluster: str, slice: SliceKey) -> HealthView:

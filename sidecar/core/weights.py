@@ -61,6 +61,7 @@ import random
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Final
 
 from sidecar.core.classify import LONG_PROFILE, TOKEN_PROFILES
 from sidecar.core.config import Config, ModelConfig
@@ -74,12 +75,12 @@ from sidecar.core.selection import Candidate, HealthView, LatencyValue, RouteVie
 from sidecar.core.types import RequestInfo, SliceKey
 from sidecar.core.window_load import LoadedView
 
-WEIGHT_SCALE = 10_000  # integer weights of one slice sum to this
+WEIGHT_SCALE: Final = 10_000  # integer weights of one slice sum to this
 # A route on trial takes at least this share of its slice (module docstring, step 3):
 # at 20 req/s the two trials after a first failure then take ~0.2 s, and the chance
 # that fewer than two come within a second is below 0.5 %.
-TRIAL_SHARE = 0.5
-PROFILES: tuple[str, ...] = (*(p[0] for p in TOKEN_PROFILES), LONG_PROFILE)
+TRIAL_SHARE: Final = 0.5
+PROFILES: Final[tuple[str, ...]] = (*(p[0] for p in TOKEN_PROFILES), LONG_PROFILE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,7 +305,7 @@ def slice_weights(
     return _split(config, view, slice, now, order).rounded(slice, order, scale)
 
 
-PLAN_ROUNDS = 4
+PLAN_ROUNDS: Final = 4
 
 
 def compute_weights(

@@ -12,14 +12,16 @@ a reload in the workers does not change it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from sidecar.core.fields import ConfigReader
 
 # A loaded event loop lags (at c = 256 some ext_proc answers passed Envoy's 500 ms
 # message timeout, docs/operations.md); a loop that has not run for this long is not
 # busy. Below it a worker under load could be killed for being slow.
-MIN_HUNG_AFTER_S = 1.0
-MIN_PROBE_INTERVAL_S = 0.1  # how often the supervisor's loop comes round (sidecar.fleet.workers)
+MIN_HUNG_AFTER_S: Final = 1.0
+# How often the supervisor's loop comes round (sidecar.fleet.workers).
+MIN_PROBE_INTERVAL_S: Final = 0.1
 
 
 @dataclass(frozen=True, slots=True)

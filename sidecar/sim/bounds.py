@@ -11,35 +11,36 @@ error naming the file and the field (or the command-line option).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 from sidecar.sim.scenario import Mmpp, OnOff, Poisson, Trace, WorkloadSpec
 
 #: Scenario files and trace CSVs larger than this are refused before they are read
 #: (the shipped traces are about 1 MB; the largest shipped scenario a few kB).
-MAX_FILE_BYTES = 16 << 20
+MAX_FILE_BYTES: Final = 16 << 20
 #: ``duration_s`` (and ``--duration``): three days of simulated time.
-MAX_DURATION_S = 3 * 86400.0
+MAX_DURATION_S: Final = 3 * 86400.0
 #: ``drain_s``: one day (the default is the slowest class timeout + 30 s, at most 90 s).
-MAX_DRAIN_S = 86400.0
+MAX_DRAIN_S: Final = 86400.0
 #: Time buckets over ``duration_s + drain_s`` (``bucket_s`` may not be smaller than
 #: that span / this); the default 10 s bucket gives 34,561 at the longest span.
-MAX_BUCKETS = 100_000
+MAX_BUCKETS: Final = 100_000
 #: Any arrival rate (``rate_per_s``, ``rate_on``, ``rate_off``, MMPP state rates).
-MAX_RATE_PER_S = 10_000.0
+MAX_RATE_PER_S: Final = 10_000.0
 #: Expected simulated requests of one scenario: arrival rate x duration summed over
 #: the workloads, times the calls of one workflow (its steps' fan-outs). The largest
 #: shipped scenario expects 18 thousand, the largest generated one (family seeds 1-20,
 #: 200 each) 67 thousand. The simulator keeps a record per call: 576 thousand calls
 #: took 64 s and 300 MB for one policy, so the cap means minutes and about 1 GB.
-MAX_EXPECTED_CALLS = 2_000_000
+MAX_EXPECTED_CALLS: Final = 2_000_000
 #: Repetitions of one event window (``repeat``) within ``duration_s + drain_s``.
-MAX_EVENT_WINDOWS = 100_000
+MAX_EVENT_WINDOWS: Final = 100_000
 #: ``--noise-seeds K``: runs of each policy per scenario.
-MAX_NOISE_SEEDS = 100
+MAX_NOISE_SEEDS: Final = 100
 #: ``--generate N``: scenarios per run (the documented figures use 200).
-MAX_GENERATE = 10_000
+MAX_GENERATE: Final = 10_000
 #: ``--jobs J``: parallel processes.
-MAX_JOBS = 64
+MAX_JOBS: Final = 64
 
 
 def mean_rate(arrival: Poisson | OnOff | Mmpp, start: float, end: float) -> float:

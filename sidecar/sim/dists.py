@@ -19,14 +19,14 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Final, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-Z99 = 2.3263478740408408
-TAIL_CAP = 10.0
-_BLOCK = 4096
+Z99: Final = 2.3263478740408408
+TAIL_CAP: Final = 10.0
+_BLOCK: Final = 4096
 
 
 class Variates(Protocol):

@@ -33,15 +33,15 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 T = TypeVar("T")
 # The longest scenario any family draws, in simulated seconds (bounds the size of a
 # generated suite; sparse traffic needs the longest span to gather evidence).
-MAX_SCENARIO_S = 1800.0
-PROVIDER_NAMES = ("provider-a", "provider-b", "provider-c", "provider-d", "provider-e")
-Z95 = 1.6448536269514722
-Z99 = 2.3263478740408408
+MAX_SCENARIO_S: Final = 1800.0
+PROVIDER_NAMES: Final = ("provider-a", "provider-b", "provider-c", "provider-d", "provider-e")
+Z95: Final = 1.6448536269514722
+Z99: Final = 2.3263478740408408
 
 
 class Draw:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from statistics import NormalDist
-from typing import Any
+from typing import Any, Final
 
 from sidecar.sim.gen_base import MAX_SCENARIO_S, Z99, Base, Draw, r3
 
@@ -352,7 +352,7 @@ def _p99_for_share_above(median: float, threshold: float, share: float) -> float
 
 
 #: Every family, in report order.
-FAMILIES: dict[str, Family] = {
+FAMILIES: Final[dict[str, Family]] = {
     "drift": drift,
     "spike": spike,
     "error_mix": error_mix,

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from multiprocessing import resource_tracker
 from multiprocessing.pool import Pool
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
@@ -45,8 +45,8 @@ from sidecar.sim.policies import BASELINES
 from sidecar.sim.runner import SCHEMA_VERSION, _suite_figures, run_scenario, suite_summary
 from sidecar.sim.validate import ScenarioError
 
-WITHIN_FACTOR = 1.1
-WITHIN_SLACK = 0.001  # absolute violation rate (0.1 percentage point)
+WITHIN_FACTOR: Final = 1.1
+WITHIN_SLACK: Final = 0.001  # absolute violation rate (0.1 percentage point)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from sidecar.core.config import Config, ConfigError, parse_config
 from sidecar.ops.config_file import read_yaml
@@ -21,8 +21,8 @@ from sidecar.sim.replica_spec import parse_replicas
 from sidecar.sim.scenario import EventSpec, ProviderSpec, Scenario, SliceMatch, WorkloadSpec
 from sidecar.sim.validate import Reader, ScenarioError
 
-PROFILES = ("short", "medium", "long")
-_CFG_TOKEN = "\x00tailroute-config"
+PROFILES: Final = ("short", "medium", "long")
+_CFG_TOKEN: Final = "\x00tailroute-config"
 
 
 def load_scenario(

@@ -7,15 +7,15 @@ Latencies are written in milliseconds and returned in seconds.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from sidecar.sim.dists import Lognormal, TokenDist
 from sidecar.sim.heavy import HeavyTailed, Latency, ParetoTail
 from sidecar.sim.scenario import ErrorSpec
 from sidecar.sim.validate import Reader
 
-_WEIGHT_SLACK = 1e-6
-DEFAULT_ERROR_AFTER_MS = 50.0
+_WEIGHT_SLACK: Final = 1e-6
+DEFAULT_ERROR_AFTER_MS: Final = 50.0
 
 
 def parse_latency_ms(r: Reader, key: str, default: float | None) -> Latency:

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from sidecar.core.config import Config
 from sidecar.core.types import SliceKey
 from sidecar.sim.records import Attempt, Call, Workflow
 
-OUTCOMES = ("ok", "timeout", "error", "rejected", "cancelled", "skipped")
-KIND_INDEX = {k: i for i, k in enumerate(OUTCOMES)}
-NAN = math.nan
+OUTCOMES: Final = ("ok", "timeout", "error", "rejected", "cancelled", "skipped")
+KIND_INDEX: Final = {k: i for i, k in enumerate(OUTCOMES)}
+NAN: Final = math.nan
 
 #: One scored call: (group, outcome index, SLO metric ms, TTFT ms, e2e ms, start s, cost).
 LogRow = tuple[int, int, float, float, float, float, float]

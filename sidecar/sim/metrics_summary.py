@@ -37,7 +37,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -52,10 +52,10 @@ FArr = npt.NDArray[np.float64]
 IArr = npt.NDArray[np.int64]
 BArr = npt.NDArray[np.bool_]
 
-MIN_FLIP_ATTEMPTS = 20
-FLIP_DISTANCE = 0.25
-FLIP_Z = 3.29  # two-sided p = 0.001
-_SCORED = np.array([k not in ("cancelled", "skipped") for k in OUTCOMES])
+MIN_FLIP_ATTEMPTS: Final = 20
+FLIP_DISTANCE: Final = 0.25
+FLIP_Z: Final = 3.29  # two-sided p = 0.001
+_SCORED: Final = np.array([k not in ("cancelled", "skipped") for k in OUTCOMES])
 
 
 class _Log:

@@ -22,13 +22,13 @@ reads the pooled counts, so every summary figure is on the pooled rate.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from sidecar.sim.engine import Simulation
 from sidecar.sim.scenario import Scenario
 
 # Far apart so that draw i of seed s is not draw 0 of a nearby seed s + i.
-STRIDE = 1_000_003
+STRIDE: Final = 1_000_003
 
 
 def noise_seed(seed: int, draw: int) -> int | None:

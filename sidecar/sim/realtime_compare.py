@@ -11,7 +11,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
 from sidecar.sim.realtime_scenario import plan_traffic
 from sidecar.sim.scenario import Scenario
@@ -46,7 +46,7 @@ class Tolerances:
 
 #: A class's share of traffic is compared over a window only when the plan sends
 #: at least this many of its calls there (fewer: binomial noise alone is > +-5 pp).
-MIN_WINDOW_CALLS = 100
+MIN_WINDOW_CALLS: Final = 100
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,14 +11,14 @@ import asyncio
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from sidecar.sim.realtime_scenario import ControlStep, Planned
 from sidecar.sim.scenario import Scenario
 
 #: Wait this long past a call's class timeout before the client gives up itself
 #: (Envoy's route timeout should answer 504 first).
-_CLIENT_MARGIN_S = 5.0
+_CLIENT_MARGIN_S: Final = 5.0
 ControlFn = Callable[[str, dict[str, Any]], Any]
 
 

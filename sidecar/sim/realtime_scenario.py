@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from sidecar.ops.config_file import read_yaml
 from sidecar.sim.dists import Lognormal, Stream
@@ -20,7 +20,7 @@ from sidecar.sim.scenario import Scenario, WorkloadSpec
 from sidecar.sim.traffic import Source, arrivals
 from sidecar.sim.validate import ScenarioError
 
-VALIDATION_SCENARIO = Path(__file__).parent / "validation" / "envoy_short.yaml"
+VALIDATION_SCENARIO: Final = Path(__file__).parent / "validation" / "envoy_short.yaml"
 
 
 # ---------------------------------------------------------------- expressibility

@@ -28,7 +28,7 @@ import dataclasses
 import math
 import random
 from collections import Counter
-from typing import Any
+from typing import Any, Final
 
 from sidecar.core.router import Router
 from sidecar.core.types import Decision, TransitionEvent
@@ -41,9 +41,9 @@ from sidecar.sim.replica_spec import ReplicaSpec
 from sidecar.sim.scenario import Scenario
 
 #: States in which a replica has moved latency-sensitive traffic off a route.
-MOVED = frozenset({"degraded", "restricted", "quarantined", "probing"})
-_BASES: dict[str, type[Tailroute]] = {"tailroute": Tailroute,
-                                      "tailroute_no_admission": TailrouteNoAdmission}
+MOVED: Final = frozenset({"degraded", "restricted", "quarantined", "probing"})
+_BASES: Final[dict[str, type[Tailroute]]] = {"tailroute": Tailroute,
+                                             "tailroute_no_admission": TailrouteNoAdmission}
 
 
 def replicated(policy: str, ctx: PolicyContext, spec: ReplicaSpec, seed: int) -> Policy | None:

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from sidecar.core.config import ConfigError
 from sidecar.ops.config_file import TooLarge, read_capped
 from sidecar.sim import tables
 from sidecar.sim.bounds import MAX_FILE_BYTES
 
-_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3",
-           "#8C8C8C", "#CCB974", "#64B5CD", "#000000"]
+_COLORS: Final = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3",
+                  "#8C8C8C", "#CCB974", "#64B5CD", "#000000"]
 
 
 def load_results(path: Path, schemas: tuple[int, ...], option: str = "--from-json"

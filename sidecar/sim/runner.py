@@ -26,7 +26,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from sidecar.sim.loader import load_scenario
 from sidecar.sim.noise_draws import pooled_counts, run_draws
@@ -34,8 +34,8 @@ from sidecar.sim.policies import BASELINES, DEFAULT_POLICIES
 from sidecar.sim.scenario import EventSpec, Scenario, Trace
 from sidecar.sim.validate import ScenarioError
 
-SCHEMA_VERSION = 2
-SHIPPED = Path(__file__).parent / "scenarios"
+SCHEMA_VERSION: Final = 2
+SHIPPED: Final = Path(__file__).parent / "scenarios"
 
 
 class Progress:

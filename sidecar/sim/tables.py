@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 
 def _classes(sc: dict[str, Any]) -> list[str]:
@@ -59,7 +59,7 @@ def rows(sc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 
 
 # Printed once under the text tables (docs/policy-lab.md has the full definitions).
-LEGEND = """\
+LEGEND: Final = """\
 columns (per policy; rates are shares of scored calls):
   <class> viol.  calls of that class that missed their SLO, count (rate)
   timeouts, errors  over all classes

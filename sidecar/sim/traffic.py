@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as _dt
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Final
 
 from sidecar.ops.config_file import TooLarge, read_capped
 from sidecar.sim.bounds import MAX_FILE_BYTES
@@ -27,7 +28,7 @@ from sidecar.sim.validate import ScenarioError
 
 ArrivalItem = tuple[float, int | None, int | None]
 
-_TRACE_CACHE: dict[Path, list[tuple[float, int, int]]] = {}
+_TRACE_CACHE: Final[dict[Path, list[tuple[float, int, int]]]] = {}
 
 
 def arrivals(

@@ -28,7 +28,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from sidecar.core.config import Config
 from sidecar.core.types import Decision
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from sidecar.sim.records import Attempt
 
 #: Every policy the lab knows, in report order.
-POLICY_NAMES: tuple[str, ...] = (
+POLICY_NAMES: Final[tuple[str, ...]] = (
     "round_robin",
     "random",
     "least_inflight",
@@ -57,11 +57,12 @@ POLICY_NAMES: tuple[str, ...] = (
 #: What ``simulate`` runs when neither the CLI nor the scenario names policies.
 #: Variants (tailroute with admission off or in another routing mode, the lab's
 #: first oracle) run only when named.
-VARIANTS: tuple[str, ...] = ("tailroute_no_admission", "tailroute_native", "tailroute_hybrid",
-                             "oracle_routing")
-DEFAULT_POLICIES: tuple[str, ...] = tuple(p for p in POLICY_NAMES if p not in VARIANTS)
+VARIANTS: Final[tuple[str, ...]] = (
+    "tailroute_no_admission", "tailroute_native", "tailroute_hybrid", "oracle_routing",
+)
+DEFAULT_POLICIES: Final[tuple[str, ...]] = tuple(p for p in POLICY_NAMES if p not in VARIANTS)
 #: Policies compared against tailroute in the summary (everything real that is not tailroute).
-BASELINES: tuple[str, ...] = tuple(
+BASELINES: Final[tuple[str, ...]] = tuple(
     p for p in POLICY_NAMES if not p.startswith("tailroute") and not p.startswith("oracle")
 )
 

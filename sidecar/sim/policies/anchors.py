@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from typing import Final
 
 from sidecar.core.latency_aware import enabled_metrics, latency_aware_scores, pick_lowest
 from sidecar.core.types import Decision
@@ -59,9 +60,9 @@ from sidecar.sim.policies import BasePolicy, PolicyContext
 from sidecar.sim.policies.simple import _Window
 from sidecar.sim.records import ROUTE, Attempt
 
-SR_WINDOW = 1000
-SR_EMA_ALPHA = 0.3
-SR_MIN_FOR_PERCENTILE = 3
+SR_WINDOW: Final = 1000
+SR_EMA_ALPHA: Final = 0.3
+SR_MIN_FOR_PERCENTILE: Final = 3
 
 
 class _SrSeries:

@@ -26,17 +26,18 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from typing import Final
 
 from sidecar.core.types import Decision
 from sidecar.sim.policies import BasePolicy, PolicyContext
 from sidecar.sim.records import ROUTE, Attempt
 
-CONSECUTIVE_5XX = 5
-BASE_EJECTION_S = 30.0
-MAX_EJECTION_S = 300.0
-MAX_EJECTION_PERCENT = 10.0
-INTERVAL_S = 10.0
-PANIC_THRESHOLD = 50.0
+CONSECUTIVE_5XX: Final = 5
+BASE_EJECTION_S: Final = 30.0
+MAX_EJECTION_S: Final = 300.0
+MAX_EJECTION_PERCENT: Final = 10.0
+INTERVAL_S: Final = 10.0
+PANIC_THRESHOLD: Final = 50.0
 
 
 class EnvoyOutlier(BasePolicy):

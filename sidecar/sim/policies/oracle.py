@@ -50,13 +50,14 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Callable
+from typing import Final
 
 from sidecar.core.types import Decision
 from sidecar.sim.policies import BasePolicy, PolicyContext
 from sidecar.sim.provider import Draws, Provider
 from sidecar.sim.records import QUEUED, Attempt, Call
 
-_MIN_HOLD_S = 0.05  # holding for less than this is not worth a re-ask
+_MIN_HOLD_S: Final = 0.05  # holding for less than this is not worth a re-ask
 #: When a request joining ``prov``'s full FIFO at ``now`` starts: ``(prov, now, cap) -> t``.
 QueueStart = Callable[[Provider, float, int], float]
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections import Counter
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from sidecar.core.config import Config
 from sidecar.core.router import Router
@@ -36,7 +36,7 @@ from sidecar.core.types import Decision, SliceKey
 from sidecar.sim.policies import BasePolicy, PolicyContext, live_entries
 from sidecar.sim.records import Attempt, Call
 
-SAMPLE_SEED = 0x7A11  # the timed-stream draw: any fixed seed (the run stays reproducible)
+SAMPLE_SEED: Final = 0x7A11  # the timed-stream draw: any fixed seed (the run stays reproducible)
 
 
 class TraceRow(NamedTuple):
