@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 
+from sidecar.core.admission import Verdict
 from sidecar.core.frozen import fast_init
 from sidecar.core.selection import LatencyValue
 from sidecar.core.subwindow import Evidence
-from sidecar.core.types import Observation, RequestInfo
+from sidecar.core.types import Decision, Observation, RequestInfo
 
-WRITTEN = [RequestInfo, Observation, Evidence, LatencyValue]
+WRITTEN = [RequestInfo, Observation, Evidence, LatencyValue, Decision, Verdict]
 
 
 @pytest.mark.parametrize("cls", WRITTEN, ids=lambda c: c.__name__)

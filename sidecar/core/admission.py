@@ -93,7 +93,6 @@ class RouteFacts:
         return self.usable and not self.full and not self.over and not self.reserved
 
 
-@fast_init
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """The admission answer for one request."""
@@ -106,9 +105,25 @@ class Verdict:
     note: str = ""
     requeued: bool = False  # already waiting and still waiting: not a new event
 
+    # Written out for the compiled lab (read once or more per request; sidecar.core.frozen).
+    def __init__(
+        self, outcome: Admission, reason: str, cluster: str, timeout_ms: float | None,
+        is_retry: bool, note: str = "", requeued: bool = False,
+    ) -> None:
+        object.__setattr__(self, "outcome", outcome)
+        object.__setattr__(self, "reason", reason)
+        object.__setattr__(self, "cluster", cluster)
+        object.__setattr__(self, "timeout_ms", timeout_ms)
+        object.__setattr__(self, "is_retry", is_retry)
+        object.__setattr__(self, "note", note)
+        object.__setattr__(self, "requeued", requeued)
+
     @property
     def status(self) -> int | None:
         return STATUS.get(self.outcome)
+
+
+fast_init(Verdict)
 
 
 # The over-budget test per request reads plan-fixed shares: the same few arguments

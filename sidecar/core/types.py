@@ -224,7 +224,6 @@ class Explain:
 Admission = Literal["admit", "queue", "defer", "shed", "reject", "skip"]
 
 
-@fast_init
 @dataclass(frozen=True, slots=True)
 class Decision:
     """The core's answer for one request.
@@ -249,6 +248,31 @@ class Decision:
     low: bool = False
     explain: Explain | None = None
     detail: str = ""
+
+    # Written out for the compiled lab: a native class there, whose fields the
+    # decision path reads as C struct fields (sidecar.core.frozen).
+    def __init__(
+        self, cluster: str, reason: str, upstream_model: str | None = None,
+        admission: Admission = "admit", status: int | None = None,
+        retry_after_s: int | None = None, timeout_ms: float | None = None,
+        is_probe: bool = False, is_retry: bool = False, low: bool = False,
+        explain: Explain | None = None, detail: str = "",
+    ) -> None:
+        object.__setattr__(self, "cluster", cluster)
+        object.__setattr__(self, "reason", reason)
+        object.__setattr__(self, "upstream_model", upstream_model)
+        object.__setattr__(self, "admission", admission)
+        object.__setattr__(self, "status", status)
+        object.__setattr__(self, "retry_after_s", retry_after_s)
+        object.__setattr__(self, "timeout_ms", timeout_ms)
+        object.__setattr__(self, "is_probe", is_probe)
+        object.__setattr__(self, "is_retry", is_retry)
+        object.__setattr__(self, "low", low)
+        object.__setattr__(self, "explain", explain)
+        object.__setattr__(self, "detail", detail)
+
+
+fast_init(Decision)
 
 
 @fast_init
