@@ -369,23 +369,23 @@ class Config:
 
 DEFAULT_CLASSES: Final[tuple[ClassConfig, ...]] = (
     ClassConfig(
-               "interactive",
-               SloConfig("ttft", 95, 1000, 30000),
-               priority=10,
-               weights=Weights(1.0, 0.0, 0.0, 0.5),
+        "interactive",
+        SloConfig("ttft", 95, 1000, 30000),
+        priority=10,
+        weights=Weights(1.0, 0.0, 0.0, 0.5),
     ),
     ClassConfig(
-               "agentic",
-               SloConfig("e2e", 95, 8000, 60000),
-               priority=8,
-               weights=Weights(1.0, 0.1, 0.2, 0.5),
+        "agentic",
+        SloConfig("e2e", 95, 8000, 60000),
+        priority=8,
+        weights=Weights(1.0, 0.1, 0.2, 0.5),
     ),
     ClassConfig(
-               "batch",
-               SloConfig("e2e", 99, 60000, 300000),
-               priority=1,
-               weights=Weights(0.2, 1.0, 0.0, 1.0),
-               latency_sensitive=False,
+        "batch",
+        SloConfig("e2e", 99, 60000, 300000),
+        priority=1,
+        weights=Weights(0.2, 1.0, 0.0, 1.0),
+        latency_sensitive=False,
     ),
 )
 

@@ -51,4 +51,4 @@ class LowestScore:
 
 
 PICKERS: Final[dict[str, Picker]] = {"weighted_random": WeightedRandom(),
-                                             "lowest_score": LowestScore()}
+                                      "lowest_score": LowestScore()}
