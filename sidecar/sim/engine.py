@@ -25,6 +25,7 @@ handled as documented in docs/policy-lab.md (skip, refuse, hold on ``queue``).
 
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 import math
@@ -142,6 +143,24 @@ class Simulation:
         heapq.heappush(self._heap, (t, next(self._seq), fn, arg))
 
     def run(self) -> dict[str, Any]:
+        """Runs the scenario to its end and returns the summary.
+
+        The cyclic garbage collector is paused for the run (and restored, as it
+        was, after): a run makes no reference cycles (``tests/test_sim_gc.py``
+        holds every shipped scenario to that), so a collection finds nothing and
+        only walks the in-flight calls, attempts and heap entries -- about 3 % of
+        a compiled run's time. Everything a run allocates is still freed by
+        reference counting as it goes.
+        """
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            return self._run()
+        finally:
+            if paused:
+                gc.enable()
+
+    def _run(self) -> dict[str, Any]:
         heap, pop = self._heap, heapq.heappop
         horizon, progress = self.horizon, self._progress
         if self._needs_tick:
