@@ -63,10 +63,7 @@ def test_the_run_restores_the_collector_as_it_found_it(
 
 
 @pytest.mark.parametrize(("scenario", "policy"), [
-    ("agentic_fanout", "tailroute"),  # workflows: stages, fan-out, deadlines
-    ("retry_storm", "tailroute"),  # client retries and the retry memory
-    ("overload", "tailroute"),  # admission holds and refusals
-    ("outage_recovery", "tailroute"),  # errors, quarantine, probes
+    *((p.stem, "tailroute") for p in sorted(SCENARIOS.glob("*.yaml"))),
     ("trace_replay", "tailroute_native"),
     ("trace_replay", "tailroute_hybrid"),
     ("outage_recovery", "envoy_outlier"),

@@ -145,19 +145,19 @@ class Simulation:
     def run(self) -> dict[str, Any]:
         """Runs the scenario to its end and returns the summary.
 
-        The cyclic garbage collector is paused for the run (and restored, as it
-        was, after): a run makes no reference cycles (``tests/test_sim_gc.py``
-        holds every shipped scenario to that), so a collection finds nothing and
-        only walks the in-flight calls, attempts and heap entries -- about 3 % of
-        a compiled run's time. Everything a run allocates is still freed by
-        reference counting as it goes.
+        The cyclic garbage collector is paused for the run (and left as it was
+        found, after): a run makes no reference cycles (``tests/test_sim_gc.py``
+        holds every shipped scenario and several policies to that), so a
+        collection finds nothing and only walks the in-flight calls, attempts and
+        heap entries -- about 3 % of a compiled run's time. Everything a run
+        allocates is still freed by reference counting as it goes.
         """
-        paused = gc.isenabled()
+        was_enabled = gc.isenabled()
         gc.disable()
         try:
             return self._run()
         finally:
-            if paused:
+            if was_enabled:
                 gc.enable()
 
     def _run(self) -> dict[str, Any]:
