@@ -12,15 +12,10 @@ from conftest import base_config_dict
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sidecar.core.binomial import _threshold_by_logs, binomial_threshold
 from sidecar.core.config import Config, parse_config
-from sidecar.core.live_misses import (
-    ALPHA,
-    EPISODE_GAP,
-    LiveEntry,
-    LiveMisses,
-    _threshold_by_logs,
-    binomial_threshold,
-)
+from sidecar.core.live_book import LiveEntry
+from sidecar.core.live_misses import ALPHA, EPISODE_GAP, LiveMisses
 from sidecar.core.router import Router
 from sidecar.core.types import Observation, RequestInfo, SliceKey
 

@@ -2,9 +2,10 @@
 
 Inputs per request: the pipeline's candidates, the route view (in-flight,
 percentiles) as of ``now``, the request's class/priority/deadline/step/retry.
-The answer is a :class:`Verdict`: admit (possibly on another route), queue,
-defer, shed, reject or skip, with a machine-readable reason and a note. The
-decision table itself is :mod:`sidecar.core.admission_rules`.
+The answer is a verdict (:class:`~sidecar.core.admission_verdict.Verdict`): admit
+(possibly on another route), queue, defer, shed, reject or skip, with a
+machine-readable reason and a note. The decision table itself is
+:mod:`sidecar.core.admission_rules`.
 
 Definitions (ms; ``pXX`` are the route's e2e percentiles for the request's slice)::
 
@@ -48,83 +49,23 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Final
 
 from sidecar.core.admission_priority import PriorityPressure
 from sidecar.core.admission_queue import AdmissionQueue, Waiter
-from sidecar.core.admission_rules import RULES, STATUS, Rule, Situation, evaluate
+from sidecar.core.admission_rules import RULES, Rule, Situation, evaluate
+from sidecar.core.admission_verdict import RouteFacts, Verdict
 from sidecar.core.config import ClassConfig, Config
 from sidecar.core.evidence import significant
-from sidecar.core.frozen import fast_init
 from sidecar.core.request_lane import LanePick, full_result
 from sidecar.core.retry_budget import RetryBudget, RetryMemory
 from sidecar.core.scorers import SLO_TAIL
 from sidecar.core.selection import Candidate, LatencyValue, PipelineResult, RouteView
-from sidecar.core.types import Admission, Decision, RequestInfo
+from sidecar.core.types import Decision, RequestInfo
 
 __all__ = ["RULES", "AdmissionControl", "RouteFacts", "Situation", "Verdict", "evaluate"]
 
 RETRY_TAU_SUBWINDOWS: Final = 6  # retry budgets decay over this many sub-windows (60 s by default)
-
-@fast_init
-@dataclass(frozen=True, slots=True)
-class RouteFacts:
-    """What admission knows about one eligible candidate."""
-
-    name: str
-    usable: bool
-    selectable: bool  # survived selection (has a weight); the panic choice counts
-    weight: float
-    full: bool
-    free: int
-    over: bool
-    p50_ms: float | None = None
-    tail_ms: float | None = None
-    tight: bool = False  # no free slot beyond the reserve (admission.yield_reserve)
-    held_for: str | None = None  # a more important pressed class shares this route
-    reserved: bool = False  # held_for and tight
-    # Full of work at or above shed_below_priority (less important work holds no slot a
-    # more important request could take beyond max_concurrency instead).
-    packed: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.usable and not self.full and not self.over and not self.reserved
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """The admission answer for one request."""
-
-    outcome: Admission
-    reason: str
-    cluster: str
-    timeout_ms: float | None
-    is_retry: bool
-    note: str = ""
-    requeued: bool = False  # already waiting and still waiting: not a new event
-
-    # Written out for the compiled lab (read once or more per request; sidecar.core.frozen).
-    def __init__(
-        self, outcome: Admission, reason: str, cluster: str, timeout_ms: float | None,
-        is_retry: bool, note: str = "", requeued: bool = False,
-    ) -> None:
-        object.__setattr__(self, "outcome", outcome)
-        object.__setattr__(self, "reason", reason)
-        object.__setattr__(self, "cluster", cluster)
-        object.__setattr__(self, "timeout_ms", timeout_ms)
-        object.__setattr__(self, "is_retry", is_retry)
-        object.__setattr__(self, "note", note)
-        object.__setattr__(self, "requeued", requeued)
-
-    @property
-    def status(self) -> int | None:
-        return STATUS.get(self.outcome)
-
-
-fast_init(Verdict)
-
 
 # The over-budget test per request reads plan-fixed shares: the same few arguments
 # again and again, and the exact binomial tail is a loop (a pure function: cached).

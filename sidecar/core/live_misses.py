@@ -37,9 +37,10 @@ from its access-log entry, so its miss counts only then. A class whose SLO is on
 TPOT has no budget a request can pass in flight; it is not tracked. A TTFT class
 served without streaming is judged on the whole answer (its first byte).
 
-Per (cluster, slice) a :class:`Book` keeps the outcomes resolved in the last
-``H`` seconds (``health.live_horizon_s``, 10 s; 0 turns this off): ``k`` misses
-of ``m``, ``k_w`` of ``m_w`` among them of watched requests. The route is
+Per (cluster, slice) a book (:class:`~sidecar.core.live_book.Book`) keeps the
+outcomes resolved in the last ``H`` seconds (``health.live_horizon_s``, 10 s; 0
+turns this off): ``k`` misses of ``m``, ``k_w`` of ``m_w`` among them of watched
+requests. The route is
 **missing** for the slice while::
 
     k >= MIN_MISSES  and  P(X >= k | X ~ Binomial(m, a)) < ALPHA
@@ -96,122 +97,34 @@ holds ``MIN_MISSES`` misses, the test on the candidates' books (thresholds
 cached per ``(a, m)``).
 
 Pure: times are the caller's ``now``. A lab that knows an answer's time in
-advance subclasses :class:`LiveEntry` (:meth:`LiveEntry.answer_at` is read only
-once the budget has passed, so it reads the past).
+advance subclasses :class:`~sidecar.core.live_book.LiveEntry` (its ``answer_at``
+is read only once the budget has passed, so it reads the past). The binomial
+test is :mod:`sidecar.core.binomial`.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Final
 
+from sidecar.core.binomial import binomial_threshold
 from sidecar.core.config import Config
+from sidecar.core.live_book import MIN_MISSES, Book, LiveEntry, budget_of
 from sidecar.core.subwindow import OkSample
 from sidecar.core.types import Observation, SliceKey
 
 ALPHA: Final = 0.01  # the chance of so many misses from a route at its allowed share
-MIN_MISSES: Final = 2  # fewer misses never make a route missing, however few requests
 EPISODE_GAP: Final = 2.0  # horizons without a missing verdict that separate two episodes
 _THRESHOLDS_MAX: Final = 65536  # cached (allowed share, m) thresholds before starting over
-
-
-@dataclass(frozen=True, slots=True)
-class Budget:
-    """What a slice's requests are judged against: the budget in seconds, the
-    allowed share of misses, and whether the first token is what must arrive."""
-
-    seconds: float
-    allowed: float
-    first_token: bool
-
-
-def budget_of(config: Config, slice: SliceKey) -> Budget | None:
-    """The slice's budget; None when its class is unknown or its SLO is on TPOT."""
-    klass = config.workload_class(slice.klass)
-    if klass is None or klass.slo.metric == "tpot":
-        return None
-    return Budget(klass.slo.budget_ms / 1000.0, max(1.0 - klass.slo.percentile / 100.0, 1e-4),
-                  klass.slo.metric == "ttft" and slice.streaming is True)
-
-
-class LiveEntry:
-    """One request in a :class:`Book` (the caller keeps it until the request is done)."""
-
-    __slots__ = ("_answered", "book", "deadline", "resolved", "watched")
-
-    def __init__(self, book: Book, deadline: float, watched: bool) -> None:
-        self.book = book
-        self.deadline = deadline
-        self.watched = watched
-        self.resolved = False
-        self._answered: float | None = None
-
-    def answer_at(self) -> float | None:
-        """When its first token (TTFT classes) or its whole answer came; None: not yet."""
-        return self._answered
-
-
-class Book:
-    """The outcomes of one (cluster, slice), resolved within the horizon."""
-
-    __slots__ = ("budget", "episodes", "horizon", "k", "last_missing", "m", "recent",
-                 "suspects", "wk", "wm")
-
-    def __init__(self, budget: Budget, horizon: float, suspects: set[Book]) -> None:
-        self.budget = budget
-        self.horizon = horizon
-        # (resolved at, outcomes, misses among them, 1 if a watched request's), in order;
-        # a batch of log entries resolves many at one time.
-        self.recent: deque[tuple[float, int, int, int]] = deque()
-        self.k = 0  # misses in recent
-        self.m = 0  # outcomes in recent
-        self.wk = 0  # ... of watched requests
-        self.wm = 0
-        self.suspects = suspects  # the books with MIN_MISSES or more (LiveMisses')
-        self.last_missing: float | None = None  # the latest missing verdict
-        self.episodes: deque[float] = deque()  # when each remembered episode began
-
-    def note(self, now: float, miss: bool, watched: bool = False) -> None:
-        self.note_many(now, 1, 1 if miss else 0, watched)
-
-    def note_many(self, now: float, m: int, k: int, watched: bool = False) -> None:
-        """``m`` outcomes resolved at ``now``, ``k`` of them misses."""
-        recent = self.recent
-        if recent and recent[0][0] < now - self.horizon:
-            self.forget(now)
-        recent.append((now, m, k, 1 if watched else 0))
-        self.m += m
-        if watched:
-            self.wm += m
-            self.wk += k
-        if k:
-            self.k += k
-            if self.k >= MIN_MISSES:
-                self.suspects.add(self)
-
-    def forget(self, now: float) -> None:
-        """Drop the outcomes resolved more than ``H`` before ``now``."""
-        recent, horizon = self.recent, now - self.horizon
-        while recent and recent[0][0] < horizon:
-            _, m, k, w = recent.popleft()
-            self.m -= m
-            self.k -= k
-            if w:
-                self.wm -= m
-                self.wk -= k
-
 
 _NONE: Final[frozenset[str]] = frozenset()
 
 
 class LiveMisses:
-    """Every route's :class:`Book` (module docstring). Per decision the work is a look
-    at the earliest watched budget and, while some book holds ``MIN_MISSES`` misses,
-    the test on the candidates' books."""
+    """Every route's :class:`~sidecar.core.live_book.Book` (module docstring). Per
+    decision the work is a look at the earliest watched budget and, while some book
+    holds ``MIN_MISSES`` misses, the test on the candidates' books."""
 
     __slots__ = ("_seq", "_thresholds", "books", "config", "suspects", "watch")
 
@@ -454,36 +367,3 @@ class LiveMisses:
                 self._thresholds.clear()
             t = self._thresholds[key] = binomial_threshold(m, allowed, ALPHA)
         return t
-
-
-def binomial_threshold(m: int, p: float, alpha: float) -> int:
-    """The least ``k`` with ``P(X >= k) < alpha`` for ``X ~ Binomial(m, p)`` (``m + 1``
-    when none: even ``m`` misses of ``m`` are not that unlikely)."""
-    if m <= 0:
-        return 1
-    q = 1.0 - p
-    pmf = q ** m  # P(X = 0)
-    if pmf == 0.0:  # underflow at large m: start from the normal approximation's mean
-        return _threshold_by_logs(m, p, alpha)
-    below = 0.0  # P(X < k)
-    for k in range(m + 1):
-        if 1.0 - below < alpha:
-            return k
-        below += pmf
-        pmf *= (m - k) / (k + 1) * p / q
-    return m + 1
-
-
-def _threshold_by_logs(m: int, p: float, alpha: float) -> int:
-    """:func:`binomial_threshold` with the tail summed in logs (large ``m``)."""
-
-    def log_pmf(k: int) -> float:
-        return (math.lgamma(m + 1) - math.lgamma(k + 1) - math.lgamma(m - k + 1)
-                + k * math.log(p) + (m - k) * math.log1p(-p))
-
-    tail = 0.0  # P(X >= k) for k from m down
-    for k in range(m, -1, -1):
-        tail += math.exp(log_pmf(k))
-        if tail >= alpha:
-            return k + 1
-    return 0

@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from sidecar.core.classify import api_for_path
 from sidecar.core.config import Config
 from sidecar.core.envoy_log import LogRecord, observation_from_log, retried_attempts
-from sidecar.core.live_misses import LiveEntry, LiveMisses
+from sidecar.core.live_book import LiveEntry
+from sidecar.core.live_misses import LiveMisses
 from sidecar.core.router import Router
 from sidecar.core.ttft_offset import OffsetBook
 from sidecar.core.types import Api, Decision, Observation, SliceKey, TransitionEvent

@@ -19,7 +19,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from sidecar.core.config import ClassConfig
-from sidecar.core.live_misses import LiveEntry
+from sidecar.core.live_book import LiveEntry
 from sidecar.core.timing import error_keeps_duration
 from sidecar.core.types import Observation, Outcome, RequestInfo, SliceKey
 

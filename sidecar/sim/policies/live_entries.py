@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 
-from sidecar.core.live_misses import LiveEntry
+from sidecar.core.live_book import LiveEntry
 from sidecar.core.router import Router
 from sidecar.core.types import Observation
 from sidecar.sim.records import Attempt
