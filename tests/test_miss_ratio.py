@@ -1,6 +1,6 @@
 """The miss-ratio score: light-load violation shares compared as ratios
-(sidecar.core.scorers.MissRatio, sidecar.core.light_load "The record"); an option,
-off by default, so these tests set ``miss_ratio_exponent`` 1 unless they say."""
+(sidecar.core.scorers.MissRatio, sidecar.core.light_load "The record"); on by
+default (``miss_ratio_exponent`` 1), which these tests also set explicitly."""
 
 from __future__ import annotations
 
@@ -38,11 +38,11 @@ def _book(misses: dict[str, int], n: int = N, at: float = 0.0) -> LightOutcomes:
 
 
 def _candidates(book: LightOutcomes | None, cfg: Config | None = None,
-                now: float = 0.0) -> dict[str, Candidate]:
+                now: float = 0.0, busy: dict[str, int] | None = None) -> dict[str, Candidate]:
     cfg = cfg or parse_config(_with(1.0), "t.yaml")
     model, k = cfg.model("m"), cfg.workload_class("interactive")
     assert model is not None and k is not None
-    view = FakeView(ttft={"a": 0.2, "b": 0.2, "c": 0.2})
+    view = FakeView(ttft={"a": 0.2, "b": 0.2, "c": 0.2}, busy=busy or {})
     ctx = SelectionContext(cfg, model, k, _req(), view, now, light=book)
     result = run_pipeline(ctx, DEFAULT_FILTERS, DEFAULT_SCORERS, PICKERS["weighted_random"],
                           random.Random(0))
@@ -51,9 +51,10 @@ def _candidates(book: LightOutcomes | None, cfg: Config | None = None,
 
 
 def _scores(book: LightOutcomes | None, cfg: Config | None = None,
-            now: float = 0.0) -> dict[str, float]:
+            now: float = 0.0, busy: dict[str, int] | None = None) -> dict[str, float]:
     """Each route's miss-ratio score (1 where none is written)."""
-    return {n: c.scores.get("miss_ratio", 1.0) for n, c in _candidates(book, cfg, now).items()}
+    return {n: c.scores.get("miss_ratio", 1.0)
+            for n, c in _candidates(book, cfg, now, busy).items()}
 
 
 @pytest.mark.parametrize(("misses_b", "expected"), [
@@ -84,27 +85,50 @@ def test_nothing_without_a_book_or_light_outcomes() -> None:
 
 
 def test_a_route_without_a_record_is_not_compared() -> None:
-    """c was never sent to under light load (or its record just started over): no
-    evidence, no score, and the others are compared among themselves."""
+    """c was never sent to under light load (the fastest route of a slice, busy with
+    the rest of the traffic, is seldom light): no evidence, no score, and the others
+    are compared among themselves."""
     s = _scores(_book({"a": 0, "b": 100}))
     assert s["a"] == s["c"] == 1.0
     assert s["b"] == pytest.approx(0.005 / 0.015, rel=0.01)
     assert _scores(_book({"a": 0, "b": 100, "c": 0}, n=int(RECORD_MIN) - 1))["b"] == 1.0
 
 
-def test_a_record_starts_over_when_the_route_is_restored() -> None:
-    """LightOutcomes.forget (intake calls it on every transition into restoring):
-    the route's misses of every slice are gone, the other routes' records stay."""
-    book = _book({"a": 0, "b": 300, "c": 0})
-    book.forget("b", None)
-    assert book.record("b", _req().slice, 0.0) == (0.0, 0.0)
-    assert book.record("a", _req().slice, 0.0)[1] == N
-    assert _scores(book)["b"] == 1.0
+@pytest.mark.parametrize(("in_flight", "scored"), [
+    (0, True), (31, True),  # below half of a's 64 slots: light
+    (32, False), (64, False),  # half or more: what more traffic costs a is not in its record
+])
+def test_only_while_the_best_route_is_light(in_flight: int, scored: bool) -> None:
+    """a has the fewest misses; the others are cut only while it has more than half its
+    slots free. How busy the others are does not matter."""
+    book = _book({"a": 0, "b": 100, "c": 300})
+    s = _scores(book, busy={"a": in_flight, "b": 64, "c": 64})
+    assert (s["b"] < 1.0 and s["c"] < s["b"]) is scored
+    if not scored:
+        assert s == {"a": 1.0, "b": 1.0, "c": 1.0}
 
 
-def test_off_by_default() -> None:
+def test_on_by_default() -> None:
     book = _book({"a": 0, "b": 300, "c": 0})
-    assert _scores(book, parse_config(base_config_dict(), "t.yaml"))["b"] == 1.0
+    default = _scores(book, parse_config(base_config_dict(), "t.yaml"))
+    assert default == _scores(book) and default["b"] < 1.0
+
+
+def test_a_429_is_not_in_the_record_but_the_floor_counts_it() -> None:
+    """A 429 is backpressure (sidecar.core.pushback), not the route's tail: the floor's
+    ring counts it as a violation, the miss-ratio record leaves it out. (``a`` is its
+    model's only route, so its quota's 429 holds nothing and it stays light.)"""
+    from sidecar.core.router import Router
+    from sidecar.core.types import Observation
+
+    slice = _req().slice
+    sole = base_config_dict(models=[{"name": "m", "candidates": ["a"]}])
+    router = Router(parse_config(sole, "t.yaml"))
+    router.observe(Observation("a", slice, "error", status=429, sent_load=0.0), 1.0)
+    assert router.light.counts("a", slice, 1.0) == (1.0, 1.0)
+    assert router.light.record("a", slice, 1.0) == (0.0, 0.0)
+    router.observe(Observation("a", slice, "error", status=503, sent_load=0.0), 1.0)
+    assert router.light.record("a", slice, 1.0) == (1.0, 1.0)
 
 
 def test_a_route_the_health_machine_moved_keeps_its_ladder_weight() -> None:
@@ -162,12 +186,14 @@ def test_the_router_keeps_records_only_while_a_class_reads_them() -> None:
     from sidecar.core.router import Router
 
     slice = _req().slice
-    off = Router(parse_config(base_config_dict(), "t.yaml"))
+    everyone_off = {k.name: {"miss_ratio_exponent": 0}
+                    for k in parse_config(base_config_dict(), "t.yaml").classes}
+    off = Router(parse_config(base_config_dict(classes=everyone_off), "t.yaml"))
     off.light.note("a", slice, True, 0.0)
     assert off.light.record("a", slice, 0.0) == (0.0, 0.0)
     assert off.light.counts("a", slice, 0.0) == (1.0, 1.0)  # the floor's ring is kept
     on = Router(parse_config(_with(1.0), "t.yaml"))
     on.light.note("a", slice, True, 0.0)
     assert on.light.record("a", slice, 0.0) == (1.0, 1.0)
-    on.reload(parse_config(base_config_dict(), "t.yaml"))
+    on.reload(parse_config(base_config_dict(classes=everyone_off), "t.yaml"))
     assert on.light.record("a", slice, 0.0) == (0.0, 0.0)

@@ -113,9 +113,9 @@ class ClassConfig:
     # the gentle scale a for all of it.
     attainment_sharpen: float = 3.0
     # How a route's light-load violation share weighs against the best route's as a
-    # ratio (sidecar.core.scorers.MissRatio): the score is (ratio) ** -this. 0 (the
-    # default): not at all; 1 is the measured option (docs/policy-lab.md).
-    miss_ratio_exponent: float = 0.0
+    # ratio (sidecar.core.scorers.MissRatio): the score is (ratio) ** -this. 0: not at
+    # all (docs/policy-lab.md, "The miss-ratio score on by default").
+    miss_ratio_exponent: float = 1.0
     # Routes clearly worse than the best pool their static weight (sidecar.core.pooling),
     # so many slow alternatives do not outweigh the best one. False: each keeps its own.
     pool_worse: bool = True

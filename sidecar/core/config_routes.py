@@ -250,7 +250,7 @@ def _class(name: str, r: ConfigReader) -> ClassConfig:
         latency_sensitive=r.bool_("latency_sensitive", True),
         latency_exponent=r.num("latency_exponent", 2.0, lo=2.0, hi=12.0),
         attainment_sharpen=r.num("attainment_sharpen", 3.0, lo=0.0, hi=20.0),
-        miss_ratio_exponent=r.num("miss_ratio_exponent", 0.0, lo=0.0, hi=4.0),
+        miss_ratio_exponent=r.num("miss_ratio_exponent", 1.0, lo=0.0, hi=4.0),
         pool_worse=r.bool_("pool_worse", True),
     )
     r.done()

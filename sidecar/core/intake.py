@@ -194,7 +194,9 @@ class Intake:
         sent = obs.sent_load
         if sent is not None and sent < LIGHT and self._load(obs.cluster) < LIGHT:
             violated = obs.outcome != "ok" or not within_budget(self.config, obs)
-            self.light.note(obs.cluster, obs.slice, violated, now)
+            # A 429 is the provider's backpressure (sidecar.core.pushback answers it), not
+            # the route's tail: the floor's ring counts it, the miss-ratio record does not.
+            self.light.note(obs.cluster, obs.slice, violated, now, record=obs.status != 429)
         if obs.is_probe:
             key = self.stats.observe(obs, now)
             events = self._record_probe(obs, key, now)
@@ -328,11 +330,8 @@ class Intake:
         for e in events:
             self.transitions.append(e)
             self.counters[("transition", e.new)] += 1
-            if e.new == "restoring":
-                # Judge the route on what it does from now on: its light record always,
-                # its statistics too when the circuit closes again.
+            if e.old == "probing" and e.new == "restoring":
+                # The circuit closes again: judge the route on what it does from now on.
+                # (Its light record is kept: sidecar.core.light_load, "The record".)
                 s = SliceKey.parse(e.slice)
-                scope = None if s == CLUSTER_SLICE else s
-                self.light.forget(e.cluster, scope)
-                if e.old == "probing":
-                    self.stats.fence(e.cluster, scope, e.at)
+                self.stats.fence(e.cluster, None if s == CLUSTER_SLICE else s, e.at)

@@ -71,14 +71,20 @@ suite's violations by 3 %, `burst_queueing` and `capacity_fallback` most). A
 two-minute half-life told small shares apart better on generated scenarios but
 judged recovered routes on their incidents for longer: the suite's
 `capacity_fallback`, `outage_recovery` and `retry_storm` rose 7-9 %
-(docs/policy-lab.md, "Misses as ratios"). For the same reason a route's record
-starts over when the health machine begins to restore it (:meth:`LightOutcomes.forget`,
-as its statistics are fenced when a circuit closes), and the score compares
-only routes with ``RECORD_MIN`` light outcomes or more: an empty record is no
-evidence, and its prior (the allowed share) would cut a route just restored to
-a tenth of the best one's weight.
+(docs/policy-lab.md, "Misses as ratios"). The score compares only routes with
+``RECORD_MIN`` light outcomes or more: an empty record is no evidence, and its
+prior (the allowed share) would cut a route that is seldom light -- the fastest
+route of a slice, busy with the rest of the traffic -- to a tenth of the best
+one's weight. A route's record is kept when the health machine restores it: its
+incident's misses then weigh on it for the minutes they take to age out, once
+it is back at ``healthy``. Started over, the record let a restored route escape
+the comparison until it had ``RECORD_MIN`` light outcomes, and a flapping route
+was back at full weight before its next incident (the suite's ``flapping`` +8 %:
+docs/policy-lab.md, "Which rule costs the suite"). A 429 is not noted in
+the record: it is the provider's backpressure, which :mod:`sidecar.core.pushback`
+answers, not the route's tail.
 The router keeps records only while some class has a ``miss_ratio_exponent``
-(:meth:`LightOutcomes.keep_records`): nothing else reads them.
+(:meth:`LightOutcomes.keep_records`; 1 by default): nothing else reads them.
 
 Outcomes without a send-time load (native mode, where Envoy picks the route;
 unit tests) are not counted: a route without light evidence keeps the whole
@@ -140,8 +146,10 @@ class LightOutcomes:
         if not on:
             self._records.clear()
 
-    def note(self, cluster: str, slice: SliceKey, violated: bool, now: float) -> None:
-        """One outcome of a request served under light load, finished at ``now``."""
+    def note(self, cluster: str, slice: SliceKey, violated: bool, now: float,
+             record: bool = True) -> None:
+        """One outcome of a request served under light load, finished at ``now``
+        (``record``: in the record too; the router keeps 429s out of it)."""
         key = (cluster, slice)
         ring = self._rings.get(key)
         if ring is None:
@@ -150,7 +158,7 @@ class LightOutcomes:
                 self._records.clear()
             ring = self._rings[key] = deque(maxlen=RING)
         ring.append((now, violated))
-        if not self._keeps_records:
+        if not (record and self._keeps_records):
             return
         rec = self._records.get(key)
         if rec is None:
@@ -159,12 +167,6 @@ class LightOutcomes:
         rec[0] = rec[0] * w + (1.0 if violated else 0.0)
         rec[1] = rec[1] * w + 1.0
         rec[2] = max(rec[2], now)
-
-    def forget(self, cluster: str, slice: SliceKey | None) -> None:
-        """Start ``cluster``'s record over (of ``slice``, or of every slice when None):
-        the health machine is restoring it, so judge it on what it does from now on."""
-        for key in [k for k in self._records if k[0] == cluster and slice in (None, k[1])]:
-            self._records[key] = [0.0, 0.0, self._records[key][2]]
 
     def record(self, cluster: str, slice: SliceKey, now: float) -> tuple[float, float]:
         """``(x, n)`` of the record: every light outcome, decayed with a half-life of

@@ -14,7 +14,7 @@ from typing import Final
 
 from sidecar.core.evidence import with_prior
 from sidecar.core.latency_aware import enabled_metrics, latency_aware_scores
-from sidecar.core.light_load import RECORD_MIN, floor_share, violation_share
+from sidecar.core.light_load import LIGHT, RECORD_MIN, floor_share, violation_share
 from sidecar.core.selection import FLOOR_SHARE, Candidate, LatencyValue, Scorer, SelectionContext
 from sidecar.core.steepness import latency_score
 
@@ -194,7 +194,9 @@ class MissRatio:
                                               (:mod:`sidecar.core.light_load`, "The record"),
                                               v* the best candidate's, a the step's allowed
                                               share, f = MISS_RATIO_FLOOR, g = the class's
-                                              miss_ratio_exponent (0: off by default)
+                                              miss_ratio_exponent (1; 0 turns it off)
+
+        applied only while  inflight(best) < LIGHT x max_concurrency(best)
 
     The attainment score judges an excess on the scale of the allowed share, so
     routes that all meet their SLO stay close: one missing on 1 % of its requests
@@ -202,16 +204,23 @@ class MissRatio:
     per request that route costs ten times what one missing on 0.1 % does; herding
     baselines won the generated scenarios of that kind (a clean route with room
     beside slower ones whose tails now and then cross the budget) by sending it
-    everything. This score says so, as an option: ``g = 0`` by default, since on
-    the generated scenarios it cut tailroute's violations by 6-8 % but raised the
-    shipped suite's by 1.5 % (docs/policy-lab.md, "Misses as ratios"). At
-    ``g = 1`` the route above keeps a third of the clean one's weight (0.5 / 1.5
-    for a p95 class), one missing on 3 % of its requests 14 %. ``f a`` (0.5 % for a
-    p95 class) keeps shares far below the allowed one from counting as ratios of a
-    handful of misses (0.1 % against none: 0.83). Only routes whose record holds
-    ``RECORD_MIN`` light outcomes or more are compared (an empty record is no
-    evidence: the prior's share ``a`` would cut a route just restored, whose record
-    starts over, to a tenth), and only routes the health machine has not moved are
+    everything. At ``g = 1`` the route above keeps a third of the clean one's weight
+    (0.5 / 1.5 for a p95 class), one missing on 3 % of its requests 14 %. ``f a``
+    (0.5 % for a p95 class) keeps shares far below the allowed one from counting as
+    ratios of a handful of misses (0.1 % against none: 0.83).
+
+    **Only while the best route is light.** The record holds light outcomes only:
+    what a route does with more traffic once it queues is not in it. So the score
+    moves traffic to the route with the fewest misses only while that route has more
+    than half its slots free (``LIGHT``, as the record's own test; its in-flight
+    count when the plan is built). Without that, in the shipped ``flapping`` it moved
+    traffic from provider-c, which missed now and then, onto provider-b, which did not
+    but was loaded, and the scenario rose 7 % (docs/policy-lab.md, "The miss-ratio
+    score on by default").
+
+    Only routes whose record holds ``RECORD_MIN`` light outcomes or more are compared
+    (an empty record is no evidence: the prior's share ``a`` would cut a route that
+    is seldom light to a tenth), and only routes the health machine has not moved are
     scored (a moved route's weight is its ladder's). Written only where below 1, so
     a plan whose routes miss alike looks as it did. Exponent: the class's latency
     weight, as the attainment score's. Standalone only: fleet mode has no light-load
@@ -233,7 +242,12 @@ class MissRatio:
                 known.append((c, violation_share(x, n, a) + floor))
         if len(known) < 2:
             return
-        best = min(v for _, v in known)
+        top, best = known[0]
+        for c, v in known:
+            if v < best:
+                top, best = c, v
+        if ctx.view.inflight(top.name) >= LIGHT * max(top.cluster.max_concurrency, 1):
+            return  # the best route is no longer light: its record says nothing of more
         for c, v in known:
             if v > best and c.health.state in UNMOVED:
                 c.scores[self.name] = (best / v) ** g
