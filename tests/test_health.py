@@ -311,6 +311,21 @@ def test_last_viable_route_is_restricted_not_quarantined(start: HealthState) -> 
     assert d.send(G.BURST)[0].new == "quarantined"  # another route is viable again
 
 
+@pytest.mark.parametrize(("signal", "quarantined"), [(G.BURST, True), (G.THREATENING, False)])
+def test_a_burst_asks_whether_another_route_serves_latency_whether_one_is_viable(
+        signal: Signal, quarantined: bool) -> None:
+    """Beside a route restricted for its latency (it serves, it is not viable), a route
+    failing most requests is quarantined, while one that is only slow is kept."""
+    d = Driver(S.RESTRICTED)
+    for _ in range(HC.restricted_windows_to_quarantine):
+        d.now += SC.subwindow_s
+        d.h.evaluate(d.verdict(signal), d.now, may_quarantine=False, may_quarantine_failing=True)
+        if d.h.state is not S.RESTRICTED:
+            break
+    assert (d.h.state is S.QUARANTINED) is quarantined
+    assert d.h.panic is not quarantined
+
+
 def test_restricted_exhaustion_respects_last_viable_route() -> None:
     d = Driver(S.RESTRICTED)
     events = [e for _ in range(HC.restricted_windows_to_quarantine)

@@ -114,6 +114,31 @@ def test_the_last_viable_route_is_restricted_not_ejected() -> None:
     assert "panic: last viable route" in r.transitions[-1].reason
 
 
+@pytest.mark.parametrize("slice_wide", [False, True])
+def test_a_dead_route_is_ejected_beside_one_restricted_for_its_latency(slice_wide: bool) -> None:
+    """The only other route of the slice is restricted for its latency: it is not viable,
+    but it serves. A route that fails every request is worse, so it is ejected (its
+    cluster, or its slice when another slice of it still answers), not held as "the
+    last viable route": held, its fast errors kept it on trial, and the slice's
+    traffic went to it for the whole outage (a generated outage scenario, 24 -> 212
+    violations)."""
+    data = base_config_dict(health={"cooldown_s": 100, "cooldown_max_s": 100})
+    data["models"][0]["candidates"] = ["a", "b"]
+    r = Router(parse_config(data, "t.yaml"))
+    r.observe(fail("a"), 0.5)  # stores a's entry (an open run, closed below) ...
+    r.board.reset_run("a", SHORT)
+    r.board.get("a", SHORT).state = S.RESTRICTED  # ... restricted for its latency earlier
+    for i in range(6):
+        if slice_wide:  # b's long slice answers: the run is confined to the short one
+            r.observe(ok("b", LONG), 0.9 + i)
+        r.observe(fail("b"), 1.0 + i)
+    assert r.health("b", SHORT).quarantined
+    assert not any("panic" in t.reason for t in r.transitions)
+    rng = random.Random(1)
+    picks = [r.decide(_req(), 7.0, rng) for _ in range(200)]
+    assert all(d.cluster == "a" for d in picks if d.reason != "probe")
+
+
 def test_a_cluster_restricted_as_a_whole_gets_probes_and_leaves_on_them() -> None:
     """A run of failures likely by chance on a partly failing cluster restricts the
     whole cluster. Latency-sensitive traffic avoids it, so only probes can show it

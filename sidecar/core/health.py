@@ -53,7 +53,10 @@ Invariants:
    the restore steps and the probe share by ``relapse_factor``.
 4. ``may_quarantine=False`` (last viable route): an evaluation or a fast
    ejection that would quarantine enters/stays restricted instead, reason
-   "panic: last viable route".
+   "panic: last viable route". The caller answers for failures (a fast
+   ejection; ``may_quarantine_failing`` for a BURST window) by whether another
+   route still serves, for latency by whether another is viable
+   (:mod:`sidecar.core.viability`).
 5. Every state change yields exactly one TransitionEvent with a reason; an
    evaluation window is applied at most once (indices must increase).
 6. Votes are cleared on every state change except a move to ``meanwhile``
@@ -259,9 +262,11 @@ class RouteHealth(FailureRun):
         return []
 
     def evaluate(
-        self, v: WindowVerdict, now: float, may_quarantine: bool = True
+        self, v: WindowVerdict, now: float, may_quarantine: bool = True,
+        may_quarantine_failing: bool | None = None,
     ) -> list[TransitionEvent]:
-        """Apply one evaluation window (ignored if not newer than the last applied)."""
+        """Apply one evaluation window (ignored if not newer than the last applied);
+        a BURST window asks ``may_quarantine_failing`` (None: ``may_quarantine``)."""
         events = self.tick(now)
         if self.last_index is not None and v.index <= self.last_index:
             return events
@@ -274,6 +279,8 @@ class RouteHealth(FailureRun):
                 self.history.update(v, self.cfg)
         if signal is G.BURST:
             detail = f"error+timeout {v.failures / v.requests:.0%} of {v.requests} requests"
+            if may_quarantine_failing is not None:
+                may_quarantine = may_quarantine_failing
         elif signal is G.STALE:
             detail = f"no {v.metric} verdict for {now - self.last_evidence:.0f}s"
         else:

@@ -77,11 +77,12 @@ class HealthBoard:
 
     def evaluate(
         self, cluster: str, slice: SliceKey, summary: WindowSummary, slo: SloConfig,
-        now: float, may_quarantine: bool = True,
+        now: float, may_quarantine: bool = True, may_quarantine_failing: bool | None = None,
     ) -> list[TransitionEvent]:  # fmt: skip
         """Apply the completed window ``summary`` (of ``slo.metric`` at ``slo.percentile``)."""
         v = WindowVerdict.of(summary, slo, self.cfg)
-        return self._run(cluster, slice, now, lambda h: h.evaluate(v, now, may_quarantine))
+        return self._run(cluster, slice, now,
+                         lambda h: h.evaluate(v, now, may_quarantine, may_quarantine_failing))
 
     def evaluate_outcomes(
         self, cluster: str, slice: SliceKey, index: int, requests: int, failures: int,

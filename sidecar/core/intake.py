@@ -15,7 +15,8 @@ A hard failure is a timeout or an error with a 5xx or no status
 (:func:`is_hard`). The fast path ejects the whole cluster when its
 cluster-wide run trips and every model it serves keeps another route
 (:func:`~sidecar.core.viability.cluster_ejectable`), else the slice (restricted
-instead of quarantined when it is the last viable route).
+instead of quarantined when no other route still serves the slice,
+:func:`~sidecar.core.viability.others_serve`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from sidecar.core.stats import StatsStore
 from sidecar.core.subwindow import OkSample
 from sidecar.core.trial_hold import TrialHold
 from sidecar.core.types import Observation, SliceKey, TransitionEvent
-from sidecar.core.viability import cluster_ejectable, others_viable
+from sidecar.core.viability import cluster_ejectable, others_serve
 
 
 def is_hard(obs: Observation) -> bool:
@@ -319,7 +320,7 @@ class Intake:
         if not slice_trip:
             return []
         return board.eject(obs.cluster, key, now,
-                           others_viable(board, self.config, obs.cluster, key))
+                           others_serve(board, self.config, obs.cluster, key))
 
     def _boundary_after(self, now: float) -> float:
         """The next sub-window boundary after ``now`` (when windows are judged)."""

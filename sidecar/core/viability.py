@@ -6,17 +6,29 @@ probe share the route gets while probing or restricted (:func:`probe_share`).
 
 A route is **viable** for a
 slice when its cluster's circuit is closed and its own entry is neither
-quarantined, probing nor restricted for latency-sensitive traffic. The health
-policy asks before it escalates:
+quarantined, probing nor restricted for latency-sensitive traffic; it
+**serves** the slice when its circuit is closed and its entry is neither
+quarantined nor probing (restricted counts: the herding guard keeps such a route
+in service when nothing better has room). The health policy asks before it
+escalates:
 
-    may quarantine (cluster, slice)  iff  another candidate of the slice's model is viable
+    may quarantine (cluster, slice) for latency   iff  another candidate is viable
+    may quarantine (cluster, slice) for failures  iff  another candidate serves
     may eject the whole cluster      iff  every model it serves keeps another candidate
                                           whose circuit is closed, and every slice of those
                                           models that is quarantined or restricted somewhere
-                                          keeps another viable route
+                                          keeps another route that serves it
+
+*For failures* means a run of hard failures (the fast path) or a window whose
+errors and timeouts reach the burst share: a route that fails most of what it
+is sent is worse than one restricted for its latency, which still answers.
+Holding it as "the last viable route" beside such a one kept it in service for
+the whole outage (a generated outage scenario: the fast route of a slice had
+been restricted for two slow answers, the other went down, and the panic tier
+sent the slice to the dead one for 140 s, 24 -> 212 violations).
 
 Without the second clause, ejecting a cluster could leave a slice whose other
-routes are all out with none: the last viable route is restricted instead.
+routes are all out with none: the last route that serves is restricted instead.
 """
 
 from __future__ import annotations
@@ -97,12 +109,31 @@ def viable(board: HealthBoard, cluster: str, slice: SliceKey | None) -> bool:
     return h is None or (h.state not in QUARANTINED and not h.excluded_for_sensitive)
 
 
+def serves(board: HealthBoard, cluster: str, slice: SliceKey) -> bool:
+    """Does ``cluster`` still answer ``slice`` (circuit closed, not quarantined or
+    probing; restricted counts)?"""
+    hc = board.peek(cluster, CLUSTER_SLICE)
+    if hc is not None and hc.circuit_open:
+        return False
+    h = board.peek(cluster, slice)
+    return h is None or h.state not in QUARANTINED
+
+
 def others_viable(board: HealthBoard, config: Config, cluster: str, slice: SliceKey) -> bool:
     """Is there another candidate for this slice that is neither quarantined nor restricted?"""
     model = config.model(slice.model)
     if model is None:
         return True
     return any(viable(board, c, slice) for c in model.candidates if c != cluster)
+
+
+def others_serve(board: HealthBoard, config: Config, cluster: str, slice: SliceKey) -> bool:
+    """Is there another candidate for this slice that :func:`serves` it (what a route
+    that fails most requests may be quarantined beside)?"""
+    model = config.model(slice.model)
+    if model is None:
+        return True
+    return any(serves(board, c, slice) for c in model.candidates if c != cluster)
 
 
 def cluster_ejectable(board: HealthBoard, models_of: Mapping[str, tuple[ModelConfig, ...]],
@@ -117,5 +148,5 @@ def cluster_ejectable(board: HealthBoard, models_of: Mapping[str, tuple[ModelCon
     troubled = {s for (_, s), h in board.items()
                 if s != CLUSTER_SLICE and s.model in served
                 and (h.state in QUARANTINED or h.excluded_for_sensitive)}
-    return all(any(viable(board, c, s) for c in served[s.model].candidates if c != cluster)
+    return all(any(serves(board, c, s) for c in served[s.model].candidates if c != cluster)
                for s in troubled)

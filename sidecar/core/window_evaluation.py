@@ -4,7 +4,8 @@ Called by the router at each sub-window boundary. Per narrow (cluster, slice)
 series with a known class, the window summary of the class's SLO metric at its
 percentile goes to :meth:`~sidecar.core.health_board.HealthBoard.evaluate`,
 which may quarantine only if another route stays viable
-(:func:`~sidecar.core.viability.others_viable`). A cluster whose circuit is
+(:func:`~sidecar.core.viability.others_viable`), or for a burst of failures
+if another still serves (:func:`~sidecar.core.viability.others_serve`). A cluster whose circuit is
 open is judged as a whole instead: its slices' windows hold the outage and the
 probes, and they start afresh on restore. Cluster-wide entries that are not
 healthy are then judged on their outcome counts in the sub-window just ended,
@@ -21,7 +22,7 @@ from sidecar.core.health import HealthState
 from sidecar.core.health_board import CLUSTER_SLICE, HealthBoard
 from sidecar.core.stats import StatsStore
 from sidecar.core.types import ANY, SliceKey, TransitionEvent
-from sidecar.core.viability import others_viable
+from sidecar.core.viability import others_serve, others_viable
 
 
 def evaluate_windows(config: Config, stats: StatsStore, board: HealthBoard,
@@ -38,9 +39,10 @@ def evaluate_windows(config: Config, stats: StatsStore, board: HealthBoard,
         summary = stats.window_summary(
             cluster, slice, klass.slo.metric, klass.slo.percentile / 100.0, now
         )
+        viable = others_viable(board, config, cluster, slice)
         events.extend(board.evaluate(
-            cluster, slice, summary, klass.slo, now,
-            may_quarantine=others_viable(board, config, cluster, slice),
+            cluster, slice, summary, klass.slo, now, may_quarantine=viable,
+            may_quarantine_failing=viable or others_serve(board, config, cluster, slice),
         ))
     k = math.floor(now / config.stats.subwindow_s) - 1
     for (cluster, slice), h in board.items():
