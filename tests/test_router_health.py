@@ -139,6 +139,30 @@ def test_a_dead_route_is_ejected_beside_one_restricted_for_its_latency(slice_wid
     assert all(d.cluster == "a" for d in picks if d.reason != "probe")
 
 
+@pytest.mark.parametrize(("more_failures", "escalated"), [(False, False), (True, True)])
+def test_a_sparse_route_s_failures_vote_once(more_failures: bool, escalated: bool) -> None:
+    """Two timeouts among a sparse route's six requests are significant against a 5 %
+    allowance: one vote. Its evaluation span, still short of ``min_samples``, kept
+    accumulating, and each later window judged the same two timeouts again: with no
+    new request they walked it to degraded and on to restricted. New failures still
+    vote, each in its own window."""
+    r = _router()
+    now = 0.0
+    for o in "OOFOOF":  # no run of three: the fast path stays out of it
+        now += 1.0
+        r.observe(ok("b") if o == "O" else fail("b", status=504, outcome="timeout"), now)
+    for k in range(1, 10):
+        now = 10.0 * k + 0.5
+        if more_failures:  # fresh evidence in every window
+            for i, o in enumerate("OOFOOF"):
+                r.observe(ok("b") if o == "O" else fail("b", status=504, outcome="timeout"),
+                          now + 1.0 + i)
+        r.tick(now)
+    states = [t.new for t in r.transitions if t.cluster == "b" and t.slice == SHORT.label()]
+    assert states[0] == "watching"
+    assert (len(states) > 1) is escalated, states
+
+
 def test_a_cluster_restricted_as_a_whole_gets_probes_and_leaves_on_them() -> None:
     """A run of failures likely by chance on a partly failing cluster restricts the
     whole cluster. Latency-sensitive traffic avoids it, so only probes can show it

@@ -197,6 +197,17 @@ def test_sparse_route_evaluation_window_grows_until_min_samples() -> None:
     assert (nxt.start, nxt.samples, nxt.quantile) == (30.0, 0, None)
 
 
+def test_a_closed_span_is_not_judged_again() -> None:
+    """A span judged on its failures is closed: the next window starts after it."""
+    sparse = RouteStats(CFG)
+    feed(sparse, [0.3] * 4, 12.0)
+    rs_open = sparse.window_summary(21.0, "ttft", 0.95)
+    assert rs_open.quantile is None and rs_open.start == 10.0
+    sparse.close_span(21.0)
+    nxt = sparse.window_summary(31.0, "ttft", 0.95)
+    assert (nxt.start, nxt.samples) == (20.0, 0)
+
+
 def test_sparse_span_is_capped_at_the_ring() -> None:
     sparse = RouteStats(CFG)
     feed(sparse, [0.3], 12.0)

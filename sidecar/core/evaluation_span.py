@@ -9,6 +9,16 @@ cannot count as "sustained" across several verdicts. Until the span is
 complete the summary carries ``quantile=None`` (insufficient) and the span is
 kept for the next call.
 
+A span still accumulating may already be judged on its *failures* (health
+judges a window with too few latency samples on its errors and timeouts once it
+has ``error_min_samples`` requests). When that verdict escalates, the caller
+closes the span (:meth:`EvaluationSpan.fence` at the current sub-window, via
+:meth:`~sidecar.core.stats.StatsStore.close_span`): left open, the next
+verdicts would judge the same failures again, and two timeouts among a sparse
+route's six requests voted three windows for degraded and two more for
+restricted with no new evidence (a generated outage scenario, family seed 97,
+#10: the fast route of a slice restricted for 300 s).
+
 Invariant: ``unjudged`` only moves forward, to the sub-window after the last
 one a verdict covered (or to a fence: evidence before it is never judged).
 """

@@ -181,6 +181,15 @@ def classify(
     return Signal.OK if x_recover <= ref * n else Signal.BAND
 
 
+def escalates_on_failures(v: WindowVerdict, cfg: HealthConfig) -> bool:
+    """Is ``v`` judged on its failures alone (too few latency samples) and does that
+    judgement escalate (BURST or THREATENING)? Such a window's span is closed
+    (:mod:`sidecar.core.evaluation_span`): its failures must not vote again."""
+    if v.ratio is not None or not v.failures:
+        return False
+    return classify(v, cfg, False) in (Signal.BURST, Signal.THREATENING)
+
+
 def _burst_significant(failures: int, requests: int, share: float, alpha: float) -> bool:
     """Is the failure share at least ``share`` with confidence? ``P(X >= failures | n,
     p)`` below ``alpha`` for ``p`` just under ``share``: five of five failures

@@ -378,3 +378,7 @@ class RouteStats:
         (:mod:`sidecar.core.evaluation_span`)."""
         k = self._sync(now)
         return self.span.next_summary(self.window, self.cfg, k, self.is_stale(now), metric, q)
+
+    def close_span(self, now: float) -> None:
+        """Nothing before the current sub-window is judged again (its failures were)."""
+        self.span.fence(self._sync(now))

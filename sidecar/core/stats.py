@@ -209,6 +209,13 @@ class StatsStore:
         rs = self._series.get((cluster, slice)) or RouteStats(self.cfg, self.accuracy)
         return rs.window_summary(now, as_metric(metric), q)
 
+    def close_span(self, cluster: str, slice: SliceKey, now: float) -> None:
+        """The verdict just given judged the series' open evaluation span: the next one
+        starts at the current sub-window (:mod:`sidecar.core.evaluation_span`)."""
+        rs = self._series.get((cluster, slice))
+        if rs is not None:
+            rs.close_span(now)
+
     def fence(self, cluster: str, slice: SliceKey | None, now: float) -> None:
         """Start ``slice``'s evidence on ``cluster`` afresh (every series of the
         cluster when None); see :meth:`RouteStats.fence`."""

@@ -5,7 +5,9 @@ series with a known class, the window summary of the class's SLO metric at its
 percentile goes to :meth:`~sidecar.core.health_board.HealthBoard.evaluate`,
 which may quarantine only if another route stays viable
 (:func:`~sidecar.core.viability.others_viable`), or for a burst of failures
-if another still serves (:func:`~sidecar.core.viability.others_serve`). A cluster whose circuit is
+if another still serves (:func:`~sidecar.core.viability.others_serve`). A window
+judged on its failures alone that escalates closes its series' evaluation span
+(:mod:`sidecar.core.evaluation_span`), so those failures vote once. A cluster whose circuit is
 open is judged as a whole instead: its slices' windows hold the outage and the
 probes, and they start afresh on restore. Cluster-wide entries that are not
 healthy are then judged on their outcome counts in the sub-window just ended,
@@ -20,6 +22,7 @@ from collections.abc import Mapping
 from sidecar.core.config import Config, ModelConfig
 from sidecar.core.health import HealthState
 from sidecar.core.health_board import CLUSTER_SLICE, HealthBoard
+from sidecar.core.health_signals import WindowVerdict, escalates_on_failures
 from sidecar.core.stats import StatsStore
 from sidecar.core.types import ANY, SliceKey, TransitionEvent
 from sidecar.core.viability import others_serve, others_viable
@@ -44,6 +47,10 @@ def evaluate_windows(config: Config, stats: StatsStore, board: HealthBoard,
             cluster, slice, summary, klass.slo, now, may_quarantine=viable,
             may_quarantine_failing=viable or others_serve(board, config, cluster, slice),
         ))
+        if summary.quantile is None and (summary.errors or summary.timeouts) and \
+                escalates_on_failures(WindowVerdict.of(summary, klass.slo, config.health),
+                                      config.health):
+            stats.close_span(cluster, slice, now)
     k = math.floor(now / config.stats.subwindow_s) - 1
     for (cluster, slice), h in board.items():
         if slice == CLUSTER_SLICE and h.state is not HealthState.HEALTHY:
