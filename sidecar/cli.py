@@ -1,204 +1,23 @@
 """The `tailroute` command line: run the sidecar, validate and render its config, watch it,
-and run the demo, the benchmarks and the policy lab."""
+and run the demo, the benchmarks and the policy lab. This module parses the command
+line and dispatches; what each command does is :mod:`sidecar.cli_commands` (the lab's
+commands: :mod:`sidecar.sim.cli`)."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
+from sidecar import cli_commands as commands
+from sidecar.cli_commands import DEFAULT_ADMIN
 from sidecar.cli_types import MAX_CLIENTS, integer, levels_type, number, positive_seconds
-from sidecar.core.config import Config, ConfigError
+from sidecar.core.config import ConfigError
 
-
-def _cmd_serve(ns: argparse.Namespace) -> int:
-    from sidecar.ops import log_throttle
-    from sidecar.ops.config_file import load_config
-    from sidecar.serve import serve
-    from sidecar.shell.startup import StartupError
-
-    config = load_config(ns.config)
-    if ns.workers != 1:  # N processes on one port sharing state through the fleet store
-        from sidecar.fleet.workers import run_workers
-
-        return run_workers(ns, config, ns.workers)
-    if ns.worker_index is not None:
-        from sidecar.fleet.workers import worker_log_format
-
-        worker_log_format(ns.worker_index)
-    throttle = log_throttle.install()  # warnings rate-limited, suppressed lines counted
-    try:
-        return run_on_loop(
-            serve(config, grpc_addr=ns.grpc, unix=ns.unix, admin_addr=ns.admin,
-                  ready_file=ns.ready_file, seed=ns.seed, config_path=ns.config,
-                  snapshot_path=ns.snapshot, snapshot_every_s=ns.snapshot_every,
-                  worker=ns.worker_index, workers_status=ns.workers_status,
-                  heartbeat=None if ns.heartbeat_fd is None else (
-                      ns.heartbeat_fd, ns.heartbeat_every)),
-            ns.loop,
-        )
-    except StartupError as exc:
-        print(f"tailroute serve: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        throttle.flush()
-
-
-def run_on_loop(main: Coroutine[Any, Any, int], kind: str) -> int:
-    """Run ``main`` on uvloop (``auto``: when installed) or the standard asyncio loop.
-
-    uvloop measured cheaper per request (docs/response-timing.md); it is an optional
-    dependency (``pip install 'tailroute[uvloop]'``), so ``auto`` falls back quietly.
-    """
-    if kind in ("auto", "uvloop"):
-        try:
-            import uvloop
-        except ImportError:
-            if kind == "uvloop":
-                raise ConfigError("--loop uvloop: uvloop is not installed "
-                                  "(pip install 'tailroute[uvloop]')") from None
-        else:
-            return uvloop.run(main)
-    return asyncio.run(main)
-
-
-def _cmd_check_config(ns: argparse.Namespace) -> int:
-    from sidecar.ops.config_file import load_config
-
-    path = ns.config or ns.file
-    if ns.file and not ns.config:
-        print("note: `check-config FILE` is deprecated; use `check-config --config FILE`",
-              file=sys.stderr)
-    if ns.file and ns.config:
-        print("error: give the file once, as --config FILE", file=sys.stderr)
-        return 2
-    if not path:
-        print("error: check-config needs --config FILE", file=sys.stderr)
-        return 2
-    try:
-        cfg = load_config(path)
-        if ns.workers != 1:  # what `serve --workers N` would refuse
-            from sidecar.fleet.workers import check_workers
-
-            check_workers(cfg, ns.workers, cfg.listen.grpc, cfg.listen.grpc_unix,
-                          cfg.listen.admin)
-    except ConfigError as exc:
-        for problem in exc.problems:  # every mistake, not only the first
-            print(problem, file=sys.stderr)
-        n = len(exc.problems)
-        print(f"{path}: {n} problem{'s' if n != 1 else ''}", file=sys.stderr)
-        return 2
-    print(
-        f"{path}: OK ({len(cfg.clusters)} clusters, {len(cfg.models)} models, "
-        f"{len(cfg.classes)} classes)"
-    )
-    return 0
-
-
-def _cmd_envoy_config(ns: argparse.Namespace) -> int:
-    from sidecar.ops.config_file import load_config
-    from sidecar.shell.bootstrap import to_yaml
-    from sidecar.shell.bootstrap_native import render_for_mode
-
-    cfg = load_config(ns.config)
-    _check_sidecar_target(cfg, ns.grpc, ns.unix)
-    text = to_yaml(render_for_mode(cfg, grpc_target=ns.grpc, unix_socket=ns.unix))
-    if ns.output:
-        try:
-            with open(ns.output, "w", encoding="utf-8") as f:
-                f.write(text)
-        except OSError as exc:
-            print(f"tailroute envoy-config: cannot write {ns.output}: {exc.strerror or exc}",
-                  file=sys.stderr)
-            return 2
-    else:
-        sys.stdout.write(text)
-    return 0
-
-
-def _check_sidecar_target(cfg: Config, grpc: str | None, unix: str | None) -> None:
-    """ConfigError unless Envoy gets an address it can connect to: a listen address the
-    config may give (port 0, ``""`` = TCP off) is no target for Envoy's sidecar cluster."""
-    from sidecar.core.hostport import split_hostport
-
-    if unix or (grpc is None and cfg.listen.grpc_unix):
-        return
-    if grpc is not None:
-        setting, addr, hint = "--grpc", grpc, ""
-    else:
-        setting, addr = f"{cfg.source}: listen.grpc", cfg.listen.grpc
-        hint = " (give --grpc HOST:PORT or --unix PATH for Envoy)"
-        if not addr:
-            raise ConfigError(f"{setting}: TCP is off ('') and listen.grpc_unix is not set: "
-                              f"Envoy has no address to reach the sidecar at{hint}")
-    try:
-        split_hostport(addr)
-    except ValueError as exc:
-        raise ConfigError(f"{setting}: {exc}{hint}") from None
-
-
-def _cmd_status(ns: argparse.Namespace) -> int:
-    from sidecar.ops.status_cli import run_status
-
-    admin = ns.admin
-    if admin is None and ns.config:
-        from sidecar.ops.config_file import load_config
-
-        admin = load_config(ns.config).listen.admin
-    return run_status(admin or DEFAULT_ADMIN, watch=ns.watch, interval_s=ns.interval,
-                      show_all=ns.all)
-
-
-def _cmd_fake_provider(argv: list[str]) -> int:
-    from sidecar.fake_provider.cli import main
-
-    return main(argv)
-
-
-def _cmd_demo(ns: argparse.Namespace) -> int:
-    from sidecar.devtools.demo import run_demo
-
-    return run_demo(duration_s=ns.duration, seed=ns.seed)
-
-
-def _cmd_bench(ns: argparse.Namespace) -> int:
-    if ns.what == "soak":
-        return _cmd_bench_soak(ns)
-    if ns.what == "load":
-        from sidecar.devtools.bench_load import run_load_bench
-
-        levels: tuple[int, ...] = ns.levels or (1, 16, 64, 256)
-        modes = tuple(m.strip() for m in ns.modes.split(","))
-        bad = [m for m in modes if m not in ("extproc", "native", "hybrid")]
-        if bad:
-            raise ConfigError(f"--modes: unknown routing mode(s) {', '.join(bad)} "
-                              "(known: extproc, native, hybrid)")
-        return run_load_bench(levels, duration_s=ns.duration, stream=not ns.no_stream,
-                              tokens=ns.tokens, loop=ns.loop, modes=modes, rounds=ns.rounds,
-                              workers=ns.workers)
-    if ns.what == "publish":
-        from sidecar.devtools.bench_native import run_publish_bench
-
-        return run_publish_bench()
-    from sidecar.devtools.bench import run_bench
-
-    return run_bench(ns.what, requests=ns.requests, concurrency=ns.concurrency)
-
-
-def _cmd_bench_soak(ns: argparse.Namespace) -> int:
-    from sidecar.devtools.bench_soak import run_soak
-
-    return run_soak(minutes=ns.minutes, rate=ns.rate, concurrency=ns.concurrency,
-                    warmup_min=ns.warmup_min, distinct=ns.distinct, traced=ns.tracemalloc)
-
-
-DEFAULT_ADMIN = "127.0.0.1:9911"
 # Bounds of the demo's and the benchmarks' options: far above any useful run, low enough
 # that a typo is refused instead of starting hours of load or a thousand threads.
 MAX_REQUESTS = 1_000_000  # bench overhead --requests
@@ -261,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--heartbeat-fd", type=int, default=None, help=argparse.SUPPRESS)
     s.add_argument("--heartbeat-every", type=positive_seconds, default=0.25,
                    help=argparse.SUPPRESS)
-    s.set_defaults(func=_cmd_serve)
+    s.set_defaults(func=commands.serve)
 
     st = sub.add_parser("status", help="terminal view of a running sidecar's /state")
     st.add_argument("--admin", default=None, metavar="HOST:PORT",
@@ -273,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds between refreshes with --watch (default: 2)")
     st.add_argument("--all", action="store_true",
                     help="also show aggregate (broader) slices, not only the routed ones")
-    st.set_defaults(func=_cmd_status)
+    st.set_defaults(func=commands.status)
 
     c = sub.add_parser("check-config", help="validate a config file (every problem at once)")
     _config_option(c, required=False)
@@ -281,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="deprecated spelling of --config FILE")
     c.add_argument("--workers", type=integer(1, MAX_WORKERS), default=1, metavar="N",
                    help=f"also check what `serve --workers N` needs (1 to {MAX_WORKERS})")
-    c.set_defaults(func=_cmd_check_config)
+    c.set_defaults(func=commands.check_config)
 
     e = sub.add_parser("envoy-config", help="render the Envoy bootstrap from a sidecar config")
     _config_option(e, required=True)
@@ -291,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="reach the sidecar over this Unix socket instead")
     e.add_argument("-o", "--output", default=None, metavar="FILE",
                    help="write the bootstrap here (default: stdout)")
-    e.set_defaults(func=_cmd_envoy_config)
+    e.set_defaults(func=commands.envoy_config)
 
     sub.add_parser("fake-provider", help="simulated OpenAI-compatible provider", add_help=False)
     sub.add_parser("simulate", help="policy lab: replay scenarios against policies",
@@ -306,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{MAX_RUN_S:g})")
     d.add_argument("--seed", type=integer(0), default=7,
                    help="seed of the traffic and the providers (>= 0)")
-    d.set_defaults(func=_cmd_demo)
+    d.set_defaults(func=commands.demo)
 
     b = sub.add_parser("bench", help="benchmarks (print figures; not tests)")
     b.add_argument("what", choices=["overhead", "load", "soak", "publish"],
@@ -353,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a distinct tenant and request id per request")
     soak.add_argument("--tracemalloc", action="store_true",
                       help="run the sidecar under tracemalloc and print what grew")
-    b.set_defaults(func=_cmd_bench)
+    b.set_defaults(func=commands.bench)
     return p
 
 
@@ -369,7 +188,7 @@ def interrupt_on_sigterm(signum: int, _frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "fake-provider":
-        return _cmd_fake_provider(argv[1:])
+        return commands.fake_provider(argv[1:])
     if not argv or argv[0] != "serve":
         # serve handles SIGTERM in its event loop (drain, snapshot); everything else
         # (demo, bench, simulate) cleans up through KeyboardInterrupt.

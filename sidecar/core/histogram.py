@@ -390,7 +390,6 @@ def _plus_units(x: float, n: int) -> float:
     return x
 
 
-
 def _add_scaled(counts: FloatArray, start: int, src: FloatArray, scale: float) -> None:
     """``counts[start:start + len(src)] += scale * src`` in place (no temporary when
     ``scale`` is 1: merges of equal weight are the common case)."""
