@@ -64,7 +64,7 @@ the trial limit, not the score, bounds the failures a run costs.
 its run holds no timeout, and none of its trials is pending
 (:meth:`FailureRun.trial_due`), the router sends it the next first-attempt
 request it may serve (reason ``trial``; never a retry or an explained one), and
-native weights give it at least :data:`~sidecar.core.weights.TRIAL_SHARE` of
+native weights give it at least :data:`~sidecar.core.weight_shares.TRIAL_SHARE` of
 its slices. A dead route is then judged within ``K`` requests of its own, one
 after another, instead of after ``K`` requests at whatever share the scores
 left it -- at a 17 % share and 20 req/s that took over a second in 8 of 60

@@ -68,7 +68,7 @@ class HealthView:
     # for a latency-sensitive class; shrunk by relapse memory); 0 when not probed.
     probe_share: float = 0.0
     # An open run of hard failures is on trial (sidecar.core.health, "Trial pace"):
-    # native weights give the route at least TRIAL_SHARE (sidecar.core.weights).
+    # native weights give the route at least TRIAL_SHARE (sidecar.core.weight_shares).
     on_trial: bool = False
 
 

@@ -27,16 +27,18 @@ representative request of the slice:
    Nor does a route missing the slice's budget now (live misses, from the native
    requests' log entries) while the others have room (the ``live_misses``
    filter's herding guard); it is back once its misses age out.
-   **Trial floor** (:func:`trial_floor`): a surviving route whose open run of
-   hard failures is on trial (:attr:`HealthView.on_trial`) gets at least
-   ``TRIAL_SHARE`` (split evenly when several are), the others keep their
+   **Trial floor** (:func:`~sidecar.core.weight_shares.trial_floor`): a
+   surviving route whose open run of hard failures is on trial
+   (:attr:`HealthView.on_trial`) gets at least ``TRIAL_SHARE`` (split evenly
+   when several are), the others keep their
    proportions -- the weights' form of the per-request trial pace
    (:mod:`sidecar.core.health`): a route that went down is judged within a few
    of its own requests instead of whenever its scored share brings them. It
    lasts until the run is judged; the shell publishes at once when a failure
    puts a route on trial.
 4. **Integers**: largest-remainder rounding to exactly ``scale`` (ties go to
-   candidate order); a candidate with a positive share keeps at least 1.
+   candidate order); a candidate with a positive share keeps at least 1
+   (:func:`~sidecar.core.weight_shares.integer_weights`).
 
 Invariants (tests/test_weights.py, hypothesis properties):
 
@@ -56,7 +58,6 @@ request's duration, is left out.
 
 from __future__ import annotations
 
-import math
 import random
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -73,13 +74,14 @@ from sidecar.core.pipeline import panic_tier, run_pipeline
 from sidecar.core.scorers import DEFAULT_SCORERS
 from sidecar.core.selection import Candidate, HealthView, LatencyValue, RouteView, SelectionContext
 from sidecar.core.types import RequestInfo, SliceKey
+from sidecar.core.weight_shares import TRIAL_SHARE, integer_weights, trial_floor
 from sidecar.core.window_load import LoadedView
 
+__all__ = ["TRIAL_SHARE", "WEIGHT_SCALE", "SliceWeights", "compute_weights", "integer_weights",
+           "native_slices", "refresh_weights", "representative", "route_candidates",
+           "slice_weights", "trial_floor"]
+
 WEIGHT_SCALE: Final = 10_000  # integer weights of one slice sum to this
-# A route on trial takes at least this share of its slice (module docstring, step 3):
-# at 20 req/s the two trials after a first failure then take ~0.2 s, and the chance
-# that fewer than two come within a second is below 0.5 %.
-TRIAL_SHARE: Final = 0.5
 PROFILES: Final[tuple[str, ...]] = (*(p[0] for p in TOKEN_PROFILES), LONG_PROFILE)
 
 
@@ -179,57 +181,6 @@ def _probe_shares(
         if share > 0 and view.inflight(c) < config.cluster(c).max_concurrency:
             out[c] = share
     return out
-
-
-def integer_weights(shares: Mapping[str, float], order: tuple[str, ...],
-                    scale: int) -> tuple[tuple[str, int], ...]:
-    """Largest-remainder rounding of ``shares`` (any non-negative scale) to sum ``scale``.
-
-    A zero total falls back to an equal split (never all zero); each positive
-    share keeps at least 1, taken from the largest weight.
-    """
-    total = sum(max(shares.get(c, 0.0), 0.0) for c in order)
-    if not order:
-        return ()
-    if total <= 0 or not math.isfinite(total):
-        shares, total = dict.fromkeys(order, 1.0), float(len(order))
-    exact = [max(shares.get(c, 0.0), 0.0) / total * scale for c in order]
-    units = [math.floor(x) for x in exact]
-    rest = scale - sum(units)
-    by_remainder = sorted(range(len(order)), key=lambda i: (-(exact[i] - units[i]), i))
-    for i in by_remainder[:rest]:
-        units[i] += 1
-    for i, x in enumerate(exact):
-        if x > 0 and units[i] == 0:
-            biggest = max(range(len(order)), key=lambda j: (units[j], -j))
-            if units[biggest] > 1:
-                units[biggest] -= 1
-                units[i] = 1
-    return tuple(zip(order, units, strict=True))
-
-
-def trial_floor(shares: Mapping[str, float], on_trial: Iterable[str]) -> dict[str, float]:
-    """Give each route in ``on_trial`` at least ``f = min(TRIAL_SHARE, 1 / #on_trial) x T``
-    of the total ``T``, keeping ``T`` (module docstring, step 3), by water-filling:
-    routes below ``f`` are set to ``f`` and the rest scaled by ``(T - their sum) /
-    (the rest's sum)``, repeated while that scaling takes a route on trial below ``f``
-    (``#on_trial x f <= T``, so it ends). Routes not on trial never gain."""
-    out = dict(shares)
-    chosen = {c for c in on_trial if c in out}
-    total = sum(out.values())
-    if not chosen or total <= 0:
-        return out
-    floor = min(TRIAL_SHARE, 1.0 / len(chosen)) * total
-    fixed = {c for c in chosen if out[c] < floor}
-    scale = 1.0
-    while True:
-        rest = sum(v for c, v in out.items() if c not in fixed)
-        scale = max(total - floor * len(fixed), 0.0) / rest if rest > 0 else 0.0
-        low = {c for c in chosen - fixed if out[c] * scale < floor}
-        if not low:
-            break
-        fixed |= low
-    return {c: floor if c in fixed else v * scale for c, v in out.items()}
 
 
 @dataclass(frozen=True, slots=True)
