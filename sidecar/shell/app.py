@@ -41,6 +41,7 @@ from sidecar.core.live_misses import LiveMisses
 from sidecar.core.router import Router
 from sidecar.core.ttft_offset import OffsetBook
 from sidecar.core.types import Api, Decision, Observation, SliceKey, TransitionEvent
+from sidecar.shell import app_view
 from sidecar.shell.declared_waits import DeclaredWaits
 from sidecar.shell.entry_forward import EntryForwards
 from sidecar.shell.log_wait import LogWait
@@ -143,83 +144,19 @@ class App:
         self.offsets.reconfigure(t.token_sample_share, t.token_sample_min, t.role_first_share)
 
     def shell_counters(self) -> dict[str, int]:
-        """Shell-side counters for metrics: ``error:<kind>``, ``failopen:<reason>``
-        and ``envoy:<what>`` (the access-log view of Envoy)."""
-        out = {f"error:{k}": v for k, v in self.errors.items()}
-        # Requests the sidecar itself sent to the default route without a decision.
-        for reason in ("body_too_large", "handler_exception", "stream_ended_before_body"):
-            if self.errors[reason]:
-                out[f"failopen:{reason}"] = self.errors[reason]
-        for reason in ("unknown_model", "no_candidate"):
-            n = self.router.counters[("decision", reason)]
-            if reason == "unknown_model":
-                # An oversize body is not parsed, so its decision reads "unknown model":
-                # one request, already counted as body_too_large above.
-                n = max(n - self.errors["body_too_large"], 0)
-            if n:
-                out[f"failopen:{reason}"] = n
-        # Requests Envoy served without asking (sidecar down, slow or overflowing).
-        if self.envoy["fail_open"]:
-            out["failopen:envoy"] = self.envoy["fail_open"]
-        # native/hybrid: LLM requests no slice route matched (sidecar.shell.native_log).
-        if self.envoy["native_default"]:
-            out["failopen:native_default"] = self.envoy["native_default"]
-        out.update({f"envoy:{k}": v for k, v in self.envoy.items()})
-        out.update({f"first_token:{k}": v for k, v in self.first_token_samples.items()})
-        out.update({f"stream_error:{k}": v for k, v in self.stream_errors.items()})
-        out.update({f"upstream_retry:{k}": v for k, v in self.upstream_retries.items()})
-        out.update(self.retry_after.counters())
-        if self.forwards.dropped:
-            out["error:forward_dropped"] = self.forwards.dropped
-        out["outcome:lost"] = self.envoy["lost"]
-        out["envoy:oldest_wait_ms"] = int(self.waiting.oldest_wait(self.last_tick) * 1000)
-        return out
+        """Shell-side counters for metrics (:func:`~sidecar.shell.app_view.shell_counters`)."""
+        return app_view.shell_counters(self)
 
     def silent_after_s(self) -> float:
         return max(SILENT_AFTER_S, 3 * self.config.envoy.access_log_flush_ms / 1000.0)
 
     def access_log_status(self, now: float) -> str:
-        """``silent``: finished requests wait longer than :meth:`silent_after_s` for their
-        entries and no entry at all came for as long (outcomes are blind; a few requests
-        whose entries never come — those of an Envoy that restarted — are ``lost``, not
-        silence); ``no_stream``: no access-log stream is connected (Envoy opens it at its
-        first flush with entries: normal before any traffic); ``ok``: entries flow."""
-        quiet = self.silent_after_s()
-        if self.waiting.oldest_wait(now) > quiet and (
-                self.last_entry is None or now - self.last_entry > quiet):
-            return "silent"
-        return "ok" if self.envoy["log_streams_open"] > 0 else "no_stream"
+        """:func:`~sidecar.shell.app_view.access_log_status`."""
+        return app_view.access_log_status(self, now)
 
     def envoy_view(self, now: float) -> dict[str, object]:
-        """The access-log view of Envoy for /state: whether entries flow, what it
-        logged, how much of it tailroute decided, and the measured first-token offsets."""
-        env = self.envoy
-        llm = env["decided"] + env["fail_open"]
-        return {
-            "access_log": self.access_log_status(now),
-            "log_streams_open": env["log_streams_open"],
-            "oldest_wait_s": round(self.waiting.oldest_wait(now), 3),
-            "entries": env["entries"],
-            "decided": env["decided"],
-            "fail_open": env["fail_open"],
-            "unrouted": env["unrouted"],  # LLM requests Envoy answered before routing
-            "misrouted": env["misrouted"],  # decided, but Envoy sent them to another cluster
-            "not_routed": env["not_routed"],
-            "orphan": env["orphan"],
-            "elsewhere": env["elsewhere"],  # decided here, entry received by another process
-            "native": env["native"],  # routed by Envoy's weights (routing.mode native/hybrid)
-            "native_default": env["native_default"],  # native path, no slice route matched
-            "decided_share": round(env["decided"] / llm, 6) if llm else None,
-            "lost": env["lost"],
-            "late": env["late"],
-            "pending": len(self.pending),
-            "awaiting_entry": len(self.waiting),
-            "first_token_offsets": self.offsets.summary(),
-            "first_token_samples": dict(self.first_token_samples),
-            "stream_errors": dict(self.stream_errors),  # error events in 2xx streams
-            "upstream_retries": dict(self.upstream_retries),  # Envoy's own retries
-            "retry_after": self.retry_after.view(),  # 429s' and 503s' declared waits
-        }
+        """The access-log view of Envoy for /state (:func:`~sidecar.shell.app_view.envoy_view`)."""
+        return app_view.envoy_view(self, now)
 
     def note_entry(self, rec: LogRecord) -> None:
         """Count one access-log entry every sink receives (before it is matched). A
