@@ -7,39 +7,8 @@ tokens paced by a per-provider latency :class:`Profile` (TTFT, TPOT, stalls,
 errors, outages). The profile can be changed at run time via ``POST /control``
 or a startup schedule, so tests can make one upstream slow and watch routing.
 
-Control JSON (every field optional; an invalid payload is rejected whole)::
-
-    {"ttft_ms": {"median": 50, "p99": 80} | {"fixed": 50} | 50 | "50:80",
-     "tpot_ms": <same forms>, "error_rate": 0.0, "error_status": 500,
-     "stall_ms": 0, "outage": false, "outage_mode": "close" | "503",
-     "role_first": false,                # streamed chat opens with a role-only event
-     "end_delay_ms": 0,                  # streamed: body ends this long after [DONE]
-     "midstream_error_rate": 0.0, "midstream_error_shape": "openai",  # see below
-     "retry_after": null | 2 | "2" | "Wed, 21 Oct 2015 07:28:00 GMT",  # see below
-     "retry_after_ms": null | 1500 | "1500",
-     "streaming_only": false,            # fields above go to the streaming override
-     "clear_streaming_override": false,  # drop the override first
-     "reset": false,                     # back to the startup profile first (and release)
-     "hold": true | false}               # new completions wait at arrival until released
-
-``midstream_error_rate`` of the streams fail mid-way: 200, half the tokens (at least
-one), one error event, the end (no usage, no ``[DONE]``; ``counters.midstream_errors``).
-Shapes: ``openai`` ``{"error": {"message": ...}}``, ``anthropic`` (``event: error``,
-``{"type": "error", "error": {...}}``), ``vllm`` ``{"object": "error", "message": ...}``,
-``responses_error`` ``{"type": "error", "message": ...}``, ``response_failed``,
-``plain_string`` ``{"error": "upstream overloaded: ..."}``, ``error_code``
-``{"error": {"code": 500, "type": "server_error"}}`` (no message). A failed stream's
-entry in ``/control/requests`` says ``"midstream_error": true``.
-
-``retry_after`` / ``retry_after_ms`` are sent verbatim as ``retry-after`` /
-``retry-after-ms`` with every ``error_rate`` answer: with ``"error_status": 429`` a
-rate-limited provider that declares its wait (a number as written, a string as it
-is, so an HTTP-date or garbage too). A schedule (or ``POST /control``) turns it on
-and off for a time window.
-
-A hold lets a test keep requests in flight for exactly as long as it needs (until
-it sends ``"hold": false``) instead of for a latency it hopes outlasts its steps;
-a held request's latency profile starts when it is released.
+The control API (``POST /control``, its fields and what they do) is
+:mod:`sidecar.fake_provider.control`.
 
 ``GET /control`` returns the settings and counters; ``GET /control/requests`` the
 last requests as received, with the provider's own write times (``first_byte_ms``,
@@ -47,7 +16,8 @@ last requests as received, with the provider's own write times (``first_byte_ms`
 is always 200.
 Every response carries ``x-fake-provider: <name>``.
 
-The connection layer lives in :mod:`sidecar.fake_provider.connection`, the reply
+The connection layer lives in :mod:`sidecar.fake_provider.connection`, the run-time
+profile and its control in :mod:`sidecar.fake_provider.control`, the reply
 shapes in :mod:`sidecar.fake_provider.reply`, the timed writing of a streamed
 reply in :mod:`sidecar.fake_provider.streaming`, the latency profile in
 :mod:`sidecar.fake_provider.latency` and the command line in
@@ -67,14 +37,9 @@ from typing import Any
 
 from .cli import build_arg_parser, main
 from .connection import MAX_BODY, ClientGone, Conn, HttpError, Request, response_head
+from .control import ProfileControl
 from .framing import SSE_EOLS, SSE_SPLITS
-from .latency import (
-    HOLD,
-    ConfigError,
-    Profile,
-    ScheduleEntry,
-    split_control,
-)
+from .latency import ConfigError, Profile, ScheduleEntry
 from .reply import Reply, error_body, prompt_tokens
 from .streaming import stream_reply
 
@@ -123,18 +88,13 @@ class FakeProvider:
         self.name = name
         self.max_tokens, self.default_tokens = max_tokens, min(default_tokens, max_tokens)
         self._rng = random.Random(zlib.crc32(name.encode()) if seed is None else seed)
-        self._initial = self._base = profile or Profile()
-        # Streaming override = base + these fields, so later base changes still
-        # show through wherever the override does not speak.
-        self._stream_fields: dict[str, Any] = {}
-        self._stream = self._base
+        self.control = ProfileControl(profile or Profile())
         self._schedule = sorted(schedule, key=lambda e: e.at_s)
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._status: Counter[int] = Counter()
         self._requests = self._dropped = self._disconnects = self._active = self._seq = 0
         self._midstream = 0  # streams failed mid-way
-        self._held = False
         # What the last requests looked like on the wire, for tests that must check
         # what the proxy forwarded (headers, rewritten model) and byte-identity of SSE.
         self.recent: deque[dict[str, Any]] = deque(maxlen=64)
@@ -181,44 +141,29 @@ class FakeProvider:
     @property
     def base_profile(self) -> Profile:
         """Profile for non-streaming requests (and streaming ones without override)."""
-        return self._base
+        return self.control.base
 
     @property
     def streaming_profile(self) -> Profile:
         """Effective profile for streaming requests."""
-        return self._stream
+        return self.control.stream
 
     def apply_control(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         """Apply a control payload (as for ``POST /control``); return :meth:`snapshot`.
 
         Raises ConfigError (nothing applied) if the payload is invalid.
         """
-        flags, changes = split_control(payload)
-        base, fields = self._base, self._stream_fields
-        if flags["reset"]:
-            base, fields = self._initial, {}
-            self._held = False
-        if flags["clear_streaming_override"]:
-            fields = {}
-        if flags["streaming_only"]:
-            fields = {**fields, **changes}
-        else:
-            base = base.updated(changes)
-        stream = base.updated(fields)  # also validates before anything is committed
-        self._base, self._stream_fields, self._stream = base, fields, stream
-        self._held = flags.get(HOLD, self._held)
+        self.control.apply(payload)
         return self.snapshot()
 
     def snapshot(self) -> dict[str, Any]:
         """Current settings and counters, as served by ``GET /control``."""
         return {
             "name": self.name,
-            "base": self._base.to_json(),
-            "streaming_override": self.streaming_profile.to_json() if self._stream_fields else None,
-            "streaming_override_fields": sorted(self._stream_fields),
+            **self.control.to_json(),
             "max_tokens": self.max_tokens,
             "default_tokens": self.default_tokens,
-            "held": self._held,
+            "held": self.control.held,
             "counters": {
                 "requests_total": self._requests,
                 "by_status": {str(k): v for k, v in sorted(self._status.items())},
@@ -362,11 +307,11 @@ class FakeProvider:
         }
         self.recent.append(record)
         start = t0  # the latency profile runs from arrival, or from release of a hold
-        if self._held:
-            while self._held:  # polled, so a client hanging up meanwhile is noticed
+        if self.control.held:
+            while self.control.held:  # polled, so a client hanging up meanwhile is noticed
                 await conn.sleep_until(asyncio.get_running_loop().time() + HOLD_POLL_S)
             start = asyncio.get_running_loop().time()
-        prof = self.streaming_profile if stream else self._base
+        prof = self.control.stream if stream else self.control.base
         if prof.outage:
             if prof.outage_mode == "close":
                 self._dropped += 1
