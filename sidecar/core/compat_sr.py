@@ -45,12 +45,13 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
-from sidecar.core.config import SEMANTIC_ROUTER, Config, ModelConfig
+from sidecar.core.config import SEMANTIC_ROUTER, ClassConfig, Config, ModelConfig
+from sidecar.core.explain import decision_for
 from sidecar.core.latency_aware import enabled_metrics, latency_aware_scores, pick_lowest
-from sidecar.core.types import CandidateExplain, Explain, Observation, RequestInfo
+from sidecar.core.types import CandidateExplain, Decision, Explain, Observation, RequestInfo
 
 WINDOW: Final = 1000
 EMA_ALPHA: Final = 0.3
@@ -199,3 +200,18 @@ def explain(req: RequestInfo, choice: SrChoice, candidates: Sequence[str]) -> Ex
         cands.append(CandidateExplain(cluster=c, scores=scores))
     return Explain(req.slice.label(), tuple(cands), "semantic-router latency_aware",
                    (f"compat: semantic-router ({choice.reason})",))
+
+
+def decide(req: RequestInfo, model: ModelConfig, klass: ClassConfig, cfg: Config,
+           book: SrLatencyBook) -> Decision:
+    """The router's decision for a model under this profile: semantic-router's pick,
+    exactly, with its explain record when the request asked for one."""
+    candidates = eligible(model, cfg)
+    if not candidates:
+        return Decision(cfg.default_cluster, "no_candidate",
+                        detail="no candidate in the model's regions")
+    choice = select(model, candidates, book)
+    decision = decision_for(cfg, "", req, choice.cluster, choice.reason, klass, None)
+    if req.explain:
+        decision = replace(decision, explain=explain(req, choice, candidates))
+    return decision

@@ -27,7 +27,7 @@ from sidecar.core import compat_sr
 from sidecar.core.admission import AdmissionControl
 from sidecar.core.config import SEMANTIC_ROUTER, ClassConfig, Config, ModelConfig
 from sidecar.core.evidence import RouteEvidence
-from sidecar.core.explain import RecentDecision, build_explain, decision_reason, fallback_kind
+from sidecar.core.explain import RecentDecision, decision_for, decision_reason, fallback_kind
 from sidecar.core.filters import DEFAULT_FILTERS
 from sidecar.core.health_board import HealthBoard
 from sidecar.core.intake import Intake
@@ -255,7 +255,7 @@ class Router(Intake):
             return Decision(cfg.default_cluster, "unknown_model", detail=str(req.model)), None
         assert klass is not None
         if model.compat == SEMANTIC_ROUTER:
-            return self._decide_semantic_router(req, model, klass), None
+            return compat_sr.decide(req, model, klass, self.config, self.compat_sr), None
         cached = self._plan(req, model, klass, now)
         if cached.probes and not req.retry_attempt:
             # Never probe with a retry: it already had bad luck once.
@@ -314,20 +314,6 @@ class Router(Intake):
                 req, cluster, reason, klass, None, is_probe=probe)
         return hit
 
-    def _decide_semantic_router(
-        self, req: RequestInfo, model: ModelConfig, klass: ClassConfig
-    ) -> Decision:
-        """semantic-router's latency_aware pick, exactly (sidecar.core.compat_sr)."""
-        candidates = compat_sr.eligible(model, self.config)
-        if not candidates:
-            return Decision(self.config.default_cluster, "no_candidate",
-                            detail="no candidate in the model's regions")
-        choice = compat_sr.select(model, candidates, self.compat_sr)
-        decision = self._finish(req, choice.cluster, choice.reason, klass, None)
-        if req.explain:
-            decision = replace(decision, explain=compat_sr.explain(req, choice, candidates))
-        return decision
-
     def _plan(
         self, req: RequestInfo, model: ModelConfig, klass: ClassConfig, now: float
     ) -> CachedPlan:
@@ -375,30 +361,10 @@ class Router(Intake):
                 return c
         return None
 
-    def _finish(
-        self,
-        req: RequestInfo,
-        cluster: str,
-        reason: str,
-        klass: ClassConfig,
-        result: PipelineResult | None,
-        is_probe: bool = False,
-    ) -> Decision:
-        upstream = self.config.cluster(cluster).models.get(req.model or "")
-        # Building the explain costs ~10% of a decision: only on request (the
-        # recent-decision ring builds it lazily for /explain).
-        explain = (
-            build_explain(req, result, self._picker.name) if result is not None and req.explain
-            else None
-        )
-        return Decision(
-            cluster=cluster,
-            reason=reason,
-            upstream_model=upstream if upstream and upstream != req.model else None,
-            timeout_ms=klass.slo.timeout_ms,
-            is_probe=is_probe,
-            explain=explain,
-        )
+    def _finish(self, req: RequestInfo, cluster: str, reason: str, klass: ClassConfig,
+                result: PipelineResult | None, is_probe: bool = False) -> Decision:
+        return decision_for(self.config, self._picker.name, req, cluster, reason, klass,
+                            result, is_probe)
 
     # ------------------------------------------------------------ time
 
