@@ -20,7 +20,8 @@ policy returns a :class:`~sidecar.core.types.Decision`), the client's own
 ``first_token_timeout_ms`` may end it earlier. On ``error`` or ``timeout`` the
 client retries per its ``retry_on``/``retries`` with exponential backoff and
 jitter, never past the workflow deadline. Non-admit answers of a policy are
-handled as documented in docs/policy-lab.md (skip, refuse, hold on ``queue``).
+handled as documented in docs/policy-lab.md (skip, refuse, hold on ``queue``:
+:mod:`sidecar.sim.held_calls`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 from sidecar.core.classify import token_profile
 from sidecar.core.types import Decision, SliceKey
 from sidecar.sim.dists import Stream
+from sidecar.sim.held_calls import HeldCalls
 from sidecar.sim.metrics import Metrics, slo_value
 from sidecar.sim.policies import BasePolicy, Policy, PolicyContext, make_policy
 from sidecar.sim.provider import Provider
@@ -54,11 +56,6 @@ from sidecar.sim.traffic import ArrivalItem, Source, arrivals
 from sidecar.sim.workflows import WorkflowRunner
 
 Handler = Callable[[Any], None]
-
-
-def _no_queue(call: Call) -> None:
-    """Policies without an admission queue: nothing to ask or withdraw."""
-    return None
 
 
 class Simulation:
@@ -118,9 +115,7 @@ class Simulation:
         self._armed = math.inf
         self._sources: dict[str, Source] = {}
         self.workflows = WorkflowRunner(self)
-        # calls held by an admission "queue" answer: heap of (-priority, seq, call id)
-        self._held: list[tuple[int, int, int]] = []
-        self._held_calls: dict[int, tuple[Call, float]] = {}  # id -> (call, give-up time)
+        self.held = HeldCalls(self)  # calls held by an admission "queue" answer
         for wl in sc.workloads:
             end = min(wl.end if wl.end is not None else sc.duration, sc.duration)
             rng = Stream(f"{seed}:arrivals:{wl.name}")
@@ -141,6 +136,10 @@ class Simulation:
 
     def push(self, t: float, fn: Handler, arg: Any) -> None:
         heapq.heappush(self._heap, (t, next(self._seq), fn, arg))
+
+    def next_seq(self) -> int:
+        """The next tie-break number (events and held calls share one order)."""
+        return next(self._seq)
 
     def run(self) -> dict[str, Any]:
         """Runs the scenario to its end and returns the summary.
@@ -305,57 +304,12 @@ class Simulation:
             self.finish_call(call, "skipped", None)
             return
         if d.admission == "queue":
-            self._hold(call)
+            self.held.hold(call)
             return
         call.attempts += 1
         extra = float(d.retry_after_s or 0)
         if not self._retry(call, "error", extra):
             self.finish_call(call, "rejected", None)
-
-    # ------------------------------------------------------------ admission queue
-
-    def _hold(self, call: Call) -> None:
-        """Hold a call the policy answered ``queue``: it re-asks when a slot frees (highest
-        priority first) or at the policy's ``queue_until``; the client gives up at its own
-        limit (then the policy is told to ``withdraw`` it)."""
-        now = self.now
-        give_up = call.hold_limit
-        if give_up is None:  # first time held: the client's patience starts now
-            cl, cls = call.wl.client, call.cls
-            give_up = now + (cl.first_token_timeout or cl.timeout or cls.slo.timeout_ms / 1000.0)
-            for t in (call.deadline, call.user_cancel_at):
-                if t is not None and t < give_up:
-                    give_up = t
-            call.hold_limit = give_up
-        self._held_calls[call.id] = (call, give_up)
-        heapq.heappush(self._held, (-call.cls.priority, next(self._seq), call.id))
-        until = getattr(self.policy, "queue_until", _no_queue)(call)
-        if until is None:
-            until = now + self.config.admission.queue_wait_ms / 1000.0
-        self.push(max(min(until, give_up), now), self._held_timer, call)
-
-    def _held_timer(self, call: Call) -> None:
-        held = self._held_calls.pop(call.id, None)
-        if held is None:
-            return  # already re-asked (a slot freed first)
-        self._reask(call, held[1])
-
-    def _reask(self, call: Call, give_up: float) -> None:
-        if self.now >= give_up:
-            getattr(self.policy, "withdraw", _no_queue)(call)
-            self.finish_call(call, "cancelled" if call.user_cancel_at is not None
-                             and self.now >= call.user_cancel_at else "timeout", None)
-            return
-        self.send(call)
-
-    def _release_one_held(self) -> None:
-        """A slot freed: the highest-priority, longest-waiting held call re-asks."""
-        while self._held:
-            _, _, cid = heapq.heappop(self._held)
-            held = self._held_calls.pop(cid, None)
-            if held is not None:
-                self._reask(*held)
-                return
 
     # ------------------------------------------------------------ attempts
 
@@ -374,8 +328,8 @@ class Simulation:
             self._on_result(att, now)
         if self._needs_tick:
             self._arm()
-        if self._held_calls:
-            self._release_one_held()
+        if self.held.calls:
+            self.held.release_one()
         if att.outcome == "ok":
             call.end_at = att.end_at
             call.first_token_at = att.first_token_at if call.stream else att.end_at
