@@ -5,11 +5,12 @@ series with a known class, the window summary of the class's SLO metric at its
 percentile goes to :meth:`~sidecar.core.health_board.HealthBoard.evaluate`,
 which may quarantine only if another route stays viable
 (:func:`~sidecar.core.viability.others_viable`), or for a burst of failures
-if another still serves (:func:`~sidecar.core.viability.others_serve`). A window
-judged on its failures alone that escalates closes its series' evaluation span
-(:mod:`sidecar.core.evaluation_span`), so those failures vote once. A cluster whose circuit is
-open is judged as a whole instead: its slices' windows hold the outage and the
-probes, and they start afresh on restore. Cluster-wide entries that are not
+if another still serves (:func:`~sidecar.core.viability.others_serve`). A
+window judged on its failures alone that escalates closes its series'
+evaluation span (:mod:`sidecar.core.evaluation_span`), so those failures vote
+once. A cluster whose circuit is open is judged as a whole instead: its
+slices' windows hold the outage and the probes, and they start afresh on
+restore. Cluster-wide entries that are not
 healthy are then judged on their outcome counts in the sub-window just ended,
 summed over every model the cluster serves.
 """
