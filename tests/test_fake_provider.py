@@ -326,6 +326,19 @@ async def test_hold_keeps_requests_waiting_until_released_and_survives_other_cha
         assert (await held).choices
 
 
+@pytest.mark.parametrize("payload", [{"reset": True, "ttft_ms": "fast"},
+                                     {"reset": True, "hold": "no"}])
+def test_an_invalid_reset_changes_nothing(payload: dict[str, object]) -> None:
+    """A refused payload is not applied at all: a reset in it does not release the hold
+    or restore the startup profile first."""
+    provider = FakeProvider("p", Profile(ttft=LatencyDist(5.0, 5.0)))
+    provider.apply_control({"hold": True, "error_rate": 0.5})
+    before = provider.snapshot()
+    with pytest.raises(ConfigError):
+        provider.apply_control(payload)
+    assert provider.snapshot() == before and before["held"] is True
+
+
 @async_test
 async def test_schedule_applies_relative_to_start() -> None:
     schedule = parse_schedule('[{"at_s": 0.05, "set": {"error_rate": 1.0}}]')
