@@ -16,8 +16,8 @@ closes the span (:meth:`EvaluationSpan.fence` at the current sub-window, via
 :meth:`~sidecar.core.stats.StatsStore.close_span`): left open, the next
 verdicts would judge the same failures again, and two timeouts among a sparse
 route's six requests voted three windows for degraded and two more for
-restricted with no new evidence (a generated outage scenario, family seed 97,
-#10: the fast route of a slice restricted for 300 s).
+restricted, with one new request, a success, among them (a generated outage
+scenario, family seed 97, #10: the fast route of a slice restricted for 300 s).
 
 Invariant: ``unjudged`` only moves forward, to the sub-window after the last
 one a verdict covered (or to a fence: evidence before it is never judged).
