@@ -24,8 +24,9 @@ errors and timeouts reach the burst share: a route that fails most of what it
 is sent is worse than one restricted for its latency, which still answers.
 Holding it as "the last viable route" beside such a one kept it in service for
 the whole outage (a generated outage scenario: the fast route of a slice had
-been restricted for two slow answers, the other went down, and the panic tier
-sent the slice to the dead one for 140 s, 24 -> 212 violations).
+been restricted for two slow answers, the other went down, and the held route's
+paced trials, :mod:`sidecar.core.failure_run`, took 180 of the slice's 193
+requests in the next 130 s: 24 -> 212 violations).
 
 Without the second clause, ejecting a cluster could leave a slice whose other
 routes are all out with none: the last route that serves is restricted instead.
