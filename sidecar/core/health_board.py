@@ -77,10 +77,18 @@ class HealthBoard:
 
     def evaluate(
         self, cluster: str, slice: SliceKey, summary: WindowSummary, slo: SloConfig,
-        now: float, may_quarantine: bool = True, may_quarantine_failing: bool | None = None,
+        now: float, may_quarantine: bool = True,
     ) -> list[TransitionEvent]:  # fmt: skip
         """Apply the completed window ``summary`` (of ``slo.metric`` at ``slo.percentile``)."""
-        v = WindowVerdict.of(summary, slo, self.cfg)
+        return self.judge(cluster, slice, WindowVerdict.of(summary, slo, self.cfg), now,
+                          may_quarantine)
+
+    def judge(
+        self, cluster: str, slice: SliceKey, v: WindowVerdict, now: float,
+        may_quarantine: bool = True, may_quarantine_failing: bool | None = None,
+    ) -> list[TransitionEvent]:  # fmt: skip
+        """Apply a completed window's verdict (the router builds it once and also reads
+        it: :mod:`sidecar.core.window_evaluation`)."""
         return self._run(cluster, slice, now,
                          lambda h: h.evaluate(v, now, may_quarantine, may_quarantine_failing))
 

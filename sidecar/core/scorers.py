@@ -242,10 +242,7 @@ class MissRatio:
                 known.append((c, violation_share(x, n, a) + floor))
         if len(known) < 2:
             return
-        top, best = known[0]
-        for c, v in known:
-            if v < best:
-                top, best = c, v
+        top, best = min(known, key=lambda cv: cv[1])  # the first of equals, as before
         if ctx.view.inflight(top.name) >= LIGHT * max(top.cluster.max_concurrency, 1):
             return  # the best route is no longer light: its record says nothing of more
         for c, v in known:

@@ -2,7 +2,8 @@
 
 Called by the router at each sub-window boundary. Per narrow (cluster, slice)
 series with a known class, the window summary of the class's SLO metric at its
-percentile goes to :meth:`~sidecar.core.health_board.HealthBoard.evaluate`,
+percentile, as a verdict, goes to
+:meth:`~sidecar.core.health_board.HealthBoard.judge`,
 which may quarantine only if another route stays viable
 (:func:`~sidecar.core.viability.others_viable`), or for a burst of failures
 if another still serves (:func:`~sidecar.core.viability.others_serve`). A
@@ -43,14 +44,13 @@ def evaluate_windows(config: Config, stats: StatsStore, board: HealthBoard,
         summary = stats.window_summary(
             cluster, slice, klass.slo.metric, klass.slo.percentile / 100.0, now
         )
+        v = WindowVerdict.of(summary, klass.slo, config.health)
         viable = others_viable(board, config, cluster, slice)
-        events.extend(board.evaluate(
-            cluster, slice, summary, klass.slo, now, may_quarantine=viable,
+        events.extend(board.judge(
+            cluster, slice, v, now, may_quarantine=viable,
             may_quarantine_failing=viable or others_serve(board, config, cluster, slice),
         ))
-        if summary.quantile is None and (summary.errors or summary.timeouts) and \
-                escalates_on_failures(WindowVerdict.of(summary, klass.slo, config.health),
-                                      config.health):
+        if escalates_on_failures(v, config.health):
             stats.close_span(cluster, slice, now)
     k = math.floor(now / config.stats.subwindow_s) - 1
     for (cluster, slice), h in board.items():
