@@ -260,8 +260,8 @@ def test_an_adopted_limit_is_the_lower_one_with_the_later_refusal(
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["refuse", "adopt", "adopt_quota", "press", "grow", "hold",
-                             "release"]),
+            st.sampled_from(["refuse", "queue", "adopt", "adopt_quota", "press", "grow",
+                             "hold", "release"]),
             st.integers(0, 80),
             st.floats(0, 50)
         ),
@@ -285,6 +285,11 @@ def test_limits_stay_within_one_and_the_maximum_and_move_the_right_way(
                 assert pb.limit("a") == cap and "a" in pb.held()
             else:
                 assert pb.limit("a") <= before  # a refusal never raises a limit
+        elif kind == "queue":  # requests sent while it held k or more queued
+            pb.queued("a", k, now)
+            assert pb.limit("a") <= before  # a queue never raises a limit
+            if pb.limit("a") < before:
+                assert pb.limit("a") == max(k, 1) and pb.source("a") == "queueing"
         elif kind == "adopt":  # a peer's or a snapshot's limit, its refusal dt ago
             pb.adopt("a", k / 2, now - dt)
             assert pb.limit("a") <= before  # nor does adopting one
@@ -312,7 +317,11 @@ def test_limits_stay_within_one_and_the_maximum_and_move_the_right_way(
         until = pb.held().get("a")
         assert until is None or until <= now + MAX_HOLD_S  # (possibly due, not yet released)
         full = until is not None
-        assert pb.refused_slots.get("a", 0) == (cap if full else cap - pb.limit("a"))
+        capped = pb.source("a") == "queueing"  # a cap: full at it, nothing refused below
+        assert ("a" in pb.caps) == capped and pb.caps.get("a", pb.limit("a")) == pb.limit("a")
+        assert ("a" in pb.learned()) == (pb.source("a") == "429")  # caps stay our own
+        refused = cap if full else 0 if capped else cap - pb.limit("a")
+        assert pb.refused_slots.get("a", 0) == refused
 
 
 # ------------------------------------------------------------ as the router sees it
@@ -424,6 +433,8 @@ def test_only_429_is_push_back(status: int) -> None:
     ("cluster", "shown"),
     [
         ({"inflight": 3, "max_concurrency": 64, "concurrency_limit": 16}, "a 3/16 (of 64, 429s)"),
+        ({"inflight": 3, "max_concurrency": 64, "concurrency_limit": 16,
+          "limit_source": "queueing"}, "a 3/16 (of 64, queueing)"),
         ({"inflight": 3, "max_concurrency": 64, "concurrency_limit": 64}, "a 3/64 in flight"),
         ({"inflight": 3, "max_concurrency": 64}, "a 3/64 in flight"),  # an older sidecar's /state
         ({"inflight": 0, "max_concurrency": 64, "concurrency_limit": 64, "held_until": 4.6},
@@ -450,6 +461,8 @@ def test_state_reports_the_learned_limit_and_real_in_flight() -> None:
     r.observe(Observation("a", S, "error", status=429), 1.0)
     a = state_json(r, 2.0)["clusters"]["a"]
     assert (a["inflight"], a["max_concurrency"], a["concurrency_limit"]) == (1, 8, 1)
+    assert a["limit_source"] == "429"
+    assert state_json(r, 2.0)["clusters"]["b"]["limit_source"] is None
     assert a["held_until"] is None and a["quota_429"] is False
     r.finished("a")
     r.observe(Observation("a", S, "error", status=429), 3.0)  # refused with nothing else

@@ -32,6 +32,7 @@ from sidecar.core.health_board import CLUSTER_SLICE, HealthBoard
 from sidecar.core.light_load import LIGHT, LightOutcomes, load_of
 from sidecar.core.live_misses import LiveMisses
 from sidecar.core.pushback import WAIT_STATUSES, PushBack
+from sidecar.core.queue_signs import QueueSigns
 from sidecar.core.stats import StatsStore
 from sidecar.core.subwindow import OkSample
 from sidecar.core.trial_hold import TrialHold
@@ -93,7 +94,9 @@ class Intake:
     _limits: dict[str, int]  # max_concurrency per cluster (the router's _configure)
     peer_inflight: dict[str, int]  # fleet mode: other replicas' in-flight counts
     pushback: PushBack
+    queue_signs: QueueSigns
     _refused: dict[str, int]  # pushback.refused_slots
+    _caps: dict[str, int]  # pushback.caps
     live: LiveMisses  # routes missing their budget now
 
     def inflight(self, cluster: str) -> int:
@@ -102,6 +105,10 @@ class Intake:
         n = self._inflight[cluster]
         if self.peer_inflight:
             n += self.peer_inflight.get(cluster, 0)
+        if self._caps:
+            cap = self._caps.get(cluster)
+            if cap is not None and n >= cap:  # at a limit learned from queueing: full
+                n = max(n, self._limits[cluster])
         return n + self._refused.get(cluster, 0) if self._refused else n
 
     def held(self, cluster: str) -> int:
@@ -111,7 +118,9 @@ class Intake:
 
     def has_room(self, cluster: str) -> bool:
         """Below the cluster's limit with our own requests (a probe's or trial's room)."""
-        return self._inflight[cluster] + self._refused.get(cluster, 0) < self._limits[cluster]
+        own = self._inflight[cluster]
+        return (own + self._refused.get(cluster, 0) < self._limits[cluster]
+                and own < self._caps.get(cluster, own + 1))
 
     def own_inflight(self, cluster: str) -> int:
         """This process's requests in flight on ``cluster`` (what fleet mode publishes)."""
@@ -155,7 +164,7 @@ class Intake:
         self._inflight[cluster] += 1
         if low:
             self._low[cluster] += 1
-        if cluster in self._refused:
+        if cluster in self._refused or cluster in self._caps:
             self.pushback.pressed(cluster, self.held(cluster))
         return load
 
@@ -193,6 +202,8 @@ class Intake:
             self.stats.observe(obs, now)
             return []
         sent = obs.sent_load
+        if sent is not None and obs.status != 429:
+            self._note_queue_sign(obs, sent, now)
         if sent is not None and sent < LIGHT and self._load(obs.cluster) < LIGHT:
             violated = obs.outcome != "ok" or not within_budget(self.config, obs)
             # A 429 is the provider's backpressure (sidecar.core.pushback answers it), not
@@ -208,6 +219,20 @@ class Intake:
         if events:
             self._log(events)
         return events
+
+    def _note_queue_sign(self, obs: Observation, sent: float, now: float) -> None:
+        """Hand the outcome to the queue-sign book (:mod:`sidecar.core.queue_signs`): the
+        requests really held when it was sent (its load less the slots a learned limit
+        refuses now: a limit seldom moves within one request) and whether it missed."""
+        cluster = obs.cluster
+        held = round(sent * self._limits.get(cluster, 1)) - self._refused.get(cluster, 0)
+        cap = self._caps.get(cluster)
+        if cap is not None and held >= self._limits.get(cluster, 1):
+            held = cap  # sent at the cap, which reads as full (inflight)
+        took = obs.e2e_s if obs.e2e_s is not None else obs.ttft_s
+        missed = obs.outcome != "ok" or not within_budget(self.config, obs)
+        self.queue_signs.note(cluster, obs.slice.klass, now - (took or 0.0), held, missed,
+                              obs.tpot_s)
 
     def observe_logged(self, obs: Observation, now: float) -> list[TransitionEvent]:
         """:meth:`observe` for a request routed without a decision (native mode: Envoy

@@ -111,11 +111,24 @@ unavailable) holds the cluster as a 429's declared wait does, but stays evidence
 the route's own trouble, so its statistics and health machine count it as the error
 it is, and a route that keeps declaring it is restricted and ejected as any other.
 
+**A queue is a limit too.** A provider that queues instead of refusing shows its
+capacity only in where its misses fall (:mod:`sidecar.core.queue_signs`); the count it
+serves up to arrives through :meth:`PushBack.queued` and is kept as a *cap*
+(:attr:`PushBack.caps`): the cluster counts as full once it holds that many, and
+nothing is refused below it (a stated limit's refused slots would push traffic off a
+route that is merely short, and a cap read from outcomes can be wrong). ``L`` then
+grows by ``GROW_QUEUED`` (a slot at least), not ``GROW``: overshooting a queue's
+capacity costs the requests queued until the next window, where overshooting a 429's
+costs refusals. A 429 turns a cap back into a limit with refused slots. Caps are this
+process's own (:meth:`PushBack.learned` leaves them out).
+
 Invariants: ``1 <= L <= max`` for every tracked cluster; a cluster is tracked
 only while ``L < max``; a 429 never raises a limit, except a quota's, which drops it;
 time alone never lowers one; a hold never outlasts ``MAX_HOLD_S`` past the 429 that
 set it; a cluster whose 429s read as a quota's learns no limit, not even a peer's, and
-is never held for it while it is some model's only candidate.
+is never held for it while it is some model's only candidate; a cluster is in
+``caps`` exactly while its limit was last lowered by a queue and it is tracked, and then
+not in ``refused_slots`` unless held.
 """
 
 from __future__ import annotations
@@ -126,6 +139,10 @@ from dataclasses import dataclass
 from typing import Final
 
 GROW: Final = 0.5  # share of the limit regained per window once quiet (at least one slot)
+# A limit learned from queueing (sidecar.core.queue_signs) regains this share instead:
+# the provider never said where its capacity is, and overshooting it queues requests
+# until the next judgement, where a 429's overshoot costs only refusals.
+GROW_QUEUED: Final = 0.1
 HOLD_S: Final = 30.0  # quiet time after the last refusal before the limit may grow again
 # A declared wait longer than this is cut to it: a hostile or mistaken header must
 # not take a route away for an hour; the provider can refuse again after a minute.
@@ -164,6 +181,7 @@ class _Limit:
     limit: float
     last_refusal: float
     pressed: bool = False  # held floor(limit) requests since the last window boundary
+    queued: bool = False  # learned from queueing, not from a 429 (grows by GROW_QUEUED)
 
 
 class PushBack:
@@ -176,6 +194,10 @@ class PushBack:
         # it per candidate and request, so it is a plain dict kept in step (and the
         # same object for the router's lifetime).
         self.refused_slots: dict[str, int] = {}
+        # cluster -> floor(limit) of the limits learned from queueing: full at the cap,
+        # nothing refused below it (a limit nobody can see the provider keep must not
+        # push traffic off a route short of it; module docstring of queue_signs).
+        self.caps: dict[str, int] = {}
         self._held: dict[str, float] = {}  # cluster -> end of its declared wait
         self.next_release: float | None = None  # earliest end of a hold
         self.holds_version = 0  # moves when a hold starts or ends (native weights republish)
@@ -203,6 +225,7 @@ class PushBack:
             if cap is None:
                 del self._tracked[c]
                 self.refused_slots.pop(c, None)
+                self.caps.pop(c, None)
             else:
                 self._tracked[c].limit = min(self._tracked[c].limit, float(cap))
         self._sync([*self._tracked, *self._held])
@@ -221,7 +244,26 @@ class PushBack:
         if cur is None:
             self._tracked[cluster] = _Limit(new, now)
         else:
-            cur.limit, cur.last_refusal = new, now
+            cur.limit, cur.last_refusal, cur.queued = new, now, False
+        self._sync((cluster,))
+
+    def queued(self, cluster: str, holding: int, now: float) -> None:
+        """``cluster`` queued requests sent while it held ``holding`` or more
+        (:mod:`sidecar.core.queue_signs`): its limit becomes at most ``holding``. A sign
+        at or above the limit says nothing new (requests sent before it fell) and leaves
+        the quiet time running; a cluster whose 429s read as a quota's is left alone."""
+        cap = self._max.get(cluster)
+        if cap is None or self.quota(cluster, now):
+            return
+        cur = self._tracked.get(cluster)
+        limit = float(cap) if cur is None else cur.limit
+        if holding >= math.floor(limit):
+            return
+        new = max(1.0, float(holding))
+        if cur is None:
+            self._tracked[cluster] = _Limit(new, now, queued=True)
+        else:
+            cur.limit, cur.last_refusal, cur.queued = new, now, True
         self._sync((cluster,))
 
     def quota(self, cluster: str, now: float) -> bool:
@@ -321,7 +363,8 @@ class PushBack:
         for c, t in self._tracked.items():
             pressed, t.pressed = t.pressed, False
             if pressed and now - t.last_refusal >= HOLD_S:
-                t.limit = min(float(self._max[c]), t.limit + max(1.0, GROW * t.limit))
+                share = GROW_QUEUED if t.queued else GROW
+                t.limit = min(float(self._max[c]), t.limit + max(1.0, share * t.limit))
                 changed.append(c)
         if changed:
             self._sync(changed)
@@ -341,13 +384,23 @@ class PushBack:
         if cur is None:
             self._tracked[cluster] = _Limit(limit, refused_at)
         else:
+            if limit < cur.limit:
+                cur.queued = False  # the lower limit is the peer's 429s', and so its kind
             cur.limit = min(cur.limit, limit)
             cur.last_refusal = max(cur.last_refusal, refused_at)
         self._sync((cluster,))
 
     def learned(self) -> dict[str, tuple[float, float]]:
-        """``cluster -> (limit, last refusal)`` of every cluster below its maximum."""
-        return {c: (t.limit, t.last_refusal) for c, t in self._tracked.items()}
+        """``cluster -> (limit, last refusal)`` of every cluster below its maximum by its
+        429s (what fleet peers and warm-restart snapshots adopt). A cap learned from
+        queueing stays this process's own: it is read from outcomes, not stated by the
+        provider, and a peer adopting it would count it as refused slots."""
+        return {c: (t.limit, t.last_refusal) for c, t in self._tracked.items() if not t.queued}
+
+    def source(self, cluster: str) -> str | None:
+        """What lowered ``cluster``'s limit: ``"429"``, ``"queueing"``, or None (untracked)."""
+        t = self._tracked.get(cluster)
+        return None if t is None else "queueing" if t.queued else "429"
 
     def limit(self, cluster: str) -> int:
         """The concurrency ``cluster`` is trusted with now (``max_concurrency`` if untracked)."""
@@ -361,9 +414,13 @@ class PushBack:
             if t is not None and t.limit >= cap:
                 del self._tracked[c]
                 t = None
+            if t is not None and t.queued:
+                self.caps[c] = math.floor(t.limit)
+            else:
+                self.caps.pop(c, None)
             if c in self._held:
                 self.refused_slots[c] = cap
-            elif t is None:
+            elif t is None or t.queued:
                 self.refused_slots.pop(c, None)
             else:
                 self.refused_slots[c] = cap - math.floor(t.limit)

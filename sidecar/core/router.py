@@ -44,6 +44,7 @@ from sidecar.core.plan_cache import (
     step_key,
 )
 from sidecar.core.pushback import PushBack
+from sidecar.core.queue_signs import QueueSigns
 from sidecar.core.request_lane import LanePick, RequestLane, chosen_latency, full_result
 from sidecar.core.scorers import DEFAULT_SCORERS
 from sidecar.core.selection import HealthView, LatencyValue, PipelineResult, SelectionContext
@@ -84,6 +85,8 @@ class Router(Intake):
         self.light = LightOutcomes()  # outcomes under light load (the floor's share)
         self.pushback = PushBack()  # limits learned from 429s (sidecar.core.pushback)
         self._refused = self.pushback.refused_slots
+        self._caps = self.pushback.caps
+        self.queue_signs = QueueSigns()  # capacity lost without a 429 (sidecar.core.queue_signs)
         self.live = LiveMisses(config)  # routes missing their budget now
         self._configure(config)
 
@@ -96,6 +99,7 @@ class Router(Intake):
         self._light = self.light if config.fleet is None else None
         self.light.keep_records(any(k.miss_ratio_exponent for k in config.classes))
         self._limits = {c.name: c.max_concurrency for c in config.clusters}
+        self.queue_signs.forget(set(self._limits))
         self.pushback.configure(
             self._limits, {m.candidates[0] for m in config.models if len(m.candidates) == 1})
         self._fresh = False  # building a plan: read evidence fresh
@@ -283,7 +287,7 @@ class Router(Intake):
         if cached.lane is not None and not req.explain and not ctx.held and not ctx.missing:
             # Standalone, the in-flight counts are the Counter's own (missing: 0).
             lane = cached.lane
-            pick = lane.pick(self.inflight if self.peer_inflight or self._refused
+            pick = lane.pick(self.inflight if self.peer_inflight or self._refused or self._caps
                              else self._inflight.__getitem__, rng)
             if pick is not None:
                 row = lane.rows[pick.chosen]
@@ -387,6 +391,8 @@ class Router(Intake):
                     self.stats.observe(obs, now)
         if self._next_eval is not None and now >= self._next_eval:
             self._next_eval = self._boundary_after(now)
+            for cluster, holding in self.queue_signs.judge(now).items():
+                self.pushback.queued(cluster, holding, now)
             self.pushback.grow(now)
             events.extend(evaluate_windows(self.config, self.stats, self.board,
                                            self._models_of, now))

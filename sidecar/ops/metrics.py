@@ -129,7 +129,8 @@ class RouterCollector(Collector):
                     [([c], r.held(c)) for c in r.config.cluster_names], labels=["cluster"])
         yield gauge("tailroute_concurrency_limit",
                     "Concurrency each cluster is trusted with: max_concurrency, lowered by "
-                    "the provider's 429s (sidecar.core.pushback)",
+                    "the provider's 429s or by where its requests began to queue "
+                    "(sidecar.core.pushback, sidecar.core.queue_signs)",
                     [([c], r.pushback.limit(c)) for c in r.config.cluster_names],
                     labels=["cluster"])
 

@@ -59,8 +59,11 @@ def state_json(router: Router, now: float) -> dict[str, Any]:
         clusters[c] = {
             "inflight": router.held(c),
             "max_concurrency": router.config.cluster(c).max_concurrency,
-            # learned from 429s (sidecar.core.pushback); max_concurrency when none came
+            # learned from 429s or from queueing (sidecar.core.pushback, queue_signs);
+            # max_concurrency when neither lowered it
             "concurrency_limit": router.pushback.limit(c),
+            # what lowered it: "429", "queueing" (a cap: full at it), or None
+            "limit_source": router.pushback.source(c),
             # end of a hold (a 429's or 503's Retry-After, or a quota's backoff): full until
             # then; None if not held
             "held_until": held.get(c),

@@ -46,11 +46,12 @@ def _ago(seconds: float) -> str:
 
 
 def _limit(cluster: dict[str, Any], now: float) -> str:
-    """``max_concurrency``, or ``limit (of max)`` while 429s have lowered it, and the
-    time left of a hold (``held``) while the cluster waits out a declared wait or, its
-    429s read as a quota's, a backoff."""
+    """``max_concurrency``, or ``limit (of max, why)`` while 429s or queueing have
+    lowered it, and the time left of a hold (``held``) while the cluster waits out a
+    declared wait or, its 429s read as a quota's, a backoff."""
     cap, limit = cluster["max_concurrency"], cluster.get("concurrency_limit")
-    out = str(cap) if limit is None or limit >= cap else f"{limit} (of {cap}, 429s)"
+    why = "queueing" if cluster.get("limit_source") == "queueing" else "429s"
+    out = str(cap) if limit is None or limit >= cap else f"{limit} (of {cap}, {why})"
     held = cluster.get("held_until")
     if held is None:
         return f"{out}, 429s: quota" if cluster.get("quota_429") else out
