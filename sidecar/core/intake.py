@@ -202,13 +202,16 @@ class Intake:
             self.stats.observe(obs, now)
             return []
         sent = obs.sent_load
-        if sent is not None and obs.status != 429:
-            self._note_queue_sign(obs, sent, now)
-        if sent is not None and sent < LIGHT and self._load(obs.cluster) < LIGHT:
+        if sent is not None:
             violated = obs.outcome != "ok" or not within_budget(self.config, obs)
-            # A 429 is the provider's backpressure (sidecar.core.pushback answers it), not
-            # the route's tail: the floor's ring counts it, the miss-ratio record does not.
-            self.light.note(obs.cluster, obs.slice, violated, now, record=obs.status != 429)
+            if obs.status != 429:  # a refusal is pushback's, not a queue's
+                self._note_queue_sign(obs, sent, violated, now)
+            if sent < LIGHT and self._load(obs.cluster) < LIGHT:
+                # A 429 is the provider's backpressure (sidecar.core.pushback answers it),
+                # not the route's tail: the floor's ring counts it, the miss-ratio record
+                # does not.
+                self.light.note(obs.cluster, obs.slice, violated, now,
+                                record=obs.status != 429)
         if obs.is_probe:
             key = self.stats.observe(obs, now)
             events = self._record_probe(obs, key, now)
@@ -220,17 +223,20 @@ class Intake:
             self._log(events)
         return events
 
-    def _note_queue_sign(self, obs: Observation, sent: float, now: float) -> None:
-        """Hand the outcome to the queue-sign book (:mod:`sidecar.core.queue_signs`): the
-        requests really held when it was sent (its load less the slots a learned limit
-        refuses now: a limit seldom moves within one request) and whether it missed."""
+    def _note_queue_sign(self, obs: Observation, sent: float, missed: bool,
+                         now: float) -> None:
+        """Hand the outcome to the queue-sign book (:mod:`sidecar.core.queue_signs`): when
+        it was sent, the requests really held then (its load less the slots a learned
+        limit refuses now: a limit seldom moves within one request) and whether it
+        missed its class budget."""
         cluster = obs.cluster
-        held = round(sent * self._limits.get(cluster, 1)) - self._refused.get(cluster, 0)
-        cap = self._caps.get(cluster)
-        if cap is not None and held >= self._limits.get(cluster, 1):
-            held = cap  # sent at the cap, which reads as full (inflight)
+        limit = self._limits.get(cluster, 1)
+        held = round(sent * limit)
+        if self._refused:
+            held -= self._refused.get(cluster, 0)
+        if self._caps and held >= limit and cluster in self._caps:
+            held = self._caps[cluster]  # sent at the cap, which reads as full (inflight)
         took = obs.e2e_s if obs.e2e_s is not None else obs.ttft_s
-        missed = obs.outcome != "ok" or not within_budget(self.config, obs)
         self.queue_signs.note(cluster, obs.slice.klass, now - (took or 0.0), held, missed,
                               obs.tpot_s)
 

@@ -208,6 +208,7 @@ class QueueSigns:
         # (cluster, class) -> its latest (sent_at, k, missed, tpot_s)
         self._ring: dict[tuple[str, str], deque[Row]] = {}
         self._fresh: set[tuple[str, str]] = set()  # with outcomes since the last judgement
+        self._missed_at: dict[tuple[str, str], float] = {}  # latest send time of a miss
 
     def note(self, cluster: str, klass: str, sent_at: float, held: int, missed: bool,
              tpot_s: float | None = None) -> None:
@@ -220,6 +221,8 @@ class QueueSigns:
             ring = self._ring[key] = deque(maxlen=RING)
         ring.append((sent_at, max(held, 0), missed, tpot_s))
         self._fresh.add(key)
+        if missed and sent_at > self._missed_at.get(key, -math.inf):
+            self._missed_at[key] = sent_at
 
     def judge(self, now: float) -> dict[str, int]:
         """Window boundary: ``cluster -> k*`` of every cluster where some class's outcomes
@@ -228,6 +231,8 @@ class QueueSigns:
         signs: dict[str, int] = {}
         start = now - SPAN_S
         for key in sorted(self._fresh):
+            if self._missed_at.get(key, -math.inf) < start:
+                continue  # no miss sent within the span: no episode (the common case)
             ring = self._ring[key]
             if ring[0][0] < start:
                 kept = [e for e in ring if e[0] >= start]
@@ -244,4 +249,5 @@ class QueueSigns:
         """Drop the clusters not in ``keep`` (a reload removed them)."""
         for key in [key for key in self._ring if key[0] not in keep]:
             del self._ring[key]
+            self._missed_at.pop(key, None)
         self._fresh = {key for key in self._fresh if key[0] in keep}
