@@ -75,8 +75,9 @@ route that turned slow decodes slowly too. So a sign also needs::
 In the lab the two kinds fall far apart: 0.83-1.12 for the capacity cliffs that
 gave a sign, 2.4-3.6 for the spikes. ``TPOT_RATIO`` = 1.5 leaves room for a
 full batch decoding somewhat slower than a light one. Misses without a TPOT --
-errors, timeouts before the first token -- cannot be told apart, and give no
-sign.
+errors, timeouts before the first token, and every response not streamed (its
+tokens come at once, so no pace is measured) -- cannot be told apart, and give
+no sign.
 
 A sign hands ``k*`` to :meth:`sidecar.core.pushback.PushBack.queued`, which
 keeps it as the cluster's *cap*: the capacity rules see the cluster full once
