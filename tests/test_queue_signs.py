@@ -147,6 +147,16 @@ def test_outcomes_age_out_by_send_time() -> None:
     assert signs.judge(100.0 + SPAN_S + 21.0) == {}  # the misses were sent too long ago
 
 
+def test_a_long_request_sent_before_the_span_does_not_count_when_it_ends_late() -> None:
+    """The ring is in order of completion: misses sent long ago that end after newer
+    requests are still outside the span, wherever they sit in the ring."""
+    signs = QueueSigns()
+    _note_all(signs, "interactive", [(200.0 + i / 10, i % 20, False) for i in range(40)])
+    _note_all(signs, "interactive", [(100.0 + i / 10, 40 + i, True) for i in range(20)])
+    _note_all(signs, "interactive", [(204.0 + i / 10, 40 + i, True) for i in range(2)])
+    assert signs.judge(210.0) == {}  # two recent misses: too few above any count
+
+
 def test_a_queue_limit_cuts_at_the_sign_and_regains_slowly() -> None:
     pb = PushBack()
     pb.configure({"a": 100})

@@ -235,11 +235,13 @@ class QueueSigns:
             if self._missed_at.get(key, -math.inf) < start:
                 continue  # no miss sent within the span: no episode (the common case)
             ring = self._ring[key]
-            if ring[0][0] < start:
-                kept = [e for e in ring if e[0] >= start]
+            # by send time: the ring is in order of completion, and a long request
+            # sent before the span may end after newer ones
+            recent = [e for e in ring if e[0] >= start]
+            if len(recent) < len(ring):
                 ring.clear()
-                ring.extend(kept)
-            k = queue_sign(ring)
+                ring.extend(recent)
+            k = queue_sign(recent)
             if k is not None:
                 cluster = key[0]
                 signs[cluster] = min(k, signs.get(cluster, k))
