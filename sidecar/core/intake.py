@@ -240,6 +240,12 @@ class Intake:
         self.queue_signs.note(cluster, obs.slice.klass, now - (took or 0.0), held, missed,
                               obs.tpot_s)
 
+    def _learn_caps(self, now: float) -> None:
+        """Window boundary: the clusters whose requests began to queue are capped where
+        (:mod:`sidecar.core.queue_signs`, :meth:`PushBack.queued`)."""
+        for cluster, holding in self.queue_signs.judge(now).items():
+            self.pushback.queued(cluster, holding, now)
+
     def observe_logged(self, obs: Observation, now: float) -> list[TransitionEvent]:
         """:meth:`observe` for a request routed without a decision (native mode: Envoy
         drew its cluster from the published weights), learned from its access-log entry

@@ -2,16 +2,14 @@
 
 A 429 (Too Many Requests) from a provider is backpressure, not sickness. A
 provider behind a quota, or a smaller deployment than configured, refuses work
-while ``max_concurrency`` still says there is room, and a router that believes
-the configuration keeps sending into the refusals (lab case ``rate_limited``:
+while ``max_concurrency`` still says there is room (lab case ``rate_limited``:
 half of the requests refused). This module keeps, per cluster, the concurrency
-the provider has shown it accepts, and the router counts the capacity it
-refused as occupied (:attr:`PushBack.refused_slots`, added by
-``Router.inflight``). So every rule that compares in-flight work with
-``max_concurrency`` -- the capacity filter, the load score, the herding guard,
-admission's ``full``/``free``, a probe's or a trial's room, native weights'
-planning -- sees the provider's real limit without a change of its own, and a
-plan cached before the limit moved stays exact (it reads in-flight counts live).
+the provider has shown it accepts, and the router counts the capacity it refused
+as occupied (:attr:`PushBack.refused_slots`, added by ``Router.inflight``). So
+every rule that compares in-flight work with ``max_concurrency`` -- the capacity
+filter, the load score, the herding guard, admission, a probe's or a trial's
+room, native weights -- sees the provider's real limit without a change of its
+own, and a cached plan stays exact (it reads in-flight counts live).
 
 Per cluster (``max`` its ``max_concurrency``; ``k`` the requests still in flight
 there when the 429 is observed, peers' included in fleet mode: what the
@@ -24,9 +22,8 @@ provider was holding when it refused)::
     refused slots     max - floor(L)   (a cluster is tracked only while L < max)
 
 The decrease is anchored at what the provider held, not a factor per refusal:
-requests sent before the limit fell come back refused together, and a factor
-per refusal compounded them (a cut from 16 to 5 drove the limit to 1 in a lab
-run); a refusal while we hold ``L`` or more says nothing new. The increase
+requests sent before the limit fell come back refused together (a factor per
+refusal compounded them); a refusal while we hold ``L`` or more says nothing new. The increase
 comes after a quiet spell, and only while traffic presses on the limit (TCP
 grows its window only while the window is what holds it back, RFC 7661): a
 limit nobody reaches says nothing about the provider, and raising it blindly
@@ -47,15 +44,14 @@ too: a replica that reads a cluster's 429s as a quota's publishes it, and its
 peers read theirs so as well (:meth:`PushBack.adopt_quota`). In fleet mode ``k``
 counts the peers' requests, so a replica seldom sees a 429 come back to an empty
 cluster itself; without that, the replicas that never did kept ratcheting ``L``
-as the quota's refusals drained (lab hunt ``burst_429`` as 4 replicas sharing state:
-two of the four held ``L`` at 1-3 of 40 for the rest of the run).
+as the quota's refusals drained (docs/policy-lab.md, "A quota that does not say so").
 
 **A declared wait is a hold, not a limit.** A 429 that says when to come back
 (``Retry-After`` / ``retry-after-ms``, parsed into
 :attr:`~sidecar.core.types.Observation.retry_after_s`) is a time-based quota: the
 provider refuses whatever the route holds, so anchoring ``L`` at ``k`` would
-ratchet it down as traffic drains (lab hunt ``burst_429``: 40 -> 1, two minutes
-to recover, bursts 32 s apart). Such a 429 instead holds the cluster::
+ratchet it down as traffic drains (lab hunt ``burst_429``). Such a 429 instead
+holds the cluster::
 
     on a 429 with wait w:   held_until <- max(held_until, now + min(w, MAX_HOLD_S))
     refused slots           max while now < held_until (the route counts as full)
@@ -65,14 +61,12 @@ due at :attr:`PushBack.next_release`; the router's ``next_deadline`` includes
 it): the route then has every slot it had before. A wait of 0 holds nothing.
 The router counts a 429 that set a hold as an outcome but keeps it out of the
 route's statistics and health (``Intake.observe``): a quota is not sickness, and
-counted as errors the refusals took a bursting route to ``restricted`` for
-minutes (4 replicas sharing state: 1,130 -> 317 violations, 4 draws).
+counted as errors the refusals took a bursting route to ``restricted`` for minutes.
 
 **A refusal of nothing is a quota.** A 429 that comes back while nothing else of ours is
 in flight there (``k = 0``) cannot be a concurrency limit -- none is below 1 -- so the
-provider refuses whatever it gets: a quota by time that did not say how long (lab hunt
-``burst_429``: 70 % refused for 8 s of every 40 s, which ratcheted ``L`` from 40 to 1 as
-the refused requests drained, and kept it there, traffic having nothing to press on).
+provider refuses whatever it gets: a quota by time that did not say how long (read as a
+limit, lab hunt ``burst_429``'s quota ratcheted ``L`` from 40 to 1 and kept it there).
 Such a refusal, and every 429 of the cluster until ``QUOTA_MEMORY_S`` pass without one,
 is read as that quota's::
 
@@ -84,17 +78,14 @@ is read as that quota's::
 A concurrency limit never shows ``k = 0``: refusals stop once the route holds fewer
 than the provider takes. Unlike a declared quota's, such a 429 stays evidence against
 the route: nothing says how long the quota lasts, and a route that refuses a share of
-its requests at random serves its callers worse than one that does not (kept out of
-the evidence, ``burst_429`` did better, 0.95 % against 1.32 %, and steady random 429s
-worse: four generated ``error_mix`` scenarios 1,052 violations against 1,026; 4
-draws).
+its requests at random serves its callers worse than one that does not (figures in
+docs/policy-lab.md, "A quota that does not say so").
 
 A hold steers traffic to a model's other routes. A cluster that is some model's only
 candidate is therefore never held for an undeclared quota: that model would get
 tailroute's own 429 for the whole hold, more than the provider refuses (a provider
-refusing a few requests at random -- overloaded now and then -- would, held, refuse
-all of them). Its quota's 429s still learn no limit. (A declared wait holds it: the
-provider asked for it.)
+refusing a few requests at random would, held, refuse all of them). Its quota's 429s
+still learn no limit. (A declared wait holds it: the provider asked for it.)
 
 A cluster held lately (a declared wait or a quota's backoff, whose hold ended less
 than ``QUOTA_MEMORY_S`` ago) or whose 429s read as a quota's is *refusing by time*
@@ -102,33 +93,25 @@ than ``QUOTA_MEMORY_S`` ago) or whose 429s read as a quota's is *refusing by tim
 model's routes on its gentle scale only (:class:`~sidecar.core.scorers.Attainment`).
 
 Native routing has no per-request in-flight count (``k`` is 0 there, the peers'
-requests in fleet mode), so there every 429 without a wait is a quota's: before, one
-such 429 set ``L = 1`` for good -- the route then looked full to the weights and never
-took the traffic that would let ``L`` grow.
+requests in fleet mode), so there every 429 without a wait is a quota's (read as a
+limit, one set ``L = 1`` for good: the route looked full and got nothing to grow on).
 
 A ``503`` with a ``Retry-After`` (RFC 9110: how long the service is expected to be
-unavailable) holds the cluster as a 429's declared wait does, but stays evidence: unavailability is
-the route's own trouble, so its statistics and health machine count it as the error
-it is, and a route that keeps declaring it is restricted and ejected as any other.
+unavailable) holds the cluster as a 429's declared wait does, but stays evidence:
+unavailability is the route's own trouble, so a route that keeps declaring it is
+restricted and ejected as any other.
 
-**A queue is a limit too.** A provider that queues instead of refusing shows its
-capacity only in where its misses fall (:mod:`sidecar.core.queue_signs`); the count it
-serves up to arrives through :meth:`PushBack.queued` and is kept as a *cap*
-(:attr:`PushBack.caps`): the cluster counts as full once it holds that many, and
-nothing is refused below it (a stated limit's refused slots would push traffic off a
-route that is merely short, and a cap read from outcomes can be wrong). ``L`` then
-grows by ``GROW_QUEUED`` (a slot at least), not ``GROW``: overshooting a queue's
-capacity costs the requests queued until the next window, where overshooting a 429's
-costs refusals. A 429 turns a cap back into a limit with refused slots. Caps are this
-process's own (:meth:`PushBack.learned` leaves them out).
+**A queue is a limit too** (:mod:`sidecar.core.queue_signs` says why and how): its
+count arrives through :meth:`PushBack.queued` and is kept as a *cap*
+(:attr:`PushBack.caps`: full at it, nothing refused below it), grows by ``GROW_QUEUED``,
+becomes a limit on a 429, and stays this process's own (not in :meth:`learned`).
 
 Invariants: ``1 <= L <= max`` for every tracked cluster; a cluster is tracked
 only while ``L < max``; a 429 never raises a limit, except a quota's, which drops it;
 time alone never lowers one; a hold never outlasts ``MAX_HOLD_S`` past the 429 that
 set it; a cluster whose 429s read as a quota's learns no limit, not even a peer's, and
-is never held for it while it is some model's only candidate; a cluster is in
-``caps`` exactly while its limit was last lowered by a queue and it is tracked, and then
-not in ``refused_slots`` unless held.
+is never held for it while it is some model's only candidate; a tracked cluster is in
+``caps`` (and then not in ``refused_slots`` unless held) iff a queue set its limit last.
 """
 
 from __future__ import annotations
@@ -139,10 +122,7 @@ from dataclasses import dataclass
 from typing import Final
 
 GROW: Final = 0.5  # share of the limit regained per window once quiet (at least one slot)
-# A limit learned from queueing (sidecar.core.queue_signs) regains this share instead:
-# the provider never said where its capacity is, and overshooting it queues requests
-# until the next judgement, where a 429's overshoot costs only refusals.
-GROW_QUEUED: Final = 0.1
+GROW_QUEUED: Final = 0.1  # the same for a queue's cap (overshooting one queues requests)
 HOLD_S: Final = 30.0  # quiet time after the last refusal before the limit may grow again
 # A declared wait longer than this is cut to it: a hostile or mistaken header must
 # not take a route away for an hour; the provider can refuse again after a minute.
@@ -194,10 +174,7 @@ class PushBack:
         # it per candidate and request, so it is a plain dict kept in step (and the
         # same object for the router's lifetime).
         self.refused_slots: dict[str, int] = {}
-        # cluster -> floor(limit) of the limits learned from queueing: full at the cap,
-        # nothing refused below it (a limit nobody can see the provider keep must not
-        # push traffic off a route short of it; module docstring of queue_signs).
-        self.caps: dict[str, int] = {}
+        self.caps: dict[str, int] = {}  # cluster -> floor(limit) of a queue's cap (in step)
         self._held: dict[str, float] = {}  # cluster -> end of its declared wait
         self.next_release: float | None = None  # earliest end of a hold
         self.holds_version = 0  # moves when a hold starts or ends (native weights republish)
@@ -248,10 +225,9 @@ class PushBack:
         self._sync((cluster,))
 
     def queued(self, cluster: str, holding: int, now: float) -> None:
-        """``cluster`` queued requests sent while it held ``holding`` or more
-        (:mod:`sidecar.core.queue_signs`): its limit becomes at most ``holding``. A sign
-        at or above the limit says nothing new (requests sent before it fell) and leaves
-        the quiet time running; a cluster whose 429s read as a quota's is left alone."""
+        """``cluster`` queued requests sent while it held ``holding`` or more: its cap
+        becomes ``holding`` if lower (a sign at or above the limit says nothing new);
+        a cluster whose 429s read as a quota's is left alone."""
         cap = self._max.get(cluster)
         if cap is None or self.quota(cluster, now):
             return
@@ -392,9 +368,7 @@ class PushBack:
 
     def learned(self) -> dict[str, tuple[float, float]]:
         """``cluster -> (limit, last refusal)`` of every cluster below its maximum by its
-        429s (what fleet peers and warm-restart snapshots adopt). A cap learned from
-        queueing stays this process's own: it is read from outcomes, not stated by the
-        provider, and a peer adopting it would count it as refused slots."""
+        429s (what peers and snapshots adopt; a queue's cap is read, not stated)."""
         return {c: (t.limit, t.last_refusal) for c, t in self._tracked.items() if not t.queued}
 
     def source(self, cluster: str) -> str | None:

@@ -84,8 +84,7 @@ class Router(Intake):
         self.trials = TrialHold()  # hard failures whose run is still on trial
         self.light = LightOutcomes()  # outcomes under light load (the floor's share)
         self.pushback = PushBack()  # limits learned from 429s (sidecar.core.pushback)
-        self._refused = self.pushback.refused_slots
-        self._caps = self.pushback.caps
+        self._refused, self._caps = self.pushback.refused_slots, self.pushback.caps
         self.queue_signs = QueueSigns()  # capacity lost without a 429 (sidecar.core.queue_signs)
         self.live = LiveMisses(config)  # routes missing their budget now
         self._configure(config)
@@ -391,8 +390,7 @@ class Router(Intake):
                     self.stats.observe(obs, now)
         if self._next_eval is not None and now >= self._next_eval:
             self._next_eval = self._boundary_after(now)
-            for cluster, holding in self.queue_signs.judge(now).items():
-                self.pushback.queued(cluster, holding, now)
+            self._learn_caps(now)
             self.pushback.grow(now)
             events.extend(evaluate_windows(self.config, self.stats, self.board,
                                            self._models_of, now))
