@@ -241,8 +241,8 @@ class Intake:
                               obs.tpot_s)
 
     def _learn_caps(self, now: float) -> None:
-        """Window boundary: the clusters whose requests began to queue are capped where
-        (:mod:`sidecar.core.queue_signs`, :meth:`PushBack.queued`)."""
+        """Window boundary: each cluster whose requests began to queue is capped at the
+        count where they did (:mod:`sidecar.core.queue_signs`, :meth:`PushBack.queued`)."""
         for cluster, holding in self.queue_signs.judge(now).items():
             self.pushback.queued(cluster, holding, now)
 
