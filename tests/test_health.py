@@ -355,27 +355,33 @@ def summary(index: int, tail: float | None, requests: int = 40, errors: int = 0)
                          requests, errors, 0, 0, h.cumulative())  # fmt: skip
 
 
+def _evaluate(board: HealthBoard, cluster: str, slice: SliceKey, summary: WindowSummary,
+              slo: SloConfig, now: float) -> list[TransitionEvent]:
+    """A completed window's summary judged, as the router's window evaluation does."""
+    return board.judge(cluster, slice, WindowVerdict.of(summary, slo, HC), now)
+
+
 def test_board_keeps_only_routes_that_differ_from_healthy() -> None:
     b = HealthBoard(HC, SC)
     assert b.peek("a", K) is None and b.get("a", K).weight == 1.0
-    assert b.evaluate("a", K, summary(1, None, requests=2), SLO, 20.0) == []
+    assert _evaluate(b, "a", K, summary(1, None, requests=2), SLO, 20.0) == []
     assert b.items() == []  # nothing learned: nothing kept
-    assert b.evaluate("a", K, summary(2, 0.2), SLO, 30.0) == []
+    assert _evaluate(b, "a", K, summary(2, 0.2), SLO, 30.0) == []
     assert b.peek("a", K) is not None  # healthy, but it has history now
-    assert b.evaluate("a", K, summary(3, 1.5), SLO, 40.0)[0].new == "watching"
-    b.evaluate("a", K, summary(4, 0.2), SLO, 50.0)
-    b.evaluate("a", K, summary(5, 0.2), SLO, 60.0)
+    assert _evaluate(b, "a", K, summary(3, 1.5), SLO, 40.0)[0].new == "watching"
+    _evaluate(b, "a", K, summary(4, 0.2), SLO, 50.0)
+    _evaluate(b, "a", K, summary(5, 0.2), SLO, 60.0)
     assert b.get("a", K).state is S.HEALTHY and b.get("a", K).history.windows == 3
     assert b.record_probe("b", K, True, 60.0) == []  # never seen: ignored
     with pytest.raises(ValueError):
-        b.evaluate("a", K, summary(6, 0.2), replace(SLO, metric="e2e"), 60.0)
+        _evaluate(b, "a", K, summary(6, 0.2), replace(SLO, metric="e2e"), 60.0)
 
 
 def test_board_tick_deadline_snapshot_and_prune() -> None:
     b = HealthBoard(HC, SC)
     other = SliceKey("m", "batch", "long", False)
-    b.evaluate("a", K, summary(1, 0.2, requests=10, errors=9), SLO, 20.0)
-    b.evaluate("b", other, summary(1, 1.5), SLO, 20.0)
+    _evaluate(b, "a", K, summary(1, 0.2, requests=10, errors=9), SLO, 20.0)
+    _evaluate(b, "b", other, summary(1, 1.5), SLO, 20.0)
     assert b.get("a", K).state is S.QUARANTINED and b.next_deadline() == 35.0
     data = json.loads(json.dumps(b.to_dict(21.0)))
     assert b.tick(34.0) == [] and b.tick(35.0)[0].new == "probing"
@@ -383,10 +389,10 @@ def test_board_tick_deadline_snapshot_and_prune() -> None:
     assert back.next_deadline() == 1035.0 and back.get("b", other).state is S.WATCHING
     assert back.get("b", other).votes == {S.DEGRADED: 1}
     # window 1 was applied; rebased onto the new clock it is window 101
-    back.evaluate("b", other, summary(101, 1.5), SLO, 1030.0)
+    _evaluate(back, "b", other, summary(101, 1.5), SLO, 1030.0)
     assert back.get("b", other).votes == {S.DEGRADED: 1}
     for _ in range(3):  # window 102 is new: counted once
-        back.evaluate("b", other, summary(102, 1.5), SLO, 1030.0)
+        _evaluate(back, "b", other, summary(102, 1.5), SLO, 1030.0)
     assert back.get("b", other).votes == {S.DEGRADED: 2}
     assert back.prune([]) == 1 and back.peek("a", K) is not None  # cooldown pending: kept
     with pytest.raises(ValueError):
@@ -414,7 +420,7 @@ def run(
         now = (k + 1) * 10.0
         for cluster, slice in store.narrow_keys():
             s = store.window_summary(cluster, slice, "ttft", 0.95, now)
-            board.evaluate(cluster, slice, s, SLO, now)
+            _evaluate(board, cluster, slice, s, SLO, now)
         history.append({key: board.get(*key).state for key in traffic})
     return history
 

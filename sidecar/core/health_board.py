@@ -19,10 +19,9 @@ import math
 from collections.abc import Callable, Collection
 from typing import Any, Final
 
-from sidecar.core.config import HealthConfig, SloConfig, StatsConfig
+from sidecar.core.config import HealthConfig, StatsConfig
 from sidecar.core.health import HealthState, RouteHealth
 from sidecar.core.health_signals import History, WindowVerdict
-from sidecar.core.subwindow import WindowSummary
 from sidecar.core.types import ANY, SliceKey, TransitionEvent
 
 _Step = Callable[[RouteHealth], list[TransitionEvent]]
@@ -75,20 +74,12 @@ class HealthBoard:
             self.version += 1
         return events
 
-    def evaluate(
-        self, cluster: str, slice: SliceKey, summary: WindowSummary, slo: SloConfig,
-        now: float, may_quarantine: bool = True,
-    ) -> list[TransitionEvent]:  # fmt: skip
-        """Apply the completed window ``summary`` (of ``slo.metric`` at ``slo.percentile``)."""
-        return self.judge(cluster, slice, WindowVerdict.of(summary, slo, self.cfg), now,
-                          may_quarantine)
-
     def judge(
         self, cluster: str, slice: SliceKey, v: WindowVerdict, now: float,
         may_quarantine: bool = True, may_quarantine_failing: bool | None = None,
     ) -> list[TransitionEvent]:  # fmt: skip
-        """Apply a completed window's verdict (the router builds it once and also reads
-        it: :mod:`sidecar.core.window_evaluation`)."""
+        """Apply a completed window's verdict (``WindowVerdict.of`` its summary; the router
+        builds it once and also reads it: :mod:`sidecar.core.window_evaluation`)."""
         return self._run(cluster, slice, now,
                          lambda h: h.evaluate(v, now, may_quarantine, may_quarantine_failing))
 

@@ -119,8 +119,9 @@ class Intake:
     def has_room(self, cluster: str) -> bool:
         """Below the cluster's limit with our own requests (a probe's or trial's room)."""
         own = self._inflight[cluster]
+        cap = self._caps.get(cluster)
         return (own + self._refused.get(cluster, 0) < self._limits[cluster]
-                and own < self._caps.get(cluster, own + 1))
+                and (cap is None or own < cap))
 
     def own_inflight(self, cluster: str) -> int:
         """This process's requests in flight on ``cluster`` (what fleet mode publishes)."""
