@@ -69,6 +69,9 @@ class FakeView:
     def inflight(self, cluster: str) -> int:
         return self.busy.get(cluster, 0)
 
+    def limit_note(self, cluster: str) -> str | None:
+        return None
+
 
 def _req(klass: str = "interactive") -> RequestInfo:
     s = SliceKey("m", klass, "short", True)

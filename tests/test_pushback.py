@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -352,6 +353,35 @@ def test_a_429_makes_the_router_treat_the_refused_capacity_as_occupied() -> None
     r.finished("a")  # one slot frees: a takes work again
     picks = {r.decide(_req(), 3.0 + i / 100, rng).cluster for i in range(200)}
     assert "a" in picks
+
+
+def _capacity_verdict(r: Router, now: float) -> str:
+    """What /explain says of ``a``'s capacity when a request is decided at ``now``."""
+    d = r.decide(replace(_req(), explain=True), now, random.Random(1))
+    assert d.explain is not None
+    return next(c.verdicts["capacity"] for c in d.explain.candidates if c.cluster == "a")
+
+
+@pytest.mark.parametrize(
+    ("pressure", "verdict"),
+    [
+        ("429", "full: its limit of 2 in flight, learned from 429s (of 8)"),
+        ("wait", "full: held until 3.0 s (a declared wait or a quota's backoff) (of 8)"),
+        ("none", "full: 8/8 in flight"),
+    ],
+)
+def test_explain_says_why_a_route_is_full(pressure: str, verdict: str) -> None:
+    """A route full by a learned limit or a hold is not shown as 8 of 8 in flight when
+    it holds two: the verdict names what filled it."""
+    r = _router()
+    for _ in range(8 if pressure == "none" else 2):
+        r.started("a")
+    if pressure != "none":
+        r.started("a")
+        r.finished("a")
+        wait = 2.0 if pressure == "wait" else None
+        r.observe(Observation("a", S, "error", status=429, retry_after_s=wait), 1.0)
+    assert _capacity_verdict(r, 1.5) == verdict
 
 
 def test_a_429_with_a_declared_wait_keeps_the_route_away_until_it_ends() -> None:

@@ -23,7 +23,7 @@ from sidecar.core.queue_signs import (
     split_gain,
 )
 from sidecar.core.router import Router
-from sidecar.core.types import Observation, SliceKey
+from sidecar.core.types import Observation, RequestInfo, SliceKey
 from tests.conftest import base_config_dict
 
 S = SliceKey("m", "interactive", "short", True)
@@ -214,3 +214,9 @@ def test_the_router_learns_a_limit_from_where_a_route_queues() -> None:
         r.started("a")
     assert r.inflight("a") == 100 and not r.has_room("a")  # full at its cap
     assert r.pushback.limit("b") == 100
+    # /explain names the cap, not the 100 slots the capacity rules count
+    req = RequestInfo("chat", "m", True, 100, 100, "interactive", 10, None, S, explain=True)
+    d = r.decide(req, boundary, random.Random(1))
+    assert d.explain is not None
+    verdicts = {c.cluster: c.verdicts.get("capacity") for c in d.explain.candidates}
+    assert verdicts["a"] == "full: its limit of 25 in flight, learned from queueing (of 100)"

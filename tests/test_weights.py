@@ -86,6 +86,9 @@ class FakeView:
     def inflight(self, cluster: str) -> int:
         return self.loads.get(cluster, 0)
 
+    def limit_note(self, cluster: str) -> str | None:
+        return None
+
 
 views = st.builds(
     FakeView,

@@ -120,6 +120,10 @@ class Capacity:
     This is also the herding guard: traffic leaving a degraded route can only
     land where there is spare capacity; when every alternative is full, panic
     mode (or admission control) decides.
+
+    A route the provider holds to a lower limit (429s, queueing) or holds off for a
+    declared wait (:mod:`sidecar.core.pushback`) is counted full there, and its
+    verdict says so rather than give the count that includes the refused slots.
     """
 
     name: str = "capacity"
@@ -128,9 +132,13 @@ class Capacity:
 
     def __call__(self, ctx: SelectionContext, cand: Candidate) -> str | None:
         n = ctx.view.inflight(cand.name)
-        if n < cand.cluster.max_concurrency:
+        top = cand.cluster.max_concurrency
+        if n < top:
             return None
-        return f"full: {n}/{cand.cluster.max_concurrency} in flight"
+        note = ctx.view.limit_note(cand.name)
+        if note is None:
+            return f"full: {n}/{top} in flight"
+        return f"full: {note} (of {top})"
 
 
 @dataclass(frozen=True, slots=True)

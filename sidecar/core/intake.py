@@ -123,6 +123,17 @@ class Intake:
         return (own + self._refused.get(cluster, 0) < self._limits[cluster]
                 and (cap is None or own < cap))
 
+    def limit_note(self, cluster: str) -> str | None:
+        """Why ``cluster`` counts as fuller than its requests (RouteView): a hold or a
+        lower limit, from :mod:`sidecar.core.pushback`."""
+        if cluster not in self._refused and cluster not in self._caps:
+            return None
+        until = self.pushback.held().get(cluster)
+        if until is not None:
+            return f"held until {until:.1f} s (a declared wait or a quota's backoff)"
+        why = "queueing" if self.pushback.source(cluster) == "queueing" else "429s"
+        return f"its limit of {self.pushback.limit(cluster)} in flight, learned from {why}"
+
     def own_inflight(self, cluster: str) -> int:
         """This process's requests in flight on ``cluster`` (what fleet mode publishes)."""
         return self._inflight[cluster]

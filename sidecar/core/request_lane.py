@@ -308,6 +308,9 @@ class _Counted:
     def inflight(self, cluster: str) -> int:
         return self._counts[cluster]
 
+    def limit_note(self, cluster: str) -> str | None:
+        return self._view.limit_note(cluster)  # as of now, not of the pick (counts are)
+
 
 def full_result(result: PipelineResult | LanePick | None) -> PipelineResult | None:
     """The pipeline result behind a decision, rebuilt from a lane pick if need be."""

@@ -87,6 +87,13 @@ class RouteView(Protocol):
 
     def inflight(self, cluster: str) -> int: ...
 
+    def limit_note(self, cluster: str) -> str | None:
+        """Why ``cluster`` counts as fuller than its requests in flight, in words (a
+        limit the provider's 429s or queueing taught, a declared wait:
+        :mod:`sidecar.core.pushback`), or None. ``inflight`` already counts it; this
+        is for explanations only."""
+        ...
+
 
 class Candidate:
     """One cluster as it moves through the pipeline (mutable scratch state).

@@ -122,6 +122,9 @@ class _NoView:
     def inflight(self, cluster: str) -> int:
         raise AssertionError("hard filters must not read load")
 
+    def limit_note(self, cluster: str) -> str | None:
+        raise AssertionError("hard filters must not read load")
+
 
 def representative(config: Config, slice: SliceKey) -> RequestInfo:
     """A first-attempt request of ``slice`` without deadline, step or explain.

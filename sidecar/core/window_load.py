@@ -53,6 +53,9 @@ class LoadedView:
     def inflight(self, cluster: str) -> int:
         return self._base.inflight(cluster) + round(self._extra.get(cluster, 0.0))
 
+    def limit_note(self, cluster: str) -> str | None:
+        return self._base.limit_note(cluster)
+
 
 class WindowView(LoadedView):
     """A :class:`LoadedView` over a router's statistics and health, whose in-flight
