@@ -402,3 +402,40 @@ def test_a_retry_is_never_a_trial() -> None:
     retry = RequestInfo("chat", "m", True, 100, 100, "interactive", 10, None, SHORT,
                         retry_attempt=1)
     assert r.decide(retry, 3.01, random.Random(3)).reason != "trial"
+
+
+BATCH = SliceKey("m", "batch", "long", False)
+
+
+@pytest.mark.parametrize(("slice", "slow", "carries"), [
+    (BATCH, Observation("c", BATCH, "ok", status=200, e2e_s=90.0), False),
+    (SHORT, ok("c", ttft=3.0), True),
+])
+def test_a_request_admission_may_refuse_carries_no_trial_to_a_route_over_budget(
+    slice: SliceKey, slow: Observation, carries: bool,
+) -> None:
+    """A route on trial whose tail is over the class's budget: a batch request (below
+    ``shed_below_priority``, which admission may defer) is not sent there to be
+    deferred for it -- it takes another route, admitted. Deferred, it never went out,
+    the trial stayed due, and the class was deferred while the run lasted (lab case
+    ``error_mix-s307-003``). An interactive request still takes the trial."""
+    r = _router()
+    for i in range(40):
+        for c in "ab":
+            r.observe(Observation(c, slice, "ok", status=200, ttft_s=0.2, e2e_s=5.0),
+                      1.0 + i * 0.05)
+        r.observe(slow, 1.0 + i * 0.05)
+    r.observe(fail("c", slice), 3.0)
+    assert r.board.trial_due("c", slice, 3.01)
+    priority = 1 if slice.klass == "batch" else 10
+    rng = random.Random(4)
+    for i in range(20):
+        req = RequestInfo("chat", "m", bool(slice.streaming), 100, 100, slice.klass, priority,
+                          None, slice, request_id=f"r{i}")
+        d = r.decide(req, 3.01 + i * 0.001, rng)
+        assert d.admission == "admit"
+        if carries:
+            assert (d.cluster, d.reason) == ("c", "trial")
+            break
+        assert d.cluster != "c" and d.reason != "trial"
+    assert r.board.trial_due("c", slice, 3.1) != carries

@@ -185,6 +185,14 @@ class AdmissionControl:
         tail = self._tail_ms(None if cand is None else cand.latency, name, req, klass, view, now)
         return tail is not None and tail > klass.slo.budget_ms
 
+    def over(self, name: str, req: RequestInfo, klass: ClassConfig, view: RouteView,
+             now: float) -> bool:
+        """Is route ``name`` over ``klass``'s budget as admission judges a route offered
+        without a pipeline result (its tail, :meth:`_over`)? The router asks before a
+        refusable request carries a probe or trial there (sidecar.core.plan_cache,
+        "Evidence and admission")."""
+        return self._over(None, name, req, klass, view, now)
+
     def _some_route_ok(
         self, req: RequestInfo, klass: ClassConfig, decision: Decision,
         result: PipelineResult | LanePick | None, view: RouteView, now: float,

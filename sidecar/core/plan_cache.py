@@ -17,7 +17,23 @@ version. Step budgets are keyed in ~5 % steps on a log scale, so a workflow's
 shrinking deadline shares plans with its neighbours.
 
 Probes belong to the plan too: which routes take a small share of the slice's
-traffic to show recovery (:func:`probes`).
+traffic to show recovery (:func:`probes`), as does the route whose open run of hard
+failures is on trial (:func:`trial_route`).
+
+**Evidence and admission.** A probe or a trial goes where evidence is needed, not
+where the scores point, so admission, which judges a request on the routes its
+selection offered, saw only the evidence route -- typically over budget, since that
+is why it is probed or on trial -- and deferred a low-priority request as if every
+route were. A trial that never went out kept the next request's trial due, so the
+class was deferred for as long as the run stayed open (family seed 307's
+`error_mix-s307-003`: 58 batch requests rejected while three healthy routes held 8-41
+of their slots). So a request admission may refuse (below
+``admission.shed_below_priority``) carries no evidence to a route that admission,
+judging it there alone, would find over the class's budget
+(:meth:`~sidecar.core.admission.AdmissionControl.over`): it takes the scores' route
+instead, and the evidence comes from the classes admission does not refuse. Admitted
+to the evidence route instead, such requests failed there, and in the lab that cost
+more than their evidence bought (`error_mix-s7-007`: 61 -> 85 violations).
 """
 
 from __future__ import annotations
@@ -178,3 +194,16 @@ def probes(board: HealthBoard, config: Config, slice: SliceKey, klass: ClassConf
         if share is not None:
             out.append(Probe(c, share))
     return tuple(out)
+
+
+def trial_route(cached: CachedPlan, board: HealthBoard, slice: SliceKey, now: float,
+                has_room: Callable[[str], bool]) -> str | None:
+    """The route, if any, whose open run is on trial with no trial pending (trial pace,
+    :mod:`sidecar.core.health`): it takes this request, so a dead route is judged
+    within its ``K`` requests whatever share the scores left it. Only a route no
+    static filter dropped, and with room."""
+    for cand in cached.plan.candidates:
+        c = cand.name
+        if cand.dropped is None and board.trial_due(c, slice, now) and has_room(c):
+            return c
+    return None

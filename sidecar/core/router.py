@@ -42,6 +42,7 @@ from sidecar.core.plan_cache import (
     probes,
     step_budget_s,
     step_key,
+    trial_route,
 )
 from sidecar.core.pushback import PushBack
 from sidecar.core.queue_signs import QueueSigns
@@ -264,11 +265,13 @@ class Router(Intake):
             # Never probe with a retry: it already had bad luck once.
             for p in cached.probes:
                 if self.has_room(p.cluster) and rng.random() < p.share:
+                    if not self._carries(req, klass, p.cluster, now):
+                        break
                     return self._decision(cached, req, p.cluster, "probe", klass, None), None
         if self.board.runs and not (req.retry_attempt or req.explain):
             # Nor an explained request: it shows the pipeline's choice.
-            trial = self._trial(cached, req.slice, now)
-            if trial is not None:
+            trial = trial_route(cached, self.board, req.slice, now, self.has_room)
+            if trial is not None and self._carries(req, klass, trial, now):
                 return self._decision(cached, req, trial, "trial", klass, None), None
         # The per-request stage reads the plan's context (same model, slice and step;
         # what changes per request -- in-flight counts -- comes from the view); as
@@ -303,6 +306,14 @@ class Router(Intake):
                     self.counters[("live_missing", cand.name)] += 1
         reason = decision_reason(result, model)
         return self._decision(cached, req, result.chosen.name, reason, klass, result), result
+
+    def _carries(self, req: RequestInfo, klass: ClassConfig, cluster: str, now: float) -> bool:
+        """May ``req`` carry a probe or trial to ``cluster``? Not where admission, which
+        judges it there alone, would refuse it (plan_cache, "Evidence and admission")."""
+        adm = self.config.admission
+        if not adm.enabled or adm.high(req.priority):
+            return True
+        return not self.admission.over(cluster, req, klass, self, now)
 
     def _decision(
         self, cached: CachedPlan, req: RequestInfo, cluster: str, reason: str,
@@ -351,18 +362,6 @@ class Router(Intake):
                             RequestLane.of(plan, ctx, self._picker))
         self.plans.store(key, cached)
         return cached
-
-    def _trial(self, cached: CachedPlan, slice: SliceKey, now: float) -> str | None:
-        """The route, if any, whose open run is on trial with no trial pending
-        (trial pace, :mod:`sidecar.core.health`): it takes this request, so a dead
-        route is judged within its ``K`` requests whatever share the scores left
-        it. Only a route no static filter dropped, and with room."""
-        for cand in cached.plan.candidates:
-            c = cand.name
-            if (cand.dropped is None and self.board.trial_due(c, slice, now)
-                    and self.has_room(c)):
-                return c
-        return None
 
     def _finish(self, req: RequestInfo, cluster: str, reason: str, klass: ClassConfig,
                 result: PipelineResult | None, is_probe: bool = False) -> Decision:
