@@ -439,3 +439,29 @@ def test_a_request_admission_may_refuse_carries_no_trial_to_a_route_over_budget(
             break
         assert d.cluster != "c" and d.reason != "trial"
     assert r.board.trial_due("c", slice, 3.1) != carries
+
+
+def test_a_request_admission_may_refuse_carries_no_probe_to_a_route_over_budget() -> None:
+    """The same for probes: a latency-sensitive class below ``shed_below_priority`` has
+    its slow route restricted, which probes it (5 % of the slice). Those probes were
+    deferred, one request in twenty refused while two routes had room; now the
+    requests go to those routes and every one is admitted."""
+    bulk = SliceKey("m", "bulk", "short", True)
+    classes = {"bulk": {"priority": 2,
+                        "slo": {"metric": "ttft", "percentile": 95, "budget_ms": 1000}}}
+    r = Router(parse_config(base_config_dict(classes=classes), "t.yaml"))
+    for k in range(1, 12):  # c's first tokens come at 3 s, a's and b's at 0.2 s
+        for i in range(30):
+            for c, ttft in (("a", 0.2), ("b", 0.2), ("c", 3.0)):
+                r.observe(Observation(c, bulk, "ok", status=200, ttft_s=ttft, e2e_s=ttft + 0.5),
+                          10.0 * (k - 1) + 0.3 * i + 0.1)
+        r.tick(10.0 * k + 0.05)
+        if r.health("c", bulk).state == "restricted":
+            break
+    now = 10.0 * k + 0.1
+    assert r.health("c", bulk).probe_share > 0
+    rng = random.Random(1)
+    decided = [r.decide(RequestInfo("chat", "m", True, 100, 100, "bulk", 2, None, bulk,
+                                    request_id=f"r{i}"), now + i * 0.001, rng)
+               for i in range(400)]
+    assert all(d.admission == "admit" and d.cluster != "c" for d in decided)
