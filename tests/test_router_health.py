@@ -465,3 +465,26 @@ def test_a_request_admission_may_refuse_carries_no_probe_to_a_route_over_budget(
                                     request_id=f"r{i}"), now + i * 0.001, rng)
                for i in range(400)]
     assert all(d.admission == "admit" and d.cluster != "c" for d in decided)
+
+
+def test_a_request_with_a_deadline_carries_no_trial_to_a_route_that_cannot_meet_it() -> None:
+    """Whatever its priority: judged on a route on trial that needs 6 s, an agentic
+    request with 3 s left was rejected as ``deadline_unreachable`` ("best route needs
+    5930ms") while two routes needed one second, and the trial stayed due for the next
+    one. Now it goes to a route that fits, admitted; the trial waits for a request it
+    suits."""
+    s = SliceKey("m", "agentic", "short", True)
+    r = _router()
+    for i in range(40):
+        for c, e2e in (("a", 1.0), ("b", 1.0), ("c", 6.0)):
+            r.observe(Observation(c, s, "ok", status=200, ttft_s=0.2, e2e_s=e2e), 1.0 + i * 0.05)
+    r.observe(fail("c", s), 3.0)
+    assert r.board.trial_due("c", s, 3.01)
+    rng = random.Random(1)
+    for i in range(10):
+        req = RequestInfo("chat", "m", True, 100, 100, "agentic", 8, None, s,
+                          request_id=f"r{i}", deadline_ms=3000)
+        d = r.decide(req, 3.01 + i * 0.001, rng)
+        assert d.admission == "admit" and d.cluster in ("a", "b"), d
+    free = RequestInfo("chat", "m", True, 100, 100, "agentic", 8, None, s, request_id="free")
+    assert r.decide(free, 3.02, rng).reason == "trial"  # no deadline: it takes the trial

@@ -193,6 +193,19 @@ class AdmissionControl:
         "Evidence and admission")."""
         return self._over(None, name, req, klass, view, now)
 
+    def fits(self, name: str, req: RequestInfo, klass: ClassConfig, view: RouteView,
+             now: float) -> bool:
+        """Does route ``name`` fit ``req``'s deadline, judged there alone: its e2e median
+        and tail (the class percentile) within what is left (unknown ones fit)? On a
+        route that does not, admission would reject or skip the request (rows 3-5)
+        instead of moving it (sidecar.core.plan_cache, "Evidence and admission")."""
+        left = remaining_ms(req, klass)
+        for q in (50.0, klass.slo.percentile):
+            need = _ms(view.latency(name, req.slice, "e2e", q, now).value)
+            if need is not None and need > left:
+                return False
+        return left > 0
+
     def _some_route_ok(
         self, req: RequestInfo, klass: ClassConfig, decision: Decision,
         result: PipelineResult | LanePick | None, view: RouteView, now: float,

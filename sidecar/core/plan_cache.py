@@ -33,7 +33,12 @@ judging it there alone, would find over the class's budget
 (:meth:`~sidecar.core.admission.AdmissionControl.over`): it takes the scores' route
 instead, and the evidence comes from the classes admission does not refuse. Admitted
 to the evidence route instead, such requests failed there, and in the lab that cost
-more than their evidence bought (`error_mix-s7-007`: 61 -> 85 violations).
+more than their evidence bought (`error_mix-s7-007`: 61 -> 85 violations). The same
+holds for a request with a deadline, whatever its priority: judged on a slow evidence
+route alone, it was rejected as ``deadline_unreachable`` ("best route needs 5930ms"
+beside routes needing one second) instead of moved, and again at every request while
+the trial stayed due. It carries evidence only to a route whose e2e median and tail
+fit what is left (:meth:`~sidecar.core.admission.AdmissionControl.fits`).
 """
 
 from __future__ import annotations

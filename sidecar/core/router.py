@@ -308,12 +308,13 @@ class Router(Intake):
         return self._decision(cached, req, result.chosen.name, reason, klass, result), result
 
     def _carries(self, req: RequestInfo, klass: ClassConfig, cluster: str, now: float) -> bool:
-        """May ``req`` carry a probe or trial to ``cluster``? Not where admission, which
-        judges it there alone, would refuse it (plan_cache, "Evidence and admission")."""
-        adm = self.config.admission
-        if not adm.enabled or adm.high(req.priority):
+        """May ``req`` carry a probe or trial there? plan_cache, "Evidence and admission"."""
+        adm, a = self.config.admission, self.admission
+        if not adm.enabled:
             return True
-        return not self.admission.over(cluster, req, klass, self, now)
+        if req.deadline_ms is not None and not a.fits(cluster, req, klass, self, now):
+            return False
+        return adm.high(req.priority) or not a.over(cluster, req, klass, self, now)
 
     def _decision(
         self, cached: CachedPlan, req: RequestInfo, cluster: str, reason: str,
