@@ -82,6 +82,15 @@ def _ms(v: float | None) -> float | None:
     return None if v is None else v * 1000.0
 
 
+def _e2e_ms(name: str, req: RequestInfo, klass: ClassConfig, view: RouteView,
+            now: float) -> tuple[float | None, float | None]:
+    """Route ``name``'s e2e median and tail (the class percentile) for ``req``'s slice, ms:
+    what a deadline's rows and route choice compare with what is left."""
+    p50 = view.latency(name, req.slice, "e2e", 50.0, now).value
+    tail = view.latency(name, req.slice, "e2e", klass.slo.percentile, now).value
+    return _ms(p50), _ms(tail)
+
+
 def _min(values: Iterable[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return min(present) if present else None
@@ -133,17 +142,14 @@ class AdmissionControl:
                 chosen = c is result.chosen
                 rows.append((c.name, c.dropped in (None, "capacity"),
                              c.dropped is None or chosen, c.weight))
-        slo = klass.slo
         deadline = req.deadline_ms is not None
         cands = {} if result is None else {c.name: c for c in result.candidates}
         out = []
         for name, usable, selectable, weight in rows:
             n, cap = view.inflight(name), self.config.cluster(name).max_concurrency
             over = usable and self._over(cands.get(name), name, req, klass, view, now)
-            p50 = tail_e2e = None
-            if deadline and usable:
-                p50 = _ms(view.latency(name, req.slice, "e2e", 50.0, now).value)
-                tail_e2e = _ms(view.latency(name, req.slice, "e2e", slo.percentile, now).value)
+            p50, tail_e2e = _e2e_ms(name, req, klass, view, now) if deadline and usable \
+                else (None, None)
             free = max(cap - n, 0)
             tight = free <= self.pressure.reserve_slots(cap)
             held_for = held.get(name)
@@ -188,9 +194,8 @@ class AdmissionControl:
     def over(self, name: str, req: RequestInfo, klass: ClassConfig, view: RouteView,
              now: float) -> bool:
         """Is route ``name`` over ``klass``'s budget as admission judges a route offered
-        without a pipeline result (its tail, :meth:`_over`)? The router asks before a
-        refusable request carries a probe or trial there (sidecar.core.plan_cache,
-        "Evidence and admission")."""
+        without a pipeline result (its tail)? Asked before a refusable request carries
+        a probe or trial there (sidecar.core.plan_cache, "Evidence and admission")."""
         return self._over(None, name, req, klass, view, now)
 
     def fits(self, name: str, req: RequestInfo, klass: ClassConfig, view: RouteView,
@@ -200,11 +205,8 @@ class AdmissionControl:
         route that does not, admission would reject or skip the request (rows 3-5)
         instead of moving it (sidecar.core.plan_cache, "Evidence and admission")."""
         left = remaining_ms(req, klass)
-        for q in (50.0, klass.slo.percentile):
-            need = _ms(view.latency(name, req.slice, "e2e", q, now).value)
-            if need is not None and need > left:
-                return False
-        return left > 0
+        return left > 0 and all(need is None or need <= left
+                                for need in _e2e_ms(name, req, klass, view, now))
 
     def _some_route_ok(
         self, req: RequestInfo, klass: ClassConfig, decision: Decision,
