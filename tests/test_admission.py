@@ -51,6 +51,11 @@ CAPACITY = {**CONTENDED, "capacity_bound": True, "queue_window_ms": 250.0}
         (S(**CAPACITY, queue_room=False), "admit", "best_effort"),
         (S(**{**CAPACITY, "queue_window_ms": 0.0}), "admit", "best_effort"),
         (S(**CONTENDED, capacity_bound=False), "admit", "best_effort"),  # over budget only
+        # a probe or trial, judged on its one route (over budget by design)
+        (S(**CONTENDED, capacity_bound=False, evidence=True), "admit", "evidence"),
+        (S(**CONTENDED, evidence=True, high=False), "defer", "overload"),
+        (S(**CONTENDED, evidence=True, yields=True), "defer", "yield"),
+        (S(evidence=True), "admit", "ok"),
         # beyond capacity: every usable route full once the queue cannot help
         (S(**CAPACITY, full=True, queued=True, wait_expired=True), "defer", "full"),
         (S(**CAPACITY, full=True, queue_room=False, can_defer=False), "shed", "full"),

@@ -434,20 +434,28 @@ def test_a_request_admission_may_refuse_carries_no_trial_to_a_route_over_budget(
                           None, slice, request_id=f"r{i}")
         d = r.decide(req, 3.01 + i * 0.001, rng)
         assert d.admission == "admit"
-        if carries:
+        if carries:  # admitted under its own name, not as best effort
             assert (d.cluster, d.reason) == ("c", "trial")
+            assert d.detail is not None and d.detail.startswith("evidence: "), d.detail
+            assert r.counters[("admission_reason", "evidence")] == 1
+            assert r.counters[("admission_reason", "best_effort")] == 0
             break
         assert d.cluster != "c" and d.reason != "trial"
     assert r.board.trial_due("c", slice, 3.1) != carries
 
 
-def test_a_request_admission_may_refuse_carries_no_probe_to_a_route_over_budget() -> None:
+@pytest.mark.parametrize("priority", [2, 10])
+def test_a_request_admission_may_refuse_carries_no_probe_to_a_route_over_budget(
+    priority: int,
+) -> None:
     """The same for probes: a latency-sensitive class below ``shed_below_priority`` has
     its slow route restricted, which probes it (5 % of the slice). Those probes were
     deferred, one request in twenty refused while two routes had room; now the
-    requests go to those routes and every one is admitted."""
+    requests go to those routes and every one is admitted. At priority 10 the probes
+    go out, admitted as ``evidence`` (they were labelled ``best_effort``: "every
+    eligible route is full or over budget", judged on the probed route alone)."""
     bulk = SliceKey("m", "bulk", "short", True)
-    classes = {"bulk": {"priority": 2,
+    classes = {"bulk": {"priority": priority,
                         "slo": {"metric": "ttft", "percentile": 95, "budget_ms": 1000}}}
     r = Router(parse_config(base_config_dict(classes=classes), "t.yaml"))
     for k in range(1, 12):  # c's first tokens come at 3 s, a's and b's at 0.2 s
@@ -461,10 +469,18 @@ def test_a_request_admission_may_refuse_carries_no_probe_to_a_route_over_budget(
     now = 10.0 * k + 0.1
     assert r.health("c", bulk).probe_share > 0
     rng = random.Random(1)
-    decided = [r.decide(RequestInfo("chat", "m", True, 100, 100, "bulk", 2, None, bulk,
-                                    request_id=f"r{i}"), now + i * 0.001, rng)
+    decided = [r.decide(RequestInfo("chat", "m", True, 100, 100, "bulk", priority, None,
+                                    bulk, request_id=f"r{i}"), now + i * 0.001, rng)
                for i in range(400)]
-    assert all(d.admission == "admit" and d.cluster != "c" for d in decided)
+    assert all(d.admission == "admit" for d in decided)
+    probes = [d for d in decided if d.cluster == "c"]
+    if priority < 5:
+        assert not probes
+        return
+    assert probes and all(d.reason == "probe" for d in probes)
+    assert all(d.detail is not None and d.detail.startswith("evidence: ") for d in probes)
+    assert r.counters[("admission_reason", "evidence")] == len(probes)
+    assert r.counters[("admission_reason", "best_effort")] == 0
 
 
 def test_a_request_with_a_deadline_carries_no_trial_to_a_route_that_cannot_meet_it() -> None:

@@ -53,7 +53,7 @@ from typing import Final
 
 from sidecar.core.admission_priority import PriorityPressure
 from sidecar.core.admission_queue import AdmissionQueue, Waiter
-from sidecar.core.admission_rules import RULES, Rule, Situation, evaluate
+from sidecar.core.admission_rules import RULES, Situation, evaluate, row_note
 from sidecar.core.admission_verdict import RouteFacts, Verdict
 from sidecar.core.config import ClassConfig, Config
 from sidecar.core.evidence import significant
@@ -109,9 +109,8 @@ class AdmissionControl:
         self.queue = AdmissionQueue(config.admission.queue_max)
         self.memory = RetryMemory()
         self.budget = RetryBudget(config.admission.retry_budget_ratio, 1.0)
-        self.pressure = PriorityPressure(config.admission.yield_hold_s,
-                                         config.admission.yield_reserve,
-                                         config.admission.yield_after_s)
+        adm = config.admission
+        self.pressure = PriorityPressure(adm.yield_hold_s, adm.yield_reserve, adm.yield_after_s)
         self._plain: dict[tuple[str, float], Verdict] = {}  # the fast path's answers, reused
         self.reconfigure(config)
 
@@ -213,7 +212,7 @@ class AdmissionControl:
         result: PipelineResult | LanePick | None, view: RouteView, now: float,
     ) -> bool:
         """Is some usable candidate below capacity and within budget (``not saturated``)?
-        Then, without a deadline, a retry or waiters, no row above 14 can match."""
+        Then, without a deadline, a retry or waiters, only the last row (ok) can match."""
         if isinstance(result, LanePick):
             # Every route the lane kept is below capacity; whether one is over budget
             # reads only the plan's scores: computed once per plan (and class).
@@ -300,7 +299,7 @@ class AdmissionControl:
         if (req.deadline_ms is None and not is_retry and not len(self.queue)
                 and not yielding
                 and self._some_route_ok(req, klass, decision, result, view, now)):
-            # Fast path (the common case): no row above 14 can match.
+            # Fast path (the common case): only the last row (ok) can match.
             self.memory.remember(req.request_id, decision.cluster, now)
             self.budget.record(decision.cluster, now, retry=False)
             key = (decision.cluster, timeout)
@@ -314,7 +313,8 @@ class AdmissionControl:
         held = pressure.held_routes(req.priority, now) if yielding else {}
         facts = self._facts(req, klass, decision, result, view, now, held)
         usable = [f for f in facts if f.usable]
-        if usable and all(f.tight and (f.full or f.over) for f in usable):
+        evidence = decision.reason in ("probe", "trial") and not is_retry
+        if usable and not evidence and all(f.tight and (f.full or f.over) for f in usable):
             # Saturated on this class's own terms (reserves aside) with every route near
             # its capacity: pressed. Others yielding cannot help routes merely slow.
             pressure.mark(klass.name, req.priority, frozenset(f.name for f in usable), now)
@@ -345,10 +345,10 @@ class AdmissionControl:
             can_defer=not has_deadline
             or left >= cfg.defer_retry_after_s * 1000.0 + (need or 0.0),
             full=bool(usable) and all(f.packed for f in usable),
-            shed_full=cfg.beyond_capacity == "shed",
+            shed_full=cfg.beyond_capacity == "shed", evidence=evidence,
         )
         rule = evaluate(s)
-        note = _note(rule, s, ahead, free, choice_note, yields_to)
+        note = row_note(rule, s, ahead, free, choice_note, yields_to)
         final = cluster or decision.cluster
         if rule.outcome == "queue":
             if waiter is None:
@@ -368,33 +368,3 @@ class AdmissionControl:
         w: Waiter | None = self.queue.get(ticket)
         return None if w is None else w.until
 
-
-def _note(rule: Rule, s: Situation, ahead: int, free: int, choice: str,
-          yields_to: str | None = None) -> str:
-    """A short human explanation of the row that matched."""
-    parts: list[str] = []
-    if rule.reason in ("deadline_exhausted", "deadline_unreachable", "optional_does_not_fit"):
-        need = s.need_tail_ms if rule.reason == "optional_does_not_fit" else s.need_ms
-        parts.append(f"{s.remaining_ms:.0f}ms left"
-                     + (f", best route needs {need:.0f}ms" if need is not None else ""))
-    elif rule.reason == "retry_budget":
-        parts.append(f"retry budget spent ({choice})")
-        choice = ""
-    elif s.contended:
-        why = "every eligible route is full or over budget" if s.saturated else (
-            f"{ahead} waiter(s) ahead for {free} free slot(s)")
-        parts.append(why)
-        if rule.reason == "yield":
-            parts.append(f"capacity held for pressed class {yields_to}")
-        elif rule.reason == "full":
-            parts.append("every usable route is at max_concurrency"
-                         + ("; queue wait over" if s.queued else ""))
-        if rule.outcome == "queue":
-            parts.append("waiting" if s.queued else f"queued up to {s.queue_window_ms:.0f}ms")
-        elif rule.reason == "best_effort":
-            parts.append("queue wait over" if s.queued and s.wait_expired
-                         else "waiting cannot help" if not s.capacity_bound
-                         else "queue full" if not s.queue_room else "no time to wait")
-    if choice and rule.outcome in ("admit", "queue"):
-        parts.append(choice)
-    return "; ".join(parts)

@@ -22,9 +22,17 @@ first matching row wins. Deadline rows apply only when the caller sent
 12  contended and yields                        shed     yield
 13  contended, all_full, shed_full, can_defer   defer    full
 14  contended, all_full, shed_full              shed     full
-15  contended                                   admit    best_effort
-16  otherwise                                   admit    ok
+15  contended and evidence                      admit    evidence
+16  contended                                   admit    best_effort
+17  otherwise                                   admit    ok
 ==  ==========================================  =======  =====================
+
+"Evidence" = the router's probe or trial (not a retry): it comes with no pipeline
+result, so it is judged on its one route, often over budget by design (that is why
+it is probed). Row 15 admits it under its own name rather than as best effort, and
+its one route does not mark its class pressed. A class that rows 8-9 would refuse
+carries no evidence to a route over its budget (sidecar.core.plan_cache, "Evidence
+and admission").
 
 "Yields" = a more important class is pressed on one of the request's usable
 routes (:mod:`sidecar.core.admission_priority`): strict priority applies, so
@@ -75,6 +83,9 @@ class Situation:
     # shed_below_priority (slots of less important work do not count)
     full: bool = False
     shed_full: bool = True  # admission.beyond_capacity is "shed"
+    # a probe or trial the router sent (not a retry): judged on its one route, which is
+    # over budget by design; a class the router may refuse never carries one there
+    evidence: bool = False
 
     @property
     def optional(self) -> bool:
@@ -121,6 +132,7 @@ RULES: Final[tuple[Rule, ...]] = (
     Rule(lambda s: s.contended and s.yields, "shed", "yield"),
     Rule(lambda s: s.contended and s.full and s.shed_full and s.can_defer, "defer", "full"),
     Rule(lambda s: s.contended and s.full and s.shed_full, "shed", "full"),
+    Rule(lambda s: s.contended and s.evidence, "admit", "evidence"),
     Rule(lambda s: s.contended, "admit", "best_effort"),
     Rule(lambda s: True, "admit", "ok"),
 )
@@ -130,3 +142,35 @@ def evaluate(s: Situation) -> Rule:
     """The first row of :data:`RULES` that matches ``s``."""
     return next(r for r in RULES if r.when(s))
 
+
+def row_note(rule: Rule, s: Situation, ahead: int, free: int, choice: str,
+             yields_to: str | None = None) -> str:
+    """A short human explanation of the row that matched."""
+    parts: list[str] = []
+    if rule.reason in ("deadline_exhausted", "deadline_unreachable", "optional_does_not_fit"):
+        need = s.need_tail_ms if rule.reason == "optional_does_not_fit" else s.need_ms
+        parts.append(f"{s.remaining_ms:.0f}ms left"
+                     + (f", best route needs {need:.0f}ms" if need is not None else ""))
+    elif rule.reason == "retry_budget":
+        parts.append(f"retry budget spent ({choice})")
+        choice = ""
+    elif rule.reason == "evidence":
+        parts.append("a probe or trial, judged on its route alone")
+    elif s.contended:
+        why = "every eligible route is full or over budget" if s.saturated else (
+            f"{ahead} waiter(s) ahead for {free} free slot(s)")
+        parts.append(why)
+        if rule.reason == "yield":
+            parts.append(f"capacity held for pressed class {yields_to}")
+        elif rule.reason == "full":
+            parts.append("every usable route is at max_concurrency"
+                         + ("; queue wait over" if s.queued else ""))
+        if rule.outcome == "queue":
+            parts.append("waiting" if s.queued else f"queued up to {s.queue_window_ms:.0f}ms")
+        elif rule.reason == "best_effort":
+            parts.append("queue wait over" if s.queued and s.wait_expired
+                         else "waiting cannot help" if not s.capacity_bound
+                         else "queue full" if not s.queue_room else "no time to wait")
+    if choice and rule.outcome in ("admit", "queue"):
+        parts.append(choice)
+    return "; ".join(parts)
