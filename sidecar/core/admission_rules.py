@@ -30,9 +30,9 @@ first matching row wins. Deadline rows apply only when the caller sent
 "Evidence" = the router's probe or trial (not a retry): it comes with no pipeline
 result, so it is judged on its one route, often over budget by design (that is why
 it is probed). Row 15 admits it under its own name rather than as best effort, and
-its one route does not mark its class pressed. A class that rows 8-9 would refuse
-carries no evidence to a route over its budget (sidecar.core.plan_cache, "Evidence
-and admission").
+its one route does not mark its class saturated (toward pressed). A class that rows
+8-9 would refuse carries no evidence to a route over its budget
+(sidecar.core.plan_cache, "Evidence and admission").
 
 "Yields" = a more important class is pressed on one of the request's usable
 routes (:mod:`sidecar.core.admission_priority`): strict priority applies, so
