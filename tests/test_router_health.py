@@ -453,7 +453,8 @@ def test_a_request_admission_may_refuse_carries_no_probe_to_a_route_over_budget(
     deferred, one request in twenty refused while two routes had room; now the
     requests go to those routes and every one is admitted. At priority 10 the probes
     go out, admitted as ``evidence`` (they were labelled ``best_effort``: "every
-    eligible route is full or over budget", judged on the probed route alone)."""
+    eligible route is full or over budget", judged on the probed route alone), and
+    with that route near capacity they no longer mark the class saturated."""
     bulk = SliceKey("m", "bulk", "short", True)
     classes = {"bulk": {"priority": priority,
                         "slo": {"metric": "ttft", "percentile": 95, "budget_ms": 1000}}}
@@ -468,10 +469,15 @@ def test_a_request_admission_may_refuse_carries_no_probe_to_a_route_over_budget(
             break
     now = 10.0 * k + 0.1
     assert r.health("c", bulk).probe_share > 0
+    for _ in range(r.config.cluster("c").max_concurrency - 2):
+        r.started("c")  # c near capacity: within the class reserve, still with room
     rng = random.Random(1)
     decided = [r.decide(RequestInfo("chat", "m", True, 100, 100, "bulk", priority, None,
-                                    bulk, request_id=f"r{i}"), now + i * 0.001, rng)
+                                    bulk, request_id=f"r{i}"), now + i * 0.02, rng)
                for i in range(400)]
+    # Its probes of one route near capacity are not the class saturated: over 8 s of
+    # them (beyond yield_after_s) no class became pressed, which would make others yield.
+    assert r.admission.pressure.snapshot(now + 8.0) == []
     assert all(d.admission == "admit" for d in decided)
     probes = [d for d in decided if d.cluster == "c"]
     if priority < 5:
