@@ -510,3 +510,35 @@ def test_a_request_with_a_deadline_carries_no_trial_to_a_route_that_cannot_meet_
         assert d.admission == "admit" and d.cluster in ("a", "b"), d
     free = RequestInfo("chat", "m", True, 100, 100, "agentic", 8, None, s, request_id="free")
     assert r.decide(free, 3.02, rng).reason == "trial"  # no deadline: it takes the trial
+
+
+
+def test_a_retry_known_only_by_its_request_id_carries_no_probe() -> None:
+    """A client that retries with the same ``x-request-id`` and no attempt header is
+    a retry to admission (its memory) but was not to the router, which drew probes
+    for it: the retry went back to the restricted route that had just served it
+    badly, admitted as ``best_effort`` (as a retry it is not evidence). Never probe
+    with a retry, however it is known: it takes the scores' route."""
+    bulk = SliceKey("m", "bulk", "short", True)
+    classes = {"bulk": {"priority": 10,
+                        "slo": {"metric": "ttft", "percentile": 95, "budget_ms": 1000}}}
+    r = Router(parse_config(base_config_dict(classes=classes), "t.yaml"))
+    for k in range(1, 12):  # c's first tokens come at 3 s, a's and b's at 0.2 s
+        for i in range(30):
+            for c, ttft in (("a", 0.2), ("b", 0.2), ("c", 3.0)):
+                r.observe(Observation(c, bulk, "ok", status=200, ttft_s=ttft, e2e_s=ttft + 0.5),
+                          10.0 * (k - 1) + 0.3 * i + 0.1)
+        r.tick(10.0 * k + 0.05)
+        if r.health("c", bulk).state == "restricted":
+            break
+    now = 10.0 * k + 0.1
+    assert r.health("c", bulk).probe_share > 0
+    rng = random.Random(0)
+    first = [r.decide(RequestInfo("chat", "m", True, 100, 100, "bulk", 10, None, bulk,
+                                  request_id=f"r{i}"), now, rng) for i in range(1000)]
+    assert any(d.reason == "probe" for d in first)  # first attempts do probe c
+    for seed in range(150):  # each: the retry of an attempt that went to c (budget: 203)
+        r.admission.memory.remember(f"dup{seed}", "c", now)
+        d = r.decide(RequestInfo("chat", "m", True, 100, 100, "bulk", 10, None, bulk,
+                                 request_id=f"dup{seed}"), now, random.Random(seed))
+        assert d.admission == "admit" and d.cluster != "c" and not d.is_probe, d

@@ -69,8 +69,7 @@ class Router(Intake):
         # Fleet mode: other replicas' in-flight counts (sidecar.fleet), so capacity and
         # load see the provider's whole load; empty when standalone.
         self.peer_inflight: dict[str, int] = {}
-        # ... and of those, their Decision.low ones (kept in place: admission holds it).
-        self.peer_low: dict[str, int] = {}
+        self.peer_low: dict[str, int] = {}  # of those, Decision.low (admission holds it)
         self.counters: Counter[tuple[str, str]] = Counter()  # (kind, label) -> count
         self.decisions: Counter[tuple[str, str, str]] = Counter()  # (cluster, class, reason)
         self.recent: deque[RecentDecision] = deque(maxlen=recent)
@@ -251,8 +250,7 @@ class Router(Intake):
     ) -> tuple[Decision, PipelineResult | LanePick | None]:
         cfg = self.config
         if req.api == "other":
-            # Not an LLM API (embeddings, model listing, anything else): the default
-            # route by design, not a fail-open of an LLM request (README).
+            # Not an LLM API (embeddings, model listing...): the default route by design.
             return Decision(cfg.default_cluster, "not_llm"), None
         model = cfg.model(req.model) if req.model else None
         if model is None:
@@ -310,6 +308,8 @@ class Router(Intake):
     def _carries(self, req: RequestInfo, klass: ClassConfig, cluster: str, now: float) -> bool:
         """May ``req`` carry a probe or trial there? plan_cache, "Evidence and admission"."""
         adm, a = self.config.admission, self.admission
+        if a.memory.lookup(req.request_id, now) is not None:
+            return False  # a retry known only by its request id: never evidence, as above
         if not adm.enabled:
             return True
         if req.deadline_ms is not None and not a.fits(cluster, req, klass, self, now):
