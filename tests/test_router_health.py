@@ -444,18 +444,13 @@ def test_a_request_admission_may_refuse_carries_no_trial_to_a_route_over_budget(
     assert r.board.trial_due("c", slice, 3.1) != carries
 
 
-@pytest.mark.parametrize("priority", [2, 10])
-def test_a_request_admission_may_refuse_carries_no_probe_to_a_route_over_budget(
-    priority: int,
-) -> None:
-    """The same for probes: a latency-sensitive class below ``shed_below_priority`` has
-    its slow route restricted, which probes it (5 % of the slice). Those probes were
-    deferred, one request in twenty refused while two routes had room; now the
-    requests go to those routes and every one is admitted. At priority 10 the probes
-    go out, admitted as ``evidence`` (they were labelled ``best_effort``: "every
-    eligible route is full or over budget", judged on the probed route alone), and
-    with that route near capacity they no longer mark the class saturated."""
-    bulk = SliceKey("m", "bulk", "short", True)
+BULK = SliceKey("m", "bulk", "short", True)
+
+
+def _bulk_with_c_restricted(priority: int) -> tuple[Router, float]:
+    """A latency-sensitive class ``bulk`` of ``priority`` whose slow route c is
+    restricted (so probed: 5 % of the slice) while a and b are fast; and the time."""
+    bulk = BULK
     classes = {"bulk": {"priority": priority,
                         "slo": {"metric": "ttft", "percentile": 95, "budget_ms": 1000}}}
     r = Router(parse_config(base_config_dict(classes=classes), "t.yaml"))
@@ -469,11 +464,26 @@ def test_a_request_admission_may_refuse_carries_no_probe_to_a_route_over_budget(
             break
     now = 10.0 * k + 0.1
     assert r.health("c", bulk).probe_share > 0
+    return r, now
+
+
+@pytest.mark.parametrize("priority", [2, 10])
+def test_a_request_admission_may_refuse_carries_no_probe_to_a_route_over_budget(
+    priority: int,
+) -> None:
+    """The same for probes: a latency-sensitive class below ``shed_below_priority`` has
+    its slow route restricted, which probes it (5 % of the slice). Those probes were
+    deferred, one request in twenty refused while two routes had room; now the
+    requests go to those routes and every one is admitted. At priority 10 the probes
+    go out, admitted as ``evidence`` (they were labelled ``best_effort``: "every
+    eligible route is full or over budget", judged on the probed route alone), and
+    with that route near capacity they no longer mark the class saturated."""
+    r, now = _bulk_with_c_restricted(priority)
     for _ in range(r.config.cluster("c").max_concurrency - 2):
         r.started("c")  # c near capacity: within the class reserve, still with room
     rng = random.Random(1)
     decided = [r.decide(RequestInfo("chat", "m", True, 100, 100, "bulk", priority, None,
-                                    bulk, request_id=f"r{i}"), now + i * 0.02, rng)
+                                    BULK, request_id=f"r{i}"), now + i * 0.02, rng)
                for i in range(400)]
     # Its probes of one route near capacity are not the class saturated: over 8 s of
     # them (beyond yield_after_s) no class became pressed, which would make others yield.
@@ -519,26 +529,13 @@ def test_a_retry_known_only_by_its_request_id_carries_no_probe() -> None:
     for it: the retry went back to the restricted route that had just served it
     badly, admitted as ``best_effort`` (as a retry it is not evidence). Never probe
     with a retry, however it is known: it takes the scores' route."""
-    bulk = SliceKey("m", "bulk", "short", True)
-    classes = {"bulk": {"priority": 10,
-                        "slo": {"metric": "ttft", "percentile": 95, "budget_ms": 1000}}}
-    r = Router(parse_config(base_config_dict(classes=classes), "t.yaml"))
-    for k in range(1, 12):  # c's first tokens come at 3 s, a's and b's at 0.2 s
-        for i in range(30):
-            for c, ttft in (("a", 0.2), ("b", 0.2), ("c", 3.0)):
-                r.observe(Observation(c, bulk, "ok", status=200, ttft_s=ttft, e2e_s=ttft + 0.5),
-                          10.0 * (k - 1) + 0.3 * i + 0.1)
-        r.tick(10.0 * k + 0.05)
-        if r.health("c", bulk).state == "restricted":
-            break
-    now = 10.0 * k + 0.1
-    assert r.health("c", bulk).probe_share > 0
+    r, now = _bulk_with_c_restricted(10)
     rng = random.Random(0)
-    first = [r.decide(RequestInfo("chat", "m", True, 100, 100, "bulk", 10, None, bulk,
+    first = [r.decide(RequestInfo("chat", "m", True, 100, 100, "bulk", 10, None, BULK,
                                   request_id=f"r{i}"), now, rng) for i in range(1000)]
     assert any(d.reason == "probe" for d in first)  # first attempts do probe c
     for seed in range(150):  # each: the retry of an attempt that went to c (budget: 203)
         r.admission.memory.remember(f"dup{seed}", "c", now)
-        d = r.decide(RequestInfo("chat", "m", True, 100, 100, "bulk", 10, None, bulk,
+        d = r.decide(RequestInfo("chat", "m", True, 100, 100, "bulk", 10, None, BULK,
                                  request_id=f"dup{seed}"), now, random.Random(seed))
         assert d.admission == "admit" and d.cluster != "c" and not d.is_probe, d
