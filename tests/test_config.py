@@ -4,6 +4,7 @@ import dataclasses
 from typing import Any
 
 import pytest
+import yaml
 
 from sidecar.core.config import ConfigError, parse_config
 from tests.conftest import base_config_dict
@@ -149,6 +150,12 @@ def _rename_model(name: str) -> dict[str, Any]:
     (_rename_class("_overflow"), "classes._overflow: class name '_overflow' is reserved"),
     (_rename_class(""), "classes.: class name must be 1-128 letters"),
     (_rename_class("two words"), "classes.two words: class name must be 1-128 letters"),
+    (_rename_class(True), "classes.True: class name must be a string, but YAML read True "
+     "as bool: quote it as written"),
+    (_rename_class(1.5), "classes.1.5: class name must be a string, but YAML read 1.5 as "
+     "float"),
+    (_rename_class("x" * 300), "classes." + "x" * 300 + ": class name must be 1-128 "
+     "letters"),
     (_rename_model("a|b"), "models[0].name: must not contain '|' or control characters, "
      "got 'a|b'"),
     (_rename_model("m\n"), "models[0].name: must not contain '|' or control characters"),
@@ -231,6 +238,16 @@ def test_load_config_reports_yaml_line(tmp_path: Any) -> None:
      "line 4, column 5: invalid YAML: duplicate key 'name' (first given on line 2"),
     (b"default_cluster: " + b"9" * 5000 + b"\n",
      "line 1, column 18: invalid YAML: integer of 5000 digits is too long"),
+    (b"default_cluster: a\nregion: u\x07s\n",
+     "line 2, column 10: invalid YAML: character U+0007 is not allowed"),
+    (b"default_cluster: a\nregion: \x00\n",
+     "line 2, column 9: invalid YAML: character U+0000 is not allowed"),
+    (b"classes:\n  on: {}\n",
+     "line 2, column 3: invalid YAML: key on reads as True in YAML, not as written: "
+     "quote it ('on')"),
+    (b"classes:\n  010: {}\n", "line 2, column 3: invalid YAML: key 010 reads as 8"),
+    (b"models:\n  - name: m\n    candidates: {~: a}\n",
+     "line 3, column 18: invalid YAML: key ~ reads as None"),
 ])
 def test_load_config_file_problems_name_the_file(tmp_path: Any, content: bytes,
                                                  expect: str) -> None:
@@ -241,6 +258,30 @@ def test_load_config_file_problems_name_the_file(tmp_path: Any, content: bytes,
     with pytest.raises(ConfigError) as err:
         load_config(p)
     assert str(err.value).startswith(f"{p}: {expect}"), str(err.value)
+
+
+@pytest.mark.parametrize("depth", [300, 500, 2000])
+def test_a_deeply_nested_value_is_a_config_error(tmp_path: Any, depth: int) -> None:
+    """Python's stack ends some 400 levels into the pure-Python YAML parser (it raised
+    RecursionError out of check-config); libyaml stops at 1,000 levels itself. Either
+    way a config error, and the value it quotes is cut short."""
+    from sidecar.ops.config_file import load_config
+
+    p = tmp_path / "tailroute.yaml"
+    p.write_text(yaml.safe_dump(base_config_dict())
+                 + "snapshot_path: " + "[" * depth + "]" * depth + "\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(p)
+    text = str(err.value)
+    assert text.startswith(f"{p}: ") and len(text) < 300, text
+    assert "snapshot_path: must be a string" in text or "invalid YAML" in text, text
+
+
+def test_flow_style_keys_as_written_stay_keys(tmp_path: Any) -> None:
+    from sidecar.ops.config_file import parse_yaml
+
+    assert parse_yaml("a: {7: x, '010': y, \"on\": z, 1.5: w}\n", tmp_path) == {
+        "a": {7: "x", "010": "y", "on": "z", 1.5: "w"}}
 
 
 def test_a_key_a_merge_brought_in_may_be_overridden(tmp_path: Any) -> None:

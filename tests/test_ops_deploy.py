@@ -61,6 +61,38 @@ def test_envoy_bootstrap_is_rendered_from_the_config_and_validates(
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
 
 
+def test_the_largest_timeouts_and_buffers_the_config_accepts_render_for_envoy(
+    tmp_path: Path
+) -> None:
+    """The config's upper bounds are what Envoy can load: a class timeout of a week
+    (rendered ``604800s``; ``f"{x:g}s"`` wrote 1,000,000 s as ``1e+06s``, which Envoy
+    refuses), one with milliseconds (``1234.567s``, not rounded to ``1234.57s``) and
+    the largest buffer Envoy's uint32 fields hold. One beyond a bound is a config error."""
+    from sidecar.core.config import ConfigError, parse_config
+    from sidecar.core.config_parse import UINT32_MAX
+    from sidecar.core.config_routes import MAX_TIMEOUT_MS
+    from tests.conftest import base_config_dict
+
+    def config(timeout_ms: float, buffer: int) -> dict[str, Any]:
+        return base_config_dict(
+            classes={"long": {"slo": {"budget_ms": 1000, "timeout_ms": timeout_ms}},
+                     "odd": {"slo": {"budget_ms": 1000, "timeout_ms": 1_234_567}}},
+            envoy={"route_buffer_bytes": buffer})
+
+    cfg = parse_config(config(MAX_TIMEOUT_MS, UINT32_MAX), "t.yaml")
+    text = to_yaml(render_bootstrap(cfg, grpc_target="127.0.0.1:50051"))
+    assert "604800s" in text and "1234.567s" in text and "e+" not in text
+    boot = tmp_path / "envoy.yaml"
+    boot.write_text(text)
+    out = subprocess.run([envoy_binary(), "--mode", "validate", "-c", str(boot)],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    for timeout_ms, buffer, field in [(MAX_TIMEOUT_MS + 1, UINT32_MAX, "timeout_ms"),
+                                      (MAX_TIMEOUT_MS, UINT32_MAX + 1, "route_buffer_bytes")]:
+        with pytest.raises(ConfigError, match=f"{field}: must be <= "):
+            parse_config(config(timeout_ms, buffer), "t.yaml")
+
+
 def test_compose_wiring_matches_the_configs() -> None:
     compose = _load(DEPLOY / "docker-compose.yaml")
     services = compose["services"]

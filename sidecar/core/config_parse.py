@@ -150,11 +150,17 @@ def _limits(r: ConfigReader) -> LimitsConfig:
     return cfg
 
 
+UINT32_MAX: Final = 4_294_967_295
+
+
 def _envoy(r: ConfigReader) -> EnvoyConfig:
     cfg = EnvoyConfig(
         listen=r.address("listen", "127.0.0.1:10000"),
         admin=r.address("admin", "127.0.0.1:9901"),
-        route_buffer_bytes=r.num("route_buffer_bytes", 16 * 1024 * 1024, lo=1024, integer=True),
+        # Rendered into Envoy's uint32 buffer limits (max_request_bytes and the route's and
+        # listener's buffer limits): a larger value renders a bootstrap Envoy cannot load.
+        route_buffer_bytes=r.num("route_buffer_bytes", 16 * 1024 * 1024, lo=1024,
+                                 hi=UINT32_MAX, integer=True),
         sidecar_max_requests=None if r.raw("sidecar_max_requests") is None else r.num(
             "sidecar_max_requests", 1024, lo=16, hi=1_000_000, integer=True),
         access_log_flush_ms=r.num("access_log_flush_ms", 100, lo=10, hi=10_000, integer=True),

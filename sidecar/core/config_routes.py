@@ -27,7 +27,7 @@ from sidecar.core.config import (
     SloConfig,
     Weights,
 )
-from sidecar.core.fields import ConfigReader, did_you_mean
+from sidecar.core.fields import ConfigReader, did_you_mean, shown
 from sidecar.core.hostport import split_hostport
 from sidecar.core.types import ANY, NAME_OK, OVERFLOW_CLASS, UNKNOWN_MODEL
 
@@ -35,6 +35,8 @@ COMPATS: Final[tuple[Compat, ...]] = ("tailroute", SEMANTIC_ROUTER)
 # The rendered Envoy circuit breakers are 4 x max_concurrency (sidecar.shell.bootstrap),
 # UInt32 fields in Envoy: this keeps them (and a sum over a few hundred clusters) in range.
 MAX_CONCURRENCY: Final = 1_000_000
+# A week: past any LLM request's budget, and far inside what Envoy's Duration holds.
+MAX_TIMEOUT_MS: Final = 7 * 24 * 3600 * 1000
 
 
 def _percentile_or_none(r: ConfigReader, key: str) -> int | None:
@@ -80,7 +82,7 @@ def _sr_percentile(r: ConfigReader, key: str) -> int | None:
         return None
     # The range first: NaN fails it, and a huge integer never reaches float().
     if not number or not 1 <= v <= 100 or not float(v).is_integer():
-        r.fail(f"must be an integer between 1 and 100 (0 or absent = unset), got {v!r}", key)
+        r.fail(f"must be an integer between 1 and 100 (0 or absent = unset), got {shown(v)}", key)
     return int(v)
 
 
@@ -120,12 +122,13 @@ def _cluster(r: ConfigReader) -> ClusterConfig:
     if isinstance(models_raw, list):
         for m in models_raw:
             if not isinstance(m, str):
-                r.fail(f"model names must be strings, got {m!r}", "models")
+                r.fail(f"model names must be strings, got {shown(m)}", "models")
             models[m] = m
     elif isinstance(models_raw, Mapping):
         for k, v in models_raw.items():
             if not isinstance(k, str) or not isinstance(v, str) or not v:
-                r.fail(f"must map model name to upstream model name, got {k!r}: {v!r}", "models")
+                r.fail("must map model name to upstream model name, got "
+                       f"{shown(k)}: {shown(v)}", "models")
             models[k] = v
     else:
         r.fail("must be a list of model names or a mapping name -> upstream name", "models")
@@ -157,7 +160,7 @@ def _provider(r: ConfigReader) -> str:
     ``aws.bedrock``, ``azure.ai.openai``, ``gcp.vertex_ai``, or a custom one."""
     v = r.str_("provider", "openai")
     if not _PROVIDER.match(v):
-        r.fail(f"must be lower-case letters, digits, '.' or '_' (e.g. openai), got {v!r}",
+        r.fail(f"must be lower-case letters, digits, '.' or '_' (e.g. openai), got {shown(v)}",
                "provider")
     return v
 
@@ -227,8 +230,8 @@ def _class(name: str, r: ConfigReader) -> ClassConfig:
     slo = SloConfig(
         metric=s.choice("metric", "ttft", ("ttft", "tpot", "e2e")),
         percentile=s.num("percentile", 95, lo=1, hi=100),
-        budget_ms=s.num("budget_ms", 1000, lo=1),
-        timeout_ms=s.num("timeout_ms", 30000, lo=1),
+        budget_ms=s.num("budget_ms", 1000, lo=1, hi=MAX_TIMEOUT_MS),
+        timeout_ms=s.num("timeout_ms", 30000, lo=1, hi=MAX_TIMEOUT_MS),
     )
     s.done()
     if r.clean_since(mark) and slo.timeout_ms < slo.budget_ms:
@@ -278,18 +281,24 @@ def parse_classes(root: ConfigReader, source: str,
     out: list[ClassConfig] = []
     for k, v in classes_raw.items():
         r = ConfigReader(v, source, f"classes.{k}") if isinstance(v, Mapping | None) else None
-        if str(k) in (ANY, OVERFLOW_CLASS):
-            root.bad(f"class name {str(k)!r} is reserved: the sidecar's own slices use it",
+        name = str(k)  # a bare 7 is the class "7" (the header's value); on and 1.5 are not
+        if isinstance(k, bool) or not isinstance(k, str | int):
+            root.bad(f"class name must be a string, but YAML read {shown(k)} as "
+                     f"{type(k).__name__}: quote it as written (unquoted, YAML reads on, off, "
+                     "yes, no, true and false as booleans, 1.5 as a number)",
                      f"classes.{k}", None)
-        elif not NAME_OK.match(str(k)):
+        elif name in (ANY, OVERFLOW_CLASS):
+            root.bad(f"class name {shown(name)} is reserved: the sidecar's own slices use it",
+                     f"classes.{k}", None)
+        elif not NAME_OK.match(name):
             root.bad(f"class name must be {_NAME_RULE} (what the x-tailroute-class header "
-                     f"accepts; '|' separates slice labels), got {str(k)!r}",
+                     f"accepts; '|' separates slice labels), got {shown(name)}",
                      f"classes.{k}", None)
         elif r is None:
             root.bad(f"expected a mapping, got {type(v).__name__}", f"classes.{k}", None)
         else:
             r.errors = root.errors
-            c: ClassConfig | None = root.attempt(partial(_class, str(k), r), None)
+            c: ClassConfig | None = root.attempt(partial(_class, name, r), None)
             if c is not None:
                 out.append(c)
                 continue

@@ -22,7 +22,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, NoReturn, Self, TypeVar
+from typing import Any, ClassVar, Final, NoReturn, Self, TypeVar
 
 from sidecar.core.hostport import split_hostport
 
@@ -47,6 +47,19 @@ def did_you_mean(key: str, known: set[str]) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
+SHOWN_MAX: Final = 80  # characters of a value an error quotes
+
+
+def shown(v: object) -> str:
+    """``repr(v)`` for an error message, cut to ``SHOWN_MAX`` characters: a value may
+    be a whole nested document (a list 500 levels deep quoted in full was 1,000
+    characters of brackets on one line of the operator's terminal)."""
+    text = repr(v)
+    if len(text) <= SHOWN_MAX:
+        return text
+    return f"{text[:SHOWN_MAX - 20]}... ({len(text)} characters)"
+
+
 def not_finite(v: float) -> str | None:
     """Why the number ``v`` cannot be a setting, or None.
 
@@ -58,7 +71,7 @@ def not_finite(v: float) -> str | None:
         finite = math.isfinite(v)
     except OverflowError:  # an int beyond a float's range
         return f"must be a finite number, got an integer of {len(str(abs(v)))} digits"
-    return None if finite else f"must be a finite number, got {v!r}"
+    return None if finite else f"must be a finite number, got {shown(v)}"
 
 
 class FieldReader:
@@ -149,7 +162,7 @@ class FieldReader:
         self.used.add(key)
         v = self.data.get(key, default)
         if not isinstance(v, bool):
-            return self.bad(f"must be true or false, got {v!r}", key, default)
+            return self.bad(f"must be true or false, got {shown(v)}", key, default)
         return v
 
     def list_(self, key: str, required: bool = False) -> list[Any]:
@@ -176,7 +189,7 @@ class FieldReader:
             if isinstance(v, str):
                 out.append(v)
                 continue
-            problem = f"must be a string, got {type(v).__name__} {v!r}"
+            problem = f"must be a string, got {type(v).__name__} {shown(v)}"
             if strict:
                 self.fail(problem, f"{key}[{i}]")
             self.bad(problem, f"{key}[{i}]", None)
@@ -199,8 +212,8 @@ class ConfigReader(FieldReader):
         v = self.data[key]
         if not isinstance(v, str) or (required and not v):
             if required or default is None:
-                self.fail(f"must be a non-empty string, got {v!r}", key)
-            return self.bad(f"must be a string, got {v!r}", key, default)
+                self.fail(f"must be a non-empty string, got {shown(v)}", key)
+            return self.bad(f"must be a string, got {shown(v)}", key, default)
         return v
 
     def address(self, key: str, default: str, off: bool = False) -> str:
@@ -219,7 +232,7 @@ class ConfigReader(FieldReader):
         self.used.add(key)
         v = self.data.get(key)
         if v is not None and not isinstance(v, str):
-            return self.bad(f"must be a string, got {v!r}", key, None)
+            return self.bad(f"must be a string, got {shown(v)}", key, None)
         return v
 
     def num(
@@ -234,16 +247,16 @@ class ConfigReader(FieldReader):
         v = self.data.get(key, default)
         fallback = int(default) if integer else float(default)
         if isinstance(v, bool) or not isinstance(v, int | float):
-            return self.bad(f"must be a number, got {v!r}", key, fallback)
+            return self.bad(f"must be a number, got {shown(v)}", key, fallback)
         problem = not_finite(v)
         if problem:
             return self.bad(problem, key, fallback)
         if integer and isinstance(v, float) and not v.is_integer():
-            return self.bad(f"must be an integer, got {v!r}", key, fallback)
+            return self.bad(f"must be an integer, got {shown(v)}", key, fallback)
         if lo is not None and v < lo:
-            return self.bad(f"must be >= {lo}, got {v!r}", key, fallback)
+            return self.bad(f"must be >= {lo}, got {shown(v)}", key, fallback)
         if hi is not None and v > hi:
-            return self.bad(f"must be <= {hi}, got {v!r}", key, fallback)
+            return self.bad(f"must be <= {hi}, got {shown(v)}", key, fallback)
         return int(v) if integer else float(v)
 
     def choice(self, key: str, default: str, choices: tuple[str, ...]) -> Any:
@@ -251,5 +264,6 @@ class ConfigReader(FieldReader):
         v = self.data.get(key, default)
         if v not in choices:
             hint = did_you_mean(v, set(choices)) if isinstance(v, str) else ""
-            return self.bad(f"must be one of {', '.join(choices)}; got {v!r}{hint}", key, default)
+            return self.bad(f"must be one of {', '.join(choices)}; got {shown(v)}{hint}", key,
+                            default)
         return v

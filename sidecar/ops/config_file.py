@@ -51,14 +51,42 @@ def read_text(
 
 
 def parse_yaml(text: str, path: Path, error: type[ConfigError] = ConfigError) -> Any:
-    """``text`` (the file ``path``) as YAML; a mistake raises ``error`` with its line."""
+    """``text`` (the file ``path``) as YAML; a mistake raises ``error`` with its line.
+
+    Parsed by libyaml where PyYAML has it: with the pure-Python parser, loading a
+    161 KiB config (100 clusters x 100 models) took 0.57 s, against 0.09 s. A file
+    libyaml refuses is parsed again by the pure-Python parser, which words its
+    problems better ("expected the node content", not "did not find expected node
+    content"), unless it is nested deeper than Python's stack allows: then libyaml's
+    words stand (it stops at 1,000 levels itself)."""
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: no arbitrary objects
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise error(f"{path}: {where}invalid YAML: {problem}") from None
+        return yaml.load(text, Loader=_FastStrictLoader)  # safe loaders: no arbitrary objects
+    except (yaml.YAMLError, RecursionError) as exc:
+        found: BaseException = exc
+    if _FastStrictLoader is not _StrictLoader:
+        try:
+            yaml.load(text, Loader=_StrictLoader)
+        except yaml.YAMLError as exc:
+            found = exc
+        except RecursionError:
+            pass
+    raise error(f"{path}: {_yaml_problem(found, text)}") from None
+
+
+def _yaml_problem(exc: BaseException, text: str) -> str:
+    """Where and what: ``line L, column C: invalid YAML: <problem>``."""
+    if isinstance(exc, RecursionError):
+        return f"invalid YAML: nested more than {_MAX_DEPTH_SAID} levels deep"
+    if isinstance(exc, yaml.reader.ReaderError):  # a character YAML does not allow
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        code = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        return (f"line {line}, column {column}: invalid YAML: character U+{code:04X} is "
+                f"not allowed ({exc.reason})")
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    problem = getattr(exc, "problem", None) or str(exc)
+    return f"{where}invalid YAML: {problem}"
 
 
 class TooLarge(Exception):
@@ -79,8 +107,9 @@ def read_capped(path: Path, max_bytes: int) -> bytes:
     return data
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """``yaml.safe_load`` that rejects a key given twice in one mapping.
+class _Strict:
+    """What both loaders add to ``yaml.safe_load``: a key given twice in one mapping is
+    rejected, and so is an integer Python will not read.
 
     Plain YAML keeps the last value, so a second ``default_cluster:`` further down a
     long file silently overrides the first. Checked on the node graph before anything
@@ -90,7 +119,7 @@ class _StrictLoader(yaml.SafeLoader):
 
     def construct_document(self, node: yaml.Node) -> Any:
         self._check_unique_keys(node)
-        return super().construct_document(node)
+        return super().construct_document(node)  # type: ignore[misc]
 
     def _check_unique_keys(self, root: yaml.Node) -> None:
         todo, done = [root], set()
@@ -105,7 +134,8 @@ class _StrictLoader(yaml.SafeLoader):
                     todo += (key_node, value_node)
                     if key_node.tag == _MERGE or not isinstance(key_node, yaml.ScalarNode):
                         continue
-                    key = self.construct_object(key_node)
+                    key = self.construct_object(key_node)  # type: ignore[attr-defined]
+                    _check_plain_key(key, key_node)
                     if key in seen:
                         raise yaml.constructor.ConstructorError(
                             None, None, f"duplicate key {key!r} (first given on line "
@@ -115,17 +145,43 @@ class _StrictLoader(yaml.SafeLoader):
             elif isinstance(node, yaml.SequenceNode):
                 todo += node.value
 
-    def _construct_int(self, node: yaml.ScalarNode) -> int:
-        try:
-            return int(super().construct_yaml_int(node))
-        except ValueError:  # Python refuses to read integers of more than 4300 digits
-            raise yaml.constructor.ConstructorError(
-                None, None, f"integer of {len(node.value)} digits is too long",
-                node.start_mark) from None
+
+def _check_plain_key(key: Any, node: yaml.ScalarNode) -> None:
+    """A key YAML reads as something other than what it shows is refused: unquoted,
+    ``on``, ``no`` and ``true`` are booleans, ``~`` is null, ``010`` is 8 and ``0.10``
+    is 0.1, so ``classes: {on: ...}`` defined a class named ``True``. A number that
+    reads as written (``7``) stays a key. (A plain scalar's style is None in the
+    pure-Python parser and '' in libyaml's.)"""
+    if not node.style and (key is None or isinstance(key, bool) or (
+            isinstance(key, int | float) and str(key) != node.value)):
+        raise yaml.constructor.ConstructorError(
+            None, None, f"key {node.value} reads as {key!r} in YAML, not as written: "
+            f"quote it ('{node.value}')", node.start_mark)
 
 
-_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader._construct_int)
+def _construct_int(loader: yaml.SafeLoader | yaml.CSafeLoader, node: yaml.ScalarNode) -> int:
+    try:
+        return int(yaml.constructor.SafeConstructor.construct_yaml_int(loader, node))
+    except ValueError:  # Python refuses to read integers of more than 4300 digits
+        raise yaml.constructor.ConstructorError(
+            None, None, f"integer of {len(node.value)} digits is too long",
+            node.start_mark) from None
+
+
+class _StrictLoader(_Strict, yaml.SafeLoader):
+    """The pure-Python parser (:func:`parse_yaml`)."""
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+_FastStrictLoader: type[yaml.SafeLoader] | type[yaml.CSafeLoader] = _StrictLoader
+if yaml.__with_libyaml__:
+    class _CStrictLoader(_Strict, yaml.CSafeLoader):
+        """libyaml's parser, the same constructors (:func:`parse_yaml`)."""
+
+    _CStrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+    _FastStrictLoader = _CStrictLoader
 _MERGE = "tag:yaml.org,2002:merge"
+_MAX_DEPTH_SAID = 400  # what the pure-Python parser reads before Python's stack runs out
 
 
 def _not_utf8(exc: UnicodeDecodeError) -> str:

@@ -19,6 +19,8 @@ import yaml
 from sidecar.core.fields import ConfigError
 
 _UNKNOWN = "unknown field(s): "
+# libyaml where PyYAML has it, as for the config itself (sidecar.ops.config_file)
+_COMPOSER = yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader
 _LAST_STEP = re.compile(r"(\[\d+\]|\.[^.\[]+)$")  # the path's last ".key" or "[i]"
 
 
@@ -26,8 +28,8 @@ def field_lines(text: str) -> dict[str, int]:
     """Field path (as the config reader writes it) -> 1-based line of its key, or of
     the item for list entries. Empty when the text is not YAML."""
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
+        root = yaml.compose(text, Loader=_COMPOSER)
+    except (yaml.YAMLError, RecursionError):  # the pure-Python parser's stack ends at ~400
         return {}
     out: dict[str, int] = {}
     todo: deque[tuple[yaml.Node | None, str]] = deque([(root, "")])  # in file order

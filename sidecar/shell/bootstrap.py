@@ -144,7 +144,7 @@ def _routes(config: Config) -> list[dict[str, Any]]:
     routes: list[dict[str, Any]] = []
     for cluster in config.cluster_names:
         for klass in config.classes:
-            timeout = f"{klass.slo.timeout_ms / 1000.0:g}s"
+            timeout = ec.duration(klass.slo.timeout_ms / 1000.0)
             for sampled in (False, True):
                 key = ec.route_key(cluster, klass.name, sampled)
                 route: dict[str, Any] = {
@@ -159,7 +159,7 @@ def _routes(config: Config) -> list[dict[str, Any]]:
                 if not sampled:
                     route["typed_per_filter_config"] = bf.observe_disabled()
                 routes.append(route)
-    longest = f"{max(c.slo.timeout_ms for c in config.classes) / 1000.0:g}s"
+    longest = ec.duration(max(c.slo.timeout_ms for c in config.classes) / 1000.0)
     routes.append({
         "name": "tailroute_default",
         "match": {"prefix": "/"},
@@ -201,8 +201,8 @@ def render_bootstrap(
     else:
         filters = [bf.strip_filter(), bf.router_filter()]
         routes = [{"name": "default", "match": {"prefix": "/"},
-                   "route": {"cluster": config.default_cluster, "timeout": f"{longest_s:g}s",
-                             "idle_timeout": f"{longest_s:g}s"},
+                   "route": {"cluster": config.default_cluster, "timeout": ec.duration(longest_s),
+                             "idle_timeout": ec.duration(longest_s)},
                    "request_body_buffer_limit": config.envoy.route_buffer_bytes}]
     hcm: dict[str, Any] = {
         "@type": _HCM,
@@ -221,7 +221,7 @@ def render_bootstrap(
             }
         ],
         "codec_type": "AUTO",
-        "stream_idle_timeout": f"{longest_s:g}s",
+        "stream_idle_timeout": ec.duration(longest_s),
         "request_timeout": "0s",
         "route_config": {
             "name": "tailroute",

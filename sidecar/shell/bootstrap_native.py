@@ -150,7 +150,7 @@ def slice_route(config: Config, s: SliceKey,
     assert model is not None and klass is not None
     cands = route_candidates(config, model)
     static = [{"name": c, "weight": max(WEIGHT_SCALE // len(cands), 1)} for c in cands]
-    timeout = f"{klass.slo.timeout_ms / 1000:g}s"
+    timeout = ec.duration(klass.slo.timeout_ms / 1000)
     common = {**common, "timeout": timeout, "idle_timeout": timeout}
     routes = []
     klass_match = _class_match(config, s)

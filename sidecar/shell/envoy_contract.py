@@ -126,3 +126,11 @@ def route_key(cluster: str, klass: str, sampled: bool) -> str:
     """The ``route`` metadata value that selects one rendered Envoy route (cached: the
     set of routes is small and fixed by the config, and this runs per request)."""
     return f"{cluster}|{klass}|{SAMPLED if sampled else UNSAMPLED}"
+
+
+def duration(seconds: float) -> str:
+    """``seconds`` as a protobuf JSON ``Duration`` (``"30s"``, ``"0.25s"``): a plain
+    decimal with at most nine fractional digits. ``f"{x:g}s"`` wrote a class timeout
+    of 1,000,000 s as ``1e+06s``, which Envoy refuses to load, and 1,234.567 s as
+    ``1234.57s``."""
+    return f"{seconds:.9f}".rstrip("0").rstrip(".") + "s"

@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from sidecar.core.config import Config
+from sidecar.shell.envoy_contract import duration
 
 _TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
 
@@ -40,9 +41,9 @@ def health_checks(config: Config) -> list[dict[str, Any]]:
     every = config.envoy.sidecar_health_interval_s
     if every <= 0:
         return []
-    interval = f"{every:g}s"
+    interval = duration(every)
     return [{
-        "timeout": f"{min(every, 1.0):g}s",
+        "timeout": duration(min(every, 1.0)),
         "interval": interval,
         "no_traffic_interval": interval,  # the 60 s default would hide a drain for a minute
         "unhealthy_threshold": 2,
@@ -61,7 +62,7 @@ def connection_keepalive(config: Config) -> dict[str, Any] | None:
     every = config.envoy.sidecar_keepalive_s
     if every <= 0:
         return None
-    return {"interval": f"{every:g}s", "timeout": f"{keepalive_timeout_s(every):g}s"}
+    return {"interval": duration(every), "timeout": duration(keepalive_timeout_s(every))}
 
 
 def upstream_tls(config: Config) -> dict[str, Any] | None:
