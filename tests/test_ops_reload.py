@@ -180,6 +180,83 @@ def test_a_file_that_cannot_be_read_as_yaml_is_an_invalid_reload(
     assert expect in caplog.records[0].getMessage()
 
 
+def test_every_rejected_reload_is_logged_past_the_throttle(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The serving loggers' throttle lets five lines of one template through per ten
+    seconds; an operator fixing a file step by step must see each rejection."""
+    from sidecar.ops.log_throttle import LogThrottle
+
+    rl, _app, path, data = _reloader(tmp_path)
+    throttle = LogThrottle(burst=5, every_s=10.0, clock=lambda: 0.0)
+    for i in range(8):
+        data["clusters"][1]["max_concurrency"] = -i
+        _write(path, data)
+        with caplog.at_level(logging.ERROR, logger="tailroute.reload"):
+            assert rl.reload("test") is False
+    records = [r for r in caplog.records if "rejected" in r.getMessage()]
+    assert len(records) == 8 and all(throttle.filter(r) for r in records)
+    assert rl.counters()["reload:invalid"] == 8
+
+
+@pytest.mark.parametrize(("limits", "warned"), [
+    ({"max_json_depth": 8}, None),  # read per request: applies at once, nothing to warn
+    ({"max_header_value_bytes": 64}, None),
+    ({"max_body_bytes": 64 * 1024 * 1024}, "takes messages of at most"),
+])
+def test_limits_apply_at_once_but_for_the_grpc_receive_limit(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, limits: dict[str, int],
+    warned: str | None
+) -> None:
+    rl, app, path, data = _reloader(tmp_path)
+    data["limits"] = limits
+    _write(path, data)
+    with caplog.at_level(logging.WARNING, logger="tailroute.reload"):
+        assert rl.reload("test") is True
+    for key, value in limits.items():
+        assert getattr(app.config.limits, key) == value
+    messages = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not any("take effect on restart" in m for m in messages), messages
+    assert any(warned in m for m in messages) if warned else not messages, messages
+
+
+def test_the_watch_loop_parses_the_file_off_the_event_loop(tmp_path: Path) -> None:
+    """Parsing a large config took most of a second; on the loop, every decision
+    waited for it. The watcher loads in a worker thread and applies on the loop."""
+    import asyncio
+    import threading
+
+    from sidecar.ops.reload import watch_loop
+
+    rl, app, path, data = _reloader(tmp_path)
+    threads: list[threading.Thread] = []
+    load = rl.load
+
+    def spy() -> Any:
+        threads.append(threading.current_thread())
+        return load()
+
+    rl.load = spy  # type: ignore[method-assign]
+    data["clusters"][0]["max_concurrency"] = 11
+    _write(path, data)
+
+    async def run() -> threading.Thread:
+        stop, hup = asyncio.Event(), asyncio.Event()
+        watcher = asyncio.create_task(watch_loop(rl, stop, hup, every_s=60.0))
+        hup.set()
+        for _ in range(10_000):  # bounded wait for the worker thread
+            if rl.counts["ok"]:
+                break
+            await asyncio.sleep(0.001)
+        stop.set()
+        await watcher
+        return threading.current_thread()
+
+    loop_thread = asyncio.run(run())
+    assert app.config.cluster("a").max_concurrency == 11
+    assert len(threads) == 1 and threads[0] is not loop_thread
+
+
 def test_poll_acts_once_the_file_has_settled(tmp_path: Path) -> None:
     rl, app, path, data = _reloader(tmp_path)
     assert rl.poll() is None  # unchanged
@@ -283,10 +360,10 @@ def test_rapid_successive_reloads_grow_no_tasks_and_no_memory(tmp_path: Path) ->
                 _write(path, data)
                 want = rl.counts["ok"] + 1
                 hup.set()
-                for _ in range(10_000):
+                for _ in range(10_000):  # the file is parsed in a worker thread: wait for it
                     if rl.counts["ok"] >= want:
                         break
-                    await asyncio.sleep(0)
+                    await asyncio.sleep(0.001)
                 assert rl.counts["ok"] == want
                 app.router.decide(req, t0 + i * 0.01, rng)
 

@@ -13,6 +13,8 @@ The first line let through after a suppression carries the count::
 so a burst that ends is never silently lost. INFO and DEBUG pass untouched.
 Keys are bounded (templates come from code, but a bug formatting messages
 itself must not grow memory): past ``max_keys`` the stalest key is forgotten.
+A record logged with ``extra=UNTHROTTLED`` always passes: an operator's own
+action, such as a rejected reload, gets its line however often it comes.
 """
 
 from __future__ import annotations
@@ -22,7 +24,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
+
+# ``logger.error(..., extra=UNTHROTTLED)``: a line an operator's own action causes (a
+# rejected config reload: one per edit or SIGHUP), which no request can multiply.
+UNTHROTTLED: Final = {"unthrottled": True}
 
 # The loggers of the serving process (ext_proc shell, server, ops).
 SERVING_LOGGERS = ("tailroute", "tailroute.extproc", "tailroute.server", "tailroute.admin",
@@ -56,7 +62,8 @@ class LogThrottle(logging.Filter):
         self._loggers: dict[tuple[str, str], logging.Logger] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < self.level or getattr(record, "throttle_summary", False):
+        if (record.levelno < self.level or getattr(record, "throttle_summary", False)
+                or getattr(record, "unthrottled", False)):
             return True
         key = (record.name, str(record.msg))
         now = self.clock()

@@ -16,6 +16,10 @@ field -- leaves the last good config serving, is logged on one line (the
 that would give Envoy other routes (a cluster or class added or removed, a class
 timeout or the default route moved) is refused the same way: Envoy cannot
 reload its bootstrap from here (:mod:`sidecar.ops.envoy_drift`).
+
+The file is read and parsed in a worker thread (:func:`watch_loop`), then applied
+on the event loop: parsing a large config took most of a second, and decisions
+waited for it (Envoy fails a decision open after ``limits.decision_timeout_ms``).
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sidecar.core.config import Config, ConfigError
+from sidecar.core.input_limits import grpc_receive_limit
 from sidecar.ops.config_file import load_config
 from sidecar.ops.envoy_drift import envoy_drift
+from sidecar.ops.log_throttle import UNTHROTTLED
 from sidecar.shell.app import App
 
 log = logging.getLogger("tailroute.reload")
@@ -50,7 +56,13 @@ def fingerprint(path: Path) -> Fingerprint:
 
 
 # Sections the running process reads only at start: a change is logged, not applied.
-_RESTART_ONLY = ("listen", "limits", "envoy", "fleet", "workers")  # workers: the supervisor's
+# ``limits`` applies at once (each request reads it), but for the gRPC server's receive
+# limit, set at start from limits.max_body_bytes and envoy.route_buffer_bytes: a raised
+# one is warned about apart (ConfigReloader.apply). Envoy's side of limits (the decision
+# timeout) is in the bootstrap, which envoy_drift compares.
+_RESTART_ONLY = ("listen", "envoy", "fleet", "workers")  # workers: the supervisor's
+
+Loaded = tuple[Fingerprint, Config | str]  # the file's fingerprint; its config or why not
 
 
 class ConfigReloader:
@@ -79,48 +91,60 @@ class ConfigReloader:
                 "reloads_invalid": self.counts["invalid"], "last_reload_ok": self.last_ok,
                 "last_error": self.last_error}
 
+    def _rejected(self, why: str, error: str) -> bool:
+        """Log (never throttled: one line per edit or SIGHUP) and count a rejection."""
+        log.error("config reload (%s) rejected, keeping the last good config: %s", why, error,
+                  extra=UNTHROTTLED)
+        return self._reject(error)
+
     def _reject(self, error: str) -> bool:
         self.counts["invalid"] += 1
         self.last_ok = False
         self.last_error = error
         return False
 
-    def poll(self) -> bool | None:
-        """Check the file once; reload if it changed and has settled. None = nothing to do."""
+    def changed(self) -> bool:
+        """Check the file once: True when it changed and has settled since the last check."""
         fp = fingerprint(self.path)
         settled = fp == self._seen
         self._seen = fp
-        if fp == self._applied or not settled:
-            return None
-        return self.reload("file changed")
+        return fp != self._applied and settled
+
+    def poll(self) -> bool | None:
+        """Check the file once; reload if it changed and has settled. None = nothing to do."""
+        return self.reload("file changed") if self.changed() else None
 
     def reload(self, why: str) -> bool:
         """Load the file; apply it if valid, else keep the last good config. Never raises."""
+        return self.apply(why, self.load())
+
+    def load(self) -> Loaded:
+        """Read and parse the file (no state touched: safe in a worker thread)."""
         fp = fingerprint(self.path)
-        self._applied = self._seen = fp
         try:
-            new = load_config(self.path)
+            return fp, load_config(self.path)
         except Exception as exc:  # any problem with the file: a reload never kills the watcher
             # One log line, however many problems the error lists.
             text = (str(exc) if isinstance(exc, ConfigError)
                     else f"{self.path}: {type(exc).__name__}: {exc}")
-            error = "; ".join(line.strip() for line in text.splitlines() if line.strip())
-            log.error("config reload (%s) rejected, keeping the last good config: %s", why,
-                      error)
-            return self._reject(error)
+            return fp, "; ".join(line.strip() for line in text.splitlines() if line.strip())
+
+    def apply(self, why: str, loaded: Loaded) -> bool:
+        """Apply what :meth:`load` found if valid, else keep the last good config."""
+        self._applied = self._seen = loaded[0]
+        new = loaded[1]
+        if isinstance(new, str):
+            return self._rejected(why, new)
         old = self.app.config
         try:
             blocking, advisory = envoy_drift(old, new)
         except Exception as exc:  # comparing must not be what breaks a reload
             blocking, advisory = [], [f"not compared ({type(exc).__name__}: {exc})"]
         if blocking:
-            error = (f"{self.path}: the Envoy bootstrap rendered from it has other routes "
-                     f"({'; '.join(blocking)}); Envoy routes by the bootstrap it started "
-                     "with, so re-render it (tailroute envoy-config) and restart Envoy and "
-                     "tailroute")
-            log.error("config reload (%s) rejected, keeping the last good config: %s", why,
-                      error)
-            return self._reject(error)
+            return self._rejected(why, (
+                f"{self.path}: the Envoy bootstrap rendered from it has other routes "
+                f"({'; '.join(blocking)}); Envoy routes by the bootstrap it started with, so "
+                "re-render it (tailroute envoy-config) and restart Envoy and tailroute"))
         try:
             self.app.reload(new)
         except Exception as exc:  # a bug in reload must not take down a serving sidecar
@@ -135,6 +159,10 @@ class ConfigReloader:
         if changed:
             log.warning("config sections %s changed; they take effect on restart",
                         ", ".join(changed))
+        if grpc_receive_limit(new) > grpc_receive_limit(old):
+            log.warning("limits.max_body_bytes applies now, but the gRPC server takes messages "
+                        "of at most %d bytes until restart (set at start from max_body_bytes "
+                        "and envoy.route_buffer_bytes)", grpc_receive_limit(old))
         if advisory:
             log.warning("config reload changed Envoy-side settings (%s); Envoy keeps its "
                         "old ones until its bootstrap is re-rendered (tailroute envoy-config) "
@@ -159,6 +187,10 @@ async def watch_loop(reloader: ConfigReloader, stop: asyncio.Event, hup: asyncio
             return
         if hup.is_set():
             hup.clear()
-            reloader.reload("SIGHUP")
+            why = "SIGHUP"
+        elif reloader.changed():
+            why = "file changed"
         else:
-            reloader.poll()
+            continue
+        # Parsed off the loop (module docstring), applied on it.
+        reloader.apply(why, await asyncio.to_thread(reloader.load))
