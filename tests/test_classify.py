@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pytest
 
 from sidecar.core.classify import (
     BadRequest,
+    _text_chars,
     api_for_path,
     classify,
     parse_body,
@@ -84,6 +86,48 @@ def test_bad_bodies_raise(body: bytes) -> None:
     # The client reads this message: Python's own text for the digit limit told it to
     # call sys.set_int_max_str_digits().
     assert "sys." not in str(raised.value)
+
+
+_DEEP = '{"model": "m", "x": "\u2200", "messages": ' + "[" * 900 + "]" * 900 + "}"
+_TEXT = '{"model": "m", "messages": [{"role": "user", "content": "\u2200\u7b7b"}]}'
+
+
+@pytest.mark.parametrize(
+    "body",
+    [_DEEP.encode("utf-16-le"),  # raised RecursionError in the prompt walk
+     _TEXT.encode("utf-16-le"), _TEXT.encode("utf-16-be"), _TEXT.encode("utf-16"),
+     _TEXT.encode("utf-32"), _TEXT.encode("utf-32-le"),
+     b'{"model": "m", "messages": [{"content": "caf\xe9"}]}'],  # Latin-1
+)
+def test_a_body_not_in_utf8_is_refused(body: bytes) -> None:
+    """JSON between systems is UTF-8 (RFC 8259 section 8.1): json.loads(bytes) also reads
+    UTF-16/32, whose brackets the depth check (bytes read as UTF-8) cannot see."""
+    with pytest.raises(BadRequest, match="not UTF-8"):
+        parse_body("chat", body)
+
+
+def test_a_utf8_bom_is_skipped() -> None:
+    assert parse_body("chat", b"\xef\xbb\xbf" + _chat()).input_tokens == 100
+
+
+def _nested(depth: int, leaf: object, wrap: Callable[[object], object]) -> object:
+    for _ in range(depth):
+        leaf = wrap(leaf)
+    return leaf
+
+
+@pytest.mark.parametrize(
+    ("value", "chars"),
+    [(_nested(100_000, ["abcd"], lambda v: [v]), 4),
+     (_nested(100_000, "ab", lambda v: {"content": v}), 2),
+     ([{"type": [], "text": "abc"}, {"type": {}, "content": "d"}], 4),
+     ([{"type": "image_url", "image_url": {"detail": "low"}}], 85 * 4),
+     ([[1, 2, 3], "ab"], 3 * 4 + 2)],
+)
+def test_the_prompt_walk_never_raises(value: object, chars: int) -> None:
+    """Nesting the parser accepted (or any nesting, built in Python) and a ``type``
+    that is a list or an object: the walk counts, it does not raise."""
+    assert _text_chars(value) == chars
 
 
 def test_classify_headers(config: Config) -> None:

@@ -127,6 +127,34 @@ def test_deep_json_gets_400_and_a_counter_not_an_exception(app: App, depth: int)
     assert app.errors["body_too_deep"] == 1 and not app.pending
 
 
+_UTF16_DEEP = ('{"model": "m", "x": "\u2200", "messages": ' + "[" * 900 + "]" * 900 + "}"
+               ).encode("utf-16-le")
+# Depth 2; its text U+7B7B is the bytes 7B 7B ("{{") in UTF-16: the depth scan saw 400 levels.
+_UTF16_TEXT = ('{"model": "m", "messages": [{"role": "user", "content": "\u2200'
+               + "\u7b7b" * 200 + '"}]}').encode("utf-16-le")
+
+
+@pytest.mark.parametrize("body", [_UTF16_DEEP, _UTF16_TEXT, b"\xff\xfe" + _UTF16_TEXT,
+                                  chat_request().decode().encode("utf-32")])
+@pytest.mark.parametrize("path", ["fast", "rich"])
+def test_a_utf16_or_utf32_body_gets_the_not_utf8_400_on_both_paths(
+        app: App, body: bytes, path: str) -> None:
+    """The depth scan reads bytes as UTF-8; json.loads(bytes) read UTF-16/32, so a deep
+    UTF-16 body reached the prompt walk and raised RecursionError out of the handler
+    (fail-open), and ordinary UTF-16 text could be refused as too deep."""
+    s = RouteStream(app)
+    if path == "rich":
+        s.on_message(headers_msg(POST_CHAT), 0.0)
+        r = s.on_message(body_msg(body), 0.0)
+    else:
+        r = s.on_message(body_only_msg(body), 0.0)
+    assert r is not None and r.WhichOneof("response") == "immediate_response"  # type: ignore[union-attr]
+    error = json.loads(r.immediate_response.body)["error"]  # type: ignore[union-attr]
+    assert r.immediate_response.status.code == 400  # type: ignore[union-attr]
+    assert "not UTF-8" in error["message"] and error["code"] == "bad_request"
+    assert dict(app.errors) == {"bad_request": 1} and not app.pending
+
+
 def test_json_at_the_depth_limit_is_routed(app: App) -> None:
     inner = "[" * 126 + "]" * 126  # 1 (object) + 1 (messages list) + 126 = 128 levels
     body = ('{"model": "m", "messages": [' + inner + "]}").encode()

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from sidecar.core.config import Config
+from sidecar.core.input_limits import NOT_UTF8, utf16_or_32
 from sidecar.core.types import NAME_OK, UNKNOWN_MODEL, Api, RequestInfo, SliceKey, Step
 
 # Token-profile buckets: (name, upper bound of expected output tokens). Output
@@ -97,22 +98,26 @@ def _image_chars(part: dict[str, Any]) -> int:
 def _text_chars(value: Any) -> int:
     """Characters of prompt in a messages/prompt/input value, walked defensively: text,
     tool-call arguments and outputs; an image part as its token cost; a list of token
-    ids (the Completions API's pre-tokenised prompt) as one token each."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, list):
-        if value and isinstance(value[0], int):
-            return len(value) * CHARS_PER_TOKEN
-        return sum(_text_chars(v) for v in value[:10000])
-    if isinstance(value, dict):
-        if value.get("type") in _IMAGE_PARTS:
-            return _image_chars(value)
-        total = 0
-        for key in _PROMPT_KEYS:
-            if key in value:
-                total += _text_chars(value[key])
-        return total
-    return 0
+    ids (the Completions API's pre-tokenised prompt) as one token each. Iterative (an
+    explicit stack): no nesting the parser accepted can raise RecursionError here."""
+    total = 0
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            total += len(v)
+        elif isinstance(v, list):
+            if v and isinstance(v[0], int):
+                total += len(v) * CHARS_PER_TOKEN
+            else:
+                stack.extend(v[:10000])
+        elif isinstance(v, dict):
+            kind = v.get("type")
+            if isinstance(kind, str) and kind in _IMAGE_PARTS:  # a list is unhashable
+                total += _image_chars(v)
+            else:
+                stack.extend(v[key] for key in _PROMPT_KEYS if key in v)
+    return total
 
 
 def _tools_chars(data: dict[str, Any]) -> int:
@@ -137,21 +142,37 @@ class ParsedBody:
     document: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
+_UTF8_BOM: Final = b"\xef\xbb\xbf"
+
+
+def _json_text(body: bytes) -> str:
+    """The body as text, read as UTF-8 only (a UTF-8 BOM is skipped): ``json.loads(bytes)``
+    would also read UTF-16/32, whose nesting the depth check cannot see."""
+    if body[:2] == b"\x1f\x8b":  # gzip's magic bytes: never the start of JSON
+        raise BadRequest(
+            "request body is gzip-compressed (Content-Encoding: gzip); tailroute reads "
+            "only uncompressed JSON: send it uncompressed, or decompress it in Envoy "
+            "before the routing filters")
+    if utf16_or_32(body):
+        raise BadRequest(NOT_UTF8)
+    raw = body.removeprefix(_UTF8_BOM)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"{NOT_UTF8}, byte {raw[exc.start]:#04x} at {exc.start}") from None
+
+
 def parse_body(api: Api, body: bytes) -> ParsedBody:
     """Extract what routing needs from a JSON request body.
 
     Raises :class:`BadRequest` for bodies an upstream would reject anyway
-    (not JSON, not an object, wrong types for model/stream/max_tokens).
+    (not UTF-8, not JSON, not an object, wrong types for model/stream/max_tokens).
     """
+    text = _json_text(body)
     try:
-        data = json.loads(body)
+        data = json.loads(text)
     except (ValueError, RecursionError) as exc:
-        if body[:2] == b"\x1f\x8b":  # gzip's magic bytes (checked only once parsing failed)
-            raise BadRequest(
-                "request body is gzip-compressed (Content-Encoding: gzip); tailroute reads "
-                "only uncompressed JSON: send it uncompressed, or decompress it in Envoy "
-                "before the routing filters") from None
-        # ValueError: not UTF-8, not JSON, or an integer beyond Python's digit limit
+        # ValueError: not JSON, or an integer beyond Python's digit limit
         # (a 5,000-digit max_tokens); RecursionError: nesting deeper than the stack.
         if type(exc) is ValueError:  # the digit limit: its own text names a Python call
             exc = ValueError("a number has too many digits (Python reads up to 4300)")
@@ -175,14 +196,20 @@ def parse_body(api: Api, body: bytes) -> ParsedBody:
             raise BadRequest(f"'{key}' must be a non-negative integer")
         max_tokens = v
         break
-    if api == "chat":
-        chars = _text_chars(data.get("messages")) + _tools_chars(data)
-    elif api == "completions":
-        chars = _text_chars(data.get("prompt"))
-    else:
-        chars = (_text_chars(data.get("input")) + _text_chars(data.get("instructions"))
-                 + _tools_chars(data))
+    try:  # the walk is iterative; the tools' serialiser recurses (in C)
+        chars = _prompt_chars(api, data)
+    except RecursionError:
+        raise BadRequest("request body nests too deeply to read") from None
     return ParsedBody(model, stream, max_tokens, approx_tokens(chars), data)
+
+
+def _prompt_chars(api: Api, data: dict[str, Any]) -> int:
+    if api == "chat":
+        return _text_chars(data.get("messages")) + _tools_chars(data)
+    if api == "completions":
+        return _text_chars(data.get("prompt"))
+    return (_text_chars(data.get("input")) + _text_chars(data.get("instructions"))
+            + _tools_chars(data))
 
 
 def _int_header(headers: Mapping[str, str], name: str, lo: int, hi: int) -> int | None:

@@ -9,7 +9,8 @@ documented answer and one counter label, ``tailroute_errors_total{kind=...}``
 * ``body_too_deep`` — JSON nested deeper than ``limits.max_json_depth``: 400
   ``invalid_request_error``;
 * ``bad_request`` — not JSON, not an object, mistyped fields
-  (:func:`sidecar.core.classify.parse_body`): 400 ``invalid_request_error``;
+  (:func:`sidecar.core.classify.parse_body`), not UTF-8 (UTF-16/32 is refused here,
+  before the depth check, which reads bytes as UTF-8 does): 400 ``invalid_request_error``;
 * ``header_ignored`` — a header the sidecar reads (``x-tailroute-*``,
   ``x-request-id``, retry counters) longer than ``limits.max_header_value_bytes``
   or holding control characters: ignored, as if absent;
@@ -34,7 +35,7 @@ import numpy as np
 
 from sidecar.core.config import Config, LimitsConfig
 
-Refused = Literal["body_too_large", "body_too_deep"]
+Refused = Literal["body_too_large", "body_too_deep", "bad_request"]
 # Headers the classifier reads (the rest pass through to the upstream untouched).
 READ_PREFIX: Final = "x-tailroute-"
 READ_HEADERS: Final = frozenset({"x-request-id", "x-envoy-attempt-count",
@@ -42,6 +43,11 @@ READ_HEADERS: Final = frozenset({"x-request-id", "x-envoy-attempt-count",
 # gRPC framing and the request headers ride in the same message as the body.
 GRPC_HEADROOM_BYTES: Final = 1 << 20
 
+# JSON exchanged between systems is UTF-8 (RFC 8259 section 8.1); the one answer for a
+# body that is not, here and in sidecar.core.classify.parse_body.
+NOT_UTF8: Final = ("request body is not valid JSON: not UTF-8 (JSON exchanged between "
+                   "systems must be UTF-8, RFC 8259 section 8.1)")
+_UTF16_32_BOMS: Final = (b"\xff\xfe", b"\xfe\xff")
 _CONTROL: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _NOT_STRUCTURE: Final = bytes(b for b in range(256) if b not in b'"[]{}')
 _BLOCK = 1 << 20  # not Final: tests/test_input_limits.py rebinds it
@@ -62,8 +68,8 @@ class BodyRefusal:
 def nests_deeper_than(body: bytes, limit: int) -> bool:
     """True if ``[``/``{`` nesting outside JSON strings exceeds ``limit`` levels.
 
-    Exact for valid JSON; for invalid JSON it may say either, which is harmless
-    (the parser then refuses the body anyway).
+    Exact for valid JSON in UTF-8 (the only encoding the parser accepts); for anything
+    else it may say either, which is harmless (the parser then refuses the body anyway).
     """
     if body.count(b"[") + body.count(b"{") <= limit:
         return False  # cheap and common: too few brackets to nest that deep at all
@@ -84,11 +90,20 @@ def nests_deeper_than(body: bytes, limit: int) -> bool:
     return False
 
 
+def utf16_or_32(body: bytes) -> bool:
+    """True if the body starts as UTF-16 or UTF-32 JSON does: a byte-order mark, or a
+    zero byte among the first four (JSON starts with an ASCII character, and a raw zero
+    byte is never valid UTF-8 JSON). Its brackets are invisible to the depth check."""
+    return body[:2] in _UTF16_32_BOMS or 0 in body[:4]
+
+
 def check_body(body: bytes, limits: LimitsConfig) -> BodyRefusal | None:
     """The answer for a body that must not be parsed, or None if parsing is safe."""
     if len(body) > limits.max_body_bytes:
         return BodyRefusal("body_too_large", None,
                            f"request body over {limits.max_body_bytes} bytes is not classified")
+    if utf16_or_32(body):
+        return BodyRefusal("bad_request", 400, NOT_UTF8)
     if nests_deeper_than(body, limits.max_json_depth):
         return BodyRefusal("body_too_deep", 400,
                            f"request body nests deeper than {limits.max_json_depth} levels")
