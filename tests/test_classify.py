@@ -106,6 +106,25 @@ def test_a_body_not_in_utf8_is_refused(body: bytes) -> None:
         parse_body("chat", body)
 
 
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [(b"NaN", "NaN is not a JSON value"), (b"Infinity", "Infinity is not"),
+     (b"-Infinity", "-Infinity is not"), (b"1e400", "1e400 is too large"),
+     (b"-1.5E+309", "-1.5E+309 is too large"), (b"1" * 400 + b".0", "too large")],
+)
+def test_numbers_json_does_not_have_are_refused(value: bytes, says: str) -> None:
+    """json.loads reads NaN/Infinity (not JSON) and turns 1e400 into inf; a model
+    rewrite then sent the upstream ``Infinity``, which is not JSON."""
+    with pytest.raises(BadRequest, match="not valid JSON") as raised:
+        parse_body("chat", b'{"model": "m", "temperature": ' + value + b', "messages": []}')
+    assert says in str(raised.value)
+
+
+@pytest.mark.parametrize("value", [b"1e308", b"-2.5e-400", b"0.1", b"1" * 300 + b".5"])
+def test_large_but_finite_numbers_are_read(value: bytes) -> None:
+    assert parse_body("chat", b'{"model": "m", "top_p": ' + value + b"}").model == "m"
+
+
 def test_a_utf8_bom_is_skipped() -> None:
     assert parse_body("chat", b"\xef\xbb\xbf" + _chat()).input_tokens == 100
 

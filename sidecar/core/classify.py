@@ -22,6 +22,7 @@ Headers read (all optional, all treated as untrusted):
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -145,6 +146,23 @@ class ParsedBody:
 _UTF8_BOM: Final = b"\xef\xbb\xbf"
 
 
+class _NotJson(ValueError):
+    """A token ``json.loads`` reads that JSON does not have: ``NaN``, ``Infinity``,
+    ``-Infinity``, or a number no double holds (1e400 read as inf): a model rewrite
+    would serialise them as ``NaN``/``Infinity``, which is not JSON either."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotJson(f"{name} is not a JSON value")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _NotJson(f"the number {text[:32]} is too large for a double")
+    return value
+
+
 def _json_text(body: bytes) -> str:
     """The body as text, read as UTF-8 only (a UTF-8 BOM is skipped): ``json.loads(bytes)``
     would also read UTF-16/32, whose nesting the depth check cannot see."""
@@ -166,14 +184,16 @@ def parse_body(api: Api, body: bytes) -> ParsedBody:
     """Extract what routing needs from a JSON request body.
 
     Raises :class:`BadRequest` for bodies an upstream would reject anyway
-    (not UTF-8, not JSON, not an object, wrong types for model/stream/max_tokens).
+    (not UTF-8, not JSON -- ``NaN``, ``Infinity`` and numbers beyond a double's range
+    included --, not an object, wrong types for model/stream/max_tokens).
     """
     text = _json_text(body)
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
     except (ValueError, RecursionError) as exc:
-        # ValueError: not JSON, or an integer beyond Python's digit limit
-        # (a 5,000-digit max_tokens); RecursionError: nesting deeper than the stack.
+        # ValueError: not JSON (_NotJson: NaN, Infinity, 1e400), or an integer beyond
+        # Python's digit limit (a 5,000-digit max_tokens); RecursionError: nesting
+        # deeper than the stack.
         if type(exc) is ValueError:  # the digit limit: its own text names a Python call
             exc = ValueError("a number has too many digits (Python reads up to 4300)")
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
