@@ -8,9 +8,10 @@ import pytest
 
 from sidecar.core.config import parse_config
 from sidecar.core.envoy_log import LogRecord
-from sidecar.core.types import Observation, SliceKey
+from sidecar.core.types import CandidateExplain, Decision, Explain, Observation, SliceKey
 from sidecar.shell.app import LOG_GRACE_S, App
 from sidecar.shell.envoy_contract import ROUTE_HEADER
+from sidecar.shell.explain_header import EXPLAIN_MAX_CHARS, explain_json
 from sidecar.shell.extproc import RouteStream
 from sidecar.shell.observe import ObserveStream
 from sidecar.shell.outcomes import OutcomeFeed
@@ -451,6 +452,56 @@ def test_explain_header_on_the_rich_path(app: App) -> None:
     ex = json.loads(set_headers(r)["x-tailroute-explain-result"])  # type: ignore[arg-type]
     assert {c["c"] for c in ex["candidates"]} == {"a", "b", "c"}
     assert ex["slice"] == "m|interactive|short|stream"
+
+
+def test_the_explain_header_with_many_candidates_is_whole_json() -> None:
+    """It was cut at 4000 characters mid-JSON: with 20 candidates it did not parse."""
+    names = [f"provider-{i:02d}-us-east" for i in range(20)]
+    app = App.create(parse_config(base_config_dict(
+        default_cluster=names[0],
+        clusters=[{"name": n, "address": f"127.0.0.1:{9000 + i}", "models": ["m"]}
+                  for i, n in enumerate(names)],
+        models=[{"name": "m", "candidates": names}]), "t.yaml"), seed=1)
+    s, _ = rich(app, chat_request(), headers={"x-tailroute-explain": "1"})
+    r = s.on_message(headers_msg({":status": "200"}, response=True), 0.1)
+    raw = set_headers(r)["x-tailroute-explain-result"]  # type: ignore[arg-type]
+    assert len(raw) <= EXPLAIN_MAX_CHARS
+    ex = json.loads(raw)
+    assert len(ex["candidates"]) + ex["candidates_omitted"] == 20
+    assert [c["c"] for c in ex["candidates"]] == names[:len(ex["candidates"])]
+
+
+def _explained(candidates: int, notes: int, note_chars: int = 10) -> Decision:
+    return Decision("a", "scored", explain=Explain(
+        "m|interactive|short|stream",
+        tuple(CandidateExplain(f"cluster-{i}", {"f": "pass"}, {"latency": 0.5})
+              for i in range(candidates)),
+        "weighted", tuple(f"{i}" + "n" * note_chars for i in range(notes))))
+
+
+@pytest.mark.parametrize(
+    ("candidates", "notes", "cap", "kept", "kept_notes"),
+    [(3, 2, 4000, 3, 2),  # fits: no *_omitted keys
+     (200, 2, 4000, None, None),  # candidates fill the header
+     (3, 0, 250, 1, 0),  # room for one candidate
+     (0, 500, 4000, 0, None),
+     (1, 1, 0, 0, 0)],  # a cap below the head's length: the head and no more
+)
+def test_explain_json_is_whole_json_within_its_cap(
+        candidates: int, notes: int, cap: int, kept: int | None, kept_notes: int | None
+        ) -> None:
+    text = explain_json(_explained(candidates, notes), cap)
+    ex = json.loads(text)
+    assert (ex["cluster"], ex["slice"]) == ("a", "m|interactive|short|stream")
+    assert len(text) <= cap or cap == 0
+    assert len(ex["candidates"]) + ex.get("candidates_omitted", 0) == candidates
+    assert len(ex["notes"]) + ex.get("notes_omitted", 0) == notes
+    if kept is not None:
+        assert len(ex["candidates"]) == kept
+    if kept_notes is not None:
+        assert len(ex["notes"]) == kept_notes
+    assert ("candidates_omitted" in ex) == (len(ex["candidates"]) < candidates)
+    assert explain_json(Decision("a", "not_llm")) == '{"cluster":"a","reason":"not_llm"}'
 
 
 def _counts(app: App, now: float) -> tuple[int, int]:

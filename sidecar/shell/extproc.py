@@ -68,11 +68,11 @@ from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from sidecar.shell import envoy_contract as ec
 from sidecar.shell.admission import Hold, admission_response, timeout_header
 from sidecar.shell.app import App, Pending
+from sidecar.shell.explain_header import EXPLAIN_HEADER, explain_json
 
 log = logging.getLogger("tailroute.extproc")
 
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
-EXPLAIN_HEADER = "x-tailroute-explain-result"
 _PM = pm_pb2.ProcessingMode
 _EXPLAIN_MODE = _PM(
     request_header_mode=_PM.SEND,
@@ -379,22 +379,3 @@ def _rewrite_model(parsed: ParsedBody, model: str) -> bytes:
     """The request body with ``model`` replaced, from the document parsed at routing."""
     return json.dumps({**parsed.document, "model": model}, separators=(",", ":")).encode()
 
-
-def explain_json(decision: Decision) -> str:
-    """Compact one-line explain for the opt-in response header (bounded size)."""
-    ex = decision.explain
-    if ex is None:
-        return json.dumps({"cluster": decision.cluster, "reason": decision.reason})
-    out = {
-        "cluster": decision.cluster,
-        "reason": decision.reason,
-        "slice": ex.slice,
-        "candidates": [
-            {"c": c.cluster, "state": c.state, "w": c.weight, "scores": c.scores,
-             "drop": next((v for v in c.verdicts.values() if v != "pass"), None),
-             "stats": c.stats_slice, "fallback": c.fell_back}
-            for c in ex.candidates
-        ],
-        "notes": list(ex.notes),
-    }
-    return json.dumps(out, separators=(",", ":"))[:4000]
