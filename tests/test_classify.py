@@ -207,6 +207,20 @@ def test_unknown_model_marks_slice(config: Config) -> None:
     assert not info.model_known and info.slice.model == "_unknown"
 
 
+@pytest.mark.parametrize(
+    ("model", "kept", "known"),
+    [("m", "m", True), ("nope", "nope", False), ("x" * 256, "x" * 256, False),
+     ("x" * 257, "x" * 256 + "\u2026", False), ("y" * 4_000_000, "y" * 256 + "\u2026", False)],
+)
+def test_an_unknown_model_is_kept_bounded(config: Config, model: str, kept: str, known: bool
+                                          ) -> None:
+    """Kept until the access-log entry comes (the recent-decision ring, Decision.detail):
+    a 4 MiB model name was kept whole, like tenant and request id now cut at
+    limits.max_header_value_bytes."""
+    info = classify(config, {}, parse_body("chat", _chat(model=model)), "chat")
+    assert (info.model, info.model_known) == (kept, known)
+
+
 def test_slice_hierarchy() -> None:
     s = SliceKey("m", "interactive", "short", True)
     assert [b.label() for b in s.broader()] == ["m|interactive|*|*", "m|*|*|*"]

@@ -124,6 +124,14 @@ def test_unknown_model_continues_to_default_route(app: App) -> None:
     assert routed_cluster(r) == "a"  # type: ignore[arg-type]
 
 
+def test_an_unknown_model_is_remembered_bounded(app: App) -> None:
+    """64 requests with 4 MiB unknown model names held 256 MiB in the decision ring."""
+    s, _ = fast(app, chat_request(model="z" * (1 << 20)))
+    s.close(0.1, cancelled=False)
+    recent = app.router.recent[-1]
+    assert len(recent.request.model or "") == 257 and len(recent.decision.detail) == 257
+
+
 def test_oversized_body_is_not_parsed_and_goes_default(app: App) -> None:
     big = b'{"model": "m", "x": "' + b"y" * (app.config.limits.max_body_bytes + 1) + b'"}'
     _, r = fast(app, big)

@@ -232,6 +232,11 @@ def _prompt_chars(api: Api, data: dict[str, Any]) -> int:
             + _tools_chars(data))
 
 
+# Marks a truncated unknown model name (configured names are matched whole, so a kept
+# prefix plus this mark names no configured model unless one ends in it).
+_CUT: Final = "\u2026"
+
+
 def _int_header(headers: Mapping[str, str], name: str, lo: int, hi: int) -> int | None:
     raw = headers.get(name)
     if raw is None:
@@ -277,6 +282,10 @@ def classify(
     priority = _int_header(headers, "x-tailroute-priority", 0, 1000)
     model = body.model if body else None
     model_known = model is not None and config.model(model) is not None
+    if model is not None and not model_known and len(model) > limit:
+        # An unknown model is kept (RequestInfo, Decision.detail, the recent-decision
+        # ring) until its access-log entry comes: whole, a body-sized string each.
+        model = model[:limit] + _CUT
     stream = body.stream if body else False
     max_tokens = body.max_tokens if body else None
     input_tokens = body.input_tokens if body else 0
