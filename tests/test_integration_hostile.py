@@ -46,12 +46,12 @@ def test_hostile_requests_get_their_documented_answers() -> None:
     with Stack() as stack:
         ports = start_providers(stack)
         # The sidecar's own config says Envoy buffers at most ROUTE_BUFFER bytes...
-        path = stack.write_config(ops_config(ports, limits={"max_body_bytes": MAX_BODY},
+        path = stack.write_config(ops_config(ports, limits={"max_body_bytes": MAX_BODY, "max_json_containers": 1000},
                                              envoy={"route_buffer_bytes": ROUTE_BUFFER}))
         stack.start_sidecar(path)
         # ... but this Envoy is rendered to buffer 4 MiB (a hand-written config that
         # disagrees), so a 2 MiB body reaches gRPC over the sidecar's message limit.
-        stack.write_config(ops_config(ports, limits={"max_body_bytes": MAX_BODY},
+        stack.write_config(ops_config(ports, limits={"max_body_bytes": MAX_BODY, "max_json_containers": 1000},
                                       envoy={"route_buffer_bytes": 4 << 20}))
         stack.start_envoy()
         default = stack.config.default_cluster if stack.config else ""
@@ -62,6 +62,13 @@ def test_hostile_requests_get_their_documented_answers() -> None:
         assert status == 400 and json.loads(body)["error"]["type"] == "invalid_request_error"
         assert "nests deeper than" in json.loads(body)["error"]["message"]
         assert _counter(stack, "tailroute_errors_total", 'kind="body_too_deep"') == 1
+
+        # Many containers, each shallow: refused before the parser builds them.
+        many = json.dumps({"model": MODEL, "messages": [], "x": [[]] * 1_200},
+                          separators=(",", ":")).encode()  # 3.7 KiB: under MAX_BODY
+        status, _, body = _post(stack, many)
+        assert status == 400 and json.loads(body)["error"]["code"] == "body_too_complex"
+        assert _counter(stack, "tailroute_errors_total", 'kind="body_too_complex"') == 1
 
         padded = _chat(padding="x" * (MAX_BODY * 4))
         status, headers, _ = _post(stack, padded)

@@ -234,6 +234,7 @@ class LimitsConfig:
     max_body_bytes: int = 8 * 1024 * 1024
     max_header_value_bytes: int = 256
     max_json_depth: int = 128  # deeper request bodies get a 400 before parsing
+    max_json_containers: int = 100_000  # arrays + objects: more get a 400 before parsing
     decision_timeout_ms: int = 500  # Envoy's message_timeout for the ext_proc filter
 
 
@@ -244,8 +245,7 @@ class EnvoyConfig:
     listen: str = "127.0.0.1:10000"
     admin: str = "127.0.0.1:9901"
     route_buffer_bytes: int = 16 * 1024 * 1024
-    # Circuit breaker of the sidecar cluster (gRPC streams Envoy may hold open to it
-    # at once). None: derived from the config, see sidecar.shell.bootstrap.
+    # Circuit breaker of the sidecar cluster (streams to it); None: derived (bootstrap).
     sidecar_max_requests: int | None = None
     # How often Envoy flushes its batched access-log entries to the sidecar.
     access_log_flush_ms: int = 100

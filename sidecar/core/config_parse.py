@@ -144,6 +144,8 @@ def _limits(r: ConfigReader) -> LimitsConfig:
         max_header_value_bytes=r.num("max_header_value_bytes", 256, lo=8, integer=True),
         # Well below Python's recursion limit (1000): walks over the document recurse too.
         max_json_depth=r.num("max_json_depth", 128, lo=8, hi=256, integer=True),
+        max_json_containers=r.num("max_json_containers", 100_000, lo=1_000, hi=10_000_000,
+                                  integer=True),
         decision_timeout_ms=r.num("decision_timeout_ms", 500, lo=10, hi=60000, integer=True),
     )
     r.done()
