@@ -17,6 +17,7 @@ from tests.ops_stack import MODEL, admin_get, ops_config, start_providers, wait_
 pytestmark = pytest.mark.envoy
 
 MAX_BODY, ROUTE_BUFFER = 4096, 64 * 1024
+LIMITS = {"max_body_bytes": MAX_BODY, "max_json_containers": 1000}
 
 
 def _post(stack: Stack, body: bytes, headers: dict[str, str] | None = None
@@ -46,12 +47,12 @@ def test_hostile_requests_get_their_documented_answers() -> None:
     with Stack() as stack:
         ports = start_providers(stack)
         # The sidecar's own config says Envoy buffers at most ROUTE_BUFFER bytes...
-        path = stack.write_config(ops_config(ports, limits={"max_body_bytes": MAX_BODY, "max_json_containers": 1000},
+        path = stack.write_config(ops_config(ports, limits=LIMITS,
                                              envoy={"route_buffer_bytes": ROUTE_BUFFER}))
         stack.start_sidecar(path)
         # ... but this Envoy is rendered to buffer 4 MiB (a hand-written config that
         # disagrees), so a 2 MiB body reaches gRPC over the sidecar's message limit.
-        stack.write_config(ops_config(ports, limits={"max_body_bytes": MAX_BODY, "max_json_containers": 1000},
+        stack.write_config(ops_config(ports, limits=LIMITS,
                                       envoy={"route_buffer_bytes": 4 << 20}))
         stack.start_envoy()
         default = stack.config.default_cluster if stack.config else ""
