@@ -44,6 +44,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sidecar.core.config import SIDECAR_CLUSTER as SIDECAR_CLUSTER  # reserved in the config
+from sidecar.core.sse import MAX_EVENT_BYTES
 from sidecar.core.timing import ERROR_SELECTORS
 from sidecar.shell import envoy_contract as ec
 
@@ -262,7 +263,11 @@ def usage_filters(share: float = 1.0) -> list[dict[str, Any]]:
         "name": USAGE_FILTER,
         "typed_config": {
             "@type": TYPE + "envoy.extensions.filters.http.sse_to_metadata.v3.SseToMetadata",
-            "response_rules": {"content_parser": {
+            # Envoy drops an event that grows past this while its reads arrive (8 KiB by
+            # default): a Responses API response.completed carries the whole answer, so
+            # every answer over ~8 KiB lost its usage there, and a long error event its
+            # error. The sidecar's own parser's limit (sidecar.core.sse).
+            "response_rules": {"max_event_size": MAX_EVENT_BYTES, "content_parser": {
                 "name": "envoy.content_parsers.json",
                 "typed_config": {
                     "@type": TYPE + "envoy.extensions.content_parsers.json.v3.JsonContentParser",
