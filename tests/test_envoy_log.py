@@ -137,6 +137,23 @@ def test_offset_book_median_fallback_and_sampling() -> None:
     assert book.blind("a", S) and book.offset("a", S) >= BLIND_OFFSET_S
 
 
+@pytest.mark.parametrize(("early", "blind"), [(0, False), (1, False), (2, True), (8, True)])
+def test_a_route_whose_slow_streams_open_early_is_blind(early: int, blind: bool) -> None:
+    """Keep-alive comments sent only while a request waits open exactly the slow
+    streams early: the median offset stays 0, yet the first body byte caps every
+    unsampled TTFT at the keep-alive interval. Two early openings in the window read
+    make the route blind (its TTFT from sampled streams only)."""
+    book = OffsetBook(share=0.05, min_samples=8, window=64)
+    for i in range(64):
+        book.add("a", S, 2.5 if i < early else 0.0)  # a slow stream's first body byte: a comment
+    assert book.offset("a", S) == 0.0
+    assert book.blind("a", S) is blind
+    assert book.summary()["a"]["blind"] is blind and book.summary()["a"]["early"] == early
+    rng = random.Random(3)
+    share = sum(book.wants_sample("a", S, rng) for _ in range(4000)) / 4000
+    assert (share > 0.15) is blind  # blind_share (0.25) against share (0.05)
+
+
 def test_offset_book_keeps_a_bounded_number_of_slices() -> None:
     book = OffsetBook(share=0.0, min_samples=1, window=4, max_keys=3)
     for i in range(10):

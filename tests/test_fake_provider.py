@@ -129,7 +129,7 @@ def test_profile_updates_and_validation() -> None:
     assert prof.error_rate == 0.5
     assert Profile().updated(prof.to_json()) == prof  # to_json round-trips
     for bad in ({"error_rate": 2}, {"nope": 1}, {"outage": 1}, {"error_status": 200},
-                {"stall_ms": -1}, {"outage_mode": "explode"}):
+                {"stall_ms": -1}, {"outage_mode": "explode"}, {"waiting_comment_ms": -5}):
         with pytest.raises(ConfigError):
             Profile().updated(bad)
 
@@ -213,6 +213,27 @@ async def test_stall_pauses_after_first_token() -> None:
                 stamps.append(time.monotonic())
         assert len(stamps) == 3
         assert stamps[1] - stamps[0] >= 0.15
+
+
+@async_test
+async def test_waiting_comments_go_out_before_the_first_token_only() -> None:
+    """``waiting_comment_ms``: an SSE comment that often while the request waits, as a
+    gateway keeping an idle connection open does; none once the tokens flow."""
+    profile = Profile(ttft=LatencyDist(250.0), tpot=LatencyDist(60.0), waiting_comment_ms=100.0)
+    async with serving(profile=profile) as (provider, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", provider.port)
+        body = json.dumps({"model": "m", "messages": MSGS, "max_tokens": 3,
+                           "stream": True}).encode()
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: "
+                     + str(len(body)).encode() + b"\r\n\r\n" + body)
+        raw = await reader.read(1 << 20)
+        while not raw.endswith(b"0\r\n\r\n"):
+            raw += await reader.read(1 << 20)
+        writer.close()
+    text = raw.split(b"\r\n\r\n", 1)[1]
+    first_token = text.index(b"data: ")
+    assert text[:first_token].count(b": keep-alive") == 2  # at 100 and 200 ms of 250
+    assert b": keep-alive" not in text[first_token:]
 
 
 @async_test

@@ -16,9 +16,16 @@ provider, the slice only refines it), and to 0 with no sample at all.
 Blind routes: when the median offset is at least :data:`BLIND_OFFSET_S`, the
 first body byte says nothing about when the token came (a role-only event sent
 at once): adding a median to it would give every unsampled request the same
-TTFT and erase the tail a tail-latency router exists to see. Such a route's
-TTFT comes from its sampled requests only (each timed exactly), and it is
-sampled at ``blind_share`` instead of ``share``.
+TTFT and erase the tail a tail-latency router exists to see. So too when only
+*some* streams open early: a provider that sends ``: keep-alive`` comments only
+while a request waits opens exactly its slow streams early, so the median offset
+stays 0 while the first body byte caps every unsampled TTFT at the keep-alive
+interval (an audit: true p95 3.0 s, seen 0.5 s). A route is blind when at least
+:data:`BLIND_LATE_MIN` of the offsets its median reads are :data:`BLIND_OFFSET_S`
+or more (3 % of a full window: its p97 and beyond are not in the first body
+byte); an offset is exactly 0 where the first body chunk carries the first token.
+Such a route's TTFT comes from its sampled requests only (each timed exactly),
+and it is sampled at ``blind_share`` instead of ``share``.
 
 Sampling: the first ``min_samples`` streamed responses of a (cluster, slice)
 are sampled (evidence first), then a ``share`` of them. The first ones count
@@ -39,7 +46,8 @@ from typing import Final
 
 from sidecar.core.types import SliceKey
 
-BLIND_OFFSET_S: Final = 0.002  # median first-body-byte -> first-token gap that makes a route blind
+BLIND_OFFSET_S: Final = 0.002  # a first-body-byte -> first-token gap that opened early
+BLIND_LATE_MIN: Final = 2  # early openings among the offsets read that make a route blind
 
 
 class OffsetBook:
@@ -54,7 +62,8 @@ class OffsetBook:
         self.max_keys = max_keys
         self._by_slice: dict[tuple[str, SliceKey], deque[float]] = {}
         self._by_cluster: dict[str, deque[float]] = {}
-        self._cache: dict[tuple[str, SliceKey], float] = {}  # medians, invalidated on add
+        # (median, early openings) of the offsets read, invalidated on add
+        self._cache: dict[tuple[str, SliceKey], tuple[float, int]] = {}
         self._keys_per_cluster: dict[str, deque[SliceKey]] = {}
         self._tried: dict[tuple[str, SliceKey], int] = {}  # evidence-first samples handed out
 
@@ -96,8 +105,8 @@ class OffsetBook:
         # Another slice's fallback may have changed too: medians are cheap to redo.
         self._cache.clear()
 
-    def offset(self, cluster: str, slice: SliceKey) -> float:
-        """The offset to add to a first-body-byte time (seconds)."""
+    def _read(self, cluster: str, slice: SliceKey) -> tuple[float, int]:
+        """(median offset, early openings) of the offsets the key reads (module docstring)."""
         key = (cluster, slice)
         hit = self._cache.get(key)
         if hit is not None:
@@ -105,13 +114,18 @@ class OffsetBook:
         ring = self._by_slice.get(key)
         if ring is None or len(ring) < self.min_samples:
             ring = self._by_cluster.get(cluster)
-        value = median(ring) if ring else 0.0
+        value = (median(ring), _early(ring)) if ring else (0.0, 0)
         self._cache[key] = value
         return value
 
+    def offset(self, cluster: str, slice: SliceKey) -> float:
+        """The offset to add to a first-body-byte time (seconds)."""
+        return self._read(cluster, slice)[0]
+
     def blind(self, cluster: str, slice: SliceKey) -> bool:
         """Is the first body byte of this route's responses no guide to the first token?"""
-        return self.offset(cluster, slice) >= BLIND_OFFSET_S
+        middle, early = self._read(cluster, slice)
+        return middle >= BLIND_OFFSET_S or early >= BLIND_LATE_MIN
 
     def samples(self, cluster: str, slice: SliceKey) -> int:
         ring = self._by_slice.get((cluster, slice))
@@ -121,6 +135,12 @@ class OffsetBook:
         """Per-cluster view for /state: samples and median offset in ms."""
         return {
             c: {"samples": len(r), "median_offset_ms": round(median(r) * 1000.0, 3),
-                "blind": median(r) >= BLIND_OFFSET_S}
+                "early": _early(r),
+                "blind": median(r) >= BLIND_OFFSET_S or _early(r) >= BLIND_LATE_MIN}
             for c, r in self._by_cluster.items() if r
         }
+
+
+def _early(ring: deque[float]) -> int:
+    """How many of ``ring``'s offsets opened the stream early (``>= BLIND_OFFSET_S``)."""
+    return sum(1 for v in ring if v >= BLIND_OFFSET_S)

@@ -7,6 +7,7 @@ Control JSON (every field optional; an invalid payload is rejected whole)::
      "stall_ms": 0, "outage": false, "outage_mode": "close" | "503",
      "role_first": false,                # streamed chat opens with a role-only event
      "end_delay_ms": 0,                  # streamed: body ends this long after [DONE]
+     "waiting_comment_ms": 0,            # streamed: ": keep-alive" this often before token 1
      "midstream_error_rate": 0.0, "midstream_error_shape": "openai",  # see below
      "retry_after": null | 2 | "2" | "Wed, 21 Oct 2015 07:28:00 GMT",  # see below
      "retry_after_ms": null | 1500 | "1500",

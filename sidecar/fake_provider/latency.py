@@ -27,7 +27,7 @@ MIDSTREAM_ERROR_SHAPES = ("openai", "anthropic", "vllm", "responses_error", "res
 PROFILE_FIELDS = (
     "ttft_ms", "tpot_ms", "error_rate", "error_status", "stall_ms", "outage", "outage_mode",
     "role_first", "end_delay_ms", "midstream_error_rate", "midstream_error_shape",
-    "retry_after", "retry_after_ms",
+    "retry_after", "retry_after_ms", "waiting_comment_ms",
 )
 #: Longest header value a control payload may set (the fake sends it verbatim).
 MAX_HEADER_VALUE = 256
@@ -131,6 +131,10 @@ class Profile:
     #: Streamed: hold the body's terminating chunk this long after ``data: [DONE]`` (a
     #: server that flushes the last event before it finishes the response).
     end_delay_ms: float = 0.0
+    #: Streamed: while a request waits for its first token, an SSE comment (``:
+    #: keep-alive``) every this many ms (0: none), as gateways that keep idle
+    #: connections open do: only the slow streams then open before their first token.
+    waiting_comment_ms: float = 0.0
     #: Streamed: this share of the 200 streams fails half-way (after half the tokens,
     #: at least one): an error event of ``midstream_error_shape``, then the body ends.
     midstream_error_rate: float = 0.0
@@ -162,7 +166,7 @@ class Profile:
                 if isinstance(value, bool) or not isinstance(value, int) or not 400 <= value <= 599:
                     raise ConfigError(f"error_status must be an int in 400..599, got {value!r}")
                 kw[key] = value
-            elif key in ("stall_ms", "end_delay_ms"):
+            elif key in ("stall_ms", "end_delay_ms", "waiting_comment_ms"):
                 ms = _num(value, key)
                 if not (math.isfinite(ms) and ms >= 0):
                     raise ConfigError(f"{key} must be >= 0, got {ms}")
@@ -193,6 +197,7 @@ class Profile:
             "outage_mode": self.outage_mode,
             "role_first": self.role_first,
             "end_delay_ms": self.end_delay_ms,
+            "waiting_comment_ms": self.waiting_comment_ms,
             "midstream_error_rate": self.midstream_error_rate,
             "midstream_error_shape": self.midstream_error_shape,
             "retry_after": self.retry_after,

@@ -349,7 +349,8 @@ class FakeProvider:
             await stream_reply(conn, reply, due, record, t0=t0, name=self.name,
                                keep_alive=req.keep_alive, role_first=prof.role_first,
                                sse_eol=self.sse_eol, sse_split=self.sse_split,
-                               end_delay_s=prof.end_delay_ms / 1000, fail=fail)
+                               end_delay_s=prof.end_delay_ms / 1000, fail=fail,
+                               waiting_comment_s=prof.waiting_comment_ms / 1000)
             return req.keep_alive
         except ClientGone:
             self._disconnects += 1

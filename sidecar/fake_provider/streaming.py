@@ -56,7 +56,8 @@ class _Wire:
 async def stream_reply(conn: Conn, reply: Reply, due: Sequence[float], record: dict[str, Any],
                        *, t0: float, name: str, keep_alive: bool, role_first: bool,
                        sse_eol: str, sse_split: str, end_delay_s: float = 0.0,
-                       fail: tuple[int, bytes] | None = None) -> None:
+                       fail: tuple[int, bytes] | None = None,
+                       waiting_comment_s: float = 0.0) -> None:
     """Write the response head, then token ``i``'s events at ``due[i]`` and the tail
     events with the last token, then the terminating chunk.
 
@@ -64,6 +65,7 @@ async def stream_reply(conn: Conn, reply: Reply, due: Sequence[float], record: d
     with a role-only event, written at once; ``end_delay_s`` holds the terminating
     chunk back after the last event. ``fail = (k, event)`` fails the stream mid-way:
     only the first ``k`` tokens, then ``event`` (an error event) instead of the tail.
+    ``waiting_comment_s`` > 0 writes an SSE comment that often until the first token.
     """
     await conn.write(response_head(200, name, _STREAM_HEADERS, keep_alive))
     wire = _Wire(conn, record, t0)
@@ -73,6 +75,15 @@ async def stream_reply(conn: Conn, reply: Reply, due: Sequence[float], record: d
         event = reframe(reply.role_event(), sse_eol)
         record["first_byte_ms"] = wire.since_arrival_ms()
         await wire.send(event)
+    if waiting_comment_s > 0:
+        comment = reframe(b": keep-alive\n\n", sse_eol)
+        at = t0 + waiting_comment_s
+        while at < due[0]:
+            await conn.sleep_until(at)
+            if record["first_byte_ms"] is None:
+                record["first_byte_ms"] = wire.since_arrival_ms()
+            await wire.send(comment)
+            at += waiting_comment_s
     if sse_eol == "lf" and sse_split == "none":
         for i in range(n):
             await conn.sleep_until(due[i])
