@@ -77,6 +77,16 @@ def test_cr_at_chunk_end_and_lf_at_next_start_are_one_line_ending() -> None:
     assert p.feed(b"\ndata: b\r\n\r\n") == [SseEvent("b")]
 
 
+@pytest.mark.parametrize("cut", [1, 7, 16, 65, 200, 10_000])
+def test_an_overlong_line_is_dropped_however_the_bytes_are_cut(cut: int) -> None:
+    """One chunk or many: a line over ``max_line`` drops its event (it was kept when it
+    arrived whole in one chunk, and dropped when cut across two)."""
+    stream = b"data: " + b"x" * 100 + b"\n\ndata: next\n\n"
+    p = SseParser(max_line=64)
+    out = [ev for i in range(0, len(stream), cut) for ev in p.feed(stream[i:i + cut])]
+    assert out == [SseEvent("next")] and p.dropped == 1
+
+
 def test_overlong_line_and_event_are_dropped_and_parsing_resumes() -> None:
     p = SseParser(max_line=64, max_event=100)
     out = p.feed(b"data: " + b"x" * 50)

@@ -111,6 +111,9 @@ class SseParser:
                 self._overlong = False
                 self._broken = True
                 continue
+            if len(line) > self.max_line:  # whole in this chunk: the same as cut across chunks
+                self._broken = True
+                continue
             if not line:
                 ev = self._dispatch()
                 if ev is not None:
