@@ -175,6 +175,16 @@ CORRUPT: dict[str, Callable[[dict[str, Any]], bytes]] = {
     "other sub-window": lambda d: json.dumps({**d, "stats": {**d["stats"],
                                                              "subwindow_s": 3.0}}).encode(),
     "bad transitions": lambda d: json.dumps({**d, "transitions": [{"age": "x"}]}).encode(),
+    "transitions not a list": lambda d: json.dumps({**d, "transitions": {"a": 1}}).encode(),
+    # A non-finite transition age was restored and /state served a bare NaN (not JSON).
+    "NaN transition age": lambda d: _transition(d, math.nan),
+    "'nan' transition age": lambda d: _transition(d, "nan"),
+    "infinite transition age": lambda d: _transition(d, math.inf),
+    "transition from the future": lambda d: _transition(d, -5),
+    "transition age as text": lambda d: _transition(d, "3"),
+    "NaN written_at": lambda d: json.dumps({**d, "written_at": math.nan}).encode(),
+    "written_at as text": lambda d: json.dumps({**d, "written_at": "yesterday"}).encode(),
+    "written_at of 400 digits": lambda d: json.dumps({**d, "written_at": 10**400}).encode(),
     # Values of the right type that no running sidecar writes (a NaN cooldown crashed
     # every tick after a "warm start", and the shutdown snapshot wrote it back).
     "NaN cooldown": lambda d: _route_field(d, "cooldown_until", math.nan),
@@ -200,6 +210,12 @@ CORRUPT: dict[str, Callable[[dict[str, Any]], bytes]] = {
 
 def _pushback(d: dict[str, Any], entry: dict[str, Any]) -> bytes:
     return json.dumps({**d, "pushback": [{"cluster": "b", "limit": 2, "age": 1}, entry]}).encode()
+
+
+def _transition(d: dict[str, Any], age: Any) -> bytes:
+    entry = {"age": age, "cluster": "a", "slice": "m|interactive|short|stream",
+             "old": "healthy", "new": "quarantined", "reason": "x"}
+    return json.dumps({**d, "transitions": [entry]}).encode()
 
 
 def _route_field(d: dict[str, Any], field: str, value: Any) -> bytes:

@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sidecar.core.fields import shown
 from sidecar.core.health_board import HealthBoard
 from sidecar.core.router import Router
 from sidecar.core.stats import StatsStore
@@ -116,10 +117,9 @@ def restore(router: Router, data: Any, now: float, wall: float | None = None) ->
     if data.get("version") != VERSION:
         raise ValueError(f"unsupported format version {data.get('version')!r} "
                          f"(this build reads {VERSION})")
-    written = data.get("written_at")
-    if isinstance(written, bool) or not isinstance(written, int | float):
+    if data.get("written_at") is None:
         raise ValueError("missing written_at timestamp")
-    gap = wall - float(written)
+    gap = wall - _number(data["written_at"], "written_at")
     limit = router.config.stats.stale_after_s
     if gap > limit:
         raise ValueError(f"stale: written {gap:.0f}s ago, older than stats.stale_after_s "
@@ -136,20 +136,50 @@ def restore(router: Router, data: Any, now: float, wall: float | None = None) ->
                              if isinstance(r, dict) and r.get("cluster") in known]}
     stats = StatsStore.from_dict(stats_raw, router.config.stats, at)
     board = HealthBoard.from_dict(health_raw, router.config.health, router.config.stats, at)
-    try:
-        transitions = [
-            TransitionEvent(at - float(t["age"]), str(t["cluster"]), str(t["slice"]),
-                            str(t["old"]), str(t["new"]), str(t["reason"]))
-            for t in data.get("transitions", []) if t["cluster"] in known
-        ]  # fmt: skip
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"malformed transitions: {exc!r}") from exc
+    transitions = _transitions(data.get("transitions", []), known, at)
     limits = _pushback(data.get("pushback", []), known, at)
     router.restore(stats, board, list(transitions), now)
     for cluster, (limit, refused_at) in limits.items():
         router.pushback.adopt(cluster, limit, min(refused_at, now))
     return (f"{len(stats_raw['series'])} series, {len(health_raw['routes'])} health states, "
             f"{len(limits)} learned concurrency limits, written {max(gap, 0.0):.0f}s ago")
+
+
+def _number(raw: Any, what: str, low: float = -math.inf) -> float:
+    """``raw`` if it is a finite number of at least ``low``, else ValueError naming ``what``.
+
+    As a health time or a histogram count is checked: a NaN or an infinity restored
+    would reach /state as a bare ``NaN`` token (not JSON) and be written back into
+    every later snapshot; text, even "3", is no number a writer ever wrote.
+    """
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        raise ValueError(f"{what} is not a number: {shown(raw)}")
+    try:
+        x = float(raw)
+    except OverflowError:  # an integer beyond a float's range
+        raise ValueError(f"{what} is not a finite number ({len(str(abs(raw)))} digits)") from None
+    if not math.isfinite(x) or x < low:
+        floor = f" >= {low:g}" if math.isfinite(low) else ""
+        raise ValueError(f"{what} must be a finite number{floor}, got {shown(raw)}")
+    return x
+
+
+def _transitions(raw: Any, known: set[str], at: float) -> list[TransitionEvent]:
+    """The recent transitions of clusters still configured, dated on this process's
+    clock (ValueError naming the first malformed entry, of any cluster)."""
+    if not isinstance(raw, list):
+        raise ValueError("malformed transitions: not a list")
+    out: list[TransitionEvent] = []
+    for i, t in enumerate(raw):
+        try:
+            age = _number(t["age"], "age", low=0.0)
+            event = TransitionEvent(at - age, str(t["cluster"]), str(t["slice"]),
+                                    str(t["old"]), str(t["new"]), str(t["reason"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed transitions[{i}]: {exc}") from None
+        if event.cluster in known:
+            out.append(event)
+    return out
 
 
 def _pushback(raw: Any, known: set[str], at: float) -> dict[str, tuple[float, float]]:
@@ -160,19 +190,16 @@ def _pushback(raw: Any, known: set[str], at: float) -> dict[str, tuple[float, fl
     out: dict[str, tuple[float, float]] = {}
     for i, e in enumerate(raw):
         try:
-            cluster, limit, age = e["cluster"], e["limit"], e["age"]
-            if not isinstance(cluster, str) or any(
-                    isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
-                    for v in (limit, age)):
-                raise TypeError("cluster must be a name, limit and age finite numbers")
-            if limit < 1 or age < 0:
-                raise ValueError(f"limit {limit} below 1 or age {age} below 0")
+            cluster = e["cluster"]
+            if not isinstance(cluster, str):
+                raise TypeError(f"cluster must be a name, got {shown(cluster)}")
+            limit, age = _number(e["limit"], "limit", low=1.0), _number(e["age"], "age", low=0.0)
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed pushback[{i}]: {exc}") from None
         if cluster in known:  # one per cluster, so bounded by the config
             prev = out.get(cluster)
-            out[cluster] = (float(limit), at - float(age)) if prev is None else (
-                min(prev[0], float(limit)), max(prev[1], at - float(age)))
+            out[cluster] = (limit, at - age) if prev is None else (
+                min(prev[0], limit), max(prev[1], at - age))
     return out
 
 
