@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from http import HTTPStatus
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -64,6 +65,25 @@ def test_connection_handling(raw: bytes, status: bytes, closes: bool) -> None:
     assert out.startswith(b"HTTP/1.1 " + status)
     assert out.count(b"HTTP/1.1 ") == 1  # one response, nothing smuggled
     assert closed == closes
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "header"),
+    [
+        (b"GET /healthz HTTP/1.1\r\n\r\n", 200, b""),
+        (b"GET /nope HTTP/1.1\r\n\r\n", 404, b""),
+        (b"GET /explain?limit=0 HTTP/1.1\r\n\r\n", 400, b""),
+        # RFC 9110 15.5.6: a 405 must say which methods the target supports.
+        (b"DELETE /state HTTP/1.1\r\n\r\n", 405, b"allow: GET, HEAD\r\n"),
+        (b"POST / HTTP/1.0\r\n\r\n", 405, b"allow: GET, HEAD\r\n"),
+    ],
+)
+def test_status_line_has_the_standard_reason_phrase(raw: bytes, status: int,
+                                                     header: bytes) -> None:
+    ((out, _),) = _run([raw])
+    head = out.split(b"\r\n\r\n", 1)[0] + b"\r\n"
+    assert head.startswith(f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n".encode())
+    assert header in head
 
 
 def _body(out: bytes) -> object:

@@ -22,6 +22,7 @@ import json
 import logging
 from collections import deque
 from collections.abc import Callable
+from http import HTTPStatus
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -136,17 +137,20 @@ class AdminServer:
                 conn = _header(head, b"connection").lower()
                 keep = (conn != "close" if len(line) == 3 and line[2] == "HTTP/1.1"
                         else conn == "keep-alive")
+                extra = ""
                 if len(line) != 3:
                     status, ctype, body = 400, "text/plain", b"bad request\n"
                     keep = False
                 elif line[0] not in ("GET", "HEAD"):
                     status, ctype, body = 405, "text/plain", b"method not allowed\n"
+                    # RFC 9110 15.5.6: a 405 says which methods the target supports.
+                    extra = "allow: GET, HEAD\r\n"
                     keep = False  # a body may follow, which is not a next request
                 else:
                     status, ctype, body = self._dispatch(line[1], _header(head, b"accept"))
-                hdr = (f"HTTP/1.1 {status} {'OK' if status == 200 else 'Error'}\r\n"
+                hdr = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
                        f"content-type: {ctype}\r\ncontent-length: {len(body)}\r\n"
-                       f"cache-control: no-store\r\n"
+                       f"cache-control: no-store\r\n{extra}"
                        f"connection: {'keep-alive' if keep else 'close'}\r\n\r\n")
                 writer.write(hdr.encode() + (body if line and line[0] != "HEAD" else b""))
                 await writer.drain()
