@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+from collections.abc import Callable
 from http import HTTPStatus
 
 import pytest
@@ -13,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.core.config import parse_config
 from sidecar.ops.admin import AdminServer
+from sidecar.ops.log_throttle import LogThrottle, install, uninstall
 from sidecar.shell.app import App
 from tests.conftest import base_config_dict
 
@@ -36,12 +39,20 @@ async def _exchange(port: int, raw: bytes) -> tuple[bytes, bool]:
 
 
 def _run(requests: list[bytes]) -> list[tuple[bytes, bool]]:
-    async def main() -> list[tuple[bytes, bool]]:
+    return _serve(requests)[0]
+
+
+def _serve(requests: list[bytes],
+           setup: Callable[[AdminServer], None] = lambda a: None,
+           ) -> tuple[list[tuple[bytes, bool]], AdminServer]:
+    """The answers to ``requests`` (one connection each) and the server that gave them."""
+    async def main() -> tuple[list[tuple[bytes, bool]], AdminServer]:
         app = App.create(parse_config(base_config_dict(), "t.yaml"), seed=1)
         admin = AdminServer(app, CollectorRegistry(), ready=lambda: True)
+        setup(admin)
         port = await admin.start("127.0.0.1:0")
         try:
-            return [await _exchange(port, r) for r in requests]
+            return [await _exchange(port, r) for r in requests], admin
         finally:
             await admin.stop()
 
@@ -109,3 +120,52 @@ def test_state_history_flag(query: str, has: bool) -> None:
     ((out, _),) = _run([raw])
     body = _body(out)
     assert isinstance(body, dict) and ("history" in body) == has
+
+
+# A target the URL parser refuses once raised out of the connection handler: no answer,
+# and asyncio's traceback in the log per request. Every malformed request is a 400 (or
+# its own 4xx), counted as admin_bad_request and logged in one throttled line.
+@pytest.mark.parametrize(
+    ("raw", "status"),
+    [
+        (b"GET //[ HTTP/1.1\r\nHost: x\r\n\r\n", b"400 Bad Request"),
+        (b"GET http://[/healthz HTTP/1.1\r\nHost: x\r\n\r\n", b"400 Bad Request"),
+        (b"GET /healthz\r\n\r\n", b"400 Bad Request"),  # HTTP/0.9
+        (b"\r\n\r\n", b"400 Bad Request"),
+    ],
+)
+def test_malformed_request_is_a_counted_400(
+    raw: bytes, status: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        ((out, closed),), admin = _serve([raw])
+    assert out.startswith(b"HTTP/1.1 " + status + b"\r\n") and closed
+    assert admin.app.errors["admin_bad_request"] == 1
+    assert [r.name for r in caplog.records] == ["tailroute.admin"]
+    assert "\n" not in caplog.records[0].getMessage()
+
+
+def test_refused_requests_log_through_the_throttle(caplog: pytest.LogCaptureFixture) -> None:
+    throttle = install(["tailroute.admin"], LogThrottle(burst=3, every_s=60.0))
+    try:
+        with caplog.at_level(logging.WARNING):
+            answers, admin = _serve([b"GET //[ HTTP/1.1\r\n\r\n"] * 20)
+    finally:
+        uninstall(throttle, ["tailroute.admin"])
+    assert all(out.startswith(b"HTTP/1.1 400 ") for out, _ in answers)
+    assert admin.app.errors["admin_bad_request"] == 20
+    assert [r.name for r in caplog.records] == ["tailroute.admin"] * 3
+
+
+def test_nothing_raises_out_of_the_connection_handler(caplog: pytest.LogCaptureFixture) -> None:
+    def broken(admin: AdminServer) -> None:
+        def fail(head: bytes) -> tuple[int, str, bytes, str, bool]:
+            raise RuntimeError("a bug")
+        admin._answer = fail  # type: ignore[method-assign]
+
+    with caplog.at_level(logging.WARNING):
+        ((out, closed),), admin = _serve([b"GET /healthz HTTP/1.1\r\n\r\n"], broken)
+    assert out.startswith(b"HTTP/1.1 500 Internal Server Error\r\n") and closed
+    assert admin.app.errors["admin_exception"] == 1
+    (line,) = caplog.records  # one line, on a serving logger; asyncio says nothing
+    assert line.name == "tailroute.admin" and line.exc_info is None

@@ -25,11 +25,12 @@ from collections.abc import Callable
 from http import HTTPStatus
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import SplitResult, parse_qs, urlsplit
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from sidecar.core.fields import shown
 from sidecar.core.hostport import split_hostport
 from sidecar.ops.state import explain_recent, state_json
 from sidecar.shell.app import App
@@ -37,6 +38,7 @@ from sidecar.shell.app import App
 log = logging.getLogger("tailroute.admin")
 HISTORY_POINTS = 300  # status-page chart samples kept
 HISTORY_ROUTES = 32  # routes per sample: the busiest ones
+IDLE_TIMEOUT_S = 30.0  # a connection with no request for this long is closed
 Handler = Callable[[dict[str, list[str]]], tuple[int, str, bytes]]
 
 
@@ -49,6 +51,7 @@ class AdminServer:
         self.registry = registry
         self.ready = ready
         self._server: asyncio.Server | None = None
+        self.idle_timeout_s = IDLE_TIMEOUT_S
         # More /state sections from other parts of the shell (name -> view at ``now``).
         self.extra_state: dict[str, Callable[[float], Any]] = {}
         # Latency over time for the status page's charts: bounded ring of samples.
@@ -125,46 +128,78 @@ class AdminServer:
         return 200, "text/html; charset=utf-8", html
 
     async def _conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        answering = False  # a request read and its answer not yet written
         try:
             while True:
                 try:
-                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"),
+                                                  self.idle_timeout_s)
                 except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
                     return
-                line = head.split(b"\r\n", 1)[0].decode("latin-1").split()
-                # HTTP/1.1 keeps the connection unless told otherwise; HTTP/1.0 closes
-                # it unless asked to keep it (HAProxy's httpchk speaks 1.0).
-                conn = _header(head, b"connection").lower()
-                keep = (conn != "close" if len(line) == 3 and line[2] == "HTTP/1.1"
-                        else conn == "keep-alive")
-                extra = ""
-                if len(line) != 3:
-                    status, ctype, body = 400, "text/plain", b"bad request\n"
-                    keep = False
-                elif line[0] not in ("GET", "HEAD"):
-                    status, ctype, body = 405, "text/plain", b"method not allowed\n"
-                    # RFC 9110 15.5.6: a 405 says which methods the target supports.
-                    extra = "allow: GET, HEAD\r\n"
-                    keep = False  # a body may follow, which is not a next request
-                else:
-                    status, ctype, body = self._dispatch(line[1], _header(head, b"accept"))
-                hdr = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
-                       f"content-type: {ctype}\r\ncontent-length: {len(body)}\r\n"
-                       f"cache-control: no-store\r\n{extra}"
-                       f"connection: {'keep-alive' if keep else 'close'}\r\n\r\n")
-                writer.write(hdr.encode() + (body if line and line[0] != "HEAD" else b""))
-                await writer.drain()
-                if not keep:
+                answering = True
+                status, ctype, body, extra, keep = self._answer(head)
+                answering = False
+                if not await self._send(writer, status, ctype, body, extra, keep) or not keep:
                     return
         except ConnectionError:
             return
+        except Exception as exc:  # no request may raise out of the server
+            # One line (throttled on a serving logger), never asyncio's traceback per request.
+            self.app.errors["admin_exception"] += 1
+            log.error("admin connection failed (%s): %r",
+                      "answered 500" if answering else "closed", exc)
+            if answering:
+                with contextlib.suppress(Exception):
+                    await self._send(writer, 500, "text/plain", b"internal error\n", keep=False)
         finally:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    def _dispatch(self, target: str, accept: str = "") -> tuple[int, str, bytes]:
-        parts = urlsplit(target)
+    def _answer(self, head: bytes) -> tuple[int, str, bytes, str, bool]:
+        """Status, content type, body, extra header lines and keep-alive for one request head
+        (the body left out for HEAD)."""
+        first = head.split(b"\r\n", 1)[0].decode("latin-1")
+        line = first.split()
+        # HTTP/1.1 keeps the connection unless told otherwise; HTTP/1.0 closes
+        # it unless asked to keep it (HAProxy's httpchk speaks 1.0).
+        conn = _header(head, b"connection").lower()
+        keep = (conn != "close" if len(line) == 3 and line[2] == "HTTP/1.1"
+                else conn == "keep-alive")
+        extra = ""
+        if len(line) != 3:
+            status, ctype, body = self._refuse(400, "request line", first)
+            keep = False
+        elif line[0] not in ("GET", "HEAD"):
+            status, ctype, body = 405, "text/plain", b"method not allowed\n"
+            extra = "allow: GET, HEAD\r\n"  # RFC 9110 15.5.6: a 405 says what is allowed
+            keep = False  # a body may follow, which is not a next request
+        elif (target := _target(line[1])) is None:  # "//[": an unclosed IPv6 host
+            status, ctype, body = self._refuse(400, "request target", line[1])
+            keep = False
+        else:
+            status, ctype, body = self._dispatch(target, _header(head, b"accept"))
+        # A HEAD answer says the length of the body it leaves out.
+        return status, ctype, body if line[:1] != ["HEAD"] else b"", extra, keep
+
+    def _refuse(self, status: int, why: str, line: str | bytes) -> tuple[int, str, bytes]:
+        """A malformed request: counted, one throttled line, a short plain-text answer."""
+        self.app.errors["admin_bad_request"] += 1
+        log.warning("admin request refused with %d (%s): %s", status, why, shown(line))
+        return status, "text/plain", f"{HTTPStatus(status).phrase.lower()}\n".encode()
+
+    async def _send(self, writer: asyncio.StreamWriter, status: int, ctype: str, body: bytes,
+                    extra: str = "", keep: bool = True) -> bool:
+        """Write one response."""
+        hdr = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
+               f"content-type: {ctype}\r\ncontent-length: {len(body)}\r\n"
+               f"cache-control: no-store\r\n{extra}"
+               f"connection: {'keep-alive' if keep else 'close'}\r\n\r\n")
+        writer.write(hdr.encode() + body)
+        await writer.drain()
+        return True
+
+    def _dispatch(self, parts: SplitResult, accept: str = "") -> tuple[int, str, bytes]:
         handler = self.routes.get(parts.path)
         if handler is None:
             return 404, "text/plain", b"not found\n"
@@ -173,8 +208,17 @@ class AdminServer:
                 return self._metrics(accept)
             return handler(parse_qs(parts.query))
         except Exception:
+            self.app.errors["admin_exception"] += 1
             log.exception("admin handler %s failed", parts.path)
             return 500, "text/plain", b"internal error\n"
+
+
+def _target(raw: str) -> SplitResult | None:
+    """The request target split, or None if the URL parser refuses it."""
+    try:
+        return urlsplit(raw)
+    except ValueError:
+        return None
 
 
 def _header(head: bytes, name: bytes) -> str:
