@@ -169,3 +169,25 @@ def test_nothing_raises_out_of_the_connection_handler(caplog: pytest.LogCaptureF
     assert admin.app.errors["admin_exception"] == 1
     (line,) = caplog.records  # one line, on a serving logger; asyncio says nothing
     assert line.name == "tailroute.admin" and line.exc_info is None
+
+
+# A head past the reader's 64 KiB limit was closed without a word.
+@pytest.mark.parametrize(
+    ("raw", "status"),
+    [
+        (b"GET /state?" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n", 414),
+        (b"GET /" + b"a" * 70_000, 414),  # no end of the request line in sight
+        (b"GET /healthz HTTP/1.1\r\nx-big: " + b"a" * 70_000 + b"\r\n\r\n", 431),
+        (b"GET /healthz HTTP/1.1\r\n" + b"x-a: b\r\n" * 10_000 + b"\r\n", 431),
+    ],
+)
+def test_head_over_the_limit_is_answered(
+    raw: bytes, status: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        ((out, closed),), admin = _serve([raw])
+    assert out.startswith(f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n".encode())
+    assert b"connection: close" in out and closed
+    assert admin.app.errors["admin_bad_request"] == 1
+    (line,) = caplog.records
+    assert line.name == "tailroute.admin" and len(line.getMessage()) < 200

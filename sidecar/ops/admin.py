@@ -38,6 +38,7 @@ from sidecar.shell.app import App
 log = logging.getLogger("tailroute.admin")
 HISTORY_POINTS = 300  # status-page chart samples kept
 HISTORY_ROUTES = 32  # routes per sample: the busiest ones
+HEAD_LIMIT = 2**16  # a request head's bytes (asyncio's stream limit): past it, 414 or 431
 IDLE_TIMEOUT_S = 30.0  # a connection with no request for this long is closed
 Handler = Callable[[dict[str, list[str]]], tuple[int, str, bytes]]
 
@@ -67,7 +68,7 @@ class AdminServer:
 
     async def start(self, addr: str) -> int:
         host, port = split_hostport(addr, port_zero=True)  # IPv6: without its brackets
-        self._server = await asyncio.start_server(self._conn, host, port)
+        self._server = await asyncio.start_server(self._conn, host, port, limit=HEAD_LIMIT)
         return int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
@@ -134,7 +135,10 @@ class AdminServer:
                 try:
                     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"),
                                                   self.idle_timeout_s)
-                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
+                except asyncio.LimitOverrunError:
+                    await self._send(writer, *await self._too_large(reader), keep=False)
+                    return
+                except (asyncio.IncompleteReadError, TimeoutError):
                     return
                 answering = True
                 status, ctype, body, extra, keep = self._answer(head)
@@ -181,6 +185,14 @@ class AdminServer:
             status, ctype, body = self._dispatch(target, _header(head, b"accept"))
         # A HEAD answer says the length of the body it leaves out.
         return status, ctype, body if line[:1] != ["HEAD"] else b"", extra, keep
+
+    async def _too_large(self, reader: asyncio.StreamReader) -> tuple[int, str, bytes]:
+        """The answer to a head past the reader's limit: 414 if the request line alone
+        does not end within it (the target is all of it that can be long), else 431."""
+        seen = await reader.read(HEAD_LIMIT)  # what the reader holds, up to the limit
+        if b"\r\n" in seen:
+            return self._refuse(431, "header fields too large", seen.split(b"\r\n", 1)[0])
+        return self._refuse(414, "URI too long", seen)
 
     def _refuse(self, status: int, why: str, line: str | bytes) -> tuple[int, str, bytes]:
         """A malformed request: counted, one throttled line, a short plain-text answer."""
