@@ -5,8 +5,10 @@ they say."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import socket
 from collections.abc import Callable
 from http import HTTPStatus
 
@@ -191,3 +193,39 @@ def test_head_over_the_limit_is_answered(
     assert admin.app.errors["admin_bad_request"] == 1
     (line,) = caplog.records
     assert line.name == "tailroute.admin" and len(line.getMessage()) < 200
+
+
+def test_client_that_never_reads_is_dropped_after_the_idle_timeout() -> None:
+    """Pipelined requests for the status page, answers never read: the server's buffers
+    fill and its drain() waited forever, holding the connection (and every answer)."""
+    requests = 3000  # ~33 MB of answers: far more than the kernel's buffers hold
+
+    async def main() -> tuple[bool, int]:
+        app = App.create(parse_config(base_config_dict(), "t.yaml"), seed=1)
+        admin = AdminServer(app, CollectorRegistry(), ready=lambda: True)
+        admin.idle_timeout_s = 0.3
+        port = await admin.start("127.0.0.1:0")
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", port))
+        reader, writer = await asyncio.open_connection(sock=sock)
+        got, closed = 0, False
+        try:
+            writer.write(b"GET / HTTP/1.1\r\n\r\n" * requests)
+            await asyncio.sleep(1.5)  # not reading, 5 idle timeouts long
+            with contextlib.suppress(TimeoutError):  # 2 s of quiet: still open
+                try:
+                    while chunk := await asyncio.wait_for(reader.read(1 << 20), 2.0):
+                        got += chunk.count(b"HTTP/1.1 200 OK")
+                except ConnectionResetError:
+                    pass
+                closed = True
+            return closed, got
+        finally:
+            writer.close()
+            await admin.stop()
+
+    closed, got = asyncio.run(main())
+    # Dropped mid-way: the client never gets the rest (a reset, or the end of what
+    # the kernel held), where a server still waiting would have sent all of them.
+    assert closed and got < requests // 2, got

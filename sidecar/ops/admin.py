@@ -39,7 +39,7 @@ log = logging.getLogger("tailroute.admin")
 HISTORY_POINTS = 300  # status-page chart samples kept
 HISTORY_ROUTES = 32  # routes per sample: the busiest ones
 HEAD_LIMIT = 2**16  # a request head's bytes (asyncio's stream limit): past it, 414 or 431
-IDLE_TIMEOUT_S = 30.0  # a connection with no request for this long is closed
+IDLE_TIMEOUT_S = 30.0  # a connection with no request, or not reading its answer, is closed
 Handler = Callable[[dict[str, list[str]]], tuple[int, str, bytes]]
 
 
@@ -202,13 +202,18 @@ class AdminServer:
 
     async def _send(self, writer: asyncio.StreamWriter, status: int, ctype: str, body: bytes,
                     extra: str = "", keep: bool = True) -> bool:
-        """Write one response."""
+        """Write one response; False if the client did not take it within the idle timeout
+        (then the connection is dropped: closing would wait on the unread bytes)."""
         hdr = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
                f"content-type: {ctype}\r\ncontent-length: {len(body)}\r\n"
                f"cache-control: no-store\r\n{extra}"
                f"connection: {'keep-alive' if keep else 'close'}\r\n\r\n")
         writer.write(hdr.encode() + body)
-        await writer.drain()
+        try:
+            await asyncio.wait_for(writer.drain(), self.idle_timeout_s)
+        except TimeoutError:
+            writer.transport.abort()
+            return False
         return True
 
     def _dispatch(self, parts: SplitResult, accept: str = "") -> tuple[int, str, bytes]:
