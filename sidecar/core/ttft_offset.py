@@ -124,8 +124,7 @@ class OffsetBook:
 
     def blind(self, cluster: str, slice: SliceKey) -> bool:
         """Is the first body byte of this route's responses no guide to the first token?"""
-        middle, early = self._read(cluster, slice)
-        return middle >= BLIND_OFFSET_S or early >= BLIND_LATE_MIN
+        return _blind(*self._read(cluster, slice))
 
     def samples(self, cluster: str, slice: SliceKey) -> int:
         ring = self._by_slice.get((cluster, slice))
@@ -133,12 +132,18 @@ class OffsetBook:
 
     def summary(self) -> dict[str, dict[str, float | int]]:
         """Per-cluster view for /state: samples and median offset in ms."""
-        return {
-            c: {"samples": len(r), "median_offset_ms": round(median(r) * 1000.0, 3),
-                "early": _early(r),
-                "blind": median(r) >= BLIND_OFFSET_S or _early(r) >= BLIND_LATE_MIN}
-            for c, r in self._by_cluster.items() if r
-        }
+        out: dict[str, dict[str, float | int]] = {}
+        for c, r in self._by_cluster.items():
+            if r:
+                middle, early = median(r), _early(r)
+                out[c] = {"samples": len(r), "median_offset_ms": round(middle * 1000.0, 3),
+                          "early": early, "blind": _blind(middle, early)}
+        return out
+
+
+def _blind(middle: float, early: int) -> bool:
+    """The blind-route rule (module docstring) on a median offset and its early openings."""
+    return middle >= BLIND_OFFSET_S or early >= BLIND_LATE_MIN
 
 
 def _early(ring: deque[float]) -> int:

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sidecar.core.fields import shown
+from sidecar.core.fields import not_finite, shown
 from sidecar.core.health_board import HealthBoard
 from sidecar.core.router import Router
 from sidecar.core.stats import StatsStore
@@ -154,14 +154,12 @@ def _number(raw: Any, what: str, low: float = -math.inf) -> float:
     """
     if isinstance(raw, bool) or not isinstance(raw, int | float):
         raise ValueError(f"{what} is not a number: {shown(raw)}")
-    try:
-        x = float(raw)
-    except OverflowError:  # an integer beyond a float's range
-        raise ValueError(f"{what} is not a finite number ({len(str(abs(raw)))} digits)") from None
-    if not math.isfinite(x) or x < low:
-        floor = f" >= {low:g}" if math.isfinite(low) else ""
-        raise ValueError(f"{what} must be a finite number{floor}, got {shown(raw)}")
-    return x
+    problem = not_finite(raw)  # NaN, an infinity, an integer beyond a float's range
+    if problem:
+        raise ValueError(f"{what} {problem}")
+    if raw < low:
+        raise ValueError(f"{what} must be >= {low:g}, got {shown(raw)}")
+    return float(raw)
 
 
 def _transitions(raw: Any, known: set[str], at: float) -> list[TransitionEvent]:
