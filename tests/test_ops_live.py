@@ -80,7 +80,7 @@ def test_metrics_exposed_after_traffic(stack: Stack) -> None:
     ttft = fams["tailroute_route_ttft_seconds"]
     served = {s.labels["cluster"] for s in ttft.samples}
     assert served and served <= set(PROVIDERS)
-    assert {s.labels["quantile"] for s in ttft.samples} == {"0.5", "0.95", "0.99"}
+    assert {s.labels["window_quantile"] for s in ttft.samples} == {"0.5", "0.95", "0.99"}
     assert all(s.value > 0 for s in ttft.samples)
     e2e = fams["tailroute_route_e2e_seconds"]
     assert {s.labels["cluster"] for s in e2e.samples} == served
@@ -113,6 +113,17 @@ def test_metrics_negotiate_openmetrics_with_units(stack: Stack) -> None:
     assert labels["gen_ai_operation_name"] == "chat" and labels["gen_ai_provider_name"]
     assert labels["gen_ai_request_model"] and labels["server_address"] == "127.0.0.1"
     assert fams["tailroute_decisions"].type == "counter"
+
+
+def test_metrics_pass_promtool_lint(stack: Stack) -> None:
+    """The scrape, with every family populated by traffic, passes Prometheus's own
+    linter (``promtool check metrics``: names, units, reserved labels)."""
+    promtool = need_tool("promtool")
+    text = admin_get(stack, "/metrics")
+    assert "tailroute_route_ttft_seconds{" in text  # the windowed percentiles are there
+    out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_admin_endpoints(stack: Stack) -> None:

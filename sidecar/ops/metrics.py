@@ -9,7 +9,8 @@ tenant ids.
 
 tailroute's own views use ``tailroute_`` names, among them the rolling-window
 percentiles the router decides on (``tailroute_route_ttft_seconds`` and
-friends: gauges with a ``quantile`` label, not histograms).
+friends: gauges with a ``window_quantile`` label, not histograms; ``quantile`` is
+reserved for summaries, and ``promtool check metrics`` refuses it on a gauge).
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ class RouterCollector(Collector):
             g = GaugeMetricFamily(
                 name, f"Observed {_QUANTILE_HELP[metric]} of cluster x slice at quantiles "
                 "0.5/0.95/0.99 over the rolling window (what latency routing sees)",
-                labels=["cluster", "slice", "quantile"])
+                labels=["cluster", "slice", "window_quantile"])
             for (cluster, slice), rs in r.stats.items():
                 if not r.stats.is_narrow(cluster, slice):
                     continue
