@@ -46,7 +46,7 @@ log = logging.getLogger("tailroute")
 
 async def _sample_loop(admin: AdminServer, stop: asyncio.Event, every_s: float) -> None:
     while not stop.is_set():
-        admin.sample()
+        await admin.sample()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=every_s)
 
@@ -208,7 +208,8 @@ async def serve(
             out.update(tls.counters())
         return out
 
-    registry, phase_hist = build_registry(lambda: app.router, loop.time, shell_counters)
+    registry, phase_hist, router_metrics = build_registry(lambda: app.router, loop.time,
+                                                          shell_counters)
     app.on_observation = genai_metrics.attach(registry, lambda: app.router.config)
     if fleet is not None:
         registry.register(FleetCollector(fleet))
@@ -218,7 +219,7 @@ async def serve(
     if unix and os.path.exists(unix):
         os.unlink(unix)  # a stale socket from a crashed run would block the bind
     serving = False
-    admin = AdminServer(app, registry, ready=lambda: serving)
+    admin = AdminServer(app, registry, ready=lambda: serving, router_metrics=router_metrics)
     if fleet is not None:
         admin.extra_state["fleet"] = fleet.state
     if reloader is not None:

@@ -173,7 +173,7 @@ def test_shell_feeds_the_histograms_for_each_finished_response() -> None:
     # No first-token sampling: the entry alone finishes the request.
     data = base_config_dict(timing={"token_sample_share": 0.0, "token_sample_min": 0})
     app = App.create(parse_config(data, "test.yaml"), seed=1)
-    registry, _phase = build_registry(lambda: app.router, lambda: 20.0, app.shell_counters)
+    registry = build_registry(lambda: app.router, lambda: 20.0, app.shell_counters).registry
     from sidecar.ops import genai_metrics
 
     app.on_observation = genai_metrics.attach(registry, lambda: app.router.config)

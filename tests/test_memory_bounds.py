@@ -76,7 +76,7 @@ def test_status_page_history_is_bounded_per_point_and_in_points() -> None:
     async def sample(n: int) -> AdminServer:
         admin = AdminServer(app, CollectorRegistry(), ready=lambda: True)
         for _ in range(n):
-            admin.sample()
+            await admin.sample()
         return admin
 
     admin = asyncio.run(sample(HISTORY_POINTS + 10))

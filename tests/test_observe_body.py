@@ -91,5 +91,5 @@ def test_unreadable_bodies_are_given_up_and_counted(
 def test_the_metric_is_exported() -> None:
     app = make_app()
     app.first_token_samples["encoded"] += 2
-    reg, _ = build_registry(lambda: app.router, lambda: 0.0, app.shell_counters)
+    reg = build_registry(lambda: app.router, lambda: 0.0, app.shell_counters).registry
     assert reg.get_sample_value("tailroute_first_token_samples_total", {"result": "encoded"}) == 2

@@ -160,7 +160,7 @@ def test_the_per_request_path_observes_the_wait() -> None:
     assert woken == [1] and app.router.pushback.held() == {"a": 7.5}
     counters = app.shell_counters()
     assert counters["retry_after:a"] == 1 and counters["retry_after_ms:a"] == 2500
-    reg, _ = build_registry(lambda: app.router, lambda: 5.0, app.shell_counters)
+    reg = build_registry(lambda: app.router, lambda: 5.0, app.shell_counters).registry
     text = generate_latest(reg).decode()
     assert 'tailroute_retry_after_total{cluster="a"} 1.0' in text
     assert 'tailroute_retry_after_seconds_total{cluster="a"} 2.5' in text

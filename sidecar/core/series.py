@@ -320,12 +320,18 @@ class RouteStats:
 
     def quantile_and_count(self, metric: Metric, q: float, now: float) -> tuple[float | None, int]:
         """``(quantile(...), count(...))`` in one pass (always current)."""
+        values, n = self.quantiles(metric, (q,), now)
+        return values[0], n
+
+    def quantiles(self, metric: Metric, qs: tuple[float, ...], now: float
+                  ) -> tuple[tuple[float | None, ...], int]:
+        """Several window quantiles and the count from one merge of the window (what
+        the admin views read: the merge, not the lookup, is the cost)."""
         ev = self.evidence(metric, now, 0.0)
-        if ev is None:
-            return None, 0
-        if ev.samples < self.cfg.min_samples:
-            return None, ev.samples
-        return ev.merged(self.accuracy).quantile(q), ev.samples
+        if ev is None or ev.samples < self.cfg.min_samples:
+            return (None,) * len(qs), 0 if ev is None else ev.samples
+        merged = ev.merged(self.accuracy)
+        return tuple(merged.quantile(q) for q in qs), ev.samples
 
     # ------------------------------------------------------------ plain counts
 

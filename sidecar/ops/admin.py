@@ -21,35 +21,46 @@ import contextlib
 import json
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
 from http import HTTPStatus
 from importlib import resources
 from typing import Any
 from urllib.parse import SplitResult, parse_qs, urlsplit
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
 
 from sidecar.core.fields import shown
 from sidecar.core.hostport import split_hostport
-from sidecar.ops.state import explain_recent, state_json
+from sidecar.ops.cooperative import encode_off_loop, json_steps, run_steps_async
+from sidecar.ops.metrics import RouterCollector
+from sidecar.ops.state import busiest_steps, explain_recent, state_json_async
 from sidecar.shell.app import App
 
 log = logging.getLogger("tailroute.admin")
 HISTORY_POINTS = 300  # status-page chart samples kept
 HISTORY_ROUTES = 32  # routes per sample: the busiest ones
 HEAD_LIMIT = 2**16  # a request head's bytes (asyncio's stream limit): past it, 414 or 431
+WRITE_PIECE = 1 << 20  # bytes of an answer written at once
 IDLE_TIMEOUT_S = 30.0  # a connection with no request, or not reading its answer, is closed
-Handler = Callable[[dict[str, list[str]]], tuple[int, str, bytes]]
+Answer = tuple[int, str, bytes]
+Handler = Callable[[dict[str, list[str]]], Answer]
+View = Callable[[dict[str, list[str]], str], Awaitable[Answer]]  # (query, accept)
 
 
 class AdminServer:
     """Serves the admin endpoints for one :class:`App`."""
 
     def __init__(self, app: App, registry: CollectorRegistry,
-                 ready: Callable[[], bool]) -> None:
+                 ready: Callable[[], bool], router_metrics: RouterCollector | None = None
+                 ) -> None:
         self.app = app
         self.registry = registry
+        # The registry's collector of per-route families, gathered a slice at a time
+        # before each scrape (sidecar.ops.cooperative); None: collected in one go.
+        self.router_metrics = router_metrics
         self.ready = ready
         self._server: asyncio.Server | None = None
         self.idle_timeout_s = IDLE_TIMEOUT_S
@@ -60,11 +71,12 @@ class AdminServer:
         self.routes: dict[str, Handler] = {
             "/healthz": lambda q: (200, "text/plain", b"ok\n"),
             "/readyz": self._readyz,
-            "/metrics": lambda q: self._metrics(""),
-            "/state": self._state,
             "/explain": self._explain,
             "/": self._page,
         }
+        # Views over every route, built a slice of routes at a time so the event loop
+        # keeps serving the ext_proc streams meanwhile (sidecar.ops.cooperative).
+        self.views: dict[str, View] = {"/metrics": self._metrics, "/state": self._state}
 
     async def start(self, addr: str) -> int:
         host, port = split_hostport(addr, port_zero=True)  # IPv6: without its brackets
@@ -84,31 +96,30 @@ class AdminServer:
         ok = self.ready()
         return (200 if ok else 503), "text/plain", b"ready\n" if ok else b"not ready\n"
 
-    def sample(self) -> None:
-        """Record one point of per-route p50/p95 (ms) for the charts; call periodically."""
-        now = self._now()
-        point: dict[str, Any] = {"t": now, "routes": {}}
-        narrow = [r for r in state_json(self.app.router, now)["routes"] if r["narrow"]]
-        # Bounded: 300 points x every slice of every cluster could reach tens of MB.
-        narrow.sort(key=lambda r: -r["requests"])
-        for r in narrow[:HISTORY_ROUTES]:
-            if r["narrow"]:
-                key = f"{r['cluster']} {r['slice']}"
-                metric = "ttft" if r["latency"]["ttft"]["samples"] else "e2e"
-                point["routes"][key] = {"p50": r["latency"][metric]["p50_ms"],
-                                        "p95": r["latency"][metric]["p95_ms"],
-                                        "metric": metric, "state": r["state"]}
+    async def sample(self) -> None:
+        """Record one point of per-route p50/p95 (ms) for the charts; call periodically.
+        Bounded: 300 points x every slice of every cluster could reach tens of MB, so
+        only the busiest routes, and only theirs are computed."""
+        point: dict[str, Any] = {"t": self._now(), "routes": {}}
+        busiest = await run_steps_async(busiest_steps(self.app.router, self._now, HISTORY_ROUTES))
+        for r in busiest:
+            key = f"{r['cluster']} {r['slice']}"
+            metric = "ttft" if r["latency"]["ttft"]["samples"] else "e2e"
+            point["routes"][key] = {"p50": r["latency"][metric]["p50_ms"],
+                                    "p95": r["latency"][metric]["p95_ms"],
+                                    "metric": metric, "state": r["state"]}
         self.history.append(point)
 
-    def _state(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
+    async def _state(self, q: dict[str, list[str]], accept: str = "") -> Answer:
+        data = await state_json_async(self.app.router, self._now)
         now = self._now()
-        data = state_json(self.app.router, now)
         data["envoy"] = self.app.envoy_view(now)
         for name, view in self.extra_state.items():
             data[name] = view(now)
         if q.get("history", ["0"])[-1].lower() not in ("0", "false", "no", ""):
             data["history"] = list(self.history)
-        return 200, "application/json", json.dumps(data).encode()
+        body = await run_steps_async(json_steps(data, ("routes", "history")))
+        return 200, "application/json", body
 
     def _explain(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
         try:
@@ -120,9 +131,21 @@ class AdminServer:
         limit = min(limit, 64)  # the recent-decision ring holds 64
         return 200, "application/json", json.dumps(explain_recent(self.app.router, limit)).encode()
 
-    def _metrics(self, accept: str) -> tuple[int, str, bytes]:
+    async def _metrics(self, q: dict[str, list[str]], accept: str = "") -> Answer:
+        """The registry's families, gathered on the loop (the per-route ones a slice at a
+        time), then encoded in a worker thread from that fixed list."""
         encode, content_type = choose_encoder(accept)
-        return 200, content_type, encode(self.registry)
+        rm = self.router_metrics
+        try:
+            if rm is not None:
+                await rm.prepare()
+            families = list(self.registry.collect())  # consumes what prepare() gathered
+        finally:
+            if rm is not None:
+                rm.discard()
+        fixed = CollectorRegistry()
+        fixed.register(_Fixed(families))
+        return 200, content_type, await encode_off_loop(lambda: encode(fixed))
 
     def _page(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
         html = resources.files("sidecar.ops").joinpath("static/status.html").read_bytes()
@@ -141,7 +164,7 @@ class AdminServer:
                 except (asyncio.IncompleteReadError, TimeoutError):
                     return
                 answering = True
-                status, ctype, body, extra, keep = self._answer(head)
+                status, ctype, body, extra, keep = await self._answer(head)
                 answering = False
                 if not await self._send(writer, status, ctype, body, extra, keep) or not keep:
                     return
@@ -160,7 +183,7 @@ class AdminServer:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    def _answer(self, head: bytes) -> tuple[int, str, bytes, str, bool]:
+    async def _answer(self, head: bytes) -> tuple[int, str, bytes, str, bool]:
         """Status, content type, body, extra header lines and keep-alive for one request head
         (the body left out for HEAD)."""
         first = head.split(b"\r\n", 1)[0].decode("latin-1")
@@ -182,7 +205,7 @@ class AdminServer:
             status, ctype, body = self._refuse(400, "request target", line[1])
             keep = False
         else:
-            status, ctype, body = self._dispatch(target, _header(head, b"accept"))
+            status, ctype, body = await self._dispatch(target, _header(head, b"accept"))
         # A HEAD answer says the length of the body it leaves out.
         return status, ctype, body if line[:1] != ["HEAD"] else b"", extra, keep
 
@@ -208,21 +231,26 @@ class AdminServer:
                f"content-type: {ctype}\r\ncontent-length: {len(body)}\r\n"
                f"cache-control: no-store\r\n{extra}"
                f"connection: {'keep-alive' if keep else 'close'}\r\n\r\n")
-        writer.write(hdr.encode() + body)
+        # A large body (a scrape of thousands of routes is megabytes) goes in pieces: one
+        # write copies it whole into the transport's buffer, tens of ms on the loop.
+        pieces = [hdr.encode(), *(body[i:i + WRITE_PIECE]
+                                  for i in range(0, len(body), WRITE_PIECE))]
         try:
-            await asyncio.wait_for(writer.drain(), self.idle_timeout_s)
+            for piece in pieces:
+                writer.write(piece)
+                await asyncio.wait_for(writer.drain(), self.idle_timeout_s)
         except TimeoutError:
             writer.transport.abort()
             return False
         return True
 
-    def _dispatch(self, parts: SplitResult, accept: str = "") -> tuple[int, str, bytes]:
-        handler = self.routes.get(parts.path)
-        if handler is None:
-            return 404, "text/plain", b"not found\n"
+    async def _dispatch(self, parts: SplitResult, accept: str = "") -> Answer:
+        view, handler = self.views.get(parts.path), self.routes.get(parts.path)
         try:
-            if parts.path == "/metrics":  # the only content-negotiated endpoint
-                return self._metrics(accept)
+            if view is not None:  # accept: /metrics is content-negotiated
+                return await view(parse_qs(parts.query), accept)
+            if handler is None:
+                return 404, "text/plain", b"not found\n"
             return handler(parse_qs(parts.query))
         except Exception:
             self.app.errors["admin_exception"] += 1
@@ -245,3 +273,13 @@ def _header(head: bytes, name: bytes) -> str:
         if sep and key.strip().lower() == name:
             return value.strip().decode("latin-1")
     return ""
+
+
+class _Fixed(Collector):
+    """Families gathered already: what a scrape encodes off the loop."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)

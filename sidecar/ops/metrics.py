@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -27,8 +28,10 @@ from sidecar.core.router import Router
 from sidecar.core.stats import METRICS
 from sidecar.fleet.metrics import FLEET_METRIC_NAMES
 from sidecar.fleet.worker_status import WORKER_METRIC_NAMES
+from sidecar.ops.cooperative import STEP_ROUTES, Steps, run_steps, run_steps_async
 from sidecar.ops.genai_metrics import FAMILIES, exported_name
 from sidecar.ops.metric_families import counter, gauge
+from sidecar.ops.state import QUANTILES
 
 STATES = [s.value for s in HealthState]
 # The router's rolling-window percentiles per metric (what latency routing sees).
@@ -82,11 +85,68 @@ class RouterCollector(Collector):
         self._router = router
         self._now = now
         self._shell = shell_counters
+        self._prepared: list[Metric] | None = None
 
     def collect(self) -> Iterator[Metric]:
-        r = self._router()
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None:  # gathered for this scrape by prepare()
+            return iter(prepared)
         now = self._now()
-        shell = self._shell()
+        return iter(run_steps(self.steps(lambda: now)))
+
+    async def prepare(self) -> None:
+        """Gather the next :meth:`collect`'s families, giving the event loop a turn
+        every :data:`~sidecar.ops.cooperative.STEP_ROUTES` routes (the admin server
+        calls it before each scrape, then collects at once)."""
+        self._prepared = await run_steps_async(self.steps(self._now))
+
+    def discard(self) -> None:
+        """Forget what :meth:`prepare` gathered if no collect took it (a failed scrape)."""
+        self._prepared = None
+
+    def steps(self, clock: Callable[[], float]) -> Steps[list[Metric]]:
+        """The families, as steps (sidecar.ops.cooperative): the rolling-window
+        percentiles of every route in slices of routes, each at its slice's clock."""
+        r, shell = self._router(), self._shell()
+        out = [*self._router_families(r, shell)]
+        state = GaugeMetricFamily("tailroute_route_state",
+                                  "1 for the current health state of cluster x slice",
+                                  labels=["cluster", "slice", "state"])
+        weight = GaugeMetricFamily("tailroute_route_weight", "Health weight of cluster x slice",
+                                   labels=["cluster", "slice"])
+        # The board keeps only routes that differ from a fresh healthy one; export every
+        # routed (narrow) series too, so "count routes by state" queries see all of them.
+        board = dict(r.board.items())
+        for i, (cluster, slice) in enumerate(sorted({*r.stats.narrow_keys(), *board},
+                                                    key=lambda k: (k[0], k[1].label()))):
+            if i and not i % (4 * STEP_ROUTES):  # a quarter of a route's percentiles each
+                yield
+            label = slice.label()
+            h = board.get((cluster, slice))
+            state.add_metric([cluster, label, h.state.value if h else "healthy"], 1.0)
+            weight.add_metric([cluster, label], h.weight if h else 1.0)
+        out += (state, weight, *_cluster_families(r))
+        yield
+        windows = {metric: GaugeMetricFamily(
+            _QUANTILE_METRICS[metric], f"Observed {_QUANTILE_HELP[metric]} of cluster x slice "
+            "at quantiles 0.5/0.95/0.99 over the rolling window (what latency routing sees)",
+            labels=["cluster", "slice", "window_quantile"]) for metric in METRICS}
+        now = clock()
+        narrow = [(key, rs) for key, rs in r.stats.items() if r.stats.is_narrow(*key)]
+        for i, ((cluster, slice), rs) in enumerate(narrow):
+            if i and not i % STEP_ROUTES:
+                yield
+                now = clock()
+            label = slice.label()
+            for metric, g in windows.items():
+                values, _ = rs.quantiles(metric, QUANTILES, now)
+                for q, value in zip(QUANTILES, values, strict=True):
+                    if value is not None:
+                        g.add_metric([cluster, label, str(q)], value)
+        return [*out, *windows.values(), *_shell_families(shell)]
+
+    def _router_families(self, r: Router, shell: dict[str, int]) -> Iterator[Metric]:
+        """Decisions, outcomes, health transitions, admission, fallbacks."""
         by_kind: defaultdict[str, list[tuple[list[str], int]]] = defaultdict(list)
         for (kind, label), v in r.counters.items():
             by_kind[kind].append(([label], v))
@@ -110,107 +170,82 @@ class RouterCollector(Collector):
                       "far beyond its allowed share",
                       by_kind["live_missing"], labels=["cluster"])
 
-        state = GaugeMetricFamily("tailroute_route_state",
-                                  "1 for the current health state of cluster x slice",
-                                  labels=["cluster", "slice", "state"])
-        weight = GaugeMetricFamily("tailroute_route_weight", "Health weight of cluster x slice",
-                                   labels=["cluster", "slice"])
-        # The board keeps only routes that differ from a fresh healthy one; export every
-        # routed (narrow) series too, so "count routes by state" queries see all of them.
-        board = dict(r.board.items())
-        for cluster, slice in sorted({*r.stats.narrow_keys(), *board},
-                                     key=lambda k: (k[0], k[1].label())):
-            label = slice.label()
-            h = board.get((cluster, slice))
-            state.add_metric([cluster, label, h.state.value if h else "healthy"], 1.0)
-            weight.add_metric([cluster, label], h.weight if h else 1.0)
-        yield from (state, weight)
 
-        yield gauge("tailroute_inflight", "Requests in flight per cluster",
-                    [([c], r.held(c)) for c in r.config.cluster_names], labels=["cluster"])
-        yield gauge("tailroute_concurrency_limit",
-                    "Concurrency each cluster is trusted with: max_concurrency, lowered by "
-                    "the provider's 429s or by where its requests began to queue "
-                    "(sidecar.core.pushback, sidecar.core.queue_signs)",
-                    [([c], r.pushback.limit(c)) for c in r.config.cluster_names],
-                    labels=["cluster"])
+def _cluster_families(r: Router) -> Iterator[Metric]:
+    """In flight and the trusted concurrency, per cluster."""
+    yield gauge("tailroute_inflight", "Requests in flight per cluster",
+                [([c], r.held(c)) for c in r.config.cluster_names], labels=["cluster"])
+    yield gauge("tailroute_concurrency_limit",
+                "Concurrency each cluster is trusted with: max_concurrency, lowered by "
+                "the provider's 429s or by where its requests began to queue "
+                "(sidecar.core.pushback, sidecar.core.queue_signs)",
+                [([c], r.pushback.limit(c)) for c in r.config.cluster_names],
+                labels=["cluster"])
 
-        for metric in METRICS:
-            name = _QUANTILE_METRICS[metric]
-            g = GaugeMetricFamily(
-                name, f"Observed {_QUANTILE_HELP[metric]} of cluster x slice at quantiles "
-                "0.5/0.95/0.99 over the rolling window (what latency routing sees)",
-                labels=["cluster", "slice", "window_quantile"])
-            for (cluster, slice), rs in r.stats.items():
-                if not r.stats.is_narrow(cluster, slice):
-                    continue
-                for q in (0.5, 0.95, 0.99):
-                    value = rs.quantile(metric, q, now)
-                    if value is not None:
-                        g.add_metric([cluster, slice.label(), str(q)], value)
-            yield g
 
-        yield counter("tailroute_errors", "Shell-side errors by kind",
-                      _prefixed(shell, "error:"), labels=["kind"])
-        yield counter("tailroute_config_reloads", "Config reload attempts",
-                      [(["ok"], shell.get("reload:ok", 0)),
-                       (["invalid"], shell.get("reload:invalid", 0))], labels=["result"])
-        yield gauge("tailroute_config_last_reload_ok", "1 if the last config (re)load succeeded",
-                    shell.get("reload:last_ok", 1))
-        yield counter("tailroute_fail_open",
-                      "Requests routed to the default cluster without a decision",
-                      _prefixed(shell, "failopen:"), labels=["reason"])
-        # Envoy's access log, as the sidecar received it (sidecar.shell.outcomes).
-        yield counter(
-            "tailroute_access_log_entries",
-            "Envoy access-log entries by kind: decided, fail_open (an LLM request Envoy "
-            "served without a decision), unrouted (an LLM request Envoy answered itself "
-            "before routing: 413, client gone mid-upload), not_routed, orphan, late (the "
-            "entry of a request already counted lost), elsewhere (the entry of a request "
-            "decided here, received by another fleet process and forwarded), misrouted (a "
-            "decided request Envoy sent to another cluster: its bootstrap lacks the route), "
-            "native_default (native/hybrid: an LLM request no slice route matched)",
-            [([kind], shell.get(f"envoy:{kind}", 0))
-             for kind in ("decided", "fail_open", "unrouted", "not_routed", "orphan", "late",
-                          "elsewhere", "misrouted", "native_default")],
-            labels=["kind"])
-        yield gauge("tailroute_access_log_streams",
-                    "Envoy access-log streams currently connected",
-                    shell.get("envoy:log_streams_open", 0))
-        yield gauge(
-            "tailroute_access_log_wait_seconds",
-            "How long the oldest finished request has waited for its access-log entry "
-            "(about the flush interval when entries flow; climbs while they do not)",
-            shell.get("envoy:oldest_wait_ms", 0) / 1000.0)
-        yield counter(
-            "tailroute_first_token_samples",
-            "Sampled responses read for their first token, by result: timed, no_token (a "
-            "readable stream without one), encoded (a content-encoding such as gzip: not "
-            "read), not_sse (not text/event-stream)",
-            _prefixed(shell, "first_token:"), labels=["result"])
-        yield counter(
-            "tailroute_stream_errors",
-            "Access-log entries of 2xx responses whose stream carried an error event (a "
-            "provider that failed mid-stream behind its 200; also counted as outcome "
-            "error when observed), by upstream cluster",
-            _prefixed(shell, "stream_error:"), labels=["cluster"])
-        yield counter(
-            "tailroute_upstream_retries",
-            "Upstream attempts Envoy retried on its own (a route retry_policy), by upstream "
-            "cluster: each failed on that cluster before the attempt the access log shows; "
-            "the sidecar observes only the last attempt of each request",
-            _prefixed(shell, "upstream_retry:"), labels=["cluster"])
-        yield counter(
-            "tailroute_retry_after",
-            "Upstream 429s and 503s that declared a wait (retry-after-ms / Retry-After), by "
-            "upstream cluster: a provider's time-based quota or declared unavailability",
-            _prefixed(shell, "retry_after:"), labels=["cluster"])
-        yield counter(
-            "tailroute_retry_after_seconds",
-            "Sum of the waits upstream 429s and 503s declared, by upstream cluster (over "
-            "tailroute_retry_after_total: the mean declared wait)",
-            [(k, v / 1000.0) for k, v in _prefixed(shell, "retry_after_ms:")],
-            labels=["cluster"])
+def _shell_families(shell: dict[str, int]) -> Iterator[Metric]:
+    """The shell's counters (errors, reloads, fail-opens, Envoy's access log)."""
+    yield counter("tailroute_errors", "Shell-side errors by kind",
+                  _prefixed(shell, "error:"), labels=["kind"])
+    yield counter("tailroute_config_reloads", "Config reload attempts",
+                  [(["ok"], shell.get("reload:ok", 0)),
+                   (["invalid"], shell.get("reload:invalid", 0))], labels=["result"])
+    yield gauge("tailroute_config_last_reload_ok", "1 if the last config (re)load succeeded",
+                shell.get("reload:last_ok", 1))
+    yield counter("tailroute_fail_open",
+                  "Requests routed to the default cluster without a decision",
+                  _prefixed(shell, "failopen:"), labels=["reason"])
+    # Envoy's access log, as the sidecar received it (sidecar.shell.outcomes).
+    yield counter(
+        "tailroute_access_log_entries",
+        "Envoy access-log entries by kind: decided, fail_open (an LLM request Envoy "
+        "served without a decision), unrouted (an LLM request Envoy answered itself "
+        "before routing: 413, client gone mid-upload), not_routed, orphan, late (the "
+        "entry of a request already counted lost), elsewhere (the entry of a request "
+        "decided here, received by another fleet process and forwarded), misrouted (a "
+        "decided request Envoy sent to another cluster: its bootstrap lacks the route), "
+        "native_default (native/hybrid: an LLM request no slice route matched)",
+        [([kind], shell.get(f"envoy:{kind}", 0))
+         for kind in ("decided", "fail_open", "unrouted", "not_routed", "orphan", "late",
+                      "elsewhere", "misrouted", "native_default")],
+        labels=["kind"])
+    yield gauge("tailroute_access_log_streams",
+                "Envoy access-log streams currently connected",
+                shell.get("envoy:log_streams_open", 0))
+    yield gauge(
+        "tailroute_access_log_wait_seconds",
+        "How long the oldest finished request has waited for its access-log entry "
+        "(about the flush interval when entries flow; climbs while they do not)",
+        shell.get("envoy:oldest_wait_ms", 0) / 1000.0)
+    yield counter(
+        "tailroute_first_token_samples",
+        "Sampled responses read for their first token, by result: timed, no_token (a "
+        "readable stream without one), encoded (a content-encoding such as gzip: not "
+        "read), not_sse (not text/event-stream)",
+        _prefixed(shell, "first_token:"), labels=["result"])
+    yield counter(
+        "tailroute_stream_errors",
+        "Access-log entries of 2xx responses whose stream carried an error event (a "
+        "provider that failed mid-stream behind its 200; also counted as outcome "
+        "error when observed), by upstream cluster",
+        _prefixed(shell, "stream_error:"), labels=["cluster"])
+    yield counter(
+        "tailroute_upstream_retries",
+        "Upstream attempts Envoy retried on its own (a route retry_policy), by upstream "
+        "cluster: each failed on that cluster before the attempt the access log shows; "
+        "the sidecar observes only the last attempt of each request",
+        _prefixed(shell, "upstream_retry:"), labels=["cluster"])
+    yield counter(
+        "tailroute_retry_after",
+        "Upstream 429s and 503s that declared a wait (retry-after-ms / Retry-After), by "
+        "upstream cluster: a provider's time-based quota or declared unavailability",
+        _prefixed(shell, "retry_after:"), labels=["cluster"])
+    yield counter(
+        "tailroute_retry_after_seconds",
+        "Sum of the waits upstream 429s and 503s declared, by upstream cluster (over "
+        "tailroute_retry_after_total: the mean declared wait)",
+        [(k, v / 1000.0) for k, v in _prefixed(shell, "retry_after_ms:")],
+        labels=["cluster"])
 
 
 def _prefixed(counters: dict[str, int], prefix: str) -> list[tuple[list[str], int]]:
@@ -218,13 +253,23 @@ def _prefixed(counters: dict[str, int], prefix: str) -> list[tuple[list[str], in
     return [([k.removeprefix(prefix)], v) for k, v in counters.items() if k.startswith(prefix)]
 
 
+class Registries(NamedTuple):
+    """What :func:`build_registry` makes: the registry to scrape, the ext_proc phase
+    histogram the shell records into, and the per-route collector in the registry
+    (the admin server gathers it a slice at a time: sidecar.ops.cooperative)."""
+
+    registry: CollectorRegistry
+    phase: Histogram
+    router: RouterCollector
+
+
 def build_registry(router: Callable[[], Router], now: Callable[[], float],
-                   shell_counters: Callable[[], dict[str, int]]) -> tuple[CollectorRegistry,
-                                                                            Histogram]:
+                   shell_counters: Callable[[], dict[str, int]]) -> Registries:
     """A fresh registry (not the global one, so tests can run several sidecars)."""
     reg = CollectorRegistry()
-    reg.register(RouterCollector(router, now, shell_counters))
+    collector = RouterCollector(router, now, shell_counters)
+    reg.register(collector)
     phase = Histogram("tailroute_extproc_phase_seconds",
                       "Sidecar handling time per ext_proc message", ["phase"], registry=reg,
                       buckets=(5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 5e-2))
-    return reg, phase
+    return Registries(reg, phase, collector)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Final
 
 from sidecar.core.health_board import CLUSTER_SLICE
 from sidecar.core.router import Router
+from sidecar.core.series import RouteStats
 from sidecar.core.stats import METRICS
 from sidecar.core.types import Decision, Explain
+from sidecar.ops.cooperative import STEP_ROUTES, Steps, run_steps, run_steps_async
+
+QUANTILES: Final = (0.5, 0.95, 0.99)  # what the views show of each window
 
 
 def _ms(v: float | None) -> float | None:
@@ -18,16 +23,35 @@ def _ms(v: float | None) -> float | None:
 def state_json(router: Router, now: float) -> dict[str, Any]:
     """Per cluster x slice: percentiles, sample counts, requests and their share of the
     slice's, state, weight, last transition."""
+    return run_steps(state_steps(router, lambda: now))
+
+
+async def state_json_async(router: Router, clock: Callable[[], float]) -> dict[str, Any]:
+    """:func:`state_json` at ``clock()``, giving the event loop a turn every
+    :data:`~sidecar.ops.cooperative.STEP_ROUTES` routes (sidecar.ops.cooperative)."""
+    return await run_steps_async(state_steps(router, clock))
+
+
+def route_latency(rs: RouteStats, now: float) -> dict[str, Any]:
+    """Samples and p50/p95/p99 (ms) of each metric of one route's window."""
+    lat: dict[str, Any] = {}
+    for metric in METRICS:
+        values, n = rs.quantiles(metric, QUANTILES, now)
+        lat[metric] = {"samples": n, **{f"p{int(q * 100)}_ms": _ms(v)
+                                        for q, v in zip(QUANTILES, values, strict=True)}}
+    return lat
+
+
+def state_steps(router: Router, clock: Callable[[], float]) -> Steps[dict[str, Any]]:
+    """:func:`state_json` as steps (sidecar.ops.cooperative): the routes in slices."""
+    now = start = clock()
     routes: list[dict[str, Any]] = []
     health = {key: h for key, h in router.board.items()}
-    for (cluster, slice), rs in router.stats.items():
-        lat: dict[str, Any] = {}
-        for metric in METRICS:
-            lat[metric] = {
-                "samples": rs.count(metric, now),
-                **{f"p{int(q * 100)}_ms": _ms(rs.quantile(metric, q, now))
-                   for q in (0.5, 0.95, 0.99)},
-            }
+    for i, ((cluster, slice), rs) in enumerate(list(router.stats.items())):
+        if i and not i % STEP_ROUTES:
+            yield
+            now = clock()
+        lat = route_latency(rs, now)
         h = health.get((cluster, slice))
         routes.append({
             "cluster": cluster,
@@ -44,6 +68,8 @@ def state_json(router: Router, now: float) -> dict[str, Any]:
             # health.live_horizon_s and the repeat-offender memory; None if untracked
             "live": router.live.summary(cluster, slice, now),
         })
+    yield
+    now = clock()
     _add_shares(routes)
     last: dict[tuple[str, str], dict[str, Any]] = {}
     for e in router.transitions:
@@ -76,7 +102,7 @@ def state_json(router: Router, now: float) -> dict[str, Any]:
             "last_transition": last.get((c, CLUSTER_SLICE.label())),
         }
     return {
-        "now": now,
+        "now": start,
         "clusters": clusters,
         "routes": routes,
         "transitions": [asdict(e) for e in list(router.transitions)[-50:]],
@@ -84,6 +110,30 @@ def state_json(router: Router, now: float) -> dict[str, Any]:
         "admission": {"pressed": router.admission.pressure.snapshot(now)},
         "counters": {f"{k}:{label}": v for (k, label), v in sorted(router.counters.items())},
     }
+
+
+def busiest_steps(router: Router, clock: Callable[[], float], n: int
+                  ) -> Steps[list[dict[str, Any]]]:
+    """The ``n`` narrow routes with the most requests in their window (most first):
+    cluster, slice, requests, state and latency -- the status page's chart points.
+    Only these ``n`` have their percentiles computed; counting requests is cheaper."""
+    narrow = []
+    now = clock()
+    for i, (key, rs) in enumerate(list(router.stats.items())):
+        if i and not i % (4 * STEP_ROUTES):
+            yield
+            now = clock()
+        if router.stats.is_narrow(*key):
+            narrow.append((rs.requests(now), i, key, rs))
+    narrow.sort(key=lambda x: (-x[0], x[1]))  # ties in the store's order, as before
+    health = {key: h for key, h in router.board.items()}
+    out = []
+    for requests, _, (cluster, slice), rs in narrow[:n]:
+        h = health.get((cluster, slice))
+        out.append({"cluster": cluster, "slice": slice.label(), "requests": requests,
+                    "state": h.state.value if h else "healthy",
+                    "latency": route_latency(rs, now)})
+    return out
 
 
 def _add_shares(routes: list[dict[str, Any]]) -> None:
