@@ -196,6 +196,16 @@ def _native_app() -> tuple[Config, App, NativeRouting, NativeFeed]:
     return cfg, app, native, NativeFeed(app, native, lambda rec, now: None)
 
 
+async def _first_publication(native: NativeRouting) -> None:
+    """Let the publishing loop compute its first weights: a step at a time, a few slices
+    per turn of the event loop (sidecar.core.steps), so bounded in turns, not time."""
+    for _ in range(1000):
+        if native.layer.version:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("no publication in 1,000 turns of the event loop")
+
+
 def test_fast_ejection_is_published_at_once_not_at_the_next_interval() -> None:
     """A run of hard failures read from the log ejects the cluster; the weight-0
     version goes out on that transition, not a publication interval later."""
@@ -210,7 +220,7 @@ def test_fast_ejection_is_published_at_once_not_at_the_next_interval() -> None:
     async def run() -> list[int]:
         stop = asyncio.Event()
         task = asyncio.create_task(native.loop(app.tick, stop))
-        await asyncio.sleep(0)
+        await _first_publication(native)
         assert native.layer.version == 1 and native.weights[S].weight("a") > 0
         loop = asyncio.get_running_loop()
         for _ in range(cfg.health.eject_consecutive):
@@ -253,7 +263,7 @@ def test_a_hold_takes_the_route_out_at_once_and_back_when_it_ends(
     async def run() -> list[int]:
         stop = asyncio.Event()
         task = asyncio.create_task(native.loop(app.tick, stop))
-        await asyncio.sleep(0)
+        await _first_publication(native)
         weights = [native.weights[S].weight("a")]
         feed(refused, asyncio.get_running_loop().time())
         for _ in range(300):  # bounded: 3 s, a tenth of the interval
@@ -270,3 +280,41 @@ def test_a_hold_takes_the_route_out_at_once_and_back_when_it_ends(
     weights = asyncio.run(run())
     assert len(weights) == 3, weights  # out, then back, both before the next interval
     assert weights[0] > 0 and weights[1] == 0 and weights[2] > 0, weights
+
+
+def test_a_publication_lets_the_event_loop_run_between_slices() -> None:
+    """With many slices one computation takes seconds on the event loop (a thousand
+    slices: about 1 s, four times that when it plans the load), so it pauses every
+    few slices; what it publishes is what the computation at once gives."""
+    from sidecar.core.weights import STEP_SLICES, native_slices
+
+    cfg = parse_config({
+        "clusters": [{"name": n, "address": f"127.0.0.1:{9000 + i}",
+                      "models": [f"m{j}" for j in range(8)]} for i, n in enumerate("ab")],
+        "models": [{"name": f"m{j}", "candidates": ["a", "b"]} for j in range(8)],
+        "routing": {"mode": "native"},
+    }, "native.yaml")
+    slices = len(native_slices(cfg))
+    assert slices > 4 * STEP_SLICES
+    router = Router(cfg)
+    at_once = NativeRouting(cfg, lambda: router)
+    at_once.publish(0.0, force=True)
+    stepped = NativeRouting(cfg, lambda: router)
+    turns: list[int] = []
+
+    async def run() -> None:
+        done = False
+
+        async def other() -> None:  # anything else the loop serves meanwhile
+            while not done:
+                turns.append(stepped.layer.version)
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(other())
+        await stepped.publish_async(0.0, force=True)
+        done = True
+        await task
+
+    asyncio.run(run())
+    assert turns.count(0) >= slices // STEP_SLICES - 1  # it ran while nothing was published
+    assert stepped.weights == at_once.weights and stepped.layer.version == 1

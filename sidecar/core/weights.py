@@ -73,6 +73,7 @@ from sidecar.core.pickers import PICKERS
 from sidecar.core.pipeline import panic_tier, run_pipeline
 from sidecar.core.scorers import DEFAULT_SCORERS
 from sidecar.core.selection import Candidate, HealthView, LatencyValue, RouteView, SelectionContext
+from sidecar.core.steps import Steps, run_steps
 from sidecar.core.types import RequestInfo, SliceKey
 from sidecar.core.weight_shares import TRIAL_SHARE, integer_weights, trial_floor
 from sidecar.core.window_load import LoadedView
@@ -260,6 +261,7 @@ def slice_weights(
 
 
 PLAN_ROUNDS: Final = 4
+STEP_SLICES: Final = 8  # slices split between pause points (steps; a few ms of the loop)
 
 
 def compute_weights(
@@ -268,7 +270,19 @@ def compute_weights(
     demand: Mapping[SliceKey, Mapping[str, float]] | None = None,
     live: LiveMisses | None = None,
 ) -> dict[SliceKey, SliceWeights]:
-    """Weights of every slice (default: :func:`native_slices`) as of ``now``.
+    """:func:`compute_weights_steps`, at once."""
+    return run_steps(compute_weights_steps(config, view, now, slices, scale, demand, live))
+
+
+def compute_weights_steps(
+    config: Config, view: RouteView, now: float,
+    slices: Iterable[SliceKey] | None = None, scale: int = WEIGHT_SCALE,
+    demand: Mapping[SliceKey, Mapping[str, float]] | None = None,
+    live: LiveMisses | None = None,
+) -> Steps[dict[SliceKey, SliceWeights]]:
+    """Weights of every slice (default: :func:`native_slices`) as of ``now``, as steps
+    (:mod:`sidecar.core.steps`): a pause every :data:`STEP_SLICES` slices, since a
+    slice's split costs up to a millisecond and a config may have a thousand slices.
 
     Without ``demand``, each slice is split with the view's in-flight counts.
     With ``demand`` -- each slice's average requests in flight per cluster over
@@ -303,7 +317,9 @@ def compute_weights(
              for s in todo}
     if not demand:
         out = {}
-        for s in todo:
+        for i, s in enumerate(todo):
+            if i and not i % STEP_SLICES:
+                yield
             order = cands.get(s.model, ())
             out[s] = _split(config, view, s, now, order, rng, missing[s],
                             recur[s]).rounded(s, order, scale)
@@ -318,9 +334,12 @@ def compute_weights(
     last: dict[SliceKey, _Split] = {}
     for _ in range(PLAN_ROUNDS):
         planned = LoadedView(view, dict(load))
-        last = {s: _split(config, planned, s, now, cands.get(s.model, ()), rng, missing[s],
-                          recur[s])
-                for s in todo}
+        last = {}
+        for i, s in enumerate(todo):
+            if i and not i % STEP_SLICES:
+                yield
+            last[s] = _split(config, planned, s, now, cands.get(s.model, ()), rng, missing[s],
+                             recur[s])
         predicted: dict[str, float] = defaultdict(float)
         for s, sp in last.items():
             kept[s].update(sp.missing)
@@ -344,6 +363,16 @@ def refresh_weights(
     demand: Mapping[SliceKey, Mapping[str, float]], full: bool, scale: int = WEIGHT_SCALE,
     live: LiveMisses | None = None,
 ) -> dict[SliceKey, SliceWeights]:
+    """:func:`refresh_weights_steps`, at once."""
+    return run_steps(refresh_weights_steps(config, view, now, previous, demand, full, scale,
+                                           live))
+
+
+def refresh_weights_steps(
+    config: Config, view: RouteView, now: float, previous: Mapping[SliceKey, SliceWeights],
+    demand: Mapping[SliceKey, Mapping[str, float]], full: bool, scale: int = WEIGHT_SCALE,
+    live: LiveMisses | None = None,
+) -> Steps[dict[SliceKey, SliceWeights]]:
     """Recompute the slices that carried load in the last interval; all of them if ``full``.
 
     Between evaluation windows only load changes, and only slices with traffic
@@ -354,9 +383,10 @@ def refresh_weights(
     """
     every = native_slices(config)
     if full or not previous:
-        return compute_weights(config, view, now, every, scale, demand, live)
+        return (yield from compute_weights_steps(config, view, now, every, scale, demand, live))
     active = [s for s in every if s in demand or s not in previous]
     out = {s: previous[s] for s in every if s in previous}
     if active:
-        out.update(compute_weights(config, view, now, active, scale, demand, live))
+        out.update((yield from compute_weights_steps(config, view, now, active, scale, demand,
+                                                     live)))
     return out

@@ -8,11 +8,12 @@ route; with thousands of routes (100 models on 4 of 16 clusters, 12 slices each:
 4,800) one scrape held the loop for 0.7-1.2 s, so every request in flight then
 was served undecided, on each scrape.
 
-So the views are written as generators that ``yield`` between slices of
-:data:`STEP_ROUTES` routes (pause points, no value) and ``return`` the view:
+So the views are written as steps (:mod:`sidecar.core.steps`: generators that
+``yield`` between slices of :data:`STEP_ROUTES` routes and ``return`` the view):
 
-* :func:`run_steps` drains one at once (tests, the CLI, anything synchronous);
-* :func:`run_steps_async` gives the loop a turn at every pause point.
+* :func:`~sidecar.core.steps.run_steps` drains one at once (tests, the CLI);
+* :func:`~sidecar.shell.pausing.run_steps_async` gives the loop a turn at every
+  pause point.
 
 A step reads the clock again after each pause (``clock()``): the router's series
 move forward with the loop's time while the view waits, and reading one at an
@@ -35,31 +36,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Collection, Generator
+from collections.abc import Callable, Collection
 from typing import Any, Final, TypeVar
 
+from sidecar.core.steps import Steps, run_steps
+from sidecar.shell.pausing import run_steps_async
+
+__all__ = ["STEP_ROUTES", "Steps", "encode_off_loop", "json_steps", "run_steps",
+           "run_steps_async"]
+
 T = TypeVar("T")
-Steps = Generator[None, None, T]  # yields at pause points, returns the view
 STEP_ROUTES: Final = 64  # routes per step: under 10 ms of the loop at the costliest view
-
-
-def run_steps(steps: Steps[T]) -> T:
-    """Drain ``steps`` without pausing; its result."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-
-
-async def run_steps_async(steps: Steps[T]) -> T:
-    """Drain ``steps``, letting the event loop run whatever is ready at each pause."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        await asyncio.sleep(0)
 
 
 async def encode_off_loop(encode: Callable[[], T]) -> T:

@@ -35,14 +35,16 @@ from typing import Any
 
 from sidecar.core.config import Config
 from sidecar.core.router import Router
+from sidecar.core.steps import Steps, run_steps
 from sidecar.core.types import SliceKey
 from sidecar.core.weights import (
     WEIGHT_SCALE,
     SliceWeights,
-    refresh_weights,
+    refresh_weights_steps,
 )
 from sidecar.core.window_load import WindowLoad, WindowView
 from sidecar.shell.bootstrap_native import route_slices
+from sidecar.shell.pausing import run_steps_async
 from sidecar.shell.rtds import RtdsService, WeightLayer
 
 log = logging.getLogger("tailroute.native")
@@ -137,6 +139,16 @@ class NativeRouting:
     def publish(self, now: float, force: bool = False) -> bool:
         """Recompute the weights (every slice at a new evaluation window or when
         ``force``d, else the slices with traffic); push them if they changed materially."""
+        return run_steps(self.publish_steps(now, force))
+
+    async def publish_async(self, now: float, force: bool = False) -> bool:
+        """:meth:`publish`, giving the event loop a turn every few slices: with a thousand
+        slices one computation takes seconds (sidecar.core.steps). The weights are all
+        computed at ``now`` and published at once at the end."""
+        return await run_steps_async(self.publish_steps(now, force))
+
+    def publish_steps(self, now: float, force: bool = False) -> Steps[bool]:
+        """:meth:`publish` as steps."""
         self.load.roll(now)
         config = self.config
         window = int(now / config.stats.subwindow_s)
@@ -144,8 +156,10 @@ class NativeRouting:
         self._window = window
         router = self._router()
         old = self.layer.weights
-        new = refresh_weights(config, WindowView(router, {}), now, old, self.load.demand, full,
-                              live=router.live)
+        new = yield from refresh_weights_steps(config, WindowView(router, {}), now, old,
+                                               self.load.demand, full, live=router.live)
+        if self.layer.weights is not old:  # published meanwhile: do not undo a newer one
+            return False
         self.computed_at = now
         for s, sw in new.items():  # routes live misses kept out, per slice computed
             if sw.missing and sw is not old.get(s):
@@ -174,7 +188,7 @@ class NativeRouting:
         """
         loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        self.publish(loop.time(), force=True)
+        await self.publish_async(loop.time(), force=True)
         transitions = self._transition_count()
         holds = self._router().pushback.holds_version
         while not stop.is_set():
@@ -194,7 +208,7 @@ class NativeRouting:
             # sidecar.core.pushback) moves a route's capacity as a transition moves its
             # health: every slice is redone.
             held = self._router().pushback.holds_version
-            self.publish(now, force=count != transitions or held != holds)
+            await self.publish_async(now, force=count != transitions or held != holds)
             transitions, holds = count, held
             self._wake.clear()  # this publication covers every transition so far
 
