@@ -35,6 +35,7 @@ from sidecar.ops.metrics import build_registry
 from sidecar.ops.native_metrics import NativeCollector
 from sidecar.ops.reload import ConfigReloader, watch_loop
 from sidecar.shell.app import App
+from sidecar.shell.gc_freeze import CHECK_EVERY_S, LongLivedFreezer
 from sidecar.shell.health import HealthService
 from sidecar.shell.native import NativeRouting
 from sidecar.shell.server import ExtProcService, start_grpc, tick_loop
@@ -42,6 +43,14 @@ from sidecar.shell.startup import bind_error, check_bindable, check_unix_path
 from sidecar.shell.tls import CertificateWatcher
 
 log = logging.getLogger("tailroute")
+
+
+async def _freeze_loop(freezer: LongLivedFreezer, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=CHECK_EVERY_S)
+        if not stop.is_set():
+            freezer.check()
 
 
 async def _sample_loop(admin: AdminServer, stop: asyncio.Event, every_s: float) -> None:
@@ -198,6 +207,8 @@ async def serve(
         if fleet is not None:
             fleet.sync.mark_baseline(loop.time())  # fleet-merged already: never re-pushed
 
+    freezer = LongLivedFreezer()
+
     def shell_counters() -> dict[str, int]:
         out = app.shell_counters()
         for k, v in ops_errors.items():
@@ -206,6 +217,7 @@ async def serve(
             out.update(reloader.counters())
         if tls is not None:
             out.update(tls.counters())
+        out.update(freezer.counters())
         return out
 
     registry, phase_hist, router_metrics = build_registry(lambda: app.router, loop.time,
@@ -266,7 +278,8 @@ async def serve(
     tasks = [asyncio.create_task(tick_loop(app, stop), name="tick"),
              asyncio.create_task(_sample_loop(admin, stop, config.stats.subwindow_s / 2),
                                  name="metrics sampling"),
-             asyncio.create_task(snap.loop(stop, snapshot_every_s), name="snapshots")]
+             asyncio.create_task(snap.loop(stop, snapshot_every_s), name="snapshots"),
+             asyncio.create_task(_freeze_loop(freezer, stop), name="gc freezer")]
     if reloader is not None:
         tasks.append(asyncio.create_task(watch_loop(reloader, stop, hup, watch_every_s),
                                          name="config watcher"))

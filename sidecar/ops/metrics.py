@@ -68,6 +68,8 @@ METRIC_NAMES = (
     "tailroute_upstream_retries_total",
     "tailroute_retry_after_total",
     "tailroute_retry_after_seconds_total",
+    "tailroute_gc_freezes_total",
+    "tailroute_gc_frozen_objects",
     *_QUANTILE_METRICS.values(),
     *(exported_name(f) for f in FAMILIES),
     *FLEET_METRIC_NAMES,  # only with a fleet: section (sidecar.fleet.metrics)
@@ -187,6 +189,11 @@ def _shell_families(shell: dict[str, int]) -> Iterator[Metric]:
     """The shell's counters (errors, reloads, fail-opens, Envoy's access log)."""
     yield counter("tailroute_errors", "Shell-side errors by kind",
                   _prefixed(shell, "error:"), labels=["kind"])
+    yield counter("tailroute_gc_freezes", "Times the long-lived objects were frozen out of "
+                  "the garbage collector's full passes after the routes grew "
+                  "(sidecar.shell.gc_freeze)", shell.get("gc:freezes", 0))
+    yield gauge("tailroute_gc_frozen_objects", "Objects frozen out of the garbage collector's "
+                "passes: start-up's and the routes' statistics", shell.get("gc:frozen", 0))
     yield counter("tailroute_config_reloads", "Config reload attempts",
                   [(["ok"], shell.get("reload:ok", 0)),
                    (["invalid"], shell.get("reload:invalid", 0))], labels=["result"])
