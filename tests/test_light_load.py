@@ -15,6 +15,7 @@ from sidecar.core.health import HealthState, RouteHealth
 from sidecar.core.light_load import (
     FLOOR_PRICE,
     HALF_LIFE_S,
+    MAX_ROUTES,
     PROBE_PRICE_MIN,
     RING,
     LightOutcomes,
@@ -55,6 +56,20 @@ def test_the_ring_keeps_only_the_latest_outcomes() -> None:
     for i in range(RING + 5):
         book.note("a", SL, i < 5, 0.0)  # the five violations are the oldest
     assert book.counts("a", SL, 0.0) == (0.0, float(RING))
+
+
+def test_the_book_holds_every_route_the_config_allows() -> None:
+    """A config with more routes than MAX_ROUTES (4 clusters x 2,000 slices) keeps all
+    of them: the book once started over at 4,096 pairs, again and again, and the floor
+    and the miss-ratio score lost their evidence."""
+    router = Router(_config(stats={"min_samples": 5, "max_slices": 2000}))
+    assert router.light.max_routes >= 3 * 2000 > MAX_ROUTES
+    slices = [SliceKey(f"m{i}", "interactive", "short", True) for i in range(2000)]
+    for s in slices:
+        for cluster in "abc":
+            router.light.note(cluster, s, False, 0.0)
+    assert all(router.light.counts(c, s, 0.0) == (0.0, 1.0) for c in "abc" for s in slices)
+    assert Router(_config()).light.max_routes == MAX_ROUTES  # small configs: as before
 
 
 def test_weights_halve_every_half_life_and_unknown_routes_count_nothing() -> None:

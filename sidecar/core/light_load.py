@@ -108,7 +108,11 @@ PRIOR: Final = 5.0  # pseudo-outcomes violating at exactly the allowed share
 # (module docstring). At 1 every route within ``a`` of the best kept its whole floor:
 # three such routes beside a good one held ~13 % of the traffic by the floor alone.
 FLOOR_PRICE: Final = 0.25
-MAX_ROUTES: Final = 4096  # (cluster, slice) pairs kept before the book starts over
+# (cluster, slice) pairs kept before the book starts over: at least this many, and as many
+# as the config allows (LightOutcomes.size_for). At 4,096 alone a config with more routes
+# than that emptied the book again and again, and the floor and the miss-ratio score
+# lost their evidence (1,200 slices on 4 clusters each: 4,800 routes).
+MAX_ROUTES: Final = 4096
 # A restricted route's probes are its only way back (its slice sends it nothing else),
 # so their price never cuts them below this share of probe_share: unpriced, a route
 # missing a quarter of its requests took 5 % of the slice as probes; priced down to
@@ -128,7 +132,7 @@ _LN_RECORD_PER_S: Final = -0.6931471805599453 / RECORD_HALF_LIFE_S
 class LightOutcomes:
     """The latest light-load outcomes per (cluster, slice) (module docstring)."""
 
-    __slots__ = ("_keeps_records", "_records", "_rings")
+    __slots__ = ("_keeps_records", "_records", "_rings", "max_routes")
 
     def __init__(self) -> None:
         self._rings: dict[tuple[str, SliceKey], deque[tuple[float, bool]]] = {}
@@ -136,6 +140,12 @@ class LightOutcomes:
         # kept for routes with a ring, and only while someone reads it (keep_records).
         self._records: dict[tuple[str, SliceKey], list[float]] = {}
         self._keeps_records = True
+        self.max_routes = MAX_ROUTES
+
+    def size_for(self, routes: int) -> None:
+        """Keep up to ``routes`` (cluster, slice) pairs (never fewer than ``MAX_ROUTES``):
+        the most the config can route, so the book never starts over while in use."""
+        self.max_routes = max(MAX_ROUTES, routes)
 
     def keep_records(self, on: bool) -> None:
         """Keep the records or not: only the miss-ratio score reads them, so the router
@@ -153,7 +163,7 @@ class LightOutcomes:
         key = (cluster, slice)
         ring = self._rings.get(key)
         if ring is None:
-            if len(self._rings) >= MAX_ROUTES:
+            if len(self._rings) >= self.max_routes:
                 self._rings.clear()
                 self._records.clear()
             ring = self._rings[key] = deque(maxlen=RING)

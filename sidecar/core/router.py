@@ -93,10 +93,10 @@ class Router(Intake):
 
     def _configure(self, config: Config) -> None:
         self.plans.configure(config.stats)
-        # Floor shares from light-load outcomes, standalone only (sidecar.core.light_load,
-        # "Fleet mode"): replicas share one health verdict, which needs each one's path.
+        # Light-load floor shares: standalone only (sidecar.core.light_load, "Fleet mode").
         self._light = self.light if config.fleet is None else None
         self.light.keep_records(any(k.miss_ratio_exponent for k in config.classes))
+        self.light.size_for(len(config.clusters) * (config.stats.max_slices + 2))  # + overflows
         self._limits = {c.name: c.max_concurrency for c in config.clusters}
         self.queue_signs.forget(set(self._limits))
         self.pushback.configure(
