@@ -27,6 +27,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sidecar.core.types import Decision, RequestInfo
@@ -120,43 +122,62 @@ def admission_response(decision: Decision, info: RequestInfo) -> pb.ProcessingRe
 
 
 class CapacitySignal:
-    """Wakes held requests when the total in-flight count drops (or a stream closes).
+    """Wakes held requests when capacity may have freed: a stream closed, or the
+    in-flight total dropped. Cheap when nobody waits: :meth:`observe_load` compares
+    one integer.
 
-    Cheap when nobody waits: :meth:`observe_load` compares one integer.
+    **One at a time, in service order.** The core admits a held request only when
+    fewer waiters are ahead of it than slots are free (sidecar.core.admission_queue),
+    so after one slot frees only the first waiter can take it. Waking them all made
+    every waiter re-ask: 64 held requests (``queue_max``) cost 5.7 ms of the event loop
+    per wake (89.5 us a re-ask), and wakes come with every stream that closes. Past
+    ~170 requests a second under overload that was the whole loop, and the decisions
+    themselves then timed out open. So :meth:`notify` wakes the first waiter in the
+    core's order (``order``: the ticket's order key, None if the queue no longer holds
+    it, which goes first); the holder calls :meth:`notify` again when its waiter left
+    the queue (admitted or refused), passing the turn on while slots remain. A waiter
+    still held ends the chain; the others wait for the next wake or their deadline.
     """
 
-    def __init__(self) -> None:
-        self._event: asyncio.Event | None = None
-        self._waiters = 0
+    def __init__(self, order: Callable[[str], tuple[int, int] | None]) -> None:
+        self._order = order
+        self._waiters: dict[str, asyncio.Future[None]] = {}
         self._last_load = 0
 
     @property
     def waiting(self) -> bool:
         """Is any held request waiting (only then is the load worth checking)?"""
-        return self._waiters > 0
+        return bool(self._waiters)
 
     def notify(self) -> None:
-        if self._waiters and self._event is not None:
-            self._event.set()
-            self._event = None
+        """Wake the first waiter in service order (none: nothing to do)."""
+        if not self._waiters:
+            return
+        first = min(self._waiters, key=self._key)
+        fut = self._waiters.pop(first)
+        if not fut.done():
+            fut.set_result(None)
+
+    def _key(self, ticket: str) -> tuple[float, float]:
+        key = self._order(ticket)
+        return (-math.inf, -math.inf) if key is None else key
 
     def observe_load(self, load: int) -> None:
-        """Call after an event that may finish a request; wakes waiters if the load fell.
+        """Call after an event that may finish a request; wakes a waiter if the load fell.
         (A stale comparison can only cause a spurious wake: the waiter re-asks, harmless.)"""
         if load < self._last_load:
             self.notify()
         self._last_load = load
 
-    async def wait(self, timeout_s: float) -> None:
-        """Return after ``timeout_s`` or at the next :meth:`notify`, whichever is first."""
+    async def wait(self, ticket: str, timeout_s: float) -> None:
+        """Return after ``timeout_s`` or when :meth:`notify` picks ``ticket``."""
         if timeout_s <= 0:
             return
-        if self._event is None:
-            self._event = asyncio.Event()
-        event = self._event
-        self._waiters += 1
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[ticket] = fut
         try:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), timeout_s)
+                await asyncio.wait_for(fut, timeout_s)
         finally:
-            self._waiters -= 1
+            if self._waiters.get(ticket) is fut:
+                del self._waiters[ticket]

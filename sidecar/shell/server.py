@@ -83,7 +83,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self.draining = False
         self._phase = phase_hist
         self._phase_by_kind: dict[str, Any] = {}  # histogram children, looked up once
-        self.capacity = CapacitySignal()
+        self.capacity = CapacitySignal(self._queue_order)
 
     def _observe_phase(self, kind: str, seconds: float) -> None:
         child = self._phase_by_kind.get(kind)
@@ -91,6 +91,11 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             assert self._phase is not None
             child = self._phase_by_kind[kind] = self._phase.labels(kind)
         child.observe(seconds)
+
+    def _queue_order(self, ticket: str) -> tuple[int, int] | None:
+        """A held request's place in the core's admission queue (None: not in it)."""
+        waiter = self.app.router.admission.queue.get(ticket)
+        return None if waiter is None else waiter.order()
 
     def _load(self) -> int:
         router = self.app.router
@@ -102,16 +107,18 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         """Wait out admission ``queue`` answers until the core admits or refuses."""
         loop = asyncio.get_running_loop()
         resp: pb.ProcessingResponse | Hold = hold
+        assert handler.rid is not None  # held: it has its ticket
         while isinstance(resp, Hold):
-            await self.capacity.wait(resp.until - loop.time())
+            await self.capacity.wait(handler.rid, resp.until - loop.time())
             try:
                 resp = handler.resume(loop.time())
             except Exception:
                 log.exception("handler error while queued; answering CONTINUE")
                 self.app.errors["handler_exception"] += 1
-                if handler.rid is not None:
-                    self.app.router.withdraw(handler.rid)
+                self.app.router.withdraw(handler.rid)
+                self.capacity.notify()
                 return _safe_continue(msg)
+        self.capacity.notify()  # it left the queue: the next waiter's turn (CapacitySignal)
         return resp
 
     async def Process(self, request_iterator: Any, context: Any) -> None:
