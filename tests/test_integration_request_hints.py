@@ -54,3 +54,40 @@ def test_hints_are_read_then_removed_before_the_upstream(rich: bool) -> None:
         # ... and the sidecar read them: the decision is the batch class's.
         (last,) = json.loads(admin_get(stack, "/explain?limit=1"))
         assert last["request"]["class"] == "batch" and last["request"]["priority"] == 1000
+
+
+def _post_lines(stack: Stack, lines: list[tuple[str, str]]) -> int:
+    """POST a chat request with header ``lines`` as written (a name may repeat)."""
+    import http.client
+
+    body = json.dumps({"model": MODEL, "messages": MSG, "max_tokens": 2}).encode()
+    conn = http.client.HTTPConnection("127.0.0.1", stack.ports["envoy"], timeout=20)
+    try:
+        conn.putrequest("POST", "/v1/chat/completions")
+        for name, value in [("content-type", "application/json"),
+                            ("content-length", str(len(body))), *lines]:
+            conn.putheader(name, value)
+        conn.endheaders(body)
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    finally:
+        conn.close()
+
+
+def test_a_repeated_hint_is_ignored_on_both_paths() -> None:
+    """``x-tailroute-priority: 1`` then ``x-tailroute-priority: 1000``: Envoy joins the
+    lines into one request attribute (``1,1000``, ignored) on the one-message path and
+    sends them as two header entries on the rich one, where the sidecar kept the last
+    (priority 1000). Both now read the list as absent: the class's priority."""
+    with Stack() as stack:
+        start_stack(stack)
+        for rich in (False, True):
+            lines = [("x-tailroute-class", "batch"), ("x-tailroute-class", "agentic"),
+                     ("x-tailroute-priority", "1"), ("x-tailroute-priority", "1000")]
+            if rich:
+                lines.append(("x-tailroute-deadline-ms", "20000"))
+            assert _post_lines(stack, lines) == 200
+            (last,) = json.loads(admin_get(stack, "/explain?limit=1"))
+            assert (last["request"]["class"], last["request"]["priority"]) == (
+                "interactive", 10), (rich, last["request"])

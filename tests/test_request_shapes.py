@@ -293,3 +293,41 @@ def test_what_counts_as_an_llm_request(
     # Its outcome is evidence about the cluster's LLM routes only if it is an LLM request.
     (pending,) = app.pending.values()
     assert pending.observed is (reason != "not_llm")
+
+
+# A hint sent twice, the two lines differing: on the rich path Envoy sends each line as
+# its own header entry; the one-message path gets them as one attribute, joined by ','
+# (both seen through the real Envoy: tests/test_integration_request_hints.py).
+REPEATED = [
+    ("x-tailroute-priority", [b"1", b"1000"]),
+    ("x-tailroute-class", [b"batch", b"agentic"]),
+    ("x-tailroute-step", [b"critical", b"optional"]),
+    ("x-tailroute-deadline-ms", [b"20000", b"0"]),
+    ("x-tailroute-fanout", [b"1", b"256"]),
+]
+
+
+@pytest.mark.parametrize(("header", "lines"), REPEATED)
+def test_a_repeated_hint_is_read_alike_on_both_paths(app: App, header: str,
+                                                     lines: list[bytes]) -> None:
+    """A repeated single-valued hint is a list (RFC 9110 section 5.3), ignored as if
+    absent on both paths; the rich path used to keep the last line (priority 1000, class
+    agentic, an optional step with an exhausted deadline skipped with 412)."""
+    hm = base_pb2.HeaderMap(headers=[
+        base_pb2.HeaderValue(key=k, raw_value=v) for k, v in
+        [(":method", b"POST"), (":path", b"/v1/chat/completions"),
+         *((header, line) for line in lines)]])
+    rich = RouteStream(app)
+    rich.on_message(pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=hm)), 0.0)
+    rich_answer = rich.on_message(body_msg(chat_request()), 0.0)
+    one = RouteStream(app)
+    joined = ",".join(line.decode() for line in lines)
+    one.on_message(body_only_msg(chat_request(), {header: joined}), 0.0)
+    absent = RouteStream(app)
+    absent.on_message(body_only_msg(chat_request()), 0.0)
+    assert rich.info is not None and one.info is not None and absent.info is not None
+    for s in (rich, one):
+        assert s.info is not None
+        got = (s.info.klass, s.info.priority, s.info.step, s.info.deadline_ms, s.info.fanout)
+        assert got == (absent.info.klass, absent.info.priority, None, None, 1), (s, got)
+    assert rich_answer is not None and routed_cluster(rich_answer) in {"a", "b", "c"}  # type: ignore[arg-type]

@@ -97,10 +97,28 @@ class Phase(Enum):
 
 
 def header_map(hm: base_pb2.HeaderMap) -> dict[str, str]:
-    """Lower-cased header dict; Envoy sends values in raw_value (bytes)."""
+    """Lower-cased header dict; Envoy sends values in raw_value (bytes). A repeated
+    response header keeps its last value (see :func:`request_header_map` for requests)."""
     out: dict[str, str] = {}
     for h in hm.headers:
         out[h.key.lower()] = h.raw_value.decode("latin-1") if h.raw_value else h.value
+    return out
+
+
+def request_header_map(hm: base_pb2.HeaderMap) -> dict[str, str]:
+    """:func:`header_map` for request headers, a repeated header's lines joined with
+    ``,``: Envoy sends each line of a repeated header as its own entry, but joins them
+    for the one-message path's attributes (``request.headers['x']`` is ``1,1000``), and
+    RFC 9110 section 5.3 reads the lines as that list. Keeping the last line instead
+    read ``x-tailroute-priority: 1`` + ``x-tailroute-priority: 1000`` as 1000 on the rich
+    path and as absent on the other; every hint is a single value, so a list is now
+    ignored on both (README, "Running it beside your Envoy")."""
+    out: dict[str, str] = {}
+    for h in hm.headers:
+        key = h.key.lower()
+        value = h.raw_value.decode("latin-1") if h.raw_value else h.value
+        before = out.get(key)
+        out[key] = value if before is None else f"{before},{value}"
     return out
 
 
@@ -226,7 +244,7 @@ class RouteStream:
         self, msg: pb.HttpHeaders, now: float
     ) -> pb.ProcessingResponse | Hold:
         self.rich = True
-        self.headers = self._screened(header_map(msg.headers))
+        self.headers = self._screened(request_header_map(msg.headers))
         if msg.end_of_stream:
             return self._route(None, now, is_body=False)
         self.phase = Phase.EXPECT_BODY
