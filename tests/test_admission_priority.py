@@ -140,3 +140,59 @@ def test_nothing_yields_without_a_sustained_pressed_class() -> None:
 def test_config_errors_name_the_field(field: str, value: object, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         make_router(admission={field: value})
+
+
+def test_the_pressed_table_is_capped_keeping_the_most_important() -> None:
+    """Priorities are a client's choice (0..1000): one pressed entry per distinct claimed
+    priority grew the table to ~1,000 entries per class, scanned at every decision."""
+    p = PriorityPressure(hold_s=10.0, reserve=0.1, after_s=0.0)
+    order = list(range(1001))
+    random.Random(5).shuffle(order)
+    for i, prio in enumerate(order):
+        p.mark("interactive", prio, AB, i * 0.001)
+    now = 1.0
+    live = p.snapshot(now)
+    assert len(live) == 64
+    assert sorted(e["priority"] for e in live) == list(range(1001 - 64, 1001))
+    assert p.overflow == 1001 - 64
+    assert p.above(10, now) and p.held_routes(10, now) == {"a": "interactive", "b": "interactive"}
+    # a known entry is refreshed, never counted; a mark less important than all is dropped
+    p.mark("interactive", 1000, AB, now)
+    p.mark("batch", 3, AB, now)
+    assert p.overflow == 1001 - 64 + 1 and len(p.snapshot(now)) == 64
+    # expired entries make room again
+    p.prune(now + 20.0)
+    p.mark("batch", 3, AB, now + 20.0)
+    assert [e["class"] for e in p.snapshot(now + 20.0)] == ["batch"]
+
+
+def test_distinct_claimed_priorities_under_saturation_keep_state_small() -> None:
+    """Through the stream handler: every route full, 3,000 requests each claiming a random
+    x-tailroute-priority (at or above shed_below_priority, so they queue and press)."""
+    from sidecar.core.config import parse_config
+    from sidecar.shell.app import App
+    from sidecar.shell.extproc import RouteStream
+    from tests.conftest import base_config_dict
+    from tests.streamharness import POST_CHAT, body_msg, chat_request, headers_msg, is_hold
+
+    data = base_config_dict(admission={"yield_after_s": 0})
+    for c in data["clusters"]:
+        c["max_concurrency"] = 1
+    app = App.create(parse_config(data, "t.yaml"), seed=1)
+    for _ in range(3):  # one request in flight per route: all full
+        s = RouteStream(app)
+        s.on_message(headers_msg(POST_CHAT), 1.0)
+        s.on_message(body_msg(chat_request()), 1.0)
+    rng = random.Random(1)
+    now = 1.0
+    for _ in range(3000):
+        s = RouteStream(app)
+        s.on_message(headers_msg({**POST_CHAT,
+                                  "x-tailroute-priority": str(rng.randint(5, 1000))}), now)
+        assert is_hold(s.on_message(body_msg(chat_request()), now))
+        s.close(now, cancelled=True)
+        now += 0.001
+    state = state_json(app.router, now)["admission"]
+    assert 0 < len(state["pressed"]) <= 64
+    assert state["pressed_overflow"] > 0
+    assert max(e["priority"] for e in state["pressed"]) >= 990

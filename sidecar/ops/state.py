@@ -107,7 +107,9 @@ def state_steps(router: Router, clock: Callable[[], float]) -> Steps[dict[str, A
         "routes": routes,
         "transitions": [asdict(e) for e in list(router.transitions)[-50:]],
         # classes others yield to under overload (sidecar.core.admission_priority)
-        "admission": {"pressed": router.admission.pressure.snapshot(now)},
+        "admission": {"pressed": router.admission.pressure.snapshot(now),
+                      # marks dropped or entries evicted at the table's cap
+                      "pressed_overflow": router.admission.pressure.overflow},
         "counters": {f"{k}:{label}": v for (k, label), v in sorted(router.counters.items())},
     }
 
