@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from sidecar.pb.envoy.service.accesslog.v3 import als_pb2
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from sidecar.shell.extproc import attribute_headers
 from sidecar.shell.pb_tolerant import repair_utf8, tolerant
+from sidecar.shell.request_headers import attribute_headers
 
 MARK = b"@@MARK@@"  # a UTF-8 placeholder of the bad value's length, swapped in after
 

@@ -69,6 +69,7 @@ from sidecar.shell import envoy_contract as ec
 from sidecar.shell.admission import Hold, admission_response, timeout_header
 from sidecar.shell.app import App, Pending
 from sidecar.shell.explain_header import EXPLAIN_HEADER, explain_json
+from sidecar.shell.request_headers import attribute_headers, request_header_map
 
 log = logging.getLogger("tailroute.extproc")
 
@@ -94,44 +95,6 @@ class Phase(Enum):
     QUEUED = "queued"  # held by an admission "queue" answer; the server re-asks (resume)
     ROUTED = "routed"
     RESPONSE = "response"
-
-
-def header_map(hm: base_pb2.HeaderMap) -> dict[str, str]:
-    """Lower-cased header dict; Envoy sends values in raw_value (bytes). A repeated
-    response header keeps its last value (see :func:`request_header_map` for requests)."""
-    out: dict[str, str] = {}
-    for h in hm.headers:
-        out[h.key.lower()] = h.raw_value.decode("latin-1") if h.raw_value else h.value
-    return out
-
-
-def request_header_map(hm: base_pb2.HeaderMap) -> dict[str, str]:
-    """:func:`header_map` for request headers, a repeated header's lines joined with
-    ``,``: Envoy sends each line of a repeated header as its own entry, but joins them
-    for the one-message path's attributes (``request.headers['x']`` is ``1,1000``), and
-    RFC 9110 section 5.3 reads the lines as that list. Keeping the last line instead
-    read ``x-tailroute-priority: 1`` + ``x-tailroute-priority: 1000`` as 1000 on the rich
-    path and as absent on the other; every hint is a single value, so a list is now
-    ignored on both (README, "Running it beside your Envoy")."""
-    out: dict[str, str] = {}
-    for h in hm.headers:
-        key = h.key.lower()
-        value = h.raw_value.decode("latin-1") if h.raw_value else h.value
-        before = out.get(key)
-        out[key] = value if before is None else f"{before},{value}"
-    return out
-
-
-def attribute_headers(msg: pb.ProcessingRequest) -> dict[str, str]:
-    """The headers the one-message path sends as request attributes (absent when unset)."""
-    if ec.ATTRIBUTES_NS not in msg.attributes:
-        return {}
-    out: dict[str, str] = {}
-    for expr, value in msg.attributes[ec.ATTRIBUTES_NS].fields.items():
-        name = ec.ATTRIBUTE_HEADERS.get(expr)
-        if name is not None and value.WhichOneof("kind") == "string_value":
-            out[name] = value.string_value
-    return out
 
 
 def _set(key: str, value: str) -> base_pb2.HeaderValueOption:

@@ -21,7 +21,7 @@ from sidecar.core.types import SliceKey
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from sidecar.shell import envoy_contract as ec
 from sidecar.shell.app import App
-from sidecar.shell.extproc import header_map
+from sidecar.shell.request_headers import header_map
 
 
 class ObserveStream:
