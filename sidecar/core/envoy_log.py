@@ -69,6 +69,17 @@ with the entry and the shell reads into ``LogRecord.retry_after_s``, see
 Timeouts and cancels are *censored* exactly as in :mod:`sidecar.core.timing`:
 their TTFT/e2e are the time waited since ``t0`` (lower bounds) and the router
 decides whether a cancel is evidence.
+
+A timeout at the caller's own deadline is the caller's, not the route's
+(:func:`at_callers_deadline`): ``x-tailroute-deadline-ms`` below the class timeout
+becomes the request's upstream timeout, and Envoy's router answers 504 when it passes
+(flag ``upstream_request_timeout``). Read as a route timeout, a hard failure, nine
+requests sent with ``x-tailroute-deadline-ms: 50`` to a sidecar without latency data
+yet (so none was refused as unreachable) quarantined two routes and restricted the
+third: three timeouts in a row on each. Such an entry is judged as the caller giving
+up at that moment -- a cancel, which the router counts as a timeout only once the wait
+passed the class budget (:func:`sidecar.core.intake.judge_censored`) -- as in the
+policy lab, where a workflow's deadline ends an attempt as the client's.
 """
 
 from __future__ import annotations
@@ -248,3 +259,14 @@ def observation_from_log(
         sent_load=sent_load,
         retry_after_s=rec.retry_after_s,
     )
+
+
+def at_callers_deadline(rec: LogRecord, obs: Observation, timeout_ms: float | None,
+                        class_timeout_ms: float) -> Observation:
+    """``obs`` as a cancel if Envoy timed the request out at a per-request timeout shorter
+    than the class's (``timeout_ms``: the decision's, from the caller's deadline), else
+    ``obs`` (module docstring)."""
+    if (obs.outcome != "timeout" or timeout_ms is None or timeout_ms >= class_timeout_ms
+            or "upstream_request_timeout" not in rec.flags):
+        return obs
+    return obs.judged("cancel", obs.ttft_s, obs.e2e_s, censored=True)

@@ -35,7 +35,12 @@ from dataclasses import dataclass, field
 
 from sidecar.core.classify import api_for_path
 from sidecar.core.config import Config
-from sidecar.core.envoy_log import LogRecord, observation_from_log, retried_attempts
+from sidecar.core.envoy_log import (
+    LogRecord,
+    at_callers_deadline,
+    observation_from_log,
+    retried_attempts,
+)
 from sidecar.core.live_book import LiveEntry
 from sidecar.core.live_misses import LiveMisses
 from sidecar.core.router import Router
@@ -265,7 +270,7 @@ class App:
         first_token_s = None
         if p.token_offset is not None and rec.first_body_s is not None:
             first_token_s = rec.first_body_s + p.token_offset
-        return observation_from_log(
+        obs = observation_from_log(
             rec, cluster, p.slice, p.streaming,
             ttft_offset_s=self.offsets.offset(cluster, p.slice),
             first_token_s=first_token_s,
@@ -273,6 +278,10 @@ class App:
             is_retry=p.is_retry or p.decision.is_retry, is_probe=p.decision.is_probe,
             sent_load=p.sent_load,
         )
+        klass = self.config.workload_class(p.slice.klass)
+        if obs is None or klass is None:
+            return obs
+        return at_callers_deadline(rec, obs, p.decision.timeout_ms, klass.slo.timeout_ms)
 
     def observe(self, obs: Observation, now: float, api: Api) -> None:
         """Hand one finished measurement to the router and the observation hook."""
