@@ -127,6 +127,11 @@ def test_copy_clear_and_snapshot_roundtrip() -> None:
         {"relative_accuracy": 0.02, "counts": [-1.0], "offset": 0},
         {"relative_accuracy": 0.02, "counts": [1.0], "offset": 10_000},
         {"relative_accuracy": 0.02, "counts": "xx", "offset": 0},
+        # A peer's record (fleet) or a snapshot: a NaN or infinite weight in the zero
+        # bucket was taken, and every later read of the series raised on it.
+        {"relative_accuracy": 0.02, "zero": float("nan")},
+        {"relative_accuracy": 0.02, "zero": float("inf")},
+        {"relative_accuracy": 0.02, "counts": [1.0], "offset": float("inf")},
     ],
 )
 def test_malformed_snapshot(bad: dict[str, Any]) -> None:

@@ -363,9 +363,9 @@ class LogHistogram:
             raw = data.get("counts", [])
             offset = int(data.get("offset", 0))
             values = [float(v) for v in raw]
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, OverflowError) as exc:  # Overflow: an infinite offset
             raise ValueError(f"malformed histogram snapshot: {exc}") from exc
-        if zero < 0 or any(not v >= 0 or math.isinf(v) for v in values):
+        if any(not v >= 0 or math.isinf(v) for v in (zero, *values)):  # NaN fails v >= 0
             raise ValueError("histogram snapshot has negative or non-finite weights")
         if values and not h._lo_idx <= offset <= offset + len(values) - 1 <= h._hi_idx:
             raise ValueError("histogram snapshot buckets outside the covered range")
