@@ -7,6 +7,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pytest
+
 from sidecar.core.types import Observation, RequestInfo
 from tests.test_fleet_sync import SL, Fleet
 
@@ -39,3 +41,49 @@ def test_a_peers_nan_weight_is_refused_and_decisions_go_on() -> None:
     f.cycle(1001.0, only=[0])
     assert f.syncs[0].counters.bad_peer_records == 1
     assert _decides(f, 0, 1001.1).cluster in ("a", "b", "c")
+
+
+DEEP = b"[" * 100_000
+ROUTE = "a\tm|interactive|short|stream"
+NEXT = ROUTE + "\t1015000"  # its next sub-window
+
+
+@pytest.mark.parametrize(("where", "name", "raw"), [
+    ("health", ROUTE, b'{"o":"r1","w":1e999,"r":{}}'),  # OverflowError
+    ("health", ROUTE, DEEP),  # RecursionError
+    ("health", "no route", b'{"o":"r1","w":1,"r":{}}'),  # leased, then failed to publish
+    ("stats", NEXT, b'{"c":[1e999,0,0,0]}'),
+    ("stats", NEXT, b'{"c":[1,0,0,0],"h":{"ttft":[1e999,0,1]}}'),
+    ("stats", NEXT, DEEP),
+    ("stats", "_load", b'{"n":{"a":1e999},"w":1000000}'),
+    ("stats", "_load", b'{"n":{"a":1},"w":Infinity}'),
+    ("stats", "_limits", b'{"a":[2,1e999]}'),
+    ("stats", "_meta", DEEP),
+    ("probes", "", DEEP),
+])
+def test_one_unreadable_record_is_counted_and_everything_else_still_shared(
+    where: str, name: str, raw: bytes,
+) -> None:
+    """Before, each of these raised OverflowError or RecursionError (or, for a health
+    field that names no route, ValueError at the next publishing) out of the cycle: the
+    replica saw the store as down, and every replica that read the record stopped
+    sharing for as long as it stayed there."""
+    f = Fleet(2)
+    _shared(f)
+    f.routers[1].observe(Observation("a", SL, "ok", ttft_s=0.1), 1001.0)
+    f.cycle(1001.2, only=[1])
+    if where == "health":
+        f.store.health.fields[name] = raw
+    elif name == "_meta":
+        f.store.metas["r1"] = raw
+    elif where == "stats":
+        f.store.stats["r1"].fields[name] = raw
+    else:
+        f.store.probes["r0"] = [raw]
+    for k in range(3):  # raised here
+        f.cycle(1001.5 + 0.1 * k, only=[0])
+    assert f.syncs[0].counters.bad_peer_records + f.syncs[0].counters.mismatched_peers >= 1
+    assert _decides(f, 0, 1002.0).cluster in ("a", "b", "c")
+    if name != "_meta":  # a peer whose meta is unreadable is not merged at all
+        rs = f.routers[0].stats.series("a", SL)
+        assert rs is not None and rs.count("ttft", 1002.0) == 3  # r1's new request too

@@ -37,6 +37,33 @@ from sidecar.core.types import SliceKey
 
 WIRE_VERSION = 1
 _SEP = "\t"
+# No number a replica writes (counts, weights, bucket offsets, wall-clock ms) comes
+# near float64's last exact integer: anything past it is not a record of ours.
+_MAX_ABS = 2.0**53
+
+
+def _number(x: float) -> float:
+    if not abs(x) <= _MAX_ABS:  # NaN fails too
+        raise ValueError(f"number out of range: {x!r}")
+    return x
+
+
+def _constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number a replica writes")
+
+
+def loads(raw: bytes) -> Any:
+    """``json.loads`` for what others wrote: ValueError, never anything else, on what
+    json would take but no replica writes -- NaN, infinities (``1e999`` included),
+    numbers past :data:`_MAX_ABS`, nesting deep enough to exhaust the recursion limit
+    (RecursionError), bytes that are not UTF-8. Before, those raised OverflowError or
+    RecursionError out of the decoders, and one such record failed every cycle."""
+    try:
+        return json.loads(raw, parse_constant=_constant,
+                          parse_float=lambda t: _number(float(t)),
+                          parse_int=lambda t: int(_number(int(t))))
+    except RecursionError as exc:
+        raise ValueError("record nested too deep") from exc
 
 
 def route_field(cluster: str, slice: SliceKey) -> str:
@@ -89,7 +116,7 @@ def encode_sub(sub: SubWindowData) -> bytes:
 def decode_sub(raw: bytes, index: int, accuracy: float) -> SubWindowData:
     """ValueError on anything malformed (a peer's bug must not break this replica)."""
     try:
-        d = json.loads(raw)
+        d = loads(raw)
         counts = [int(x) for x in d["c"]]
         if len(counts) != len(COUNTERS) or min(counts) < 0:
             raise ValueError("bad counters")
@@ -163,7 +190,7 @@ def decode_meta(raw: bytes | None) -> tuple[float, float] | None:
     if raw is None:
         return None
     try:
-        d = json.loads(raw)
+        d = loads(raw)
         if d.get("v") != WIRE_VERSION:
             return None
         s, a = float(d["subwindow_s"]), float(d["accuracy"])
@@ -178,7 +205,7 @@ def encode_health(owner: str, wall_ms: int, state: dict[str, Any]) -> bytes:
 
 def decode_health(raw: bytes) -> tuple[str, int, dict[str, Any]]:
     try:
-        d = json.loads(raw)
+        d = loads(raw)
         owner, wall, state = str(d["o"]), int(d["w"]), d["r"]
         if not isinstance(state, dict):
             raise ValueError("state is not a mapping")
@@ -205,7 +232,7 @@ def encode_load(wall_ms: int, counts: dict[str, int], low: dict[str, int] | None
 def decode_load(raw: bytes) -> tuple[int, dict[str, int], dict[str, int]]:
     """``(wall ms, in flight, of those low)``; ValueError on anything malformed."""
     try:
-        d = json.loads(raw)
+        d = loads(raw)
         counts = {str(c): int(n) for c, n in d["n"].items() if int(n) > 0}
         low = {str(c): int(n) for c, n in d.get("l", {}).items() if int(n) > 0}
         return int(d["w"]), counts, low
@@ -225,7 +252,7 @@ def encode_limits(limits: dict[str, tuple[float, int]]) -> bytes:
 def decode_limits(raw: bytes) -> dict[str, tuple[float, int]]:
     """ValueError on anything malformed, a limit below 1 or not finite included."""
     try:
-        d = json.loads(raw)
+        d = loads(raw)
         out = {str(c): (float(v[0]), int(v[1])) for c, v in d.items()}
     except (TypeError, ValueError, AttributeError, IndexError, KeyError) as exc:
         raise ValueError(f"malformed limits record: {exc!r}") from exc
@@ -249,7 +276,7 @@ def encode_times(times: dict[str, int]) -> bytes:
 def decode_times(raw: bytes, what: str) -> dict[str, int]:
     """ValueError, naming ``what`` record, on anything malformed."""
     try:
-        d = json.loads(raw)
+        d = loads(raw)
         return {str(c): int(v) for c, v in d.items()}
     except (TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise ValueError(f"malformed {what} record: {exc!r}") from exc
@@ -271,7 +298,7 @@ def encode_probe(route: str, ok: bool) -> bytes:
 
 def decode_probe(raw: bytes) -> tuple[str, bool]:
     try:
-        route, ok = json.loads(raw)
+        route, ok = loads(raw)
         if not isinstance(route, str) or not isinstance(ok, bool):
             raise ValueError("bad probe types")
     except (TypeError, json.JSONDecodeError) as exc:

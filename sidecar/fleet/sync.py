@@ -223,6 +223,10 @@ class FleetSync:
         out: dict[str, _Health] = {}
         for rf, value in raw.items():
             try:
+                # A field that names no route would be asked for a lease and owned,
+                # and failed the next cycle's publishing (parse_route): every other
+                # cycle failed for as long as it stayed in the hash.
+                codec.parse_route(rf)
                 out[rf] = codec.decode_health(value)
             except ValueError:
                 self.counters.bad_peer_records += 1
