@@ -4,12 +4,21 @@ sharing the rest, never reach a decision, and always be counted."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 
 from sidecar.core.types import Observation, RequestInfo
+from sidecar.devtools.redis_server import RedisServer
+from sidecar.fleet import codec
+from sidecar.fleet.exchange import Exchange, Reply
+from sidecar.fleet.redis_store import RedisStore
+from sidecar.fleet.store_errors import WrongTypeError, describe
 from tests.test_fleet_sync import SL, Fleet
 
 FIELD = "a\tm|interactive|short|stream\t1005000"  # route a's sub-window [1000, 1010)
@@ -87,3 +96,77 @@ def test_one_unreadable_record_is_counted_and_everything_else_still_shared(
     if name != "_meta":  # a peer whose meta is unreadable is not merged at all
         rs = f.routers[0].stats.series("a", SL)
         assert rs is not None and rs.count("ttft", 1002.0) == 3  # r1's new request too
+
+
+# ---------------------------------------------------------------- in a real Redis
+
+
+@pytest.fixture
+def server(redis_tool: None) -> Iterator[RedisServer]:
+    with RedisServer() as srv:
+        yield srv
+
+
+def _exchange(rid: str, routes: list[str], fetch: list[str] | None = None) -> Exchange:
+    return Exchange(rid=rid, meta=codec.encode_meta(10.0, 0.01), routes=routes, stats_set={},
+                    stats_del=[], health_set={}, probes={}, fetch=fetch or [],
+                    stats_ttl_ms=60_000, lease_ttl_ms=3_000, health_ttl_ms=120_000)
+
+
+@pytest.mark.parametrize("lease", [b"garbage", b"r9 soon", b"r9 1e999", b"r9 99999999999999"])
+def test_a_lease_no_replica_wrote_is_free(server: RedisServer, lease: bytes) -> None:
+    """Before, the lease script failed on a value without a space or a number (a Lua
+    error: every replica's cycle failed until the hash expired), and one that expires
+    never held its route for ever: every replica followed an owner that never was."""
+    client = redis.Redis(port=server.port)
+    client.hset("{t}:leases", ROUTE, lease)
+
+    async def main() -> list[str]:
+        store = RedisStore(server.url, "t", 2.0)
+        try:
+            return (await store.exchange(_exchange("r0", [ROUTE]), 1e12)).holders
+        finally:
+            await store.close()
+
+    assert asyncio.run(main()) == ["r0"]
+
+
+def test_a_peers_key_of_another_type_is_skipped_not_the_whole_cycle(
+    server: RedisServer,
+) -> None:
+    """Before, one peer's statistics key holding a string failed every replica's cycle
+    (WRONGTYPE): the store read as down for all of them."""
+    client = redis.Redis(port=server.port)
+    client.set("{t}:stats:r1", b"x")
+
+    async def main() -> Reply:
+        store = RedisStore(server.url, "t", 2.0)
+        try:
+            return await store.exchange(_exchange("r0", [ROUTE], fetch=["r1"]), 1e12)
+        finally:
+            await store.close()
+
+    reply = asyncio.run(main())
+    assert reply.holders == ["r0"] and reply.unreadable == ["{t}:stats:r1"]
+    assert reply.stats == {"r1": {}}
+
+
+def test_a_shared_key_of_another_type_is_named_in_the_problem(server: RedisServer) -> None:
+    """Not "unreachable (WRONGTYPE ...)": the key, and what to do about it."""
+    client = redis.Redis(port=server.port)
+    client.set("{t}:health", b"x")
+
+    async def main() -> BaseException:
+        store = RedisStore(server.url, "t", 2.0)
+        try:
+            await store.exchange(_exchange("r0", [ROUTE]), 1e12)
+        except WrongTypeError as exc:
+            return exc
+        finally:
+            await store.close()
+        raise AssertionError("no error")
+
+    problem = describe(asyncio.run(main()), server.url, "t")
+    assert problem.kind == "foreign" and problem.level == logging.ERROR
+    assert problem.text.startswith(f"fleet store: the key {{t}}:health in the Redis at "
+                                   f"{server.url} holds another type than the fleet keeps")

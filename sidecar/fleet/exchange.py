@@ -50,6 +50,7 @@ class Reply:
     probes: list[bytes]  # results other replicas forwarded to this one
     stored_fields: int  # sub-window fields this replica's hash held before this write
     entries: list[bytes] = field(default_factory=list)  # request ids others saw the entry of
+    unreadable: list[str] = field(default_factory=list)  # peers' keys of another type
 
 
 @dataclass

@@ -39,6 +39,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
 from sidecar.fleet.exchange import Exchange, Reply
+from sidecar.fleet.store_errors import WrongTypeError
 
 META_FIELD = "_meta"
 
@@ -51,10 +52,13 @@ local out = {}
 for i = 3, #ARGV do
   local v = redis.call('HGET', KEYS[1], ARGV[i])
   local holder, exp = nil, 0
-  if v then
-    local sep = string.find(v, ' ', 1, true)
-    holder, exp = string.sub(v, 1, sep - 1), tonumber(string.sub(v, sep + 1))
+  local sep = v and string.find(v, ' ', 1, true)
+  if sep then
+    holder, exp = string.sub(v, 1, sep - 1), tonumber(string.sub(v, sep + 1)) or 0
   end
+  -- A value no replica wrote (no space, no number, or an expiry further off than ten
+  -- leases: never renewed, it would hold the route for ever) is a free lease.
+  if exp > now + 10 * ttl then exp = 0 end
   if (not v) or exp <= now or holder == me then
     redis.call('HSET', KEYS[1], ARGV[i], me .. ' ' .. (now + ttl))
     holder = me
@@ -136,12 +140,22 @@ class RedisStore:
         for peer in ex.fetch:
             p.hgetall(self.key("stats", peer))
         self.commands_sent += len(p.command_stack)
+        keys = [_key_of(args) for args, _ in p.command_stack]
         res: list[Any] = await p.execute(raise_on_error=False)
         if ex.routes and isinstance(res[0], NoScriptError):
             # First use, or the server restarted: load the script and take the leases
             # alone (the rest of the round trip went through and must not be repeated).
             await self.client.script_load(_LEASE_LUA)
             res[0] = await self.client.evalsha(self._lease_sha, 1, *lease_args)
+        unreadable = []
+        for j in range(len(res) - len(ex.fetch), len(res)):
+            if _wrong_type(res[j]):  # one peer's key, not the store: skip it, count it
+                unreadable.append(keys[j])
+                res[j] = {}
+        if (j := next((j for j, r in enumerate(res) if _wrong_type(r)), -1)) >= 0:
+            # A key of the fleet's that holds another type (another program writes under
+            # this prefix): no reconnect mends that, the operator must (store_errors).
+            raise WrongTypeError(keys[j], str(res[j]))
         errors = [r for r in res if isinstance(r, Exception)]
         if errors:
             # The server answered, but not as a primary serving us would (READONLY after
@@ -154,7 +168,9 @@ class RedisStore:
             # that one says best what to grant (sidecar.fleet.store_errors).
             r = next((e for e in errors if isinstance(e, NoPermissionError)), errors[0])
             raise r if isinstance(r, ResponseError) else ResponseError(str(r))
-        return self._reply(ex, res)
+        reply = self._reply(ex, res)
+        reply.unreadable = unreadable
+        return reply
 
     @staticmethod
     def _take(p: Any, inbox: str, gen: int, ack: int | None, ttl: str) -> None:
@@ -185,6 +201,16 @@ class RedisStore:
         health = {_text(f): bytes(v) for f, v in health_raw.items()}
         return Reply(holders, [_text(r) for r in replicas_raw], stats, metas, health,
                      [bytes(v) for v in probes_raw], stored, [bytes(v) for v in entries_raw])
+
+
+def _key_of(args: tuple[Any, ...]) -> str:
+    """The key a queued command works on (EVAL/EVALSHA: its first key)."""
+    at = 3 if str(args[0]).upper() in ("EVAL", "EVALSHA") else 1
+    return _text(args[at]) if len(args) > at else ""
+
+
+def _wrong_type(r: Any) -> bool:
+    return isinstance(r, ResponseError) and str(r).startswith("WRONGTYPE")
 
 
 def _text(v: Any) -> str:

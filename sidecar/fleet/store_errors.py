@@ -44,9 +44,19 @@ def acl_grant(prefix: str) -> str:
     return f"ACL SETUSER <user> ~{{{prefix}}}:* " + " ".join(f"+{c}" for c in ACL_COMMANDS)
 
 
+class WrongTypeError(ResponseError):
+    """A key the fleet reads and writes holds another type (``WRONGTYPE``): a string
+    where it keeps a hash, say. Only someone else writing under ``fleet.key_prefix``
+    does that, and no retry mends it, so it is said as such, naming the key."""
+
+    def __init__(self, key: str, said: str) -> None:
+        super().__init__(said)
+        self.key = key
+
+
 @dataclass(frozen=True, slots=True)
 class Problem:
-    kind: str  # "unreachable", "replica", "auth" or "permission"
+    kind: str  # "unreachable", "replica", "auth", "permission" or "foreign"
     level: int
     text: str
 
@@ -60,6 +70,12 @@ def describe(exc: BaseException, url: str, prefix: str) -> Problem:
                        f"fleet store: authentication to the Redis at {shown} failed: "
                        f"{auth_problem(url)}")
     said = str(exc)
+    if isinstance(exc, WrongTypeError):
+        return Problem("foreign", logging.ERROR,
+                       f"fleet store: the key {exc.key} in the Redis at {shown} holds another "
+                       "type than the fleet keeps there (does another program write under "
+                       f"fleet.key_prefix '{prefix}'?); the fleet cannot share until the key is "
+                       "deleted or fleet.key_prefix is changed")
     if isinstance(exc, NoPermissionError) or (isinstance(exc, ResponseError)
                                               and _IN_SCRIPT in said):
         m = _COMMAND.search(said)

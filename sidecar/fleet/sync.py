@@ -209,6 +209,7 @@ class FleetSync:
             if rf not in before and entry is not None and entry[0] != self.rid:
                 events += self._take_over(rf, route, entry, now)
         self.board.followed = followed
+        self.counters.bad_peer_records += len(reply.unreadable)
         events += self._apply_probes(reply.probes, now)
         self.stats_sync.merge(reply, self.rid, now)
         self.limits_sync.merge(reply.stats, self.rid, now)
