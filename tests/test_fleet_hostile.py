@@ -170,3 +170,26 @@ def test_a_shared_key_of_another_type_is_named_in_the_problem(server: RedisServe
     assert problem.kind == "foreign" and problem.level == logging.ERROR
     assert problem.text.startswith(f"fleet store: the key {{t}}:health in the Redis at "
                                    f"{server.url} holds another type than the fleet keeps")
+
+
+def test_a_replica_whose_clock_runs_ahead_does_not_evict_the_others(
+    server: RedisServer,
+) -> None:
+    """Membership is on the server's clock. Before, each replica scored itself with its
+    own wall clock: one 300 s ahead (stats TTL 60 s) removed every other replica at
+    each push and saw none (measured with three routers: it merged none of the
+    others' requests, and one of the others lost the third)."""
+    async def main() -> list[list[str]]:
+        store = RedisStore(server.url, "t", 2.0)
+        now_ms = 1.7e12
+        skew_ms = {"r0": 0.0, "r1": 0.0, "r2": 300_000.0}
+        seen: list[list[str]] = []
+        try:
+            for _ in range(2):
+                seen = [sorted((await store.exchange(_exchange(r, []), now_ms + s)).replicas)
+                        for r, s in skew_ms.items()]
+        finally:
+            await store.close()
+        return seen
+
+    assert asyncio.run(main()) == [["r0", "r1", "r2"]] * 3

@@ -51,6 +51,7 @@ class Reply:
     stored_fields: int  # sub-window fields this replica's hash held before this write
     entries: list[bytes] = field(default_factory=list)  # request ids others saw the entry of
     unreadable: list[str] = field(default_factory=list)  # peers' keys of another type
+    server_ms: float | None = None  # the store's clock when it answered (Redis: TIME)
 
 
 @dataclass

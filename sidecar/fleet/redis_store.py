@@ -15,18 +15,19 @@ every key lives in one slot and the lease script may touch several)::
                                 acknowledges (its next take), so a lost reply loses nothing
 
 Commands per exchange: EVALSHA (leases), HLEN, HSET, HDEL (when sub-windows left
-the window), PEXPIRE x3, ZADD, ZREMRANGEBYSCORE, HSET (health, when changed),
+the window), PEXPIRE x2, HSET (health, when changed),
 RPUSH + PEXPIRE per owner with forwarded probes, RPUSH + PEXPIRE per decider with
 forwarded entries, EVAL x2 (take the forwarded entries and probes, acknowledging
-the last take: :data:`_TAKE_LUA`), ZRANGEBYSCORE, HGETALL (health), and one HGETALL per
+the last take: :data:`_TAKE_LUA`), EVAL (membership: :data:`_MEMBERS_LUA`), HGETALL
+(health), and one HGETALL per
 peer. That is about 14 + peers commands per push interval per replica, whatever the
 request rate.
 
 Key count: 4 + 3 x replicas. Fields: series x sub-windows per replica (series
 are capped by ``stats.max_slices``), routes in the lease and health hashes.
 
-The lease script uses the server's clock (``TIME``), so hosts whose clocks
-disagree still agree on who holds a lease. Scripts replicate by effects (the
+The lease and membership scripts use the server's clock (``TIME``), so hosts whose
+clocks disagree still agree on who holds a lease and who is live. Scripts replicate by effects (the
 default since Redis 5; Valkey likewise).
 """
 
@@ -88,6 +89,25 @@ return redis.call('LRANGE', KEYS[2], 0, -1)
 """
 
 
+# Membership on the server's clock. KEYS[1] = the replicas ZSET; ARGV = me, stats TTL in
+# ms -> {server time in ms, live replicas...}. Scored by each replica's own wall clock,
+# one whose clock ran minutes ahead removed every other replica at each push (their
+# scores looked older than the TTL to it) and saw none itself: with one replica 300 s
+# ahead of two others (stats TTL 60 s), it merged none of their requests and one of
+# the others lost the third, silently.
+_MEMBERS_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
+redis.call('PEXPIRE', KEYS[1], ttl)
+local out = redis.call('ZRANGEBYSCORE', KEYS[1], now - ttl, '+inf')
+table.insert(out, 1, now)
+return out
+"""
+
+
 class RedisStore:
     """Carries out exchanges against one Redis/Valkey (``redis.asyncio``)."""
 
@@ -120,9 +140,6 @@ class RedisStore:
         if ex.stats_del:
             p.hdel(k_mine, *ex.stats_del)
         p.pexpire(k_mine, ex.stats_ttl_ms)
-        p.zadd(k_replicas, {ex.rid: now_ms})
-        p.zremrangebyscore(k_replicas, "-inf", now_ms - ex.stats_ttl_ms)
-        p.pexpire(k_replicas, ex.stats_ttl_ms)
         if ex.health_set:
             p.hset(k_health, mapping=ex.health_set)  # type: ignore[arg-type]
         p.pexpire(k_health, ex.health_ttl_ms)
@@ -135,7 +152,7 @@ class RedisStore:
         ttl = str(ex.lease_ttl_ms * 4)
         for inbox in (self.key("entries", ex.entries_for or ex.rid), self.key("probes", ex.rid)):
             self._take(p, inbox, ex.take_gen, ex.ack_gen, ttl)
-        p.zrangebyscore(k_replicas, now_ms - ex.stats_ttl_ms, "+inf")
+        p.eval(_MEMBERS_LUA, 1, k_replicas, ex.rid, str(ex.stats_ttl_ms))
         p.hgetall(k_health)
         for peer in ex.fetch:
             p.hgetall(self.key("stats", peer))
@@ -189,7 +206,7 @@ class RedisStore:
         stored = max(int(res[i]) - 1, 0)  # minus the meta field
         peers_raw = res[len(res) - len(ex.fetch):] if ex.fetch else []
         health_raw = res[len(res) - len(ex.fetch) - 1]
-        replicas_raw = res[len(res) - len(ex.fetch) - 2]
+        server_ms, *replicas_raw = res[len(res) - len(ex.fetch) - 2]
         probes_raw = res[len(res) - len(ex.fetch) - 3] or []
         entries_raw = res[len(res) - len(ex.fetch) - 4] or []
         stats: dict[str, dict[str, bytes]] = {}
@@ -200,7 +217,8 @@ class RedisStore:
             stats[peer] = decoded
         health = {_text(f): bytes(v) for f, v in health_raw.items()}
         return Reply(holders, [_text(r) for r in replicas_raw], stats, metas, health,
-                     [bytes(v) for v in probes_raw], stored, [bytes(v) for v in entries_raw])
+                     [bytes(v) for v in probes_raw], stored, [bytes(v) for v in entries_raw],
+                     server_ms=float(server_ms))
 
 
 def _key_of(args: tuple[Any, ...]) -> str:
