@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,8 +18,11 @@ from sidecar.core.types import Observation, RequestInfo
 from sidecar.devtools.redis_server import RedisServer
 from sidecar.fleet import codec
 from sidecar.fleet.exchange import Exchange, Reply
+from sidecar.fleet.link import FleetLink
 from sidecar.fleet.redis_store import RedisStore
 from sidecar.fleet.store_errors import WrongTypeError, describe
+from sidecar.shell.app import App
+from tests.test_fleet_redis import _config as _redis_config
 from tests.test_fleet_sync import SL, Fleet
 
 FIELD = "a\tm|interactive|short|stream\t1005000"  # route a's sub-window [1000, 1010)
@@ -193,3 +197,44 @@ def test_a_replica_whose_clock_runs_ahead_does_not_evict_the_others(
         return seen
 
     assert asyncio.run(main()) == [["r0", "r1", "r2"]] * 3
+
+
+@pytest.mark.parametrize("skew_s", [300.0, -300.0])
+def test_a_host_clock_minutes_off_shares_on_the_stores_clock(
+    server: RedisServer, caplog: pytest.LogCaptureFixture, skew_s: float,
+) -> None:
+    """Replica 1's host clock is ``skew_s`` off. Before, its sub-windows were named by
+    it: replica 0 dropped all of its requests as older than the window (or placed
+    them in its current sub-window), and replica 1 dropped replica 0's, silently."""
+    cfg = _redis_config(server.url)
+    caplog.set_level(logging.WARNING, logger="tailroute.fleet")
+
+    async def main() -> tuple[list[int], dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        apps = [App.create(cfg, seed=i) for i in range(2)]
+        walls = [time.time, lambda: time.time() + skew_s]
+        links = [FleetLink(app, cfg.fleet, rid=f"r{i}", wall=w)  # type: ignore[arg-type]
+                 for i, (app, w) in enumerate(zip(apps, walls, strict=True))]
+        for link in links:
+            assert await link.warm_start()
+        for i, app in enumerate(apps):
+            for _ in range(5):
+                app.router.observe(Observation("a", SL, "ok", ttft_s=0.1 * (i + 1)),
+                                   loop.time())
+        for _ in range(3):
+            for link in links:
+                await link.cycle()
+        counts = [app.router.stats.series("a", SL).count("ttft", loop.time())  # type: ignore[union-attr]
+                  for app in apps]
+        state = links[1].state(loop.time())
+        for link in links:
+            await link.close()
+        return counts, state
+
+    counts, state = asyncio.run(main())
+    assert counts == [10, 10]
+    assert state["on_store_clock"] is True and abs(state["clock_skew_s"] + skew_s) < 1.0
+    said = [r.getMessage() for r in caplog.records]
+    way = "ahead of" if skew_s > 0 else "behind"
+    assert said == [f"fleet: this host's clock is 300.0 s {way} the fleet store's; sharing "
+                    "on the store's clock instead (fix the host's clock: NTP)"], said

@@ -59,6 +59,12 @@ class LimitsSync:
         self._pushed_quotas = codec.encode_times({})
         self._applied: dict[tuple[str, str], int] = {}  # (peer, cluster) -> refusal ms
 
+    def placed_any(self) -> bool:
+        """Was a limit, hold or quota offered, or a peer's limit taken?"""
+        empty = codec.encode_limits({})
+        return bool(self._applied) or self._pushed != empty or self._pushed_holds != empty \
+            or self._pushed_quotas != empty
+
     def outgoing(self, now: float, republish: bool) -> bytes | None:
         """This replica's fresh limits when they changed (or ``republish`` and it has
         some)."""

@@ -28,6 +28,7 @@ import os
 import random
 import socket
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from redis.exceptions import RedisError
@@ -44,6 +45,9 @@ from sidecar.shell.app import App
 log = logging.getLogger("tailroute.fleet")
 
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 30.0
+# A host clock this far from the store's is wrong, not a round trip's uncertainty (the
+# store's TIME is read somewhere within a round trip of at most fleet.timeout_ms).
+SKEW_WARN_S = 1.0
 
 
 class Store(Protocol):
@@ -60,14 +64,16 @@ def replica_id() -> str:
 
 class FleetLink:
     def __init__(self, app: App, cfg: FleetConfig, store: Store | None = None,
-                 rid: str | None = None) -> None:
+                 rid: str | None = None, wall: Callable[[], float] = time.time) -> None:
         loop = asyncio.get_running_loop()
         self.app = app
         self.cfg = cfg
         self.rid = rid or replica_id()
         self.store: Store = store or RedisStore(cfg.url, cfg.key_prefix, cfg.timeout_ms / 1000)
-        # Fixed for the process lifetime: sub-window names must not drift with NTP slew.
-        offset = time.time() - loop.time()
+        # Fixed for the process lifetime: sub-window names must not drift with NTP slew
+        # (except at the first answer, for a host clock that is off: _clock).
+        self._wall = wall
+        offset = wall() - loop.time()
         self.sync = FleetSync(app.router, self.rid, cfg.stats_ttl_s, cfg.lease_ttl_s, offset)
         self.up: bool | None = None  # None until the first cycle
         # The inbox take (Exchange.take_gen / ack_gen): a reply lost to a timeout is
@@ -82,6 +88,10 @@ class FleetLink:
         self.last_problem = ""  # its log line (redacted), for /state
         self._failures = 0
         self._rng = random.Random()
+        self.clock_skew_s: float | None = None  # the store's clock minus this host's
+        self.on_store_clock = False  # the wall clock was taken from the store's (_clock)
+        self._answered = False
+        self._skew_logged = False
 
     @classmethod
     def create(cls, app: App) -> FleetLink | None:
@@ -98,8 +108,9 @@ class FleetLink:
         ex.entries = {p: [r.encode() for r in rids] for p, rids in forwards.items()}
         ex.entries_for = self.app.prefix
         ex.take_gen, ex.ack_gen = self._take_gen, self._acked
+        w0 = self._wall()
         try:
-            reply = await asyncio.wait_for(self.store.exchange(ex, time.time() * 1000.0),
+            reply = await asyncio.wait_for(self.store.exchange(ex, w0 * 1000.0),
                                            self.cfg.timeout_ms / 1000.0)
         except BaseException:
             self.sync.disconnected()
@@ -107,11 +118,38 @@ class FleetLink:
             raise
         # Processed below: the next cycle acknowledges this take and starts another.
         self._acked, self._take_gen = self._take_gen, self._take_gen + 1
+        self._clock(reply.server_ms, (w0 + self._wall()) / 2.0)
         now = loop.time()
         self._record(self.sync.incoming(reply, now))
         self.app.check_holds()  # a peer's declared wait or quota backoff: native publishes now
         self.app.settled_elsewhere([r.decode(errors="replace") for r in reply.entries], now)
         self.last_cycle_s = now - t0
+
+    def _clock(self, server_ms: float | None, wall: float) -> None:
+        """How far this host's clock is from the store's. Replicas place what they share
+        (sub-windows, in-flight counts, limits, states) by the wall clock: one host off
+        by minutes had its peers' evidence dropped as older than the window, and its own
+        dropped by them. So at the store's first answer, before anything was placed, a
+        host clock off by SKEW_WARN_S or more is replaced by the store's; either way it
+        is said once, and shown in /state."""
+        if server_ms is None:  # a store without a clock (the policy lab's)
+            return
+        self.clock_skew_s = skew = server_ms / 1000.0 - wall
+        first, self._answered = not self._answered, True
+        if abs(skew) < SKEW_WARN_S:
+            self._skew_logged = self._skew_logged and abs(skew) >= SKEW_WARN_S / 2
+            return
+        if first and self.sync.reanchor(self.sync.wall_offset + skew):
+            self.on_store_clock = True
+            log.warning("fleet: this host's clock is %.1f s %s the fleet store's; sharing "
+                        "on the store's clock instead (fix the host's clock: NTP)",
+                        abs(skew), "behind" if skew > 0 else "ahead of")
+        elif not self._skew_logged:
+            log.warning("fleet: this host's clock is %.1f s %s the fleet store's; what it "
+                        "shares is misplaced by as much (evidence older than the statistics "
+                        "window is dropped): fix the host's clock (NTP) and restart",
+                        abs(skew), "behind" if skew > 0 else "ahead of")
+        self._skew_logged = True
 
     def _record(self, events: list[TransitionEvent]) -> None:
         """Transitions adopted from the fleet, recorded as the router records its own
@@ -176,6 +214,8 @@ class FleetLink:
             "routes_owned": len(self.sync.owned),
             "routes_followed": self.sync.followed,
             "syncs": {"ok": self.syncs_ok, "error": self.syncs_failed},
+            "clock_skew_s": None if self.clock_skew_s is None else round(self.clock_skew_s, 2),
+            "on_store_clock": self.on_store_clock,
         }
 
     # ------------------------------------------------------------ lifecycle

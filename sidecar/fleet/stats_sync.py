@@ -103,6 +103,10 @@ class StatsSync:
         self._baseline = {(c, s, sub.index): sub
                           for (c, s), subs in live_subwindows(self.store, now) for sub in subs}
 
+    def placed_any(self) -> bool:
+        """Was a sub-window offered or merged by the current wall offset?"""
+        return bool(self._pushed or self._seen or self._merged)
+
     def forget_peer_load(self) -> None:
         """The store did not answer: peers' in-flight counts are unknown."""
         self._peer_load.clear()

@@ -112,6 +112,16 @@ class FleetSync:
         self._check_store()
         self.stats_sync.mark_baseline(now)
 
+    def reanchor(self, wall_offset: float) -> bool:
+        """Place everything by ``wall_offset`` from now on (the store's clock, where this
+        host's is off), if nothing was placed by the old one yet: nothing of ours
+        offered, nothing of the peers' taken. False, unchanged, otherwise."""
+        if self.stats_sync.placed_any() or self.limits_sync.placed_any() or self._adopted:
+            return False
+        self.wall_offset = self.stats_sync.wall_offset = wall_offset
+        self.limits_sync.wall_offset = wall_offset
+        return True
+
     def disconnected(self) -> None:
         """The store did not answer: every route is decided locally until it does."""
         self.board.followed.clear()
