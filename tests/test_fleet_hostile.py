@@ -238,3 +238,60 @@ def test_a_host_clock_minutes_off_shares_on_the_stores_clock(
     way = "ahead of" if skew_s > 0 else "behind"
     assert said == [f"fleet: this host's clock is 300.0 s {way} the fleet store's; sharing "
                     "on the store's clock instead (fix the host's clock: NTP)"], said
+
+
+def test_skipped_records_are_counted_shown_and_said_once_a_minute(
+    server: RedisServer, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before, skipped records were only counted in memory: no metric, no /state, no
+    log line, so a fleet could lose a peer's evidence with no sign of it."""
+    cfg = _redis_config(server.url)
+    client = redis.Redis(port=server.port)
+    caplog.set_level(logging.WARNING, logger="tailroute.fleet")
+
+    async def main() -> tuple[dict[str, Any], dict[str, float]]:
+        links = [FleetLink(App.create(cfg, seed=i), cfg.fleet, rid=f"r{i}")  # type: ignore[arg-type]
+                 for i in range(3)]
+        for link in links:
+            assert await link.warm_start()
+        client.hset("{tailroute}:stats:r1", "_load", b'{"n":{"a":1e999},"w":1}')
+        client.hset("{tailroute}:stats:r2", "_meta", codec.encode_meta(5.0, 0.02))
+        for _ in range(4):
+            await links[0].cycle()
+        state = links[0].state(0.0)
+        exported = _exported(links[0])
+        for link in links:
+            await link.close()
+        return state, exported
+
+    state, exported = asyncio.run(main())
+    skipped = state["skipped"]
+    assert skipped["unreadable"] >= 1 and skipped["mismatched"] >= 1
+    assert skipped["last_unreadable"] == ("r1's _load: malformed load record: "
+                                          "ValueError('number out of range: inf')")
+    assert skipped["last_mismatched"] == ("r2: subwindow_s 5, accuracy 0.02; here "
+                                          "subwindow_s 10, accuracy 0.02")
+    assert exported['unreadable'] == skipped["unreadable"]
+    assert exported['mismatched'] == skipped["mismatched"]
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [  # four cycles, one line of each
+        "fleet: skipped 1 unreadable record(s) in the store (last: r1's _load: malformed "
+        "load record: ValueError('number out of range: inf')); the rest is shared",
+        "fleet: not merging 1 reading(s) of peers whose statistics do not compare with "
+        "this replica's (last: r2: subwindow_s 5, accuracy 0.02; here subwindow_s 10, "
+        "accuracy 0.02)"], said
+
+
+def _exported(link: FleetLink) -> dict[str, float]:
+    """tailroute_fleet_skipped_records_total by reason, as a scrape sees it."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from sidecar.fleet.metrics import FleetCollector
+
+    reg = CollectorRegistry()
+    reg.register(FleetCollector(link))
+    text = generate_latest(reg).decode()
+    return {s.labels["reason"]: s.value for f in text_string_to_metric_families(text)
+            if f.name == "tailroute_fleet_skipped_records" for s in f.samples
+            if s.name.endswith("_total")}

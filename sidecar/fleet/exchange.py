@@ -60,6 +60,13 @@ class SyncCounters:
     adopted_states: int = 0
     forwarded_probes: int = 0
     applied_probes: int = 0
-    bad_peer_records: int = 0
+    bad_peer_records: int = 0  # records read and skipped as unreadable (at every read)
     mismatched_peers: int = 0
     adopted_limits: int = 0
+    last_bad: str = ""  # what the last one was and why, for the log and /state
+    last_mismatch: str = ""  # the last peer not merged (mismatched_peers), and why
+
+    def skip(self, what: str, why: object) -> None:
+        """A record another replica (or program) wrote could not be read: skipped."""
+        self.bad_peer_records += 1
+        self.last_bad = f"{what}: {str(why)[:200]}"

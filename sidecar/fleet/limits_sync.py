@@ -107,17 +107,17 @@ class LimitsSync:
                 continue
             held = got.get(codec.HOLDS_FIELD)
             if held is not None:
-                self._merge_holds(held, now)
+                self._merge_holds(peer, held, now)
             quotas = got.get(codec.QUOTAS_FIELD)
             if quotas is not None:
-                self._merge_quotas(quotas, now)
+                self._merge_quotas(peer, quotas, now)
             raw = got.get(codec.LIMITS_FIELD)
             if raw is None:
                 continue
             try:
                 limits = codec.decode_limits(raw)
-            except ValueError:
-                self.counters.bad_peer_records += 1
+            except ValueError as exc:
+                self.counters.skip(f"{peer}'s {codec.LIMITS_FIELD}", exc)
                 continue
             for cluster, (limit, refused_ms) in limits.items():
                 at = min(refused_ms / 1000.0 - self.wall_offset, now)
@@ -129,11 +129,11 @@ class LimitsSync:
         for key in [k for k in self._applied if k[0] not in fields]:
             del self._applied[key]  # the peer is gone (its record expired with it)
 
-    def _merge_holds(self, raw: bytes, now: float) -> None:
+    def _merge_holds(self, peer: str, raw: bytes, now: float) -> None:
         try:
             holds = codec.decode_holds(raw)
-        except ValueError:
-            self.counters.bad_peer_records += 1
+        except ValueError as exc:
+            self.counters.skip(f"{peer}'s {codec.HOLDS_FIELD}", exc)
             return
         pushback = self.router.pushback
         for cluster, until_ms in holds.items():
@@ -141,11 +141,11 @@ class LimitsSync:
             if 0.0 < wait <= MAX_HOLD_S:
                 pushback.hold(cluster, wait, now)  # ignored unless it ends later
 
-    def _merge_quotas(self, raw: bytes, now: float) -> None:
+    def _merge_quotas(self, peer: str, raw: bytes, now: float) -> None:
         try:
             quotas = codec.decode_times(raw, "quotas")
-        except ValueError:
-            self.counters.bad_peer_records += 1
+        except ValueError as exc:
+            self.counters.skip(f"{peer}'s {codec.QUOTAS_FIELD}", exc)
             return
         pushback = self.router.pushback
         for cluster, last_ms in quotas.items():

@@ -48,6 +48,8 @@ BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 30.0
 # A host clock this far from the store's is wrong, not a round trip's uncertainty (the
 # store's TIME is read somewhere within a round trip of at most fleet.timeout_ms).
 SKEW_WARN_S = 1.0
+# Skipped records are re-read every cycle: said at most this often, with how many.
+SKIPPED_SAY_S = 60.0
 
 
 class Store(Protocol):
@@ -92,6 +94,8 @@ class FleetLink:
         self.on_store_clock = False  # the wall clock was taken from the store's (_clock)
         self._answered = False
         self._skew_logged = False
+        self._skips_said = (0, 0)  # (unreadable, mismatched) when last said
+        self._skips_next = 0.0  # monotonic time before which no new line is said
 
     @classmethod
     def create(cls, app: App) -> FleetLink | None:
@@ -121,6 +125,7 @@ class FleetLink:
         self._clock(reply.server_ms, (w0 + self._wall()) / 2.0)
         now = loop.time()
         self._record(self.sync.incoming(reply, now))
+        self._say_skipped()
         self.app.check_holds()  # a peer's declared wait or quota backoff: native publishes now
         self.app.settled_elsewhere([r.decode(errors="replace") for r in reply.entries], now)
         self.last_cycle_s = now - t0
@@ -150,6 +155,23 @@ class FleetLink:
                         "window is dropped): fix the host's clock (NTP) and restart",
                         abs(skew), "behind" if skew > 0 else "ahead of")
         self._skew_logged = True
+
+    def _say_skipped(self) -> None:
+        """Records the sync skipped (unreadable; peers not comparable), said at most
+        every SKIPPED_SAY_S with how many since the last line. Before, they were only
+        counted in memory: a fleet could lose a peer's evidence with no sign."""
+        c = self.sync.counters
+        counts = (c.bad_peer_records, c.mismatched_peers)
+        if counts == self._skips_said or time.monotonic() < self._skips_next:
+            return
+        bad, mismatched = (n - m for n, m in zip(counts, self._skips_said, strict=True))
+        if bad:
+            log.warning("fleet: skipped %d unreadable record(s) in the store (last: %s); "
+                        "the rest is shared", bad, c.last_bad)
+        if mismatched:
+            log.warning("fleet: not merging %d reading(s) of peers whose statistics do not "
+                        "compare with this replica's (last: %s)", mismatched, c.last_mismatch)
+        self._skips_said, self._skips_next = counts, time.monotonic() + SKIPPED_SAY_S
 
     def _record(self, events: list[TransitionEvent]) -> None:
         """Transitions adopted from the fleet, recorded as the router records its own
@@ -216,6 +238,10 @@ class FleetLink:
             "syncs": {"ok": self.syncs_ok, "error": self.syncs_failed},
             "clock_skew_s": None if self.clock_skew_s is None else round(self.clock_skew_s, 2),
             "on_store_clock": self.on_store_clock,
+            "skipped": {"unreadable": self.sync.counters.bad_peer_records,
+                        "last_unreadable": self.sync.counters.last_bad or None,
+                        "mismatched": self.sync.counters.mismatched_peers,
+                        "last_mismatched": self.sync.counters.last_mismatch or None},
         }
 
     # ------------------------------------------------------------ lifecycle

@@ -19,6 +19,7 @@ FLEET_METRIC_NAMES = (
     "tailroute_fleet_peers",
     "tailroute_fleet_routes",
     "tailroute_fleet_sync_seconds",
+    "tailroute_fleet_skipped_records_total",
 )
 
 
@@ -43,3 +44,9 @@ class FleetCollector(Collector):
                     labels=["role"])
         yield gauge("tailroute_fleet_sync_seconds", "Duration of the last push/pull cycle",
                     link.last_cycle_s)
+        c = link.sync.counters
+        yield counter("tailroute_fleet_skipped_records",
+                      "Peer records read and skipped: unreadable, or statistics that do not "
+                      "compare with this replica's (mismatched)",
+                      [(["unreadable"], c.bad_peer_records),
+                       (["mismatched"], c.mismatched_peers)], labels=["reason"])

@@ -160,15 +160,20 @@ class StatsSync:
                 continue
             meta = codec.decode_meta(reply.metas.get(peer))
             if meta is None or not math.isclose(meta[0], mine[0]) or meta[1] != mine[1]:
-                self.counters.mismatched_peers += bool(fields)
+                if fields:
+                    self.counters.mismatched_peers += 1
+                    theirs = ("an unreadable meta record or another wire version" if meta
+                              is None else f"subwindow_s {meta[0]:g}, accuracy {meta[1]:g}")
+                    self.counters.last_mismatch = (
+                        f"{peer}: {theirs}; here subwindow_s {mine[0]:g}, accuracy {mine[1]:g}")
                 continue
             seen = self._seen.setdefault(peer, {})
             load = fields.get(codec.LOAD_FIELD)
             if load is not None:
                 try:
                     self._peer_load[peer] = codec.decode_load(load)
-                except ValueError:
-                    self.counters.bad_peer_records += 1
+                except ValueError as exc:
+                    self.counters.skip(f"{peer}'s {codec.LOAD_FIELD}", exc)
             for name, raw in fields.items():
                 if name.startswith("_"):
                     continue
@@ -178,8 +183,8 @@ class StatsSync:
                 try:
                     cluster, s, mid = codec.parse_stats_field(name)
                     data = codec.decode_sub(raw, self._local_index(mid), mine[1])
-                except ValueError:
-                    self.counters.bad_peer_records += 1
+                except ValueError as exc:
+                    self.counters.skip(f"{peer}'s field {name[:100]!r}", exc)
                     continue
                 seen[name] = (raw, data)
                 delta = codec.diff(data, None if prev is None else prev[1])

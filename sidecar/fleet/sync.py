@@ -219,7 +219,8 @@ class FleetSync:
             if rf not in before and entry is not None and entry[0] != self.rid:
                 events += self._take_over(rf, route, entry, now)
         self.board.followed = followed
-        self.counters.bad_peer_records += len(reply.unreadable)
+        for key in reply.unreadable:
+            self.counters.skip(f"key {key}", "holds another type than the fleet keeps there")
         events += self._apply_probes(reply.probes, now)
         self.stats_sync.merge(reply, self.rid, now)
         self.limits_sync.merge(reply.stats, self.rid, now)
@@ -239,8 +240,8 @@ class FleetSync:
                 # cycle failed for as long as it stayed in the hash.
                 codec.parse_route(rf)
                 out[rf] = codec.decode_health(value)
-            except ValueError:
-                self.counters.bad_peer_records += 1
+            except ValueError as exc:
+                self.counters.skip(f"health field {rf[:100]!r}", exc)
         return out
 
     def _adopt(self, rf: str, route: Route, entry: _Health, now: float,
@@ -254,8 +255,8 @@ class FleetSync:
         before = self.board.peek(*route)
         try:
             event = adopt_route(self.board, route[0], route[1], state, at, now, reason)
-        except ValueError:
-            self.counters.bad_peer_records += 1
+        except ValueError as exc:
+            self.counters.skip(f"{owner}'s state of {rf[:100]!r}", exc)
             return []
         if closes_circuit(before, self.board.peek(*route)):
             self._fence(route, now)
@@ -302,8 +303,8 @@ class FleetSync:
             try:
                 rf, ok = codec.decode_probe(value)
                 cluster, s = codec.parse_route(rf)
-            except ValueError:
-                self.counters.bad_peer_records += 1
+            except ValueError as exc:
+                self.counters.skip("a forwarded probe result", exc)
                 continue
             if rf in self.owned:
                 got = self.board.record_probe(cluster, s, ok, now)
