@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import redis
 
+from sidecar.core.router import Router
 from sidecar.core.types import Observation, RequestInfo
 from sidecar.devtools.redis_server import RedisServer
 from sidecar.fleet import codec
@@ -21,6 +22,7 @@ from sidecar.fleet.exchange import Exchange, Reply
 from sidecar.fleet.link import FleetLink
 from sidecar.fleet.redis_store import RedisStore
 from sidecar.fleet.store_errors import WrongTypeError, describe
+from sidecar.fleet.sync import FleetSync
 from sidecar.shell.app import App
 from tests.test_fleet_redis import _config as _redis_config
 from tests.test_fleet_sync import SL, Fleet
@@ -295,3 +297,54 @@ def _exported(link: FleetLink) -> dict[str, float]:
     return {s.labels["reason"]: s.value for f in text_string_to_metric_families(text)
             if f.name == "tailroute_fleet_skipped_records" for s in f.samples
             if s.name.endswith("_total")}
+
+
+def test_a_store_back_with_older_contents_counts_nothing_twice(server: RedisServer) -> None:
+    """The store restarts from an older snapshot (or a lagging replica is promoted):
+    a peer's sub-window comes back with fewer requests than were merged. Before, the
+    reader took the older contents as its new base, and the writer's re-sent full
+    contents then counted the difference a second time: 16 requests instead of 11."""
+    cfg = _redis_config(server.url)
+    client = redis.Redis(port=server.port)
+
+    async def main() -> list[int]:
+        routers = [Router(cfg), Router(cfg)]
+        syncs = [FleetSync(r, f"r{i}", 60.0, 1.0) for i, r in enumerate(routers)]
+        store = RedisStore(server.url, "t", 2.0)
+
+        async def cycle(t: float, *which: int) -> None:
+            for i in which:
+                ex = syncs[i].outgoing(t)
+                syncs[i].incoming(await store.exchange(ex, t * 1000.0), t)
+
+        def observe(n: int, t: float) -> None:
+            for k in range(n):
+                routers[1].observe(Observation("a", SL, "ok", ttft_s=0.1), t + k * 0.01)
+
+        observe(5, 1000.0)
+        for t in (1000.5, 1000.6, 1000.7):
+            await cycle(t, 1, 0)
+        client.save()  # the snapshot the store will come back from
+        observe(5, 1001.0)
+        await cycle(1001.5, 1, 0)
+        assert _samples(routers[0], 1001.5) == 10
+        await store.close()
+        client.close()
+        server.kill()
+        for s in syncs:
+            s.disconnected()  # what the link does when a cycle fails
+        server.start()
+        store = RedisStore(server.url, "t", 2.0)
+        await cycle(1002.0, 0)  # the reader first: it meets the older contents
+        observe(1, 1002.5)
+        await cycle(1003.0, 1, 0)  # the writer re-pushes everything it has
+        await cycle(1003.1, 0)
+        await store.close()
+        return [_samples(r, 1003.1) for r in routers]
+
+    assert asyncio.run(main()) == [11, 11]
+
+
+def _samples(r: Router, now: float) -> int:
+    rs = r.stats.series("a", SL)
+    return 0 if rs is None else rs.count("ttft", now)

@@ -11,7 +11,9 @@ from peers. Per narrow series and sub-window::
     pushed = own, whenever it changed since the last push (an idempotent overwrite)
 
 A peer's pushed contents for a sub-window only grow, so each pull merges the
-growth since the previous pull (``new - last seen``) into the local series
+growth since the previous pull (``new - all merged of it``; contents the store
+lost some of -- restarted from an older snapshot -- merge nothing until they grow
+past what was merged) into the local series
 (:func:`sidecar.core.fleet_share.merge_subwindow`) and adds it to
 merged-from-peers. Lost, repeated or re-sent (after a store flush) writes
 therefore never count twice. Writes per push are one field per *changed*
@@ -186,8 +188,13 @@ class StatsSync:
                 except ValueError as exc:
                     self.counters.skip(f"{peer}'s field {name[:100]!r}", exc)
                     continue
-                seen[name] = (raw, data)
                 delta = codec.diff(data, None if prev is None else prev[1])
+                # Remember what was merged (all before, plus this growth), not what was
+                # read: contents that went back (a store restarted from an older
+                # snapshot, a lagging replica promoted) would otherwise have their
+                # re-sent growth counted a second time.
+                seen[name] = (raw, data if prev is None else codec.add(
+                    codec.diff(prev[1], None), delta))
                 if delta.empty:
                     continue
                 end = (data.index + 1) * self._sub_s
