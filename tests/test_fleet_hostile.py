@@ -348,3 +348,25 @@ def test_a_store_back_with_older_contents_counts_nothing_twice(server: RedisServ
 def _samples(r: Router, now: float) -> int:
     rs = r.stats.series("a", SL)
     return 0 if rs is None else rs.count("ttft", now)
+
+
+def test_a_database_the_server_lacks_is_said_as_such(
+    server: RedisServer, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Not "unreachable (DB index is out of range)": the store answers, the URL's
+    database number is the mistake."""
+    url = f"redis://127.0.0.1:{server.port}/99"
+    cfg = _redis_config(url)
+    caplog.set_level(logging.WARNING, logger="tailroute.fleet")
+
+    async def main() -> bool:
+        link = FleetLink(App.create(cfg), cfg.fleet, rid="r0")  # type: ignore[arg-type]
+        ok = await link.warm_start()
+        await link.close()
+        return ok
+
+    assert not asyncio.run(main())
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert said == [("ERROR", f"fleet store: the Redis at {url} has no such database "
+                     "(fleet.url's /DB: a server has 'databases' of them, 16 unless "
+                     "configured, from 0); continuing on local state, retrying with backoff")]

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
+import yaml
 from hypothesis import example, given
 from hypothesis import strategies as st
 from redis.connection import parse_url
@@ -121,6 +123,10 @@ def test_a_config_that_passes_is_read_by_the_client_as_written(password: str) ->
     ("redis://app:pa\uff0fss@127.0.0.1:6379/0", "once normalised"),  # urlsplit quoted it
     ("redis://app:pa[ss@127.0.0.1:6379/0", "a '[' or ']' in the user name"),
     ("redis://app:0000[]@127.0.0.1:6379/0", "a '[' or ']' in the user name"),
+    # The client read a path that is no number as database 0, silently.
+    ("redis://127.0.0.1:6379/abc", "a database (the path, or ?db=) that is not a number"),
+    ("redis://127.0.0.1:6379/-1", "a database (the path, or ?db=) that is not a number"),
+    ("unix:///run/r.sock?db=one", "a database (the path, or ?db=) that is not a number"),
 ])
 def test_a_url_the_client_would_misread_is_a_config_error(url: str, problem: str) -> None:
     with pytest.raises(ConfigError) as err:
@@ -134,4 +140,36 @@ def test_a_url_the_client_would_misread_is_a_config_error(url: str, problem: str
                                  "redis://:a:b@h/0"])
 def test_urls_the_client_reads_as_written_pass(url: str) -> None:
     cfg = parse_config(base_config_dict(fleet={"url": url}), "t.yaml")
+    assert cfg.fleet is not None and cfg.fleet.url == url
+
+
+@pytest.mark.parametrize(("query", "problem"), [
+    ("socket_timeout=abc", "Invalid value for 'socket_timeout' in connection URL."),
+    ("protocol=9", "protocol must be either 2 or 3"),
+    ("foo=1", "it takes no query argument 'foo' with redis://"),
+])
+def test_what_the_client_refuses_is_a_config_error_naming_the_file_and_field(
+    tmp_path: Path, query: str, problem: str,
+) -> None:
+    """Before, check-config passed these; ``serve`` then stopped with a traceback
+    (socket_timeout) or logged the store "unreachable" at every retry (the others)."""
+    from sidecar.ops.config_file import load_config
+
+    path = tmp_path / "t.yaml"
+    url = f"redis://:s3cret@127.0.0.1:6379/0?{query}"
+    path.write_text(yaml.safe_dump(base_config_dict(fleet={"url": url})))
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value).startswith(f"{path}: fleet.url: the Redis client refuses it: "
+                                     f"{problem} (line ")
+    assert "s3cret" not in str(err.value)
+
+
+def test_a_tls_query_on_a_tls_url_passes(tmp_path: Path) -> None:
+    from sidecar.ops.config_file import load_config
+
+    path = tmp_path / "t.yaml"
+    url = "rediss://cache:6380/2?ssl_cert_reqs=required&socket_timeout=0.5"
+    path.write_text(yaml.safe_dump(base_config_dict(fleet={"url": url})))
+    cfg = load_config(path)
     assert cfg.fleet is not None and cfg.fleet.url == url

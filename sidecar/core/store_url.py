@@ -88,6 +88,18 @@ def url_problem(url: str) -> str | None:
         port = hostport.rpartition(":")[2] if ":" in hostport else ""
     if port and not (port.isascii() and port.isdigit() and int(port) <= 65535):
         return "has a port that is not a number from 0 to 65535"
+    return _db_problem(_scheme, after)
+
+
+def _db_problem(scheme: str, after: str) -> str | None:
+    """The database: the client reads a path that is no number (``/abc``, ``/-1``) as
+    database 0, silently, and takes ``?db=`` as written."""
+    path, _, query = after.partition("#")[0].partition("?")
+    dbs = [] if scheme.lower() == "unix" else [_decode(path).replace("/", "")]
+    dbs += [_decode(v) for n, eq, v in (a.partition("=") for a in re.split(r"[&;]", query))
+            if eq and _decode(n) == "db"]
+    if any(db and not (db.isascii() and db.isdigit()) for db in dbs):
+        return "has a database (the path, or ?db=) that is not a number from 0 up"
     return None
 
 

@@ -23,6 +23,7 @@ from redis.exceptions import (
     AuthenticationError,
     NoPermissionError,
     ReadOnlyError,
+    RedisError,
     ResponseError,
 )
 
@@ -56,7 +57,7 @@ class WrongTypeError(ResponseError):
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    kind: str  # "unreachable", "replica", "auth", "permission" or "foreign"
+    kind: str  # "unreachable", "replica", "auth", "permission", "foreign" or "config"
     level: int
     text: str
 
@@ -91,6 +92,10 @@ def describe(exc: BaseException, url: str, prefix: str) -> Problem:
                        f"fleet store: the Redis at {shown} answers, but the user of "
                        f"fleet.url {what}; grant what the fleet uses with "
                        f"'{acl_grant(prefix)}'")
+    if said.startswith("DB index is out of range"):
+        return Problem("config", logging.ERROR,
+                       f"fleet store: the Redis at {shown} has no such database (fleet.url's "
+                       "/DB: a server has 'databases' of them, 16 unless configured, from 0)")
     if isinstance(exc, ReadOnlyError) or said.startswith("You can't write against a read only"):
         return Problem("replica", logging.WARNING,
                        f"fleet store {shown} is a read-only replica (a failover demoted it?); "
@@ -98,6 +103,24 @@ def describe(exc: BaseException, url: str, prefix: str) -> Problem:
                        "primary is followed")
     return Problem("unreachable", logging.WARNING,
                    f"fleet store {shown} unreachable ({_short(said) or type(exc).__name__})")
+
+
+def client_problem(url: str) -> str | None:
+    """Why the Redis client would refuse ``url`` when it first connects (None: it
+    takes it). A query argument it cannot read (``?socket_timeout=abc``), does not
+    know (``?foo=1``) or refuses (``?protocol=9``, ``?ssl_cert_reqs=bogus``) raised
+    only then: at the link's construction (serve stopped with a traceback) or at
+    every retry, as "unreachable". Building a connection object does no I/O."""
+    import redis.asyncio as aioredis
+
+    try:
+        aioredis.ConnectionPool.from_url(url).make_connection()  # type: ignore[no-untyped-call]
+    except (ValueError, TypeError, RedisError) as exc:
+        said = str(exc)
+        if (m := re.search(r"unexpected keyword argument '([^']*)'", said)) is not None:
+            return f"it takes no query argument '{m.group(1)}' with {url.partition(':')[0]}://"
+        return _short(said)
+    return None
 
 
 def auth_problem(url: str) -> str:

@@ -18,7 +18,15 @@ def load_config(path: str | Path) -> Config:
     p = Path(path)
     text = read_text(p)
     try:
-        return parse_config(parse_yaml(text, p), str(p))
+        cfg = parse_config(parse_yaml(text, p), str(p))
+        if cfg.fleet is not None:
+            # What the Redis client itself refuses, checked by it (the core does string
+            # work only): said here, not at the first connection.
+            from sidecar.fleet.store_errors import client_problem
+
+            if (problem := client_problem(cfg.fleet.url)) is not None:
+                raise ConfigError(f"{p}: fleet.url: the Redis client refuses it: {problem}")
+        return cfg
     except ConfigError as exc:
         raise with_lines(exc, str(p), text) from None
 
