@@ -209,3 +209,25 @@ def test_a_demoted_primary_is_reconnected_to_at_every_retry(
     assert said[0] == ("WARNING", f"fleet store {node.url} is a read-only replica (a failover "
                                   "demoted it?)")
     assert len(said) == 2 and said[1][1].startswith(f"fleet store {node.url} back after")
+
+
+def test_an_unexpected_error_shows_its_traceback_once_per_outage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A bug in a cycle recurs at every retry; before, each retry logged its traceback
+    again (seven in the first minute of backoff). Once per outage and kind of error."""
+    cfg = _config("redis://127.0.0.1:1/0")
+    caplog.set_level(logging.INFO, logger="tailroute.fleet")
+    store = _Failing([RuntimeError("boom")] * 4 + [KeyError("other")] + [None]
+                     + [RuntimeError("boom")])
+
+    async def main() -> None:
+        link = FleetLink(App.create(cfg), cfg.fleet, store=store,  # type: ignore[arg-type]
+                         rid="r0")
+        for _ in range(7):
+            await link._attempt()
+        await link.store.close()
+
+    asyncio.run(main())
+    tracebacks = [str(r.exc_info[1]) for r in caplog.records if r.exc_info]
+    assert tracebacks == ["boom", "'other'", "boom"]  # the new kind, and the next outage

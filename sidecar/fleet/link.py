@@ -94,6 +94,7 @@ class FleetLink:
         self.on_store_clock = False  # the wall clock was taken from the store's (_clock)
         self._answered = False
         self._skew_logged = False
+        self._bug_said = ""  # the unexpected error last logged with its traceback
         self._skips_said = (0, 0)  # (unreadable, mismatched) when last said
         self._skips_next = 0.0  # monotonic time before which no new line is said
 
@@ -190,7 +191,14 @@ class FleetLink:
             self._went_down(exc)
             return False
         except Exception as exc:  # a bug here must not stop the sidecar, nor the loop
-            log.exception("fleet sync failed unexpectedly; continuing on local state")
+            # With its traceback once per outage and kind of error: it recurs at every
+            # retry (seven tracebacks in the first minute of backoff, then two a minute).
+            said = f"{type(exc).__name__}: {exc}"[:200]
+            if self.up is not False or said != self._bug_said:
+                log.exception("fleet sync failed unexpectedly; continuing on local state")
+            else:
+                log.debug("fleet sync failed unexpectedly again (%s)", said)
+            self._bug_said = said
             self._went_down(exc)
             return False
         self._came_up()
