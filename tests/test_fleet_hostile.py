@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import redis
 
+from sidecar.core.config import parse_config
 from sidecar.core.router import Router
 from sidecar.core.types import Observation, RequestInfo
 from sidecar.devtools.redis_server import RedisServer
@@ -24,6 +25,7 @@ from sidecar.fleet.redis_store import RedisStore
 from sidecar.fleet.store_errors import WrongTypeError, describe
 from sidecar.fleet.sync import FleetSync
 from sidecar.shell.app import App
+from tests.conftest import base_config_dict
 from tests.test_fleet_redis import _config as _redis_config
 from tests.test_fleet_sync import SL, Fleet
 
@@ -370,3 +372,32 @@ def test_a_database_the_server_lacks_is_said_as_such(
     assert said == [("ERROR", f"fleet store: the Redis at {url} has no such database "
                      "(fleet.url's /DB: a server has 'databases' of them, 16 unless "
                      "configured, from 0); continuing on local state, retrying with backoff")]
+
+
+def test_a_replica_with_another_config_shares_its_clusters_only_with_its_kind() -> None:
+    """Replica 1's config has a cluster ``d`` replica 0's lacks (a rollout under way).
+    Before, replica 0 merged d's statistics into a series of its own (shown in /state
+    and /metrics, for a cluster it cannot route to) and, once replica 1 missed a lease
+    renewal, took d's leases and owned its health, judged without its config."""
+    stats = {"subwindow_s": 10, "subwindows": 6, "min_samples": 5}
+    wider = base_config_dict(stats=stats)
+    wider["clusters"] = [*wider["clusters"], {"name": "d", "address": "127.0.0.1:9004",
+                                              "models": ["m"]}]
+    wider["models"] = [{"name": "m", "candidates": ["a", "b", "c", "d"]}]
+    f = Fleet(2, cfg=parse_config(base_config_dict(stats=stats), "old.yaml"))
+    f.routers[1] = Router(parse_config(wider, "new.yaml"))
+    f.syncs[1] = FleetSync(f.routers[1], "r1", 60.0, 3.0)
+    t = 1000.0
+    for k in range(10):
+        t = 1000.0 + 0.2 * k
+        for cluster in ("a", "d"):
+            f.routers[1].observe(Observation(cluster, SL, "ok", ttft_s=0.1), t)
+        f.cycle(t)
+    for k in range(25):  # replica 1 misses its renewals: its leases expire
+        f.cycle(t + 0.2 * (k + 1), only=[0])
+    assert {c for c, _ in f.routers[0].stats.narrow_keys()} == {"a"}
+    assert not any(rf.startswith("d\t") for rf in f.syncs[0].owned)
+    counters = f.syncs[0].counters
+    assert counters.foreign_records >= 1 and "no cluster 'd' here" in counters.last_foreign
+    rs = f.routers[0].stats.series("a", SL)
+    assert rs is not None and rs.count("ttft", t) == 10  # the clusters both know: shared

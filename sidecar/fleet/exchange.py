@@ -65,8 +65,16 @@ class SyncCounters:
     adopted_limits: int = 0
     last_bad: str = ""  # what the last one was and why, for the log and /state
     last_mismatch: str = ""  # the last peer not merged (mismatched_peers), and why
+    foreign_records: int = 0  # records of clusters this config lacks (at every read)
+    last_foreign: str = ""
 
     def skip(self, what: str, why: object) -> None:
         """A record another replica (or program) wrote could not be read: skipped."""
         self.bad_peer_records += 1
         self.last_bad = f"{what}: {str(why)[:200]}"
+
+    def foreign(self, what: str, cluster: str) -> None:
+        """A record of a cluster this replica's config lacks (a replica with another
+        config: a rollout in progress, or another fleet on the same prefix): skipped."""
+        self.foreign_records += 1
+        self.last_foreign = f"{what}: no cluster {cluster[:100]!r} here"

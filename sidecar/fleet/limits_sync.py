@@ -120,6 +120,8 @@ class LimitsSync:
                 self.counters.skip(f"{peer}'s {codec.LIMITS_FIELD}", exc)
                 continue
             for cluster, (limit, refused_ms) in limits.items():
+                if cluster not in self.router.config.cluster_names:
+                    continue  # another config's cluster (its statistics say so: foreign)
                 at = min(refused_ms / 1000.0 - self.wall_offset, now)
                 if refused_ms <= self._applied.get((peer, cluster), -1) or now - at >= HOLD_S:
                     continue

@@ -95,7 +95,7 @@ class FleetLink:
         self._answered = False
         self._skew_logged = False
         self._bug_said = ""  # the unexpected error last logged with its traceback
-        self._skips_said = (0, 0)  # (unreadable, mismatched) when last said
+        self._skips_said = (0, 0, 0)  # (unreadable, mismatched, foreign) when last said
         self._skips_next = 0.0  # monotonic time before which no new line is said
 
     @classmethod
@@ -162,16 +162,21 @@ class FleetLink:
         every SKIPPED_SAY_S with how many since the last line. Before, they were only
         counted in memory: a fleet could lose a peer's evidence with no sign."""
         c = self.sync.counters
-        counts = (c.bad_peer_records, c.mismatched_peers)
+        counts = (c.bad_peer_records, c.mismatched_peers, c.foreign_records)
         if counts == self._skips_said or time.monotonic() < self._skips_next:
             return
-        bad, mismatched = (n - m for n, m in zip(counts, self._skips_said, strict=True))
+        bad, mismatched, foreign = (n - m for n, m in zip(counts, self._skips_said,
+                                                          strict=True))
         if bad:
             log.warning("fleet: skipped %d unreadable record(s) in the store (last: %s); "
                         "the rest is shared", bad, c.last_bad)
         if mismatched:
             log.warning("fleet: not merging %d reading(s) of peers whose statistics do not "
                         "compare with this replica's (last: %s)", mismatched, c.last_mismatch)
+        if foreign:
+            log.warning("fleet: skipped %d record(s) of clusters this config lacks (last: "
+                        "%s); replicas with another config share the fleet.key_prefix "
+                        "(expected while a config change rolls out)", foreign, c.last_foreign)
         self._skips_said, self._skips_next = counts, time.monotonic() + SKIPPED_SAY_S
 
     def _record(self, events: list[TransitionEvent]) -> None:
@@ -249,7 +254,9 @@ class FleetLink:
             "skipped": {"unreadable": self.sync.counters.bad_peer_records,
                         "last_unreadable": self.sync.counters.last_bad or None,
                         "mismatched": self.sync.counters.mismatched_peers,
-                        "last_mismatched": self.sync.counters.last_mismatch or None},
+                        "last_mismatched": self.sync.counters.last_mismatch or None,
+                        "foreign": self.sync.counters.foreign_records,
+                        "last_foreign": self.sync.counters.last_foreign or None},
         }
 
     # ------------------------------------------------------------ lifecycle

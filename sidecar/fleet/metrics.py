@@ -46,7 +46,9 @@ class FleetCollector(Collector):
                     link.last_cycle_s)
         c = link.sync.counters
         yield counter("tailroute_fleet_skipped_records",
-                      "Peer records read and skipped: unreadable, or statistics that do not "
-                      "compare with this replica's (mismatched)",
+                      "Peer records read and skipped: unreadable, statistics that do not "
+                      "compare with this replica's (mismatched), of clusters this config "
+                      "lacks (foreign)",
                       [(["unreadable"], c.bad_peer_records),
-                       (["mismatched"], c.mismatched_peers)], labels=["reason"])
+                       (["mismatched"], c.mismatched_peers),
+                       (["foreign"], c.foreign_records)], labels=["reason"])

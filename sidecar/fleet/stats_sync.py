@@ -157,6 +157,7 @@ class StatsSync:
     def merge(self, reply: Reply, rid: str, now: float) -> None:
         """Merge the growth of every matching peer's sub-windows; sum their loads."""
         mine = (self._sub_s, self.store.accuracy)
+        known = set(self.router.config.cluster_names)
         for peer, fields in reply.stats.items():
             if peer == rid:
                 continue
@@ -184,6 +185,11 @@ class StatsSync:
                     continue
                 try:
                     cluster, s, mid = codec.parse_stats_field(name)
+                    if cluster not in known:
+                        # Merged, it made a series (in /state, /metrics) of a cluster
+                        # this replica cannot route to, and a route to take the lease of.
+                        self.counters.foreign(f"{peer}'s field {name[:100]!r}", cluster)
+                        continue
                     data = codec.decode_sub(raw, self._local_index(mid), mine[1])
                 except ValueError as exc:
                     self.counters.skip(f"{peer}'s field {name[:100]!r}", exc)
@@ -203,12 +209,12 @@ class StatsSync:
                     mk = (cluster, *placed)
                     self._merged[mk] = codec.add(self._merged.get(mk), delta)
                     self.counters.merged_subwindows += 1
-        self._sum_peer_load(now, set(reply.stats))
+        self._sum_peer_load(now, set(reply.stats), known)
         # What a peer pushed is remembered until it leaves the window, even when the peer
         # or its fields vanish from the store (flushed, restarted): re-pushed contents
         # then merge only their growth, never twice.
 
-    def _sum_peer_load(self, now: float, fetched: set[str]) -> None:
+    def _sum_peer_load(self, now: float, fetched: set[str], known: set[str]) -> None:
         """Peers' in-flight counts, fresh ones only (a dead peer's last count must not
         block capacity until its statistics expire)."""
         fresh_ms = self.wall_ms(now) - 1000.0 * self.lease_ttl_s
@@ -218,8 +224,8 @@ class StatsSync:
             if peer not in fetched or wall_ms < fresh_ms:
                 del self._peer_load[peer]
                 continue
-            total.update(counts)
-            low.update(lows)
+            total.update({c: n for c, n in counts.items() if c in known})
+            low.update({c: n for c, n in lows.items() if c in known})
         self.router.peer_inflight = dict(total)
         # In place: admission holds this mapping (slots beyond capacity, Decision.low).
         self.router.peer_low.clear()

@@ -233,12 +233,16 @@ class FleetSync:
 
     def _decode_health(self, raw: dict[str, bytes]) -> dict[str, _Health]:
         out: dict[str, _Health] = {}
+        known = set(self.router.config.cluster_names)
         for rf, value in raw.items():
             try:
                 # A field that names no route would be asked for a lease and owned,
                 # and failed the next cycle's publishing (parse_route): every other
                 # cycle failed for as long as it stayed in the hash.
-                codec.parse_route(rf)
+                cluster, _ = codec.parse_route(rf)
+                if cluster not in known:  # else leased, owned and judged here, blind
+                    self.counters.foreign(f"health field {rf[:100]!r}", cluster)
+                    continue
                 out[rf] = codec.decode_health(value)
             except ValueError as exc:
                 self.counters.skip(f"health field {rf[:100]!r}", exc)
