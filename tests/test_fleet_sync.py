@@ -400,3 +400,26 @@ def test_an_escalated_route_healthy_again_here_is_followed_again() -> None:
     f.cycle(1002.0)
     assert ("a", CW) in f.syncs[follower].board.followed
     assert f.syncs[follower].board.escalated == {}
+
+
+def _quarantined_on_the_owner(f: Fleet) -> tuple[int, int]:
+    owner, follower = f.share_route()
+    _fail(f, owner, "a", 1000.0, status=429)  # soft failures: the owner's window verdict
+    f.cycle(1009.9)
+    f.tick(1010.01)
+    assert f.state(owner) == "quarantined"
+    return owner, follower
+
+
+def test_a_state_entered_as_its_push_failed_still_reaches_the_followers() -> None:
+    """The owner quarantines route a; its next push fails (a blip). Before, the
+    followers never learned of the quarantine (ten cycles later, and until the route's
+    next transition): the failed push had marked it published, and the republish after
+    the outage was spent while the owner owned nothing yet."""
+    f = Fleet(2)
+    owner, follower = _quarantined_on_the_owner(f)
+    f.syncs[owner].outgoing(1010.1)  # the push that carried the quarantine ...
+    f.syncs[owner].disconnected()  # ... failed
+    for k in range(3):
+        f.cycle(1010.2 + 0.1 * k)
+    assert f.state(follower) == "quarantined"

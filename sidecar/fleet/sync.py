@@ -129,6 +129,11 @@ class FleetSync:
         self.owned.clear()
         self._holders.clear()
         self._republish = True
+        # What this push offered may never have reached the store: every owned route's
+        # state is published again once it is owned again. Before, the next outgoing()
+        # found nothing owned (cleared above), spent the republish on nothing, and a
+        # quarantine entered as the push failed never reached the followers at all.
+        self._signature.clear()
 
     @property
     def followed(self) -> int:
