@@ -423,3 +423,29 @@ def test_a_state_entered_as_its_push_failed_still_reaches_the_followers() -> Non
     for k in range(3):
         f.cycle(1010.2 + 0.1 * k)
     assert f.state(follower) == "quarantined"
+
+
+def test_an_older_state_from_the_same_owner_is_not_adopted() -> None:
+    """The store comes back with older contents (an older snapshot, a lagging replica
+    promoted): the route's entry is the owner's quarantine, though the owner has
+    published it healthy since. Before, a follower that read it first flipped the route
+    back to quarantined (a transition logged, native weights republished) until the
+    owner's next push."""
+    from sidecar.core.fleet_share import adopt_route
+
+    f = Fleet(2)
+    owner, follower = _quarantined_on_the_owner(f)
+    f.cycle(1010.1)
+    f.cycle(1010.2)
+    assert f.state(follower) == "quarantined"
+    older = dict(f.store.health.fields)
+    adopt_route(f.routers[owner].board, "a", SL, {}, 1020.0, 1020.0, "test: recovered")
+    f.cycle(1020.1)
+    f.cycle(1020.2)
+    assert f.state(follower) == "healthy"
+    f.store.health.fields.update(older)  # the store is back with its older contents
+    for s in f.syncs:
+        s.disconnected()
+    seen = len(f.events[follower])
+    f.cycle(1021.0, only=[follower])  # the follower reads the older entry first
+    assert f.state(follower) == "healthy" and len(f.events[follower]) == seen

@@ -257,8 +257,15 @@ class FleetSync:
                reason: str) -> list[TransitionEvent]:
         owner, wall_ms, state = entry
         raw = codec.encode_health(owner, wall_ms, state)
-        if self._adopted.get(rf) == raw:
+        prev = self._adopted.get(rf)
+        if prev == raw:
             return []
+        if prev is not None:
+            prev_owner, prev_ms, _ = codec.decode_health(prev)
+            if prev_owner == owner and wall_ms < prev_ms:
+                # Older than what its owner published since: a store back with older
+                # contents (an older snapshot, a lagging replica promoted).
+                return []
         self._adopted[rf] = raw
         at = min(wall_ms / 1000.0 - self.wall_offset, now)
         before = self.board.peek(*route)
