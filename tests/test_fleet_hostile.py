@@ -401,3 +401,29 @@ def test_a_replica_with_another_config_shares_its_clusters_only_with_its_kind() 
     assert counters.foreign_records >= 1 and "no cluster 'd' here" in counters.last_foreign
     rs = f.routers[0].stats.series("a", SL)
     assert rs is not None and rs.count("ttft", t) == 10  # the clusters both know: shared
+
+
+def test_a_full_store_is_said_as_such(server: RedisServer,
+                                      caplog: pytest.LogCaptureFixture) -> None:
+    """Not "unreachable (command not allowed when used memory > 'maxmemory'.)": the
+    store answers and refuses writes; what to change."""
+    client = redis.Redis(port=server.port)
+    client.set("filler", b"x" * 2_000_000)
+    client.config_set("maxmemory", "1mb")
+    client.config_set("maxmemory-policy", "noeviction")
+    cfg = _redis_config(server.url)
+    caplog.set_level(logging.WARNING, logger="tailroute.fleet")
+
+    async def main() -> bool:
+        link = FleetLink(App.create(cfg), cfg.fleet, rid="r0")  # type: ignore[arg-type]
+        ok = await link.warm_start()
+        await link.close()
+        return ok
+
+    assert not asyncio.run(main())
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert said == [("ERROR", f"fleet store: the Redis at {server.url} is full (its used "
+                     "memory is over maxmemory) and refuses the fleet's writes; give it more "
+                     "memory, or an eviction policy for keys with a TTL (every fleet key has "
+                     "one: maxmemory-policy volatile-ttl, as deploy/ runs it); continuing on "
+                     "local state, retrying with backoff")], said

@@ -22,6 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 from redis.exceptions import (
     AuthenticationError,
     NoPermissionError,
+    OutOfMemoryError,
     ReadOnlyError,
     RedisError,
     ResponseError,
@@ -57,7 +58,7 @@ class WrongTypeError(ResponseError):
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    kind: str  # "unreachable", "replica", "auth", "permission", "foreign" or "config"
+    kind: str  # "unreachable", "replica", "auth", "permission", "foreign", "config", "full"
     level: int
     text: str
 
@@ -92,6 +93,12 @@ def describe(exc: BaseException, url: str, prefix: str) -> Problem:
                        f"fleet store: the Redis at {shown} answers, but the user of "
                        f"fleet.url {what}; grant what the fleet uses with "
                        f"'{acl_grant(prefix)}'")
+    if isinstance(exc, OutOfMemoryError):
+        return Problem("full", logging.ERROR,
+                       f"fleet store: the Redis at {shown} is full (its used memory is over "
+                       "maxmemory) and refuses the fleet's writes; give it more memory, or an "
+                       "eviction policy for keys with a TTL (every fleet key has one: "
+                       "maxmemory-policy volatile-ttl, as deploy/ runs it)")
     if said.startswith("DB index is out of range"):
         return Problem("config", logging.ERROR,
                        f"fleet store: the Redis at {shown} has no such database (fleet.url's "
