@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
+import signal
+import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -427,3 +431,69 @@ def test_a_full_store_is_said_as_such(server: RedisServer,
                      "memory, or an eviction policy for keys with a TTL (every fleet key has "
                      "one: maxmemory-policy volatile-ttl, as deploy/ runs it); continuing on "
                      "local state, retrying with backoff")], said
+
+
+@pytest.fixture
+def tls_server(redis_tool: None, tmp_path: Path) -> Iterator[tuple[int, int, Path]]:
+    """A redis-server with a TLS port and a plain one: (tls port, plain port, CA file).
+    Stopped by its PID."""
+    from sidecar.devtools.harness import free_port
+    from sidecar.devtools.redis_server import redis_binary
+    from tests.certs import make_pki
+
+    pki = make_pki(tmp_path / "pki")
+    tls, plain = free_port(), free_port()
+    argv = [str(redis_binary()), "--port", str(plain), "--tls-port", str(tls), "--bind",
+            "127.0.0.1", "--tls-cert-file", str(pki.server_cert), "--tls-key-file",
+            str(pki.server_key), "--tls-ca-cert-file", str(pki.ca), "--tls-auth-clients",
+            "no", "--save", "",
+            "--appendonly", "no", "--dir", str(tmp_path)]
+    with open(tmp_path / "redis.log", "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10.0
+        while not _answers(plain):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.skip(f"redis-server without TLS here: "
+                            f"{(tmp_path / 'redis.log').read_text()[-300:]}")
+            time.sleep(0.05)
+        yield tls, plain, pki.ca
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+
+
+def _answers(port: int) -> bool:
+    try:
+        return bool(redis.Redis(port=port, socket_timeout=0.5).ping())
+    except redis.RedisError:
+        return False
+
+
+def test_a_tls_mismatch_says_which_way(tls_server: tuple[int, int, Path]) -> None:
+    """Before: 'unreachable (... Connection reset by peer)', 'unreachable
+    (TimeoutError)' and a bare verify failure, none naming what to change."""
+    tls, plain, ca = tls_server
+
+    async def problem(url: str) -> str:
+        cfg = _redis_config(url)
+        link = FleetLink(App.create(cfg), cfg.fleet, rid="r0")  # type: ignore[arg-type]
+        ok = await link.warm_start()
+        await link.close()
+        return "ok" if ok else str(link.state(0.0)["problem"])
+
+    async def main() -> list[str]:
+        return [await problem(f"redis://127.0.0.1:{tls}/0"),
+                await problem(f"rediss://127.0.0.1:{plain}/0"),
+                await problem(f"rediss://127.0.0.1:{tls}/0"),
+                await problem(f"rediss://127.0.0.1:{tls}/0?ssl_ca_certs={ca}")]
+
+    got = asyncio.run(main())
+    assert got[0].endswith("; fleet.url is redis:// (no TLS): if that port wants TLS, use "
+                           "rediss://"), got[0]
+    assert got[1].endswith("; fleet.url is rediss:// (TLS): if that port does not speak TLS, "
+                           "use redis://"), got[1]
+    assert got[2].endswith("; fleet.url needs the CA that signed the server's certificate: "
+                           "?ssl_ca_certs=/path/ca.pem"), got[2]
+    assert got[3] == "ok"

@@ -109,7 +109,24 @@ def describe(exc: BaseException, url: str, prefix: str) -> Problem:
                        "reconnecting at every retry, so a name that now points at the new "
                        "primary is followed")
     return Problem("unreachable", logging.WARNING,
-                   f"fleet store {shown} unreachable ({_short(said) or type(exc).__name__})")
+                   f"fleet store {shown} unreachable ({_short(said) or type(exc).__name__})"
+                   f"{_tls_hint(url, exc)}")
+
+
+def _tls_hint(url: str, exc: BaseException) -> str:
+    """What a TLS mismatch looks like from here, said (measured against a redis-server
+    with a TLS port and a plain one): a plain client meets a reset, a TLS client a
+    plain server's silence (a timeout), and an unknown CA a verify failure."""
+    said, tls = str(exc), url.lower().startswith("rediss:")
+    if "CERTIFICATE_VERIFY_FAILED" in said:
+        return ("; fleet.url needs the CA that signed the server's certificate: "
+                "?ssl_ca_certs=/path/ca.pem")
+    if tls and (isinstance(exc, TimeoutError) or "WRONG_VERSION_NUMBER" in said.upper()):
+        return "; fleet.url is rediss:// (TLS): if that port does not speak TLS, use redis://"
+    if not tls and url.lower().startswith("redis:") and (
+            "reset by peer" in said or "Connection closed by server" in said):
+        return "; fleet.url is redis:// (no TLS): if that port wants TLS, use rediss://"
+    return ""
 
 
 def client_problem(url: str) -> str | None:
