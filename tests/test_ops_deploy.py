@@ -222,6 +222,16 @@ def test_alert_rules_reference_exported_metrics() -> None:
         "TailrouteRouteQuarantined"]["expr"]
 
 
+def test_a_fleet_replica_on_its_own_or_skipping_records_alerts() -> None:
+    """A replica that lost its fleet store keeps serving on local state, so nothing else
+    shows it; nor records it skips. Before, no rule watched either."""
+    rules = [r for g in _load(DEPLOY / "prometheus" / "alerts.yaml")["groups"] for r in g["rules"]]
+    alerts = {r["alert"]: r for r in rules if "alert" in r}
+    assert "tailroute_fleet_store_up" in alerts["TailrouteFleetStoreDown"]["expr"]
+    assert "tailroute_fleet_skipped_records_total" in alerts[
+        "TailrouteFleetRecordsSkipped"]["expr"]
+
+
 def test_alert_rules_pass_promtool() -> None:
     promtool = need_tool("promtool")
     out = subprocess.run([promtool, "check", "rules", str(DEPLOY / "prometheus" / "alerts.yaml")],
