@@ -497,3 +497,63 @@ def test_a_tls_mismatch_says_which_way(tls_server: tuple[int, int, Path]) -> Non
     assert got[2].endswith("; fleet.url needs the CA that signed the server's certificate: "
                            "?ssl_ca_certs=/path/ca.pem"), got[2]
     assert got[3] == "ok"
+
+
+def test_a_host_clock_stepped_after_start_is_shown_not_warned_of(
+    server: RedisServer, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The replica shares by the clock it took at start; a later step of the host's
+    clock (NTP, an operator) does not move it, so what it shares stays placed right.
+    Before, the skew was measured on the host's clock and said the replica's evidence
+    was 'misplaced by as much' when it was not."""
+    cfg = _redis_config(server.url)
+    caplog.set_level(logging.WARNING, logger="tailroute.fleet")
+    real = time.time
+    step = [0.0]
+
+    async def main() -> dict[str, Any]:
+        link = FleetLink(App.create(cfg), cfg.fleet, rid="r0",  # type: ignore[arg-type]
+                         wall=lambda: real() + step[0])
+        assert await link.warm_start()
+        step[0] = 300.0  # the host's clock jumps ahead
+        await link.cycle()
+        state = link.state(0.0)
+        await link.close()
+        return state
+
+    state = asyncio.run(main())
+    assert abs(state["clock_skew_s"] + 300.0) < 1.0 and state["on_store_clock"] is False
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+
+
+def test_a_replica_that_placed_evidence_before_the_store_answered_keeps_its_clock(
+    server: RedisServer, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Its sub-windows were named by its clock already: it keeps it (no double
+    naming), and says once that what it shares is misplaced."""
+    cfg = _redis_config(server.url)
+    caplog.set_level(logging.WARNING, logger="tailroute.fleet")
+    real = time.time
+
+    async def main() -> dict[str, Any]:
+        app = App.create(cfg)
+        link = FleetLink(app, cfg.fleet, rid="r0",  # type: ignore[arg-type]
+                         wall=lambda: real() + 300.0)
+        server.kill()
+        app.router.observe(Observation("a", SL, "ok", ttft_s=0.1),
+                           asyncio.get_running_loop().time())
+        assert not await link._attempt()  # offered (and lost) by the host's clock
+        server.start()
+        for _ in range(3):
+            assert await link._attempt()
+        state = link.state(0.0)
+        await link.close()
+        return state
+
+    state = asyncio.run(main())
+    assert state["on_store_clock"] is False
+    said = [r.getMessage() for r in caplog.records if "clock" in r.getMessage()]
+    assert said == ["fleet: the clock this replica shares by (this host's at its start) is "
+                    "300.0 s ahead of the fleet store's; what it shares is misplaced by as "
+                    "much (evidence older than the statistics window is dropped): fix the "
+                    "host's clock (NTP) and restart"], said

@@ -123,24 +123,28 @@ class FleetLink:
             raise
         # Processed below: the next cycle acknowledges this take and starts another.
         self._acked, self._take_gen = self._take_gen, self._take_gen + 1
-        self._clock(reply.server_ms, (w0 + self._wall()) / 2.0)
         now = loop.time()
+        self._clock(reply.server_ms, (w0 + self._wall()) / 2.0,
+                    (t0 + now) / 2.0 + self.sync.wall_offset)
         self._record(self.sync.incoming(reply, now))
         self._say_skipped()
         self.app.check_holds()  # a peer's declared wait or quota backoff: native publishes now
         self.app.settled_elsewhere([r.decode(errors="replace") for r in reply.entries], now)
         self.last_cycle_s = now - t0
 
-    def _clock(self, server_ms: float | None, wall: float) -> None:
-        """How far this host's clock is from the store's. Replicas place what they share
-        (sub-windows, in-flight counts, limits, states) by the wall clock: one host off
+    def _clock(self, server_ms: float | None, wall: float, shared: float) -> None:
+        """How far this host's clock (``wall``), and the clock this replica shares by
+        (``shared``: fixed at start), are from the store's. Replicas place what they
+        share (sub-windows, in-flight counts, limits, states) by the latter: one host off
         by minutes had its peers' evidence dropped as older than the window, and its own
         dropped by them. So at the store's first answer, before anything was placed, a
-        host clock off by SKEW_WARN_S or more is replaced by the store's; either way it
-        is said once, and shown in /state."""
+        sharing clock off by SKEW_WARN_S or more is replaced by the store's; either way
+        it is said once, and the host's skew shown in /state. (A host clock stepped later
+        moves ``wall`` only: what is shared stays placed right, and is not warned of.)"""
         if server_ms is None:  # a store without a clock (the policy lab's)
             return
-        self.clock_skew_s = skew = server_ms / 1000.0 - wall
+        self.clock_skew_s = server_ms / 1000.0 - wall
+        skew = server_ms / 1000.0 - shared
         first, self._answered = not self._answered, True
         if abs(skew) < SKEW_WARN_S:
             self._skew_logged = self._skew_logged and abs(skew) >= SKEW_WARN_S / 2
@@ -151,14 +155,16 @@ class FleetLink:
                         "on the store's clock instead (fix the host's clock: NTP)",
                         abs(skew), "behind" if skew > 0 else "ahead of")
         elif not self._skew_logged:
-            log.warning("fleet: this host's clock is %.1f s %s the fleet store's; what it "
-                        "shares is misplaced by as much (evidence older than the statistics "
-                        "window is dropped): fix the host's clock (NTP) and restart",
+            log.warning("fleet: the clock this replica shares by (this host's at its start) "
+                        "is %.1f s %s the fleet store's; what it shares is misplaced by as "
+                        "much (evidence older than the statistics window is dropped): fix "
+                        "the host's clock (NTP) and restart",
                         abs(skew), "behind" if skew > 0 else "ahead of")
         self._skew_logged = True
 
     def _say_skipped(self) -> None:
-        """Records the sync skipped (unreadable; peers not comparable), said at most
+        """Records the sync skipped (unreadable, peers not comparable, clusters this
+        config lacks), said at most
         every SKIPPED_SAY_S with how many since the last line. Before, they were only
         counted in memory: a fleet could lose a peer's evidence with no sign."""
         c = self.sync.counters
