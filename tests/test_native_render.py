@@ -73,6 +73,23 @@ def test_slice_routes_never_render_all_zero_and_respect_region_policy() -> None:
     assert routes[-1]["name"] == "tailroute_default"
 
 
+@pytest.mark.parametrize("mode", ["native", "hybrid"])
+def test_slice_routes_bound_a_streams_silence_not_its_length(mode: str) -> None:
+    """The class timeout (interactive 30 s, agentic 60 s, batch 300 s by default) is an
+    unstreamed answer's route timeout; a streaming slice has none (a steady answer
+    longer than it was cut mid-stream), only the idle timeout at the class timeout.
+    tests/test_integration_native_timeouts.py checks both on the real Envoy."""
+    cfg = _cfg(mode=mode)
+    routes = _hcm(render_native_bootstrap(cfg))["route_config"]["virtual_hosts"][0]["routes"]
+    by_class = {c.name: f"{c.slo.timeout_ms // 1000}s" for c in cfg.classes}
+    sliced = [r for r in routes if "weighted_clusters" in r["route"]]
+    assert {r["name"].split("/")[1].split(".")[-1] for r in sliced} == {"stream", "unary"}
+    for r in sliced:
+        klass, streaming = r["name"].split("/")[1].split(".")[1], ".stream/" in r["name"]
+        assert r["route"]["idle_timeout"] == by_class[klass], r["name"]
+        assert r["route"]["timeout"] == ("0s" if streaming else by_class[klass]), r["name"]
+
+
 def test_native_has_no_ext_proc_and_hybrid_skips_it_for_native_requests() -> None:
     native = [f["name"] for f in _hcm(render_native_bootstrap(_cfg(mode="native")))[
         "http_filters"]]

@@ -25,7 +25,8 @@ sidecar's gRPC cluster, the default route) and changes what picks the cluster:
   sidecar publishes the real weights as runtime keys over RTDS
   (:mod:`sidecar.shell.rtds`). Before the first publication, and after an
   Envoy restart while the sidecar is down, the static equal split applies.
-  The route timeout is the class's ``slo.timeout_ms``.
+  The class's ``slo.timeout_ms`` bounds an unstreamed answer (route timeout) and a
+  stream's silences (route idle timeout, no total: its length is the client's).
 * ``layered_runtime``: the RTDS layer ``tailroute_weights`` from the sidecar's
   gRPC cluster (a dropped stream keeps the last layer; reconnects with a short
   back-off), then an admin layer so an operator can override a weight with
@@ -151,7 +152,13 @@ def slice_route(config: Config, s: SliceKey,
     cands = route_candidates(config, model)
     static = [{"name": c, "weight": max(WEIGHT_SCALE // len(cands), 1)} for c in cands]
     timeout = ec.duration(klass.slo.timeout_ms / 1000)
-    common = {**common, "timeout": timeout, "idle_timeout": timeout}
+    # A stream's length is the client's max_tokens, not the provider's health: Envoy's
+    # route timeout covers the whole response, so a steady answer longer than it was
+    # cut mid-stream (200, no [DONE]) and read as a hard failure, and three such ejected
+    # a healthy cluster. A streaming slice bounds only the silence (before the first
+    # byte and between events) by the class timeout; an unstreamed answer is all silence.
+    total = "0s" if s.streaming else timeout
+    common = {**common, "timeout": total, "idle_timeout": timeout}
     routes = []
     klass_match = _class_match(config, s)
     for profile, out_cap, in_bytes, with_length in _profile_variants():

@@ -1,0 +1,95 @@
+"""Native mode on the real Envoy 1.40: what the class timeout cuts on a slice route.
+
+A class's ``slo.timeout_ms`` bounds an unstreamed answer and a stream's silences
+(before the first byte, between events), never the length of a steady stream: that
+is the client's ``max_tokens``. Each model here has one provider, so the route is
+certain: ``long`` streams steadily for about twice the class timeout, ``silent``
+never sends a first token within it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from sidecar.devtools.harness import Stack, http_json
+
+pytestmark = pytest.mark.envoy
+
+TIMEOUT_MS = 2_000
+TOKENS = 200  # at 20 ms each: a stream of about 4 s, twice the class timeout
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    with Stack() as st:
+        long = st.start_provider("long", "20", "20", extra=["--max-tokens", str(TOKENS)])
+        silent = st.start_provider("silent", "60000", "20")
+        st.start_sidecar(st.write_config({
+            "clusters": [{"name": "long", "address": f"127.0.0.1:{long}", "models": ["m-long"]},
+                         {"name": "silent", "address": f"127.0.0.1:{silent}",
+                          "models": ["m-silent"]}],
+            "models": [{"name": "m-long", "candidates": ["long"]},
+                       {"name": "m-silent", "candidates": ["silent"]}],
+            "classes": {"interactive": {"slo": {"metric": "ttft", "percentile": 95,
+                                                "budget_ms": 1_000,
+                                                "timeout_ms": TIMEOUT_MS}}},
+            "routing": {"mode": "native", "publish_interval_s": 0.5},
+        }))
+        st.start_envoy()
+        yield st
+
+
+def _stream(st: Stack, model: str, stream: bool = True) -> tuple[int, bytes, str | None]:
+    """One request through Envoy, read to its end (or to the connection's end)."""
+    body = json.dumps({"model": model, "stream": stream, "max_tokens": TOKENS,
+                       "messages": [{"role": "user", "content": "hi"}]})
+    conn = http.client.HTTPConnection("127.0.0.1", st.ports["envoy"], timeout=30)
+    try:
+        conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+        r = conn.getresponse()
+        data = b""
+        try:
+            while chunk := r.read1(65536):
+                data += chunk
+        except http.client.IncompleteRead as exc:  # the stream was cut
+            data += exc.partial
+        return r.status, data, r.getheader("x-fake-provider")
+    finally:
+        conn.close()
+
+
+def test_a_stream_longer_than_the_class_timeout_is_not_cut_nor_held_against_its_cluster(
+    stack: Stack,
+) -> None:
+    # Three at once: before, each was cut at the route timeout (200, no [DONE]) and
+    # the sidecar read the three as a run of hard failures and quarantined the route.
+    got: list[tuple[int, bytes, str | None]] = []
+    threads = [threading.Thread(target=lambda: got.append(_stream(stack, "m-long")))
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(got) == 3
+    for status, data, who in got:
+        assert (status, who) == (200, "long")
+        assert data.rstrip().endswith(b"data: [DONE]"), data[-200:]
+    state = stack.sidecar_state()
+    assert not [t for t in state["transitions"] if t["cluster"] == "long"], state["transitions"]
+
+
+def test_a_silent_provider_is_still_cut_by_the_class_timeout(stack: Stack) -> None:
+    for stream in (True, False):
+        status, data, _ = _stream(stack, "m-silent", stream)  # would answer after 60 s
+        assert b"[DONE]" not in data and b"choices" not in data, (status, data[:200])
+    stats: Any = http_json(f"http://127.0.0.1:{stack.ports['envoy_admin']}/stats?format=json")
+    counters = {s["name"]: s.get("value") for s in stats["stats"] if "name" in s}
+    # the stream by the route's idle timeout, the unstreamed answer by its route timeout
+    assert counters.get("http.tailroute.downstream_rq_idle_timeout", 0) >= 1, counters
+    assert counters.get("cluster.silent.upstream_rq_timeout", 0) >= 1, counters
