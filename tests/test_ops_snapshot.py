@@ -7,8 +7,12 @@ import copy
 import json
 import logging
 import math
+import os
 import signal
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -265,6 +269,53 @@ def test_write_is_atomic_and_leaves_no_temp_files(tmp_path: Path) -> None:
     snapshot.save(old, path, now + 1)
     assert [p.name for p in path.parent.iterdir()] == ["snap.json"]
     assert json.loads(path.read_text())["version"] == snapshot.VERSION
+
+
+_DIES_AT_RENAME = """
+import os, signal, sys
+os.replace = lambda src, dst: os.kill(os.getpid(), signal.SIGKILL)
+from sidecar.cli import main
+sys.argv[0] = "tailroute"
+main()
+"""
+
+
+def test_a_writer_killed_before_its_rename_leaves_a_temp_file_the_next_start_removes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A real `tailroute serve` SIGKILLed between writing its snapshot's temp file and
+    renaming it, twice: each left `.snap.json.<pid>.tmp`, which no later start removed
+    (a crash loop filled the directory). The next load removes the dead writers'
+    files and keeps a live writer's (this process's) and any it cannot read a pid from."""
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text(json.dumps(base_config_dict()))
+    path = tmp_path / "snap.json"
+    busy, now = _busy_router(_config())
+    snapshot.save(busy, path, now, wall=time.time())
+    for _ in range(2):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _DIES_AT_RENAME, "serve", "--config", str(cfg),
+             "--grpc", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--snapshot", str(path),
+             "--snapshot-every", "0.1"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        try:
+            assert proc.wait(timeout=60) == -signal.SIGKILL
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        # Each start removes what the one before it left: the last crash's file only.
+        left = sorted(p.name for p in tmp_path.glob(".snap.json.*.tmp"))
+        assert left == [f".snap.json.{proc.pid}.tmp"], left
+    mine = tmp_path / f".snap.json.{os.getpid()}.tmp"
+    other = tmp_path / ".snap.json.x.tmp"
+    mine.write_text("{}")
+    other.write_text("{}")
+    with caplog.at_level(logging.INFO, logger="tailroute.snapshot"):
+        assert snapshot.load(Router(_config()), path, now)  # the snapshot is still good
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["snap.json", "t.yaml", mine.name, other.name])
+    assert any("removed 1 temp file(s)" in r.getMessage() for r in caplog.records)
 
 
 # ------------------------------------------------------------------ process level

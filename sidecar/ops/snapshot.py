@@ -27,11 +27,13 @@ cooldown keeps running while the sidecar is down.
 
 A missing, stale, future-dated or corrupt snapshot is logged in one line and
 ignored; loading never raises. Writing is atomic (temp file + rename), so a
-crash mid-write leaves the previous snapshot intact.
+crash mid-write leaves the previous snapshot intact; the temp file a crash left
+behind is removed at the next start.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -201,12 +203,50 @@ def _pushback(raw: Any, known: set[str], at: float) -> dict[str, tuple[float, fl
     return out
 
 
+def sweep_temps(path: str | Path) -> list[Path]:
+    """Remove the temp files of :func:`write_text_atomic` next to ``path`` whose writer
+    is dead; returns them. A writer killed between its write and its rename left
+    ``.<name>.<pid>.tmp`` behind, and each restart has another pid, so a crash loop
+    filled the directory with copies of the snapshot. A live writer's file (this
+    process, a sibling worker) stays; so does any file this cannot judge."""
+    p = Path(path)
+    removed: list[Path] = []
+    try:
+        found = list(p.parent.glob(f".{p.name}.*.tmp"))
+    except OSError:
+        return removed
+    for tmp in found:
+        pid = tmp.name[len(p.name) + 2:-len(".tmp")]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        with contextlib.suppress(OSError):  # gone already, or not ours to remove
+            tmp.unlink()
+            removed.append(tmp)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process (EPERM), or a pid beyond the range
+        return True
+    return True
+
+
 def load(router: Router, path: str | Path, now: float, wall: float | None = None) -> bool:
     """Warm-start ``router`` from ``path``; logs one line and returns False if unusable.
 
     Never raises: a sidecar that cannot read its snapshot must still start (cold).
+    A dead writer's temp files next to it are removed first (:func:`sweep_temps`).
     """
     p = Path(path)
+    if swept := sweep_temps(p):
+        log.info("removed %d temp file(s) of an interrupted snapshot write: %s",
+                 len(swept), ", ".join(t.name for t in swept[:3]))
     try:
         raw = p.read_bytes()
     except FileNotFoundError:
