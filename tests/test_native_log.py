@@ -316,3 +316,41 @@ def test_the_native_default_route_is_no_sidecar_fail_open(e: al.HTTPAccessLogEnt
     assert ("failopen:native_default" in counters) == (kind == "native_default")
     assert "failopen:envoy" not in counters
     assert side.app.envoy_view(10.0)["native_default"] == envoy["native_default"]
+
+
+@pytest.mark.parametrize("shortcut", [True, False])
+def test_a_slice_route_sending_to_a_cluster_the_config_does_not_route_is_misrouted(
+        shortcut: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """The sidecar restarted with c dropped from the model's candidates (and zz gone),
+    Envoy not: its slice route still lists them, the layer no longer has their keys, so
+    Envoy gives them the bootstrap's equal weight (a real Envoy sent 47 of 150 requests
+    to the dropped cluster). Before, c's entries were learned as evidence about a route
+    the config does not have and zz's counted as `native_no_upstream`, without a word."""
+    import logging
+
+    cfg = parse_config({
+        "clusters": [{"name": n, "address": f"127.0.0.1:{9000 + i}", "models": ["m"]}
+                     for i, n in enumerate("abc")],
+        "models": [{"name": "m", "candidates": ["a", "b"]}],
+        "routing": {"mode": "native"},
+        "stats": {"subwindow_s": 5.0, "min_samples": 3},
+    }, "native.yaml")
+    app = App.create(cfg, seed=7)
+    native = NativeRouting(lambda: app.config, lambda: app.router)
+    feed = NativeFeed(app, native, OutcomeFeed(app))
+    service = AccessLogService(feed, app.envoy, feed.batch if shortcut else None)
+    msg = als_pb2.StreamAccessLogsMessage()
+    msg.http_logs.log_entry.extend([entry(cluster="c"), entry(cluster="zz"), entry(),
+                                    entry(cluster="c", status=503)])
+    with caplog.at_level(logging.WARNING, logger="tailroute"):
+        service.consume(msg, 10.0)
+    assert app.envoy["native"] == 4 and app.envoy["misrouted"] == 3
+    assert app.envoy["native_no_upstream"] == 0
+    assert {cluster for (cluster, _), _ in app.router.stats.items()} == {"a"}
+    native.load.roll(100.0)
+    assert {c for (_, c) in native.load.demand} <= {"a"}
+    assert not [t for t in app.router.transitions if t.cluster != "a"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "tailroute"]
+    assert any(m.startswith("native.yaml: models[0].candidates does not route model m to "
+                            "cluster c, but Envoy's route tailroute/") and "re-render" in m
+               for m in lines), lines

@@ -210,7 +210,8 @@ def _shell_families(shell: dict[str, int]) -> Iterator[Metric]:
         "before routing: 413, client gone mid-upload), not_routed, orphan, late (the "
         "entry of a request already counted lost), elsewhere (the entry of a request "
         "decided here, received by another fleet process and forwarded), misrouted (a "
-        "decided request Envoy sent to another cluster: its bootstrap lacks the route), "
+        "decided request Envoy sent to another cluster: its bootstrap lacks the route; or "
+        "a native slice route's request to a cluster the config does not route it to), "
         "native_default (native/hybrid: an LLM request no slice route matched)",
         [([kind], shell.get(f"envoy:{kind}", 0))
          for kind in ("decided", "fail_open", "unrouted", "not_routed", "orphan", "late",

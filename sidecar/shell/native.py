@@ -41,6 +41,7 @@ from sidecar.core.weights import (
     WEIGHT_SCALE,
     SliceWeights,
     refresh_weights_steps,
+    route_candidates,
 )
 from sidecar.core.window_load import WindowLoad, WindowView
 from sidecar.shell.bootstrap_native import route_slices
@@ -85,6 +86,7 @@ class NativeRouting:
         self._window: int | None = None  # evaluation window of the last full refresh
         self.counters: dict[str, int] = {"logged": 0, "probes": 0}
         self._routes: dict[str, SliceKey] = {}
+        self._routable: dict[str, frozenset[str]] = {}  # model -> its routes' clusters
         self._routes_of: Config | None = None
         self._wake: asyncio.Event | None = None  # set by wake(): a transition to publish
 
@@ -96,6 +98,7 @@ class NativeRouting:
         cfg = self._config()
         if cfg is not self._routes_of:
             self._routes, self._routes_of = route_slices(cfg), cfg
+            self._routable = {m.name: frozenset(route_candidates(cfg, m)) for m in cfg.models}
             self._window = None  # the next publication recomputes every slice
         return cfg
 
@@ -114,6 +117,14 @@ class NativeRouting:
     def slice_of_route(self, route_name: str) -> SliceKey | None:
         """The slice of a rendered slice route (None for any other route)."""
         return self.routes().get(route_name)
+
+    def routable(self, slice: SliceKey, cluster: str) -> bool:
+        """Does the live config render ``slice``'s route with ``cluster`` in it? An entry
+        of a slice route served elsewhere comes from an Envoy whose bootstrap was
+        rendered from another config (sidecar.shell.native_log)."""
+        if self._routes_of is not self._config():
+            _ = self.config
+        return cluster in self._routable.get(slice.model, ())
 
     def probes_of(self, slice: SliceKey) -> tuple[str, ...]:
         """The clusters that hold only the probe share of ``slice``'s published weights."""

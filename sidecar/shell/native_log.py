@@ -21,9 +21,9 @@ entry                                       path
 slice route, no tailroute decision (rid),   :meth:`NativeFeed.batch`: read straight from
 2xx, no response flag, no error field in    the wire entry -- the route name, the cluster
 the stream, not answered by tailroute,      and the one tag the native bootstrap logs
-known cluster, end time logged, one         (``envoy_contract.TAG_ENTRY``: status, flags,
-upstream attempt (Envoy did not retry)      durations, tokens, rid, stream error) --
-                                            with what cannot change within a batch
+a cluster the route lists in the live       (``envoy_contract.TAG_ENTRY``: status, flags,
+config, end time logged, one upstream       durations, tokens, rid, stream error) --
+attempt (Envoy did not retry)               with what cannot change within a batch
                                             (route -> slice, known
                                             clusters, first-token offsets, probe
                                             routes) looked up once per batch and route
@@ -43,6 +43,8 @@ any batches, against the record path fed every entry as one observation).
 
 from __future__ import annotations
 
+import logging
+
 from sidecar.core.envoy_log import (
     TAILROUTE_DETAILS_PREFIX,
     LogRecord,
@@ -57,6 +59,8 @@ from sidecar.shell.access_log import Sink, entry_tag, us_seconds
 from sidecar.shell.app import App
 from sidecar.shell.native import NativeRouting
 from sidecar.shell.outcomes import is_llm_request
+
+log = logging.getLogger("tailroute")  # a serving logger: throttled per call site
 
 
 class NativeFeed:
@@ -96,8 +100,11 @@ class NativeFeed:
         app.note_entry(rec)
         app.envoy["native"] += 1
         cluster = rec.upstream_cluster
-        if not app.config.has_cluster(cluster):
+        if not cluster:
             app.envoy["native_no_upstream"] += 1  # e.g. reset before a cluster was picked
+            return
+        if not self.native.routable(s, cluster):
+            self._misrouted(rec, s, cluster)
             return
         busy = rec.end_s if rec.end_s is not None else waited_s(rec)
         probe = self.native.on_logged(s, cluster, busy if busy is not None else rec.duration_s)
@@ -123,6 +130,22 @@ class NativeFeed:
                 # The weights give a route on trial its floor now, not at the next
                 # interval (sidecar.core.weights, step 3).
                 self.native.wake()
+
+    def _misrouted(self, rec: LogRecord, s: SliceKey, cluster: str) -> None:
+        """Envoy's slice route sent a request to a cluster the live config does not
+        route that slice to (not a candidate, or no cluster at all): Envoy runs a
+        bootstrap rendered from another config, e.g. the sidecar restarted with a
+        model's candidates changed and Envoy not. Its route still lists the cluster
+        and the layer no longer has its key, so Envoy gives it the bootstrap's equal
+        weight. Not evidence about any route the config knows; counted and warned."""
+        self.app.envoy["misrouted"] += 1
+        config = self.app.config
+        index = next((i for i, m in enumerate(config.models) if m.name == s.model), None)
+        field = "models" if index is None else f"models[{index}].candidates"
+        log.warning("%s: %s does not route model %s to cluster %s, but Envoy's route %s sent "
+                    "a request there: Envoy's bootstrap was rendered from another config; "
+                    "re-render it (tailroute envoy-config) and restart Envoy", config.source,
+                    field, s.model, cluster, rec.route_name)
 
     def batch(self, now: float) -> NativeBatch:
         """The handler for one batch received at ``now`` (:class:`NativeBatch`)."""
@@ -161,7 +184,7 @@ class NativeBatch:
         route_name, cluster = key
         s = self.routes.get(route_name)
         plan = None
-        if s is not None and self.config.has_cluster(cluster):
+        if s is not None and self.native.routable(s, cluster):
             offsets = self.app.offsets
             plan = _Route(s, cluster, cluster in self.native.probes_of(s),
                           offsets.offset(cluster, s), not offsets.blind(cluster, s))
