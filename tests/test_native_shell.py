@@ -43,6 +43,8 @@ def _w(a: int, b: int, probes: tuple[str, ...] = ()) -> dict[SliceKey, SliceWeig
     (_w(10000, 0), _w(9999, 1), True),  # a route coming back from zero always counts
     (_w(9500, 500), _w(9500, 500, ("b",)), True),  # probe status changed
     ({}, _w(5000, 5000), True),
+    # a stale cluster's key published at 0 (NativeRouting.note_served)
+    (_w(5000, 5000), {S: SliceWeights(S, (("a", 5000), ("b", 5000), ("old", 0)))}, True),
 ])
 def test_material_change(old: dict[SliceKey, SliceWeights],
                          new: dict[SliceKey, SliceWeights], material: bool) -> None:
@@ -99,6 +101,45 @@ def test_a_route_missing_its_budget_is_published_at_zero_and_counted_once() -> N
     later = 0.5 + cfg.health.live_horizon_s + 0.5
     native.on_logged(S, "a", 0.2)
     assert native.publish(later) and native.weights[S].weight("b") > 0
+
+
+def test_a_cluster_envoys_stale_route_serves_is_published_at_zero_when_safe() -> None:
+    """Envoy's bootstrap lists "old" for m (the sidecar restarted without it): with no
+    key for it, Envoy gives it the bootstrap's weight. Once its entries show it, its
+    key is published at 0 -- but only while a cluster Envoy is known to route (one it
+    served) keeps weight, else a route of only zeros would answer 404."""
+    cfg = _config()
+    router = Router(cfg)
+    native = NativeRouting(cfg, lambda: router)
+    assert native.publish(0.0, force=True)
+    key = runtime_key(S, "old")
+    native.note_served("m", "old", routable=False)  # not yet known Envoy routes a or b
+    assert native.publish(0.1) is False and key not in native.layer.values
+    native.note_served("m", "b", routable=True)
+    assert native.publish(0.2)  # the new key alone is a material change
+    assert native.layer.values[key] == 0
+    assert all(native.layer.values[runtime_key(s, "old")] == 0 for s in native.weights)
+    assert native.weights[S].total == native.weights[S].weight("a") + native.weights[S].weight(
+        "b") > 0
+    for _ in range(20):  # b quarantined: a, which Envoy never served, keeps it all
+        router.observe(Observation("b", S, "error", 500), 0.5)
+    router.tick(1.0)
+    native.publish(1.0, force=True)
+    assert native.weights[S].weight("b") == 0 and key not in native.layer.values
+    native.note_served("m", "a", routable=True)
+    reloaded = _config(publish_interval_s=0.5)  # the same routes: the 0 stays
+    native._config = lambda: reloaded
+    native.publish(3.0, force=True)
+    assert native.layer.values[key] == 0
+    other = parse_config({  # other routes: what Envoy's entries showed is forgotten
+        "clusters": [{"name": n, "address": f"127.0.0.1:{9000 + i}", "models": ["m"]}
+                     for i, n in enumerate("abc")],
+        "models": [{"name": "m", "candidates": ["a", "b", "c"]}],
+        "routing": {"mode": "native"}, "stats": {"subwindow_s": 1.0, "min_samples": 5},
+    }, "native.yaml")
+    native._config = lambda: other
+    native.publish(4.0, force=True)
+    assert not native.stale and not native.served and key not in native.layer.values
 
 
 def test_logged_requests_feed_load_and_mark_probes() -> None:

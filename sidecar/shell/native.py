@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from sidecar.core.config import Config
@@ -57,6 +58,8 @@ def material_change(old: dict[SliceKey, SliceWeights],
     """Would publishing ``new`` over ``old`` change routing noticeably?"""
     if old.keys() != new.keys():
         return True
+    if any(dict(old[s].weights).keys() != dict(sw.weights).keys() for s, sw in new.items()):
+        return True  # a key added or dropped: a stale cluster's 0 (NativeRouting.note_served)
     step = max(1, round(MIN_CHANGE * scale))
     for s, sw in new.items():
         before = old[s]
@@ -87,6 +90,10 @@ class NativeRouting:
         self.counters: dict[str, int] = {"logged": 0, "probes": 0}
         self._routes: dict[str, SliceKey] = {}
         self._routable: dict[str, frozenset[str]] = {}  # model -> its routes' clusters
+        # Clusters Envoy's slice routes serve per model, as its log entries show: the
+        # ones the config routes (served) and the ones it does not (stale).
+        self.served: dict[str, set[str]] = {}
+        self.stale: dict[str, set[str]] = {}
         self._routes_of: Config | None = None
         self._wake: asyncio.Event | None = None  # set by wake(): a transition to publish
 
@@ -98,7 +105,9 @@ class NativeRouting:
         cfg = self._config()
         if cfg is not self._routes_of:
             self._routes, self._routes_of = route_slices(cfg), cfg
-            self._routable = {m.name: frozenset(route_candidates(cfg, m)) for m in cfg.models}
+            routable = {m.name: frozenset(route_candidates(cfg, m)) for m in cfg.models}
+            if routable != self._routable:  # what Envoy's entries showed is about other routes
+                self._routable, self.served, self.stale = routable, {}, {}
             self._window = None  # the next publication recomputes every slice
         return cfg
 
@@ -125,6 +134,30 @@ class NativeRouting:
         if self._routes_of is not self._config():
             _ = self.config
         return cluster in self._routable.get(slice.model, ())
+
+    def note_served(self, model: str, cluster: str, routable: bool) -> None:
+        """Envoy's route of a slice of ``model`` sent a request to ``cluster``. A cluster
+        the config does not route the model to is new here: publish now (:meth:`wake`)
+        its weight 0, which that route then reads instead of its bootstrap weight."""
+        if not routable and cluster not in self.stale.get(model, ()):
+            self.stale.setdefault(model, set()).add(cluster)
+            self.wake()
+        elif routable:
+            self.served.setdefault(model, set()).add(cluster)
+
+    def _zero_stale(self, weights: dict[SliceKey, SliceWeights]) -> dict[SliceKey, SliceWeights]:
+        """``weights`` with weight 0 for every stale cluster of the slice's model -- only
+        where a cluster Envoy is known to route (it served one) keeps a positive weight:
+        Envoy answers 404 to a route whose clusters it knows all weigh 0, and one it
+        does not know (a new candidate) takes nothing from its route."""
+        for s, sw in weights.items():
+            stale, served = self.stale.get(s.model), self.served.get(s.model, ())
+            if not stale or not any(w > 0 and c in served for c, w in sw.weights):
+                continue
+            extra = tuple((c, 0) for c in sorted(stale) if c not in dict(sw.weights))
+            if extra:
+                weights[s] = replace(sw, weights=sw.weights + extra)
+        return weights
 
     def probes_of(self, slice: SliceKey) -> tuple[str, ...]:
         """The clusters that hold only the probe share of ``slice``'s published weights."""
@@ -171,6 +204,7 @@ class NativeRouting:
                                                self.load.demand, full, live=router.live)
         if self.layer.weights is not old:  # published meanwhile: do not undo a newer one
             return False
+        new = self._zero_stale(new)
         self.computed_at = now
         for s, sw in new.items():  # routes live misses kept out, per slice computed
             if sw.missing and sw is not old.get(s):

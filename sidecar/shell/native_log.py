@@ -103,7 +103,9 @@ class NativeFeed:
         if not cluster:
             app.envoy["native_no_upstream"] += 1  # e.g. reset before a cluster was picked
             return
-        if not self.native.routable(s, cluster):
+        routable = self.native.routable(s, cluster)
+        self.native.note_served(s.model, cluster, routable)
+        if not routable:
             self._misrouted(rec, s, cluster)
             return
         busy = rec.end_s if rec.end_s is not None else waited_s(rec)
@@ -137,7 +139,8 @@ class NativeFeed:
         bootstrap rendered from another config, e.g. the sidecar restarted with a
         model's candidates changed and Envoy not. Its route still lists the cluster
         and the layer no longer has its key, so Envoy gives it the bootstrap's equal
-        weight. Not evidence about any route the config knows; counted and warned."""
+        weight. Not evidence about any route the config knows; counted and warned,
+        and published at weight 0 where that is safe (NativeRouting.note_served)."""
         self.app.envoy["misrouted"] += 1
         config = self.app.config
         index = next((i for i, m in enumerate(config.models) if m.name == s.model), None)
@@ -185,6 +188,7 @@ class NativeBatch:
         s = self.routes.get(route_name)
         plan = None
         if s is not None and self.native.routable(s, cluster):
+            self.native.note_served(s.model, cluster, True)
             offsets = self.app.offsets
             plan = _Route(s, cluster, cluster in self.native.probes_of(s),
                           offsets.offset(cluster, s), not offsets.blind(cluster, s))
