@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sidecar.core.config import Config, parse_config
 from sidecar.core.health import HealthState
@@ -193,6 +195,11 @@ CORRUPT: dict[str, Callable[[dict[str, Any]], bytes]] = {
     # every tick after a "warm start", and the shutdown snapshot wrote it back).
     "NaN cooldown": lambda d: _route_field(d, "cooldown_until", math.nan),
     "infinite since": lambda d: _route_field(d, "since", math.inf),
+    # A null time the health machine reads: restored as a warm start, every tick died on
+    # it (exit 1), and the shutdown snapshot wrote it back: a restart loop.
+    "null last_evidence": lambda d: _route_field(d, "last_evidence", None),
+    "null since": lambda d: _route_field(d, "since", None),
+    "null healthy_since": lambda d: _route_field(d, "healthy_since", None),
     "negative offences": lambda d: _route_field(d, "offences", -2),
     "fail_rate above 1": lambda d: _route_field(d, "fail_rate", 3.0),
     "NaN history": lambda d: _route_field(d, "history", {"windows": 1, "watch": math.nan,
@@ -250,6 +257,44 @@ def test_unusable_snapshot_means_cold_start_and_one_log_line(
     assert len(lines) == 1 and lines[0].levelno == logging.WARNING
     msg = lines[0].getMessage()
     assert str(path) in msg and "ignored" in msg and "starting cold" in msg
+
+
+def _leaves(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    if isinstance(node, dict):
+        return [p for k, v in node.items() for p in _leaves(v, (*path, k))]
+    if isinstance(node, list):
+        return [p for i, v in enumerate(node) for p in _leaves(v, (*path, i))]
+    return [path]
+
+
+_BUSY, _BUSY_NOW = _busy_router(_config())
+_BUSY_DATA = snapshot.build(_BUSY, _BUSY_NOW, WALL)
+_ODD = [None, 0, -1, 0.5, 1e20, -1e20, 10**40, True, "x", "healthy", [], {}]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(_leaves(_BUSY_DATA)), st.sampled_from(_ODD)),
+                min_size=1, max_size=3))
+def test_a_snapshot_the_loader_takes_leaves_a_router_that_runs(
+        edits: list[tuple[tuple[Any, ...], Any]]) -> None:
+    """Whatever one value of a real snapshot becomes, the loader refuses the file or the
+    router it restored ticks, serves /state as JSON and snapshots again: a restored
+    value that crashed a tick restarted the sidecar onto the same file."""
+    data = copy.deepcopy(_BUSY_DATA)
+    for path, value in edits:
+        node = data
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = value
+    router = Router(_config())
+    try:
+        snapshot.restore(router, json.loads(json.dumps(data)), _BUSY_NOW + 1, wall=WALL + 1)
+    except Exception:  # load() turns any of these into a cold start
+        return
+    for i in range(4):
+        router.tick(_BUSY_NOW + 2 + 10 * i)
+    json.dumps(state_json(router, _BUSY_NOW + 50), allow_nan=False)
+    json.dumps(snapshot.build(router, _BUSY_NOW + 51, WALL + 60), allow_nan=False)
 
 
 def test_missing_snapshot_is_a_quiet_cold_start(

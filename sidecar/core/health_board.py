@@ -230,6 +230,7 @@ class HealthBoard:
 _PLAIN: Final = ("offences", "panic", "restore_base", "restore_from_circuit")
 _PLAIN_OPTIONAL: Final = ("relapses", "streak", "fail_rate")
 _TIMES: Final = ("since", "cooldown_until", "last_evidence", "healthy_since")  # snapshot as ages
+_NULLABLE: Final = ("cooldown_until",)  # the other times always hold one
 _TIMES_OPTIONAL: Final = ("restored_at", "streak_since")
 
 
@@ -288,6 +289,11 @@ def _load_route(h: RouteHealth, d: dict[str, Any], now: float) -> None:
     if not (0.0 <= h.restore_base <= 1.0 and 0.0 <= h.fail_rate <= 1.0):
         raise ValueError("restore_base and fail_rate must be shares in [0, 1]")
     for f in _TIMES:
+        # Only a cooldown may be absent: a null ``since`` or ``last_evidence`` was
+        # restored as a "warm start" and the first tick died on it (exit 1), and the
+        # shutdown snapshot wrote it back -- a restart loop.
+        if d[f] is None and f not in _NULLABLE:
+            raise ValueError(f"{f} is null")
         setattr(h, f, None if d[f] is None else now - _finite(d[f]))
     for f in _TIMES_OPTIONAL:
         if d.get(f) is not None:
