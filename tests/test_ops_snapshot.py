@@ -307,6 +307,29 @@ def test_missing_snapshot_is_a_quiet_cold_start(
     assert "no snapshot" in caplog.records[0].getMessage()
 
 
+def test_a_snapshot_path_that_is_no_regular_file_is_a_cold_start_not_a_hang(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A FIFO at the snapshot path: `tailroute serve` blocked reading it before its first
+    log line and never became ready (SIGTERM was all that ended it)."""
+    fifo = tmp_path / "snap.json"
+    os.mkfifo(fifo)
+    done: list[bool] = []
+    with caplog.at_level(logging.INFO, logger="tailroute.snapshot"):
+        reader = threading.Thread(target=lambda: done.append(
+            snapshot.load(Router(_config()), fifo, 0.0)), daemon=True)
+        reader.start()
+        reader.join(10)
+        if reader.is_alive():  # the old loader: give it an end of file, then fail
+            with open(fifo, "wb"):
+                pass
+            reader.join(10)
+            pytest.fail("loading a FIFO snapshot blocked")
+    assert done == [False]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"snapshot {fifo} ignored (not a regular file); starting cold"]
+
+
 def test_write_is_atomic_and_leaves_no_temp_files(tmp_path: Path) -> None:
     old, now = _busy_router(_config())
     path = tmp_path / "sub" / "snap.json"

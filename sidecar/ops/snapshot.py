@@ -38,6 +38,7 @@ import json
 import logging
 import math
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -248,6 +249,11 @@ def load(router: Router, path: str | Path, now: float, wall: float | None = None
         log.info("removed %d temp file(s) of an interrupted snapshot write: %s",
                  len(swept), ", ".join(t.name for t in swept[:3]))
     try:
+        if not stat.S_ISREG(p.stat().st_mode):
+            # A FIFO blocked the start for good (no log line, never ready); /dev/zero
+            # would be read until memory ran out. A directory fails to open anyway.
+            log.warning("snapshot %s ignored (not a regular file); starting cold", p)
+            return False
         raw = p.read_bytes()
     except FileNotFoundError:
         log.info("no snapshot at %s; starting cold", p)
