@@ -264,7 +264,9 @@ def load(router: Router, path: str | Path, now: float, wall: float | None = None
     try:
         data = json.loads(raw)
         summary = restore(router, data, now, wall)
-    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+    # JSONDecodeError is a ValueError. ArithmeticError: a number no writer writes (an
+    # integer beyond a float, an accuracy that divides by zero) met deep in restore.
+    except (ValueError, UnicodeDecodeError, ArithmeticError) as exc:
         log.warning("snapshot %s ignored (%s); starting cold", p, exc)
         return False
     except Exception as exc:  # a bug in a from_dict must not stop the sidecar starting
