@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import redis
 
-from sidecar.core.config import parse_config
+from sidecar.core.config import Config, parse_config
 from sidecar.core.router import Router
 from sidecar.core.types import Observation, RequestInfo
 from sidecar.devtools.redis_server import RedisServer
@@ -356,6 +356,17 @@ def _samples(r: Router, now: float) -> int:
     return 0 if rs is None else rs.count("ttft", now)
 
 
+def _warm_start(cfg: Config) -> bool:
+    """One replica's warm start against the configured store (then closed)."""
+    async def main() -> bool:
+        link = FleetLink(App.create(cfg), cfg.fleet, rid="r0")  # type: ignore[arg-type]
+        ok = await link.warm_start()
+        await link.close()
+        return ok
+
+    return asyncio.run(main())
+
+
 def test_a_database_the_server_lacks_is_said_as_such(
     server: RedisServer, caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -365,13 +376,7 @@ def test_a_database_the_server_lacks_is_said_as_such(
     cfg = _redis_config(url)
     caplog.set_level(logging.WARNING, logger="tailroute.fleet")
 
-    async def main() -> bool:
-        link = FleetLink(App.create(cfg), cfg.fleet, rid="r0")  # type: ignore[arg-type]
-        ok = await link.warm_start()
-        await link.close()
-        return ok
-
-    assert not asyncio.run(main())
+    assert not _warm_start(cfg)
     said = [(r.levelname, r.getMessage()) for r in caplog.records]
     assert said == [("ERROR", f"fleet store: the Redis at {url} has no such database "
                      "(fleet.url's /DB: a server has 'databases' of them, 16 unless "
@@ -418,13 +423,7 @@ def test_a_full_store_is_said_as_such(server: RedisServer,
     cfg = _redis_config(server.url)
     caplog.set_level(logging.WARNING, logger="tailroute.fleet")
 
-    async def main() -> bool:
-        link = FleetLink(App.create(cfg), cfg.fleet, rid="r0")  # type: ignore[arg-type]
-        ok = await link.warm_start()
-        await link.close()
-        return ok
-
-    assert not asyncio.run(main())
+    assert not _warm_start(cfg)
     said = [(r.levelname, r.getMessage()) for r in caplog.records]
     assert said == [("ERROR", f"fleet store: the Redis at {server.url} is full (its used "
                      "memory is over maxmemory) and refuses the fleet's writes; give it more "
