@@ -6,13 +6,12 @@ timeout. That is the caller's deadline, not a failing route: no route is ejected
 from __future__ import annotations
 
 import json
-import time
 
 import openai
 import pytest
 
 from sidecar.devtools.harness import Stack
-from tests.ops_stack import MODEL, PROVIDERS, start_stack
+from tests.ops_stack import MODEL, PROVIDERS, start_stack, wait_for
 
 pytestmark = pytest.mark.envoy
 
@@ -21,6 +20,12 @@ N = 12  # three routes; three timeouts in a row on one route used to quarantine 
 
 def _counters(stack: Stack) -> dict[str, int]:
     return {k: int(v) for k, v in stack.sidecar_state()["counters"].items()}
+
+
+def _all_judged(stack: Stack) -> dict[str, int] | None:
+    """The counters once all N requests have their outcome (a cancel or a timeout)."""
+    c = _counters(stack)
+    return c if c.get("outcome:cancel", 0) + c.get("outcome:timeout", 0) >= N else None
 
 
 def test_timeouts_at_the_callers_deadline_eject_no_route() -> None:
@@ -38,13 +43,8 @@ def test_timeouts_at_the_callers_deadline_eject_no_route() -> None:
                         max_tokens=2, extra_headers={"x-tailroute-deadline-ms": "200"})
                 assert info.value.status_code == 504
             # The entries reach the sidecar with Envoy's access-log flush: wait for all.
-            deadline = time.monotonic() + 60
-            while True:
-                c = _counters(stack)
-                if c.get("outcome:cancel", 0) + c.get("outcome:timeout", 0) >= N:
-                    break
-                assert time.monotonic() < deadline, c
-                time.sleep(0.05)
+            c = wait_for(lambda: _all_judged(stack), f"{N} outcomes of the held requests",
+                         timeout_s=60)
             state = stack.sidecar_state()
             assert c.get("outcome:timeout", 0) == 0, c
             assert state["transitions"] == [], json.dumps(state["transitions"])
