@@ -15,13 +15,12 @@ So the views are written as steps (:mod:`sidecar.core.steps`: generators that
 * :func:`~sidecar.shell.pausing.run_steps_async` gives the loop a turn at every
   pause point.
 
-A step reads the clock again after each pause (``clock()``): the router's series
-move forward with the loop's time while the view waits, and reading one at an
-earlier time than it has already seen would fold its sub-windows backwards. The
-view's ``now`` is the time it started. Between pauses the router may change (new
-routes, a reload replacing it): a view walks a list of the routes taken at its
-start and reads the router object it started with, so it never fails on that,
-and what it shows is each route as of its own step.
+A step reads the clock again after each pause (``clock()``), so each route is read
+at the time its slice is built (a series never folds backwards: ``RouteStats._sync``
+keeps its newest sub-window). The view's ``now`` is the time it started. Between
+pauses the router may change (new routes, a reload replacing it): a view walks a list
+of the routes taken at its start and reads the router object it started with, so it
+never fails on that, and what it shows is each route as of its own step.
 
 Encoding the finished view is done the same way. JSON (:func:`json_steps`): the
 long lists a slice at a time on the loop -- ``json.dumps`` is C code that keeps
