@@ -107,12 +107,28 @@ def fill(router: Router, conc: int) -> None:
             router.started(c)
 
 
+def unary(**kw: Any) -> RequestInfo:
+    return request(stream=False, slice=SliceKey("m", "interactive", "short", False), **kw)
+
+
 def test_timeout_is_the_remaining_budget() -> None:
+    """An unstreamed answer's whole-answer timeout is the class timeout, shortened by a
+    caller's deadline."""
     r = make_router()
-    assert r.decide(request(), 0.0, RNG).timeout_ms == 30000  # class timeout
-    d = r.decide(request(deadline_ms=1234.4), 0.0, RNG)
+    assert r.decide(unary(), 0.0, RNG).timeout_ms == 30000  # class timeout
+    d = r.decide(unary(deadline_ms=1234.4), 0.0, RNG)
     assert (d.admission, d.timeout_ms) == ("admit", 1235)
-    assert r.decide(request(deadline_ms=99999999), 0.0, RNG).timeout_ms == 30000
+    assert r.decide(unary(deadline_ms=99999999), 0.0, RNG).timeout_ms == 30000
+
+
+def test_a_streams_length_is_capped_only_by_a_callers_deadline() -> None:
+    """A stream's class timeout is its route's idle timeout (the longest silence), so
+    without a deadline nothing caps the whole answer; a deadline does, even one longer
+    than the class timeout (a steady 60 s answer within a 90 s deadline is not cut)."""
+    r = make_router()
+    assert r.decide(request(), 0.0, RNG).timeout_ms is None
+    assert r.decide(request(deadline_ms=1234.4), 0.0, RNG).timeout_ms == 1235
+    assert r.decide(request(deadline_ms=90000), 0.0, RNG).timeout_ms == 90000
 
 
 def test_optional_step_with_exhausted_budget_is_skipped() -> None:

@@ -27,11 +27,11 @@ def make_app(conc: int = 64) -> App:
     return App.create(parse_config(data, "t.yaml"), seed=1)
 
 
-def send(app: App, headers: dict[str, str], now: float = 0.0
+def send(app: App, headers: dict[str, str], now: float = 0.0, body: bytes | None = None,
          ) -> tuple[RouteStream, pb.ProcessingResponse | Hold | None]:
     s = RouteStream(app)
     s.on_message(headers_msg({**POST_CHAT, **headers}), now)
-    return s, s.on_message(body_msg(chat_request()), now)
+    return s, s.on_message(body_msg(chat_request() if body is None else body), now)
 
 
 def immediate_of(resp: object) -> tuple[int, dict[str, str], dict[str, object]]:
@@ -65,9 +65,17 @@ def test_admitted_request_carries_its_remaining_budget_as_upstream_timeout() -> 
     _, resp = send(app, {"x-tailroute-deadline-ms": "750"})
     assert isinstance(resp, pb.ProcessingResponse)
     assert set_headers(resp)["x-envoy-upstream-rq-timeout-ms"] == "750"
-    _, resp = send(app, {"x-tailroute-class": "batch"})
+    _, resp = send(app, {"x-tailroute-class": "batch"}, body=chat_request(stream=False))
     assert isinstance(resp, pb.ProcessingResponse)
     assert set_headers(resp)["x-envoy-upstream-rq-timeout-ms"] == "300000"
+    # A stream without a deadline: no whole-answer timeout (the route's idle timeout
+    # bounds its silences), so a steady answer longer than the class timeout is not cut.
+    _, resp = send(app, {"x-tailroute-class": "batch"})
+    assert isinstance(resp, pb.ProcessingResponse)
+    assert "x-envoy-upstream-rq-timeout-ms" not in set_headers(resp)
+    _, resp = send(app, {"x-tailroute-deadline-ms": "400000"})  # longer than the class's
+    assert isinstance(resp, pb.ProcessingResponse)
+    assert set_headers(resp)["x-envoy-upstream-rq-timeout-ms"] == "400000"
 
 
 def test_low_priority_under_overload_is_deferred_with_retry_after() -> None:

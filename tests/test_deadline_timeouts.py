@@ -5,6 +5,8 @@ timeout (x-envoy-upstream-rq-timeout-ms, from x-tailroute-deadline-ms) passes.""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sidecar.core.config import parse_config
 from sidecar.core.envoy_log import LogRecord, at_callers_deadline
 from sidecar.core.types import Observation, SliceKey
@@ -75,7 +77,15 @@ def test_only_envoys_own_timeout_at_a_shortened_budget_is_the_callers() -> None:
                       0.05, None, 0.05, None, censored=True)
     rec = LogRecord(status=504, flags=UT)
     assert at_callers_deadline(rec, obs, 50.0, 30000.0).outcome == "cancel"
-    assert at_callers_deadline(rec, obs, 30000.0, 30000.0) is obs  # the class's own
     assert at_callers_deadline(rec, obs, None, 30000.0) is obs
     upstream_504 = LogRecord(status=504)  # the provider's gateway timed out, not Envoy
     assert at_callers_deadline(upstream_504, obs, 50.0, 30000.0) is obs
+    # A stream's route has no whole-answer timeout: a per-request one is the caller's
+    # deadline even when longer than the class timeout; an idle timeout is the route's.
+    assert at_callers_deadline(rec, obs, 90000.0, 30000.0).outcome == "cancel"
+    idle = LogRecord(status=504, flags=frozenset({"stream_idle_timeout"}))
+    assert at_callers_deadline(idle, obs, 50.0, 30000.0) is obs
+    # An unstreamed answer's per-request timeout at the class timeout is the class's own.
+    unary = replace(obs, slice=SliceKey("m", "interactive", "short", False))
+    assert at_callers_deadline(rec, unary, 30000.0, 30000.0) is unary
+    assert at_callers_deadline(rec, unary, 50.0, 30000.0).outcome == "cancel"

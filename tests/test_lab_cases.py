@@ -31,8 +31,10 @@ def test_hard_outage_is_left_within_a_few_requests_and_restored_by_probing(rate:
     kinds = [(e.old, e.new) for e in router.transitions if e.cluster == "provider-b"]
     assert kinds[0] == ("healthy", "quarantined")
     assert ("probing", "restoring") in kinds and kinds[-1][1] == "healthy"
+    # Back in use once restored (at 20/s 17-23 % of 380-420 s with the class timeout a
+    # stream's whole-answer cap, 15-22 % since it caps only its silences).
     back, _ = share(trace, "provider-b", 380, 420)
-    assert back > 0.2, back
+    assert back > 0.15, back
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
@@ -283,9 +285,10 @@ def test_a_declared_quota_holds_the_route_for_its_wait_and_keeps_its_limit(
     1 and tailroute did 5x worse than round robin; a declared wait holds the route
     for that long instead (sidecar.core.pushback), and the quota is not counted
     against the route's health: no limit is learned, it takes little during a burst
-    (18 % at most in these seeds, 60 % before the first) and has its share back
-    between bursts (52 % at least), and the case costs under a third of round
-    robin's violations (28-53 against 156-186)."""
+    (19 % at most in these seeds, 60 % before the first) and has its share back
+    between bursts (43 % at least, in one gap of seed None; 49-68 % in the others),
+    and the case costs under a third of round robin's violations (27-32 against
+    129-142)."""
     ours, rr, sim = _against_round_robin("burst_429_retry_after.yaml", seed)
     assert ours < 0.35 * rr, (ours, rr)
     assert sim.policy.router.pushback.learned() == {}  # type: ignore[attr-defined]
@@ -293,7 +296,7 @@ def test_a_declared_quota_holds_the_route_for_its_wait_and_keeps_its_limit(
     bursts = [100 + 40 * k for k in range(15)]
     during = max(share(trace, "provider-a", t + 1, t + 7)[0] for t in bursts)
     between = min(share(trace, "provider-a", t + 15, t + 35)[0] for t in bursts)
-    assert during < 0.25 and between > 0.45, (during, between)
+    assert during < 0.25 and between > 0.4, (during, between)
 
 
 def _short_spike(live_horizon_s: float) -> tuple[int, int]:

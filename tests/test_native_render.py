@@ -78,7 +78,7 @@ def test_slice_routes_bound_a_streams_silence_not_its_length(mode: str) -> None:
     """The class timeout (interactive 30 s, agentic 60 s, batch 300 s by default) is an
     unstreamed answer's route timeout; a streaming slice has none (a steady answer
     longer than it was cut mid-stream), only the idle timeout at the class timeout.
-    tests/test_integration_native_timeouts.py checks both on the real Envoy."""
+    tests/test_integration_class_timeouts.py checks both on the real Envoy."""
     cfg = _cfg(mode=mode)
     routes = _hcm(render_native_bootstrap(cfg))["route_config"]["virtual_hosts"][0]["routes"]
     by_class = {c.name: f"{c.slo.timeout_ms // 1000}s" for c in cfg.classes}

@@ -42,10 +42,14 @@ def test_native_weights_change_only_at_publication() -> None:
 
 
 def test_native_draws_respect_the_class_timeout_and_never_queue() -> None:
+    """An unstreamed answer's slice route times it out at the class timeout; a stream's
+    has no whole-answer timeout (the engine bounds its first byte by the class's)."""
     sc = tiny_scenario()
     pol = TailrouteNative(PolicyContext(sc.config, {}))
-    d = pol.choose(make_attempt(sc, klass="batch"), 0.0, random.Random(1))
+    d = pol.choose(make_attempt(sc, klass="batch", stream=False), 0.0, random.Random(1))
     assert isinstance(d, Decision) and d.timeout_ms == 60000 and d.admission == "admit"
+    d = pol.choose(make_attempt(sc, klass="batch"), 0.0, random.Random(1))
+    assert isinstance(d, Decision) and d.timeout_ms is None and d.admission == "admit"
 
 
 def test_hybrid_decides_per_request_for_deadlines_only() -> None:

@@ -9,8 +9,11 @@ machine-readable reason and a note. The decision table itself is
 
 Definitions (ms; ``pXX`` are the route's e2e percentiles for the request's slice)::
 
-    remaining   = min(class slo.timeout_ms, x-tailroute-deadline-ms)   (timeout_ms if no deadline)
+    remaining   = min(class slo.timeout_ms, x-tailroute-deadline-ms)   unstreamed answer
+                = x-tailroute-deadline-ms (infinite without one)      stream: the class
+                  timeout bounds its silences (Envoy's route idle_timeout), not its length
     timeout     = max(1, ceil(remaining))       -> x-envoy-upstream-rq-timeout-ms
+                  (none for a stream without a deadline: nothing caps its whole length)
     usable(r)   = passed hard filters and health filters for this class (capacity aside)
     full(r)     = inflight(r) >= max_concurrency(r)
     over(r)     = violation(r) n(r) significantly above a n(r)   (a = 1 - percentile / 100;
@@ -73,9 +76,20 @@ _significant = functools.lru_cache(maxsize=1024)(significant)
 
 
 def remaining_ms(req: RequestInfo, klass: ClassConfig) -> float:
-    """What is left of the class timeout and the caller's deadline, in ms."""
+    """What is left for the whole answer, in ms: the caller's deadline and, for an
+    unstreamed answer, the class timeout. A stream's class timeout is its longest
+    silence (the route's ``idle_timeout``), never its length: a steady answer of
+    ``max_tokens`` may outlast it, so without a deadline nothing is left to count."""
+    if req.stream:
+        return math.inf if req.deadline_ms is None else req.deadline_ms
     t = klass.slo.timeout_ms
     return t if req.deadline_ms is None else min(t, req.deadline_ms)
+
+
+def whole_answer_timeout(left: float) -> float | None:
+    """The per-request upstream timeout for ``left`` ms (whole ms, at least 1; float
+    noise ignored), or None when nothing caps the whole answer."""
+    return None if math.isinf(left) else float(max(1, math.ceil(left - 1e-6)))
 
 
 def _ms(v: float | None) -> float | None:
@@ -111,7 +125,7 @@ class AdmissionControl:
         self.budget = RetryBudget(config.admission.retry_budget_ratio, 1.0)
         adm = config.admission
         self.pressure = PriorityPressure(adm.yield_hold_s, adm.yield_reserve, adm.yield_after_s)
-        self._plain: dict[tuple[str, float], Verdict] = {}  # the fast path's answers, reused
+        self._plain: dict[tuple[str, float | None], Verdict] = {}  # the fast path's answers, reused
         self.reconfigure(config)
 
     def reconfigure(self, config: Config) -> None:
@@ -286,7 +300,7 @@ class AdmissionControl:
         cfg = self.cfg
         self.queue.prune(now)
         left = remaining_ms(req, klass)
-        timeout = float(max(1, math.ceil(left - 1e-6)))  # whole ms; float noise ignored
+        timeout = whole_answer_timeout(left)
         seen = self.memory.lookup(req.request_id, now)
         waiter = self.queue.get(ticket)
         is_retry = req.retry_attempt > 0 or seen is not None

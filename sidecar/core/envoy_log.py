@@ -71,8 +71,9 @@ their TTFT/e2e are the time waited since ``t0`` (lower bounds) and the router
 decides whether a cancel is evidence.
 
 A timeout at the caller's own deadline is the caller's, not the route's
-(:func:`at_callers_deadline`): ``x-tailroute-deadline-ms`` below the class timeout
-becomes the request's upstream timeout, and Envoy's router answers 504 when it passes
+(:func:`at_callers_deadline`): ``x-tailroute-deadline-ms`` becomes the request's
+upstream timeout (an unstreamed answer's when below the class timeout; a stream's
+always, its route having none), and Envoy's router answers 504 when it passes
 (flag ``upstream_request_timeout``). Read as a route timeout, a hard failure, nine
 requests sent with ``x-tailroute-deadline-ms: 50`` to a sidecar without latency data
 yet (so none was refused as unreachable) quarantined two routes and restricted the
@@ -263,10 +264,14 @@ def observation_from_log(
 
 def at_callers_deadline(rec: LogRecord, obs: Observation, timeout_ms: float | None,
                         class_timeout_ms: float) -> Observation:
-    """``obs`` as a cancel if Envoy timed the request out at a per-request timeout shorter
-    than the class's (``timeout_ms``: the decision's, from the caller's deadline), else
-    ``obs`` (module docstring)."""
-    if (obs.outcome != "timeout" or timeout_ms is None or timeout_ms >= class_timeout_ms
-            or "upstream_request_timeout" not in rec.flags):
+    """``obs`` as a cancel if Envoy timed the request out at a per-request timeout from
+    the caller's deadline (``timeout_ms``, the decision's), else ``obs`` (module
+    docstring). An unstreamed answer's per-request timeout is the caller's when shorter
+    than the class's own; a stream's route has no whole-answer timeout at all (the
+    class timeout is its idle timeout, flag ``stream_idle_timeout``), so any per-request
+    one is the caller's."""
+    if (obs.outcome != "timeout" or timeout_ms is None
+            or "upstream_request_timeout" not in rec.flags
+            or (timeout_ms >= class_timeout_ms and not obs.slice.streaming)):
         return obs
     return obs.judged("cancel", obs.ttft_s, obs.e2e_s, censored=True)

@@ -56,6 +56,10 @@ log = logging.getLogger("tailroute")
 # A request whose routing stream never closed (Envoy crashed mid-request) is swept after
 # its timeout plus this.
 _PENDING_GRACE_S = 60.0
+# A stream without a caller's deadline has no whole-answer timeout (the class timeout
+# bounds its silences only), so its routing stream may stay open as long as the answer
+# streams: swept only after this (a longer stream is then counted lost).
+UNCAPPED_STREAM_S = 3600.0
 # After the request is over, how long its access-log entry may take to arrive.
 LOG_GRACE_S = 30.0
 # After the entry arrived, how long a sampled request's first-token timing may still come.
@@ -377,7 +381,9 @@ class App:
         self.give_up(p.rid, now)
         return False
 
-    def deadline_for(self, decision: Decision, now: float) -> float:
+    def deadline_for(self, decision: Decision, stream: bool, now: float) -> float:
+        if decision.timeout_ms is None and stream:
+            return now + UNCAPPED_STREAM_S + _PENDING_GRACE_S
         timeout_s = (decision.timeout_ms or 300_000) / 1000.0
         return now + timeout_s + _PENDING_GRACE_S
 

@@ -144,6 +144,13 @@ def _routes(config: Config) -> list[dict[str, Any]]:
     routes: list[dict[str, Any]] = []
     for cluster in config.cluster_names:
         for klass in config.classes:
+            # The class timeout is the route's idle timeout (the longest silence: before
+            # the first byte, between events), never a whole-answer timeout: a steady
+            # stream may outlast it (its length is the client's max_tokens), and cut
+            # mid-answer it read as the provider's hard failure. An unstreamed answer is
+            # all silence, so its idle timeout is its whole timeout; the sidecar also
+            # sends a caller's deadline (and, on the rich path, an unstreamed answer's
+            # class timeout) as x-envoy-upstream-rq-timeout-ms.
             timeout = ec.duration(klass.slo.timeout_ms / 1000.0)
             for sampled in (False, True):
                 key = ec.route_key(cluster, klass.name, sampled)
@@ -153,7 +160,7 @@ def _routes(config: Config) -> list[dict[str, Any]]:
                         "filter": ec.METADATA_NS, "path": [{"key": ec.ROUTE_KEY}],
                         "value": {"string_match": {"exact": key}},
                     }]},
-                    "route": {"cluster": cluster, "timeout": timeout, "idle_timeout": timeout},
+                    "route": {"cluster": cluster, "timeout": "0s", "idle_timeout": timeout},
                     **common,
                 }
                 if not sampled:
@@ -163,7 +170,7 @@ def _routes(config: Config) -> list[dict[str, Any]]:
     routes.append({
         "name": "tailroute_default",
         "match": {"prefix": "/"},
-        "route": {"cluster": config.default_cluster, "timeout": longest, "idle_timeout": longest},
+        "route": {"cluster": config.default_cluster, "timeout": "0s", "idle_timeout": longest},
         "typed_per_filter_config": bf.observe_disabled(),
         **common,
     })

@@ -25,7 +25,7 @@ feature                            one message     rich (deadline / explain)
 =================================  ==============  ==========================
 routing, class/priority/tenant/    yes             yes
 step/fanout headers, model rewrite
-class upstream timeout             yes (route)     yes (route)
+class timeout (route idle timeout) yes (route)     yes (route)
 deadline -> upstream timeout       --              yes (header)
 admission answers (429/503/412),   yes             yes
 queueing, 400 for bad bodies
@@ -35,11 +35,12 @@ queueing, 400 for bad bodies
 What the request gets on either path:
 
 * valid OpenAI-style request: CONTINUE with dynamic metadata
-  ``tailroute.route`` (selects the Envoy route: cluster, class timeout,
-  sampled or not), ``tailroute.rid`` and ``tailroute.slice`` (match the
-  access-log entry); the ``model`` field is rewritten when the chosen cluster
+  ``tailroute.route`` (selects the Envoy route: cluster, class timeout as its
+  idle timeout, sampled or not), ``tailroute.rid`` and ``tailroute.slice`` (match
+  the access-log entry); the ``model`` field is rewritten when the chosen cluster
   serves it under another name; on the rich path
-  ``x-envoy-upstream-rq-timeout-ms`` is the remaining budget;
+  ``x-envoy-upstream-rq-timeout-ms`` is the remaining budget (none for a stream
+  without a deadline: a stream's length is not capped, only its silences);
 * not admitted (defer 429, shed/reject 503, skip 412) or held (queue): see
   :mod:`sidecar.shell.admission` and docs/admission.md;
 * body that is not JSON / not an object / has mistyped fields on an LLM API
@@ -309,7 +310,7 @@ class RouteStream:
         _write_metadata(resp.dynamic_metadata, rid, ec.route_key(cluster, info.klass, sampled),
                         label)
         app.register(Pending(
-            rid, decision, info.slice, info.stream, app.deadline_for(decision, now),
+            rid, decision, info.slice, info.stream, app.deadline_for(decision, info.stream, now),
             is_retry=info.retry_attempt > 0,
             # A non-LLM request's outcome says nothing about the cluster's LLM routes.
             observed=decision.reason != "not_llm"

@@ -14,10 +14,14 @@ policy: every policy faces exactly the same traffic (common random numbers),
 which makes differences between policies far less noisy.
 
 Client behaviour (per attempt): the deadline is the earliest of the route
-timeout (the class's ``timeout_ms``, or the decision's ``timeout_ms`` when the
-policy returns a :class:`~sidecar.core.types.Decision`), the client's own
-``timeout_ms``, the workflow deadline and a user cancellation; a
-``first_token_timeout_ms`` may end it earlier. On ``error`` or ``timeout`` the
+timeout (the decision's ``timeout_ms`` when the policy returns a
+:class:`~sidecar.core.types.Decision` with one, else the class's ``timeout_ms``
+for an unstreamed answer and none for a stream), the client's own
+``timeout_ms``, the workflow deadline and a user cancellation. A stream's first
+byte must come within the class's ``timeout_ms`` (Envoy's route idle timeout:
+tokens then follow every TPOT, far below any class timeout, so only the silence
+before the first byte can reach it), a ``first_token_timeout_ms`` may end it
+earlier. On ``error`` or ``timeout`` the
 client retries per its ``retry_on``/``retries`` with exponential backoff and
 jitter, never past the workflow deadline. Non-admit answers of a policy are
 handled as documented in docs/policy-lab.md (skip, refuse, hold on ``queue``:
@@ -266,7 +270,8 @@ class Simulation:
             return
         att = Attempt(call, call.attempts, now)
         choice = self.policy.choose(att, now, self.rng_policy)
-        route_timeout = call.cls.slo.timeout_ms / 1000.0
+        idle = call.cls.slo.timeout_ms / 1000.0
+        route_timeout = math.inf if call.stream else idle
         if choice.__class__ is str:
             cluster: str = choice
         else:
@@ -290,9 +295,11 @@ class Simulation:
         if call.user_cancel_at is not None and call.user_cancel_at < dl:
             dl, kind = max(call.user_cancel_at, now), USER
         att.deadline, att.deadline_kind = dl, kind
+        if call.stream and now + idle < dl:
+            att.ttft_deadline, att.ttft_kind = now + idle, ROUTE
         ft = call.wl.client.first_token_timeout
-        if ft is not None and now + ft < dl:
-            att.ttft_deadline = now + ft
+        if ft is not None and now + ft < min(dl, att.ttft_deadline):
+            att.ttft_deadline, att.ttft_kind = now + ft, CLIENT
         if self._on_start is not None:
             self._on_start(att, now)
         self.metrics.sent(att, now)

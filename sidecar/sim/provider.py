@@ -37,7 +37,7 @@ from typing import Any
 
 from sidecar.sim.dists import TAIL_CAP, KeyedRows, Lognormal, Stream, Variates
 from sidecar.sim.heavy import HeavyTailed, latency_value
-from sidecar.sim.records import CLIENT, QUEUED, SERVING, Attempt
+from sidecar.sim.records import QUEUED, SERVING, Attempt
 from sidecar.sim.scenario import ErrorSpec, EventSpec, ProviderSpec, merged_windows
 
 Push = Callable[[float, Callable[[Any], None], Any], None]
@@ -383,7 +383,8 @@ class Provider:
 
 
 def _cut_at_first_token_deadline(att: Attempt, first_byte: float | None) -> None:
-    """The client's first-token timeout fires before the first byte: it gives up then."""
+    """The first-byte deadline passes before the first byte: the attempt ends then, the
+    client's giving up or the route's idle timeout (``ttft_kind``)."""
     fdl = att.ttft_deadline
     if fdl < att.deadline and (first_byte is None or first_byte > fdl):
-        att.deadline, att.deadline_kind = fdl, CLIENT
+        att.deadline, att.deadline_kind = fdl, att.ttft_kind

@@ -112,7 +112,7 @@ class Attempt:
     __slots__ = ("call", "cluster", "deadline", "deadline_kind", "degraded", "draws", "end_at",
                  "first_token_at", "is_probe", "live", "low", "n", "outcome", "retry_after",
                  "sent_at", "sent_load", "slot_until", "state", "status", "tokens_done",
-                 "tpot_s", "ttft_deadline")
+                 "tpot_s", "ttft_deadline", "ttft_kind")
 
     def __init__(self, call: Call, n: int, now: float) -> None:
         self.call = call
@@ -120,7 +120,10 @@ class Attempt:
         self.sent_at = now
         self.cluster = ""
         self.deadline = 0.0
-        self.ttft_deadline = math.inf  # client's first-byte timeout, if any
+        # When the first byte must have come (a stream's route idle timeout, the client's
+        # first-byte timeout), and whose clock that is.
+        self.ttft_deadline = math.inf
+        self.ttft_kind = CLIENT
         self.deadline_kind = ROUTE
         self.state = PENDING
         self.outcome: Outcome | None = None

@@ -48,6 +48,7 @@ generated summary reports any exception under ``oracle_beaten``).
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from collections.abc import Callable
 from typing import Final
@@ -73,7 +74,7 @@ class Oracle(BasePolicy):
 
     def choose(self, att: Attempt, now: float, rng: random.Random) -> str | Decision:
         call = att.call
-        limit, first_limit = _limits(call, now)
+        limit, first_limit = attempt_limits(call, now)
         budget = call.cls.slo.budget_ms / 1000.0
         metric = call.cls.slo.metric
         spent = now - call.start if metric != "tpot" else 0.0
@@ -142,18 +143,22 @@ class Oracle(BasePolicy):
         self._latest.pop(call.id, None)
 
 
-def _limits(call: Call, now: float) -> tuple[float, float]:
+def attempt_limits(call: Call, now: float, user: bool = True) -> tuple[float, float]:
     """When an attempt sent now ends at the latest, and its first byte must arrive
-    (the engine sets the same deadlines after ``choose``)."""
-    limit = now + call.cls.slo.timeout_ms / 1000.0
+    (the engine sets the same deadlines after ``choose``: the class timeout caps an
+    unstreamed answer and a stream's first byte, never a stream's length). ``user``:
+    count the user's own cancellation too."""
+    idle = now + call.cls.slo.timeout_ms / 1000.0
+    limit = math.inf if call.stream else idle
     if call.wl.client.timeout is not None:
         limit = min(limit, now + call.wl.client.timeout)
     if call.deadline is not None:
         limit = min(limit, call.deadline)
-    if call.user_cancel_at is not None:
+    if user and call.user_cancel_at is not None:
         limit = min(limit, max(call.user_cancel_at, now))
+    first = min(limit, idle)
     ft = call.wl.client.first_token_timeout
-    return limit, limit if ft is None else min(limit, now + ft)
+    return limit, first if ft is None else min(first, now + ft)
 
 
 def predict(prov: Provider, att: Attempt, draws: Draws, now: float, limit: float,

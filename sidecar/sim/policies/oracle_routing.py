@@ -29,7 +29,7 @@ import random
 
 from sidecar.core.types import Decision
 from sidecar.sim.policies import BasePolicy, PolicyContext
-from sidecar.sim.policies.oracle import predict
+from sidecar.sim.policies.oracle import attempt_limits, predict
 from sidecar.sim.provider import Draws, Provider
 from sidecar.sim.records import QUEUED, Attempt
 
@@ -43,14 +43,9 @@ class RoutingOracle(BasePolicy):
 
     def choose(self, att: Attempt, now: float, rng: random.Random) -> str | Decision:
         call = att.call
-        # The attempt's deadlines are set by the engine after choose: apply the same rules.
-        limit = now + call.cls.slo.timeout_ms / 1000.0
-        if call.wl.client.timeout is not None:
-            limit = min(limit, now + call.wl.client.timeout)
-        if call.deadline is not None:
-            limit = min(limit, call.deadline)
-        ft = call.wl.client.first_token_timeout
-        first_limit = limit if ft is None else min(limit, now + ft)
+        # The attempt's deadlines are set by the engine after choose: apply the same
+        # rules (but the user's cancellation, which this oracle does not foresee).
+        limit, first_limit = attempt_limits(call, now, user=False)
         budget = call.cls.slo.budget_ms / 1000.0
         meets: list[tuple[float, str, Draws]] = []  # (-spare capacity, cluster, draws)
         fastest: tuple[float, str, Draws] | None = None

@@ -15,7 +15,8 @@ evaluation window (``stats.subwindow_s``) in every mode.
 What that costs against per-request decisions:
 
 * no admission control (nothing defers, sheds, queues or skips), and no
-  per-request timeout from a deadline: the route timeout is the class's;
+  per-request timeout from a deadline: the route's timeouts are the class's (an
+  unstreamed answer's whole timeout, a stream's idle timeout);
 * in-flight counts are the last interval's average (:class:`WindowLoad`, from
   finished requests, as the sidecar learns them from Envoy's access log), so
   capacity and load scoring act on a plan for the next interval, not on each
@@ -83,7 +84,9 @@ class TailrouteNative(Tailroute):
                 self._per_request.add(id(att))
             return d
         klass = self.config.workload_class(att.call.klass)
-        timeout = klass.slo.timeout_ms if klass else None
+        # A stream's slice route has no whole-answer timeout (the engine applies the
+        # class timeout to its first byte, as the route's idle timeout).
+        timeout = klass.slo.timeout_ms if klass and not att.call.stream else None
         sw = self.weights.get(att.call.slice)
         if sw is None:  # no slice route (unknown model): Envoy's default route
             return Decision(self.config.default_cluster, "unknown_model", timeout_ms=timeout)

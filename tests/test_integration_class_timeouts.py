@@ -1,10 +1,13 @@
-"""Native mode on the real Envoy 1.40: what the class timeout cuts on a slice route.
+"""Every routing mode on the real Envoy 1.40: what the class timeout cuts.
 
 A class's ``slo.timeout_ms`` bounds an unstreamed answer and a stream's silences
 (before the first byte, between events), never the length of a steady stream: that
 is the client's ``max_tokens``. Each model here has one provider, so the route is
 certain: ``long`` streams steadily for about twice the class timeout, ``silent``
-never sends a first token within it.
+never sends a first token within it. ``native`` routes on slice routes, ``extproc``
+on the sidecar's per-request routes (the one-message path; the rich path with a
+caller's deadline, which does cap the whole answer, is here too), ``hybrid`` on
+slice routes but for requests with a deadline.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ TIMEOUT_MS = 2_000
 TOKENS = 200  # at 20 ms each: a stream of about 4 s, twice the class timeout
 
 
-@pytest.fixture(scope="module")
-def stack() -> Iterator[Stack]:
+@pytest.fixture(scope="module", params=["native", "extproc", "hybrid"])
+def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
     with Stack() as st:
         long = st.start_provider("long", "20", "20", extra=["--max-tokens", str(TOKENS)])
         silent = st.start_provider("silent", "60000", "20")
@@ -39,19 +42,21 @@ def stack() -> Iterator[Stack]:
             "classes": {"interactive": {"slo": {"metric": "ttft", "percentile": 95,
                                                 "budget_ms": 1_000,
                                                 "timeout_ms": TIMEOUT_MS}}},
-            "routing": {"mode": "native", "publish_interval_s": 0.5},
+            "routing": {"mode": request.param, "publish_interval_s": 0.5},
         }))
         st.start_envoy()
         yield st
 
 
-def _stream(st: Stack, model: str, stream: bool = True) -> tuple[int, bytes, str | None]:
+def _stream(st: Stack, model: str, stream: bool = True,
+            headers: dict[str, str] | None = None) -> tuple[int, bytes, str | None]:
     """One request through Envoy, read to its end (or to the connection's end)."""
     body = json.dumps({"model": model, "stream": stream, "max_tokens": TOKENS,
                        "messages": [{"role": "user", "content": "hi"}]})
     conn = http.client.HTTPConnection("127.0.0.1", st.ports["envoy"], timeout=30)
     try:
-        conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+        conn.request("POST", "/v1/chat/completions", body,
+                     {"content-type": "application/json", **(headers or {})})
         r = conn.getresponse()
         data = b""
         try:
@@ -88,8 +93,35 @@ def test_a_silent_provider_is_still_cut_by_the_class_timeout(stack: Stack) -> No
     for stream in (True, False):
         status, data, _ = _stream(stack, "m-silent", stream)  # would answer after 60 s
         assert b"[DONE]" not in data and b"choices" not in data, (status, data[:200])
-    stats: Any = http_json(f"http://127.0.0.1:{stack.ports['envoy_admin']}/stats?format=json")
-    counters = {s["name"]: s.get("value") for s in stats["stats"] if "name" in s}
+    counters = _envoy_counters(stack)
     # the stream by the route's idle timeout, the unstreamed answer by its route timeout
+    # (native: the slice route's; extproc: the sidecar's per-request timeout, or the
+    # route's idle timeout on the one-message path, which sends none: either cuts it)
     assert counters.get("http.tailroute.downstream_rq_idle_timeout", 0) >= 1, counters
-    assert counters.get("cluster.silent.upstream_rq_timeout", 0) >= 1, counters
+    assert (counters.get("cluster.silent.upstream_rq_timeout", 0)
+            + counters.get("http.tailroute.downstream_rq_idle_timeout", 0)) >= 2, counters
+
+
+def _envoy_counters(stack: Stack) -> dict[str, Any]:
+    stats: Any = http_json(f"http://127.0.0.1:{stack.ports['envoy_admin']}/stats?format=json")
+    return {s["name"]: s.get("value") for s in stats["stats"] if "name" in s}
+
+
+def test_a_callers_deadline_caps_a_stream_and_is_not_held_against_its_cluster(
+    stack: Stack,
+) -> None:
+    """A deadline is a whole-answer budget: longer than the class timeout, the steady
+    stream fits in it; shorter than the stream, Envoy cuts it there (the per-request
+    path, which a deadline selects in every mode but native), and that is the caller's
+    giving up, not the route failing."""
+    status, data, who = _stream(stack, "m-long", headers={"x-tailroute-deadline-ms": "20000"})
+    assert (status, who) == (200, "long")
+    assert data.rstrip().endswith(b"data: [DONE]"), data[-200:]
+    assert stack.config is not None
+    if stack.config.routing.mode == "native":
+        return  # native ignores the header: no per-request path
+    for _ in range(3):  # three cuts in a row on one route used to eject it
+        status, data, _ = _stream(stack, "m-long", headers={"x-tailroute-deadline-ms": "1000"})
+        assert b"[DONE]" not in data, data[-200:]
+    state = stack.sidecar_state()
+    assert not [t for t in state["transitions"] if t["cluster"] == "long"], state["transitions"]
