@@ -10,8 +10,15 @@ complete stream (Responses events with ``"error": null`` included) stays ``ok``.
 
 In native mode Envoy parses the events of ``envoy.usage_sample`` of the streams only
 (a quarter by default): a failure on any other stream is logged ``ok``, timed like a
-complete one (its TTFT and its e2e up to the failure). The native test checks that
-exactly the failures on the parsed share are errors, and all of them with a share of 1.
+complete one (its TTFT and its e2e up to the failure) -- or ``cancel``: the SDK raises
+at the error event and closes the connection, and when that reset reaches Envoy before
+the provider's end of the body, the entry is a client gone before the end (a downstream
+reset flag, no end time, no usage), as :func:`sidecar.core.envoy_log.outcome_of` reads
+it. Which one is a race between the client and the provider's last write (a cancel in
+one run of three or four on a 2-core machine); on a parsed stream the error event wins
+over the flag, so it never shows there. The native test checks that exactly the
+failures on the parsed share are errors, every other stream ok or, an unparsed failure
+only, a cancel, and all the failures errors with a share of 1.
 
 Both tests wait for every stream's outcome and check it with the stack still up: when a
 check fails, what tells why an entry gave no outcome (the sidecar's access-log view,
@@ -234,17 +241,20 @@ def test_native_mode_sees_mid_stream_failures_on_the_streams_envoy_parses(
             # 16 x share hex digits (bootstrap_filters.usage_sampled).
             digits = "0123456789abcdef"[:round(share * 16)]
             parsed = [i for i in failed if i and i[0].lower() in digits]
-            errors = m.get('tailroute_outcomes_total{outcome="error"}', 0.0)
-            ok = m.get('tailroute_outcomes_total{outcome="ok"}', 0.0)
+            outcome = _outcomes(m)
+            errors, ok, cancel = outcome["error"], outcome["ok"], outcome["cancel"]
             marked = sum(v for k, v in m.items()
                          if k.startswith("tailroute_stream_errors_total"))
             print(f"\nshare {share}: {len(failed)} failed, {len(parsed)} on parsed streams; "
-                  f"client {dict(seen)}; outcomes ok {ok} error {errors}; "
-                  f"stream errors {marked}")
+                  f"client {dict(seen)}; outcomes {outcome}; stream errors {marked}")
             assert set(seen) <= {"done", "raised"}, seen
             assert failed  # 0.6 ** 48: never in practice
             assert errors == marked == len(parsed)
-            # Every other stream, the unparsed failures included, is an ok outcome.
-            assert ok == NATIVE_STREAMS - len(parsed)
+            # Every other stream is an ok outcome, but an unparsed failure may be a
+            # cancel: its client left at the error event before Envoy read the end of
+            # the body (module docstring). Nothing is lost or timed out.
+            assert ok + cancel == NATIVE_STREAMS - len(parsed)
+            assert cancel <= len(failed) - len(parsed)
+            assert outcome["timeout"] == outcome["lost"] == 0
             if sample == 1.0:
                 assert len(parsed) == len(failed)
