@@ -49,6 +49,7 @@ from sidecar.core.types import Api, Decision, Observation, SliceKey, TransitionE
 from sidecar.shell import app_view
 from sidecar.shell.declared_waits import DeclaredWaits
 from sidecar.shell.entry_forward import EntryForwards
+from sidecar.shell.explain_limit import ExplainBudget
 from sidecar.shell.log_wait import LogWait
 
 log = logging.getLogger("tailroute")
@@ -112,6 +113,7 @@ class App:
     upstream_retries: Counter[str] = field(default_factory=Counter)
     # Waits providers declared with their 429s and 503s (Retry-After), per upstream cluster.
     retry_after: DeclaredWaits = field(default_factory=DeclaredWaits)
+    explain_budget: ExplainBudget = field(default_factory=ExplainBudget)  # explain_limit
     waiting: LogWait = field(default_factory=LogWait)  # finished, entry not yet in
     # Called with every observation the router receives (the GenAI histograms,
     # sidecar.ops.genai_metrics); whatever produces observations calls observe().

@@ -75,6 +75,7 @@ from sidecar.shell.request_headers import attribute_headers, request_header_map
 log = logging.getLogger("tailroute.extproc")
 
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+EXPLAIN_ASK = "x-tailroute-explain"
 _PM = pm_pb2.ProcessingMode
 _EXPLAIN_MODE = _PM(
     request_header_mode=_PM.SEND,
@@ -209,10 +210,17 @@ class RouteStream:
     ) -> pb.ProcessingResponse | Hold:
         self.rich = True
         self.headers = self._screened(request_header_map(msg.headers))
+        explain = self.headers.get(EXPLAIN_ASK, "").strip() == "1"
+        if explain and not self.app.explain_budget.take(now):
+            # Over the explain bound (sidecar.shell.explain_limit): routed as usual,
+            # without the explain header.
+            self.app.errors["explain_limited"] += 1
+            self.headers.pop(EXPLAIN_ASK)
+            explain = False
         if msg.end_of_stream:
             return self._route(None, now, is_body=False)
         self.phase = Phase.EXPECT_BODY
-        if self.headers.get("x-tailroute-explain", "").strip() == "1":
+        if explain:
             # Response headers are skipped by default; a debugging caller who asks
             # for the explain header gets them back for this one request.
             return pb.ProcessingResponse(
