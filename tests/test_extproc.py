@@ -81,8 +81,19 @@ def test_one_message_path_routes_by_metadata(app: App) -> None:
     common = resp.request_body.response  # type: ignore[attr-defined]
     # Envoy re-picks the route only after an answer with a header mutation.
     assert list(common.header_mutation.remove_headers) == [ROUTE_HEADER]
+    # A stream gets no whole-answer timeout (its route's idle timeout bounds silences).
     assert not common.header_mutation.set_headers
     assert app.router.inflight(cluster) == 1 and s.rid in app.pending
+
+
+def test_an_unstreamed_answer_takes_the_route_with_the_class_timeout(app: App) -> None:
+    """Envoy drops a body response's header mutations on the one-message path, so an
+    unstreamed answer's whole-answer timeout comes from its route: the metadata marks
+    it (tailroute.unary), a stream's does not (its route bounds only its silences)."""
+    _s, resp = fast(app, chat_request(stream=False), {"x-tailroute-class": "batch"})
+    assert metadata(resp)["unary"] == "1"  # type: ignore[arg-type]
+    _s, resp = fast(app, chat_request(), {"x-tailroute-class": "batch"})
+    assert "unary" not in metadata(resp)  # type: ignore[arg-type]
 
 
 def test_rich_path_sets_the_deadline_as_upstream_timeout(app: App) -> None:

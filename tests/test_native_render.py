@@ -90,6 +90,29 @@ def test_slice_routes_bound_a_streams_silence_not_its_length(mode: str) -> None:
         assert r["route"]["timeout"] == ("0s" if streaming else by_class[klass]), r["name"]
 
 
+@pytest.mark.parametrize("mode", ["extproc", "hybrid"])
+def test_decided_routes_bound_a_streams_silence_and_an_unstreamed_answers_length(
+    mode: str,
+) -> None:
+    """The per-request path's routes: every route key has an unstreamed variant first
+    (metadata ``unary``), with the class timeout as its route timeout; the key's own
+    route (streams, and requests from a sidecar that does not mark them) has none, only
+    the idle timeout at the class timeout."""
+    cfg = _cfg(mode=mode)
+    routes = _hcm(render_for_mode(cfg))["route_config"]["virtual_hosts"][0]["routes"]
+    by_class = {c.name: f"{c.slo.timeout_ms // 1000}s" for c in cfg.classes}
+    decided = [r for r in routes if r["name"].startswith("tailroute|")]
+    assert len(decided) == 3 * len(cfg.cluster_names) * len(cfg.classes)
+    for i, r in enumerate(decided):
+        klass, unary = r["name"].split("|")[2], r["name"].endswith("|unary")
+        keys = [m["path"][0]["key"] for m in r["match"]["dynamic_metadata"]]
+        assert keys == (["route", "unary"] if unary else ["route"]), r["name"]
+        assert r["route"]["idle_timeout"] == by_class[klass], r["name"]
+        assert r["route"]["timeout"] == (by_class[klass] if unary else "0s"), r["name"]
+        if unary:  # matched before the stream route of the same key
+            assert decided[i + 1]["name"] == r["name"].removesuffix("|unary")
+
+
 def test_native_has_no_ext_proc_and_hybrid_skips_it_for_native_requests() -> None:
     native = [f["name"] for f in _hcm(render_native_bootstrap(_cfg(mode="native")))[
         "http_filters"]]

@@ -136,6 +136,12 @@ def _circuit_breakers(limit: int) -> dict[str, Any]:
                             "max_retries": 3}]}
 
 
+def _meta_is(key: str, value: str) -> dict[str, Any]:
+    """A route match on one ``tailroute`` dynamic-metadata field."""
+    return {"filter": ec.METADATA_NS, "path": [{"key": key}],
+            "value": {"string_match": {"exact": value}}}
+
+
 def _routes(config: Config) -> list[dict[str, Any]]:
     common = {
         "request_headers_to_remove": list(ec.STRIPPED_HEADERS),
@@ -144,23 +150,22 @@ def _routes(config: Config) -> list[dict[str, Any]]:
     routes: list[dict[str, Any]] = []
     for cluster in config.cluster_names:
         for klass in config.classes:
-            # The class timeout is the route's idle timeout (the longest silence: before
-            # the first byte, between events), never a whole-answer timeout: a steady
-            # stream may outlast it (its length is the client's max_tokens), and cut
-            # mid-answer it read as the provider's hard failure. An unstreamed answer is
-            # all silence, so its idle timeout is its whole timeout; the sidecar also
-            # sends a caller's deadline (and, on the rich path, an unstreamed answer's
-            # class timeout) as x-envoy-upstream-rq-timeout-ms.
+            # A stream's class timeout is its route's idle timeout (the longest silence:
+            # before the first byte, between events), never a whole-answer timeout: a
+            # steady stream may outlast it (its length is the client's max_tokens), and
+            # cut mid-answer it read as the provider's hard failure. An unstreamed answer
+            # (metadata ec.UNARY_KEY, unsampled: only streams are sampled) keeps the class
+            # timeout as its whole timeout. A caller's deadline comes as a header.
             timeout = ec.duration(klass.slo.timeout_ms / 1000.0)
-            for sampled in (False, True):
+            for sampled, unary in ((False, True), (False, False), (True, False)):
                 key = ec.route_key(cluster, klass.name, sampled)
+                match = [_meta_is(ec.ROUTE_KEY, key)] + ([_meta_is(ec.UNARY_KEY, "1")]
+                                                         if unary else [])
                 route: dict[str, Any] = {
-                    "name": f"tailroute|{key}",
-                    "match": {"prefix": "/", "dynamic_metadata": [{
-                        "filter": ec.METADATA_NS, "path": [{"key": ec.ROUTE_KEY}],
-                        "value": {"string_match": {"exact": key}},
-                    }]},
-                    "route": {"cluster": cluster, "timeout": "0s", "idle_timeout": timeout},
+                    "name": f"tailroute|{key}" + ("|unary" if unary else ""),
+                    "match": {"prefix": "/", "dynamic_metadata": match},
+                    "route": {"cluster": cluster, "timeout": timeout if unary else "0s",
+                              "idle_timeout": timeout},
                     **common,
                 }
                 if not sampled:
@@ -170,7 +175,9 @@ def _routes(config: Config) -> list[dict[str, Any]]:
     routes.append({
         "name": "tailroute_default",
         "match": {"prefix": "/"},
-        "route": {"cluster": config.default_cluster, "timeout": "0s", "idle_timeout": longest},
+        # No decision (non-LLM paths, unknown models, fail-open): the longest class
+        # timeout caps the whole answer, stream or not (whether it streams is unknown).
+        "route": {"cluster": config.default_cluster, "timeout": longest, "idle_timeout": longest},
         "typed_per_filter_config": bf.observe_disabled(),
         **common,
     })

@@ -25,6 +25,11 @@ USAGE_NS = "tailroute.usage"  # written by Envoy's sse_to_metadata filter
 RID_KEY = "rid"
 ROUTE_KEY = "route"
 SLICE_KEY = "slice"
+# "1" on an unstreamed request: its route (matched before the stream's route of the same
+# key) has the class timeout as its whole-answer timeout. A stream's route bounds only
+# its silences. A separate key, not a part of the route key, so a bootstrap and a
+# sidecar of different versions still agree on every route (the older one's reading).
+UNARY_KEY = "unary"
 TOKENS_KEY = "output_tokens"
 # Written (a constant, never the provider's text) by the usage filter when an event of
 # the stream has a field at one of sidecar.core.timing.ERROR_SELECTORS: the entry is

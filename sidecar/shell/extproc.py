@@ -25,7 +25,7 @@ feature                            one message     rich (deadline / explain)
 =================================  ==============  ==========================
 routing, class/priority/tenant/    yes             yes
 step/fanout headers, model rewrite
-class timeout (route idle timeout) yes (route)     yes (route)
+class timeout (route)              yes             yes
 deadline -> upstream timeout       --              yes (header)
 admission answers (429/503/412),   yes             yes
 queueing, 400 for bad bodies
@@ -35,12 +35,13 @@ queueing, 400 for bad bodies
 What the request gets on either path:
 
 * valid OpenAI-style request: CONTINUE with dynamic metadata
-  ``tailroute.route`` (selects the Envoy route: cluster, class timeout as its
-  idle timeout, sampled or not), ``tailroute.rid`` and ``tailroute.slice`` (match
-  the access-log entry); the ``model`` field is rewritten when the chosen cluster
-  serves it under another name; on the rich path
-  ``x-envoy-upstream-rq-timeout-ms`` is the remaining budget (none for a stream
-  without a deadline: a stream's length is not capped, only its silences);
+  ``tailroute.route`` (selects the Envoy route: cluster, class timeout, sampled
+  or not; with ``tailroute.unary`` for an unstreamed answer: its route's timeout
+  is the class timeout, a stream's route bounds only its silences),
+  ``tailroute.rid`` and ``tailroute.slice`` (match the access-log entry); the
+  ``model`` field is rewritten when the chosen cluster serves it under another
+  name; on the rich path ``x-envoy-upstream-rq-timeout-ms`` is the remaining
+  budget (none for a stream without a deadline);
 * not admitted (defer 429, shed/reject 503, skip 412) or held (queue): see
   :mod:`sidecar.shell.admission` and docs/admission.md;
 * body that is not JSON / not an object / has mistyped fields on an LLM API
@@ -141,14 +142,17 @@ def immediate(status: int, message: str, kind: str, code: str,
 
 
 def _write_metadata(out: struct_pb2.Struct, rid: str, route: str | None,
-                    slice_label: str | None) -> None:
-    """``{tailroute: {rid, route, slice}}``: route selection and access-log correlation."""
+                    slice_label: str | None, unary: bool = False) -> None:
+    """``{tailroute: {rid, route, slice[, unary]}}``: route selection and access-log
+    correlation."""
     fields = out.fields[ec.METADATA_NS].struct_value.fields
     fields[ec.RID_KEY].string_value = rid
     if route is not None:
         fields[ec.ROUTE_KEY].string_value = route
     if slice_label is not None:
         fields[ec.SLICE_KEY].string_value = slice_label
+    if unary:
+        fields[ec.UNARY_KEY].string_value = "1"
 
 
 class RouteStream:
@@ -316,7 +320,7 @@ class RouteStream:
                 common.header_mutation.set_headers.append(
                     _set("content-length", str(len(new_body))))
         _write_metadata(resp.dynamic_metadata, rid, ec.route_key(cluster, info.klass, sampled),
-                        label)
+                        label, unary=not info.stream)
         app.register(Pending(
             rid, decision, info.slice, info.stream, app.deadline_for(decision, info.stream, now),
             is_retry=info.retry_attempt > 0,
