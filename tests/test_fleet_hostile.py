@@ -65,6 +65,8 @@ def test_a_peers_nan_weight_is_refused_and_decisions_go_on() -> None:
 
 
 DEEP = b"[" * 100_000
+# Valid JSON a replica never writes, past codec.MAX_RECORD_BYTES: refused unparsed.
+HUGE = b'{"c":[1,0,0,0],"pad":"' + b"x" * (5 * 1024 * 1024) + b'"}'
 ROUTE = "a\tm|interactive|short|stream"
 NEXT = ROUTE + "\t1015000"  # its next sub-window
 
@@ -81,6 +83,8 @@ NEXT = ROUTE + "\t1015000"  # its next sub-window
     ("stats", "_limits", b'{"a":[2,1e999]}'),
     ("stats", "_meta", DEEP),
     ("probes", "", DEEP),
+    ("stats", NEXT, HUGE),
+    ("probes", "", HUGE),
 ])
 def test_one_unreadable_record_is_counted_and_everything_else_still_shared(
     where: str, name: str, raw: bytes,

@@ -40,6 +40,10 @@ _SEP = "\t"
 # No number a replica writes (counts, weights, bucket offsets, wall-clock ms) comes
 # near float64's last exact integer: anything past it is not a record of ours.
 _MAX_ABS = 2.0**53
+# No record a replica writes comes near this (a sub-window's histograms, a load or limits
+# map over every cluster: kilobytes): a larger one is not ours, and parsing 50 MB of it
+# held the event loop -- and every decision waiting on it -- for about half a second.
+MAX_RECORD_BYTES = 4 * 1024 * 1024
 
 
 def _number(x: float) -> float:
@@ -56,8 +60,11 @@ def loads(raw: bytes) -> Any:
     """``json.loads`` for what others wrote: ValueError, never anything else, on what
     json would take but no replica writes -- NaN, infinities (``1e999`` included),
     numbers past :data:`_MAX_ABS`, nesting deep enough to exhaust the recursion limit
-    (RecursionError), bytes that are not UTF-8. Before, those raised OverflowError or
-    RecursionError out of the decoders, and one such record failed every cycle."""
+    (RecursionError), bytes that are not UTF-8, records over :data:`MAX_RECORD_BYTES`
+    (refused unparsed). Before, those raised OverflowError or RecursionError out of the
+    decoders, and one such record failed every cycle."""
+    if len(raw) > MAX_RECORD_BYTES:
+        raise ValueError(f"record of {len(raw)} bytes, over {MAX_RECORD_BYTES}")
     try:
         return json.loads(raw, parse_constant=_constant,
                           parse_float=lambda t: _number(float(t)),
