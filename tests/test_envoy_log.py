@@ -37,6 +37,7 @@ S = SliceKey("m", "interactive", "short", True)
     (504, set(), "via_upstream", "timeout"),
     (408, set(), "via_upstream", "timeout"),
     (200, {"stream_idle_timeout"}, "", "timeout"),
+    (200, set(), "max_duration_timeout", "timeout"),  # a route's max_stream_duration: no flag
     (503, {"upstream_connection_failure"}, "", "error"),
     (503, {"upstream_overflow"}, "", "error"),
     (500, set(), "via_upstream", "error"),

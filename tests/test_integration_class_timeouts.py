@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from sidecar.devtools.harness import Stack, http_json
+from tests.ops_stack import wait_for
 
 pytestmark = pytest.mark.envoy
 
@@ -125,3 +126,32 @@ def test_a_callers_deadline_caps_a_stream_and_is_not_held_against_its_cluster(
         assert b"[DONE]" not in data, data[-200:]
     state = stack.sidecar_state()
     assert not [t for t in state["transitions"] if t["cluster"] == "long"], state["transitions"]
+
+
+@pytest.mark.parametrize("mode", ["extproc", "native"])
+def test_a_stream_that_never_ends_is_cut_at_its_safety_net(mode: str) -> None:
+    """A provider that keeps a stream open with ``: keep-alive`` comments and never
+    sends a token resets the idle timeout for ever: only the stream routes'
+    ``max_stream_duration`` (20 class timeouts: 10 s here) ends it, and the route is
+    charged with a timeout."""
+    with Stack() as st:
+        kept = st.start_provider("kept", "60000", "20")
+        st.control("kept", {"waiting_comment_ms": 100})
+        st.start_sidecar(st.write_config({
+            "clusters": [{"name": "kept", "address": f"127.0.0.1:{kept}",
+                          "models": ["m-kept"]}],
+            "models": [{"name": "m-kept", "candidates": ["kept"]}],
+            "classes": {"interactive": {"slo": {"metric": "ttft", "percentile": 95,
+                                                "budget_ms": 250, "timeout_ms": 500}}},
+            "routing": {"mode": mode, "publish_interval_s": 0.5},
+        }))
+        st.start_envoy()
+        status, data, _ = _stream(st, "m-kept")  # the client would wait 30 s
+        assert b"[DONE]" not in data and b"choices" not in data, (status, data[:200])
+        counters = _envoy_counters(st)
+        assert counters.get("http.tailroute.downstream_rq_max_duration_reached", 0) == 1, counters
+        assert counters.get("http.tailroute.downstream_rq_idle_timeout", 0) == 0, counters
+        # Its entry (200, no flag, details max_duration_timeout) is the route's timeout;
+        # it read as ok before.
+        wait_for(lambda: st.sidecar_state()["counters"].get("outcome:timeout"),
+                 "the cut stream's outcome", timeout_s=30)

@@ -82,12 +82,15 @@ def test_slice_routes_bound_a_streams_silence_not_its_length(mode: str) -> None:
     cfg = _cfg(mode=mode)
     routes = _hcm(render_native_bootstrap(cfg))["route_config"]["virtual_hosts"][0]["routes"]
     by_class = {c.name: f"{c.slo.timeout_ms // 1000}s" for c in cfg.classes}
+    cap = {c.name: f"{20 * c.slo.timeout_ms // 1000}s" for c in cfg.classes}
     sliced = [r for r in routes if "weighted_clusters" in r["route"]]
     assert {r["name"].split("/")[1].split(".")[-1] for r in sliced} == {"stream", "unary"}
     for r in sliced:
         klass, streaming = r["name"].split("/")[1].split(".")[1], ".stream/" in r["name"]
         assert r["route"]["idle_timeout"] == by_class[klass], r["name"]
         assert r["route"]["timeout"] == ("0s" if streaming else by_class[klass]), r["name"]
+        assert r["route"].get("max_stream_duration") == (  # a stream's safety net
+            {"max_stream_duration": cap[klass]} if streaming else None), r["name"]
 
 
 @pytest.mark.parametrize("mode", ["extproc", "hybrid"])
@@ -101,6 +104,7 @@ def test_decided_routes_bound_a_streams_silence_and_an_unstreamed_answers_length
     cfg = _cfg(mode=mode)
     routes = _hcm(render_for_mode(cfg))["route_config"]["virtual_hosts"][0]["routes"]
     by_class = {c.name: f"{c.slo.timeout_ms // 1000}s" for c in cfg.classes}
+    cap = {c.name: f"{20 * c.slo.timeout_ms // 1000}s" for c in cfg.classes}
     decided = [r for r in routes if r["name"].startswith("tailroute|")]
     assert len(decided) == 3 * len(cfg.cluster_names) * len(cfg.classes)
     for i, r in enumerate(decided):
@@ -109,6 +113,8 @@ def test_decided_routes_bound_a_streams_silence_and_an_unstreamed_answers_length
         assert keys == (["route", "unary"] if unary else ["route"]), r["name"]
         assert r["route"]["idle_timeout"] == by_class[klass], r["name"]
         assert r["route"]["timeout"] == (by_class[klass] if unary else "0s"), r["name"]
+        assert r["route"].get("max_stream_duration") == (  # a stream's safety net
+            None if unary else {"max_stream_duration": cap[klass]}), r["name"]
         if unary:  # matched before the stream route of the same key
             assert decided[i + 1]["name"] == r["name"].removesuffix("|unary")
 

@@ -32,7 +32,9 @@ Outcome (first matching row wins)::
       2xx and the response complete (see below)            -> ok
     downstream reset / downstream connection terminated    -> cancel   (the client went away)
     upstream request timeout, stream idle timeout,
-      max stream duration, 408 / 504 from the upstream     -> timeout
+      max stream duration (flag, or details
+      "max_duration_timeout": a route's max_stream_duration
+      sets no flag), 408 / 504 from the upstream            -> timeout
     upstream reset / connect failure / overflow /
       no healthy upstream / 5xx / 429                       -> error
     2xx with the response complete                          -> ok
@@ -104,6 +106,9 @@ ERROR_FLAGS: Final = frozenset({
     "upstream_protocol_error", "no_cluster_found", "dns_resolution_failure", "local_reset",
     "overload_manager",
 })
+# A route's max_stream_duration ends a stream with no response flag, only this detail
+# (Envoy 1.40: "200 - max_duration_timeout" for a stream cut after its headers).
+TIMEOUT_DETAILS: Final = frozenset({"max_duration_timeout"})
 TAILROUTE_DETAILS_PREFIX: Final = "tailroute_"
 
 
@@ -150,7 +155,7 @@ def outcome_of(rec: LogRecord) -> Outcome | None:
         if 200 <= rec.status < 300 and (rec.end_s is not None or rec.tokens is not None):
             return "ok"  # the client left once it had the whole answer (module docstring)
         return "cancel"
-    if flags & TIMEOUT_FLAGS:
+    if flags & TIMEOUT_FLAGS or rec.details in TIMEOUT_DETAILS:
         return "timeout"
     if flags & ERROR_FLAGS:
         return "error"

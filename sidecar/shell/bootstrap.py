@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from sidecar.core.admission import stream_cap_s
 from sidecar.core.config import ClusterConfig, Config
 from sidecar.core.hostport import split_hostport
 from sidecar.shell import bootstrap_filters as bf
@@ -155,8 +156,10 @@ def _routes(config: Config) -> list[dict[str, Any]]:
             # steady stream may outlast it (its length is the client's max_tokens), and
             # cut mid-answer it read as the provider's hard failure. An unstreamed answer
             # (metadata ec.UNARY_KEY, unsampled: only streams are sampled) keeps the class
-            # timeout as its whole timeout. A caller's deadline comes as a header.
+            # timeout as its whole timeout. A caller's deadline comes as a header; a
+            # stream's length has only the safety net of admission.stream_cap_s.
             timeout = ec.duration(klass.slo.timeout_ms / 1000.0)
+            cap = {"max_stream_duration": ec.duration(stream_cap_s(klass))}
             for sampled, unary in ((False, True), (False, False), (True, False)):
                 key = ec.route_key(cluster, klass.name, sampled)
                 match = [_meta_is(ec.ROUTE_KEY, key)] + ([_meta_is(ec.UNARY_KEY, "1")]
@@ -165,7 +168,8 @@ def _routes(config: Config) -> list[dict[str, Any]]:
                     "name": f"tailroute|{key}" + ("|unary" if unary else ""),
                     "match": {"prefix": "/", "dynamic_metadata": match},
                     "route": {"cluster": cluster, "timeout": timeout if unary else "0s",
-                              "idle_timeout": timeout},
+                              "idle_timeout": timeout,
+                              **({} if unary else {"max_stream_duration": cap})},
                     **common,
                 }
                 if not sampled:

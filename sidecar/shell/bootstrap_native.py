@@ -47,6 +47,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from sidecar.core.admission import stream_cap_s
 from sidecar.core.classify import API_PATHS, CHARS_PER_TOKEN, DEFAULT_MAX_TOKENS, TOKEN_PROFILES
 from sidecar.core.config import Config
 from sidecar.core.types import SliceKey
@@ -159,6 +160,8 @@ def slice_route(config: Config, s: SliceKey,
     # byte and between events) by the class timeout; an unstreamed answer is all silence.
     total = "0s" if s.streaming else timeout
     common = {**common, "timeout": total, "idle_timeout": timeout}
+    if s.streaming:  # the safety net for a stream that never ends
+        common["max_stream_duration"] = {"max_stream_duration": ec.duration(stream_cap_s(klass))}
     routes = []
     klass_match = _class_match(config, s)
     for profile, out_cap, in_bytes, with_length in _profile_variants():

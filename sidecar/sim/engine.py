@@ -16,7 +16,8 @@ which makes differences between policies far less noisy.
 Client behaviour (per attempt): the deadline is the earliest of the route
 timeout (the decision's ``timeout_ms`` when the policy returns a
 :class:`~sidecar.core.types.Decision` with one, else the class's ``timeout_ms``
-for an unstreamed answer and none for a stream), the client's own
+for an unstreamed answer and only the safety net of
+:func:`~sidecar.core.admission.stream_cap_s` for a stream), the client's own
 ``timeout_ms``, the workflow deadline and a user cancellation. A stream's first
 byte must come within the class's ``timeout_ms`` (Envoy's route idle timeout:
 tokens then follow every TPOT, far below any class timeout, so only the silence
@@ -38,6 +39,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+from sidecar.core.admission import stream_cap_s
 from sidecar.core.classify import token_profile
 from sidecar.core.types import Decision, SliceKey
 from sidecar.sim.dists import Stream
@@ -271,7 +273,7 @@ class Simulation:
         att = Attempt(call, call.attempts, now)
         choice = self.policy.choose(att, now, self.rng_policy)
         idle = call.cls.slo.timeout_ms / 1000.0
-        route_timeout = math.inf if call.stream else idle
+        route_timeout = stream_cap_s(call.cls) if call.stream else idle
         if choice.__class__ is str:
             cluster: str = choice
         else:

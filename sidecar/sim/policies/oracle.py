@@ -48,11 +48,11 @@ generated summary reports any exception under ``oracle_beaten``).
 from __future__ import annotations
 
 import heapq
-import math
 import random
 from collections.abc import Callable
 from typing import Final
 
+from sidecar.core.admission import stream_cap_s
 from sidecar.core.types import Decision
 from sidecar.sim.policies import BasePolicy, PolicyContext
 from sidecar.sim.provider import Draws, Provider
@@ -146,10 +146,11 @@ class Oracle(BasePolicy):
 def attempt_limits(call: Call, now: float, user: bool = True) -> tuple[float, float]:
     """When an attempt sent now ends at the latest, and its first byte must arrive
     (the engine sets the same deadlines after ``choose``: the class timeout caps an
-    unstreamed answer and a stream's first byte, never a stream's length). ``user``:
+    unstreamed answer and a stream's first byte; a stream's length only its safety
+    net, ``stream_cap_s``). ``user``:
     count the user's own cancellation too."""
     idle = now + call.cls.slo.timeout_ms / 1000.0
-    limit = math.inf if call.stream else idle
+    limit = now + stream_cap_s(call.cls) if call.stream else idle
     if call.wl.client.timeout is not None:
         limit = min(limit, now + call.wl.client.timeout)
     if call.deadline is not None:
