@@ -18,6 +18,7 @@ person or a debugging script asks for, and far below what load does.
 
 from __future__ import annotations
 
+import math
 from typing import Final
 
 RATE_PER_S: Final = 10.0
@@ -31,13 +32,12 @@ class ExplainBudget:
 
     def __init__(self) -> None:
         self.tokens = BURST
-        self.last: float | None = None
+        self.last = -math.inf  # the first take refills to BURST
 
     def take(self, now: float) -> bool:
         """May this request's explain be honoured? Spends a token if so."""
-        if self.last is not None and now > self.last:
+        if now > self.last:  # a clock that goes back refills nothing
             self.tokens = min(BURST, self.tokens + (now - self.last) * RATE_PER_S)
-        if self.last is None or now > self.last:
             self.last = now
         if self.tokens < 1.0:
             return False
