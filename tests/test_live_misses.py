@@ -237,6 +237,42 @@ def test_watched_hits_count_against_watched_misses() -> None:
     assert (book.wk, book.wm) == (2, 12)
 
 
+def test_a_timed_stream_in_time_is_a_hit_at_its_budget() -> None:
+    """Its first token came in time: a hit at the budget, as a miss would be, not when
+    its stream ends seconds later (and once: its outcome adds nothing)."""
+    live = LiveMisses(make_config())
+    e = live.sent("a", STREAM, 0.0, timed=True)
+    assert e is not None
+    LiveMisses.first_token(e, 0.3)
+    assert not live.missing("a", STREAM, 1.1)
+    book = live.books[("a", STREAM)]
+    assert (book.k, book.m, book.wk, book.wm) == (0, 1, 0, 1)
+    live.observed(e, ok("a", STREAM, 0.3), 6.0)
+    assert (book.k, book.m, book.wk, book.wm) == (0, 1, 0, 1)
+
+
+def test_watched_hits_date_from_their_budget_not_their_streams_end() -> None:
+    """The route turns slow at 11 s: both watched streams sent since miss. The two
+    watched before it got their first token in time at 0.3 s and stream until 12 s:
+    hits of the route as it was 11 s ago, out of the 10 s horizon by then. Dated at
+    their streams' end they were still in it, and 2 misses of 4 watched (1.4 % at a
+    5 % share) were chance."""
+    live = LiveMisses(make_config(live_horizon_s=10))
+    before = [live.sent("a", STREAM, 0.0, timed=True) for _ in range(2)]
+    for e in before:
+        assert e is not None
+        LiveMisses.first_token(e, 0.3)
+    assert not live.missing("a", STREAM, 1.5)  # a decision after their budget
+    for t in (11.0, 11.5):
+        live.sent("a", STREAM, t, timed=True)  # no first token by the budget
+    for e in before:
+        assert e is not None
+        live.observed(e, ok("a", STREAM, 0.3), 12.0)  # the long streams end
+    assert live.missing("a", STREAM, 12.6)
+    book = live.books[("a", STREAM)]
+    assert (book.wk, book.wm) == (2, 2)
+
+
 def test_misses_age_out_of_the_horizon() -> None:
     live = LiveMisses(make_config(live_horizon_s=10))
     for _ in range(3):

@@ -15,6 +15,8 @@ request                               resolves
 *watched*, budget passed and its      a miss, at the budget (whatever it does next,
 first token (TTFT classes) or its     it is late: a censored observation)
 answer (others) not in by then
+a timed stream (TTFT class) whose     a hit, at the budget (whatever its stream does
+first token came by its budget        next: the budget is met)
 any other, finished ``ok``            a hit or a miss by its measured latency, when
                                       its outcome comes in
 a timeout or cancel                   a miss if it had waited past the budget, else
@@ -185,7 +187,13 @@ class LiveMisses:
             if t is None or t > deadline:
                 e.resolved = True
                 e.book.note(now, True, True)  # at ``now``, not the deadline: in order
-            # else: answered in time; its outcome resolves it (an error resolves nothing)
+            elif e.book.budget.first_token:
+                # A timed stream's first token came in time: a hit, dated like a miss
+                # (not at its stream's end, seconds later: docs/policy-lab.md, stop 63).
+                e.resolved = True
+                e.book.note(now, False, True)
+            # else: an answer in time; its outcome resolves it at the close (an error
+            # resolves nothing)
 
     @staticmethod
     def first_token(entry: LiveEntry, at: float) -> None:
