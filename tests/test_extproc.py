@@ -103,6 +103,21 @@ def test_rich_path_sets_the_deadline_as_upstream_timeout(app: App) -> None:
     assert routed_cluster(r2) in {"a", "b", "c"}  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(("deadline", "bounded"), [("900000", True), (None, False)])
+def test_a_stream_with_a_deadline_takes_the_route_its_deadline_caps(
+    app: App, deadline: str | None, bounded: bool
+) -> None:
+    """A stream with a caller's deadline takes the route whose whole-answer timeout
+    the header overrides (tailroute.unary), not the stream route whose safety net
+    (20 class timeouts: 10 minutes for interactive) would cut a deadline of 15 minutes
+    there; a stream without one keeps the stream route."""
+    headers = {} if deadline is None else {"x-tailroute-deadline-ms": deadline}
+    _s, (_r1, r2) = rich(app, chat_request(), headers)
+    assert ("unary" in metadata(r2)) is bounded  # type: ignore[arg-type]
+    timeout = set_headers(r2).get("x-envoy-upstream-rq-timeout-ms")  # type: ignore[arg-type]
+    assert (timeout == deadline) if bounded else timeout is None
+
+
 def test_get_without_body_goes_to_default_route(app: App) -> None:
     s = RouteStream(app)
     r = s.on_message(headers_msg({":method": "GET", ":path": "/v1/models"}, eos=True), 0.0)

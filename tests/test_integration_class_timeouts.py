@@ -155,3 +155,32 @@ def test_a_stream_that_never_ends_is_cut_at_its_safety_net(mode: str) -> None:
         # it read as ok before.
         wait_for(lambda: st.sidecar_state()["counters"].get("outcome:timeout"),
                  "the cut stream's outcome", timeout_s=30)
+
+
+@pytest.mark.parametrize("mode", ["extproc", "hybrid"])
+def test_a_callers_deadline_longer_than_the_safety_net_is_the_streams_cap(mode: str) -> None:
+    """The safety net (20 class timeouts: 10 s here) is for streams nobody bounds. A
+    caller's deadline bounds its stream: a steady 14 s stream with a 20 s deadline
+    runs to its end, while the same stream without a deadline is cut at 10 s. The
+    route's first streams are sampled (``timing.token_sample_min``), so this is the
+    sampled route's bounded variant."""
+    with Stack() as st:
+        steady = st.start_provider("steady", "20", "70", extra=["--max-tokens", str(TOKENS)])
+        st.start_sidecar(st.write_config({
+            "clusters": [{"name": "steady", "address": f"127.0.0.1:{steady}",
+                          "models": ["m-steady"]}],
+            "models": [{"name": "m-steady", "candidates": ["steady"]}],
+            "classes": {"interactive": {"slo": {"metric": "ttft", "percentile": 95,
+                                                "budget_ms": 250, "timeout_ms": 500}}},
+            "routing": {"mode": mode, "publish_interval_s": 0.5},
+        }))
+        st.start_envoy()
+        with_deadline = _stream(st, "m-steady", headers={"x-tailroute-deadline-ms": "20000"})
+        assert with_deadline[0] == 200
+        assert with_deadline[1].rstrip().endswith(b"data: [DONE]"), with_deadline[1][-200:]
+        assert _envoy_counters(st).get("http.tailroute.downstream_rq_max_duration_reached",
+                                       0) == 0
+        _status, data, _ = _stream(st, "m-steady")
+        assert b"[DONE]" not in data, data[-200:]
+        assert _envoy_counters(st).get("http.tailroute.downstream_rq_max_duration_reached",
+                                       0) == 1

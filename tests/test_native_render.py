@@ -97,16 +97,19 @@ def test_slice_routes_bound_a_streams_silence_not_its_length(mode: str) -> None:
 def test_decided_routes_bound_a_streams_silence_and_an_unstreamed_answers_length(
     mode: str,
 ) -> None:
-    """The per-request path's routes: every route key has an unstreamed variant first
-    (metadata ``unary``), with the class timeout as its route timeout; the key's own
-    route (streams, and requests from a sidecar that does not mark them) has none, only
-    the idle timeout at the class timeout."""
+    """The per-request path's routes: every route key, sampled or not, has a bounded
+    variant first (metadata ``unary``: unstreamed answers, and streams whose caller's
+    deadline the timeout header sets), with the class timeout as its route timeout and
+    no safety net; the key's own route (other streams, and requests from a sidecar that
+    does not mark them) has none, only the idle timeout at the class timeout and the
+    safety net on its length."""
     cfg = _cfg(mode=mode)
     routes = _hcm(render_for_mode(cfg))["route_config"]["virtual_hosts"][0]["routes"]
     by_class = {c.name: f"{c.slo.timeout_ms // 1000}s" for c in cfg.classes}
     cap = {c.name: f"{20 * c.slo.timeout_ms // 1000}s" for c in cfg.classes}
     decided = [r for r in routes if r["name"].startswith("tailroute|")]
-    assert len(decided) == 3 * len(cfg.cluster_names) * len(cfg.classes)
+    assert len(decided) == 4 * len(cfg.cluster_names) * len(cfg.classes)
+    assert {r["name"].split("|")[3] for r in decided} == {"n", "s"}
     for i, r in enumerate(decided):
         klass, unary = r["name"].split("|")[2], r["name"].endswith("|unary")
         keys = [m["path"][0]["key"] for m in r["match"]["dynamic_metadata"]]

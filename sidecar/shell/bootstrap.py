@@ -155,12 +155,13 @@ def _routes(config: Config) -> list[dict[str, Any]]:
             # before the first byte, between events), never a whole-answer timeout: a
             # steady stream may outlast it (its length is the client's max_tokens), and
             # cut mid-answer it read as the provider's hard failure. An unstreamed answer
-            # (metadata ec.UNARY_KEY, unsampled: only streams are sampled) keeps the class
-            # timeout as its whole timeout. A caller's deadline comes as a header; a
-            # stream's length has only the safety net of admission.stream_cap_s.
+            # (metadata ec.UNARY_KEY) keeps the class timeout as its whole timeout. A
+            # caller's deadline comes as a header that overrides it, and a stream with
+            # one takes that route too (sampled or not): the deadline is its cap. Any
+            # other stream's length has only the safety net of admission.stream_cap_s.
             timeout = ec.duration(klass.slo.timeout_ms / 1000.0)
             cap = {"max_stream_duration": ec.duration(stream_cap_s(klass))}
-            for sampled, unary in ((False, True), (False, False), (True, False)):
+            for sampled, unary in ((False, True), (False, False), (True, True), (True, False)):
                 key = ec.route_key(cluster, klass.name, sampled)
                 match = [_meta_is(ec.ROUTE_KEY, key)] + ([_meta_is(ec.UNARY_KEY, "1")]
                                                          if unary else [])

@@ -25,10 +25,14 @@ USAGE_NS = "tailroute.usage"  # written by Envoy's sse_to_metadata filter
 RID_KEY = "rid"
 ROUTE_KEY = "route"
 SLICE_KEY = "slice"
-# "1" on an unstreamed request: its route (matched before the stream's route of the same
-# key) has the class timeout as its whole-answer timeout. A stream's route bounds only
-# its silences. A separate key, not a part of the route key, so a bootstrap and a
-# sidecar of different versions still agree on every route (the older one's reading).
+# "1" on a request whose whole answer has a timeout: an unstreamed one (its route, matched
+# before the stream's route of the same key, has the class timeout as its whole-answer
+# timeout) and a stream whose caller gave a deadline (the rich path's timeout header
+# overrides that route timeout: the deadline is its cap, not the stream routes' safety
+# net, which would cut a deadline longer than it). A stream's route bounds only its
+# silences and, as a safety net, its length. A separate key, not a part of the route
+# key, so a bootstrap and a sidecar of different versions still agree on every route
+# (the older one's reading).
 UNARY_KEY = "unary"
 TOKENS_KEY = "output_tokens"
 # Written (a constant, never the provider's text) by the usage filter when an event of

@@ -36,8 +36,10 @@ What the request gets on either path:
 
 * valid OpenAI-style request: CONTINUE with dynamic metadata
   ``tailroute.route`` (selects the Envoy route: cluster, class timeout, sampled
-  or not; with ``tailroute.unary`` for an unstreamed answer: its route's timeout
-  is the class timeout, a stream's route bounds only its silences),
+  or not; with ``tailroute.unary`` for an unstreamed answer, whose route's timeout
+  is the class timeout, and for a stream with a caller's deadline, which the
+  timeout header caps; any other stream's route bounds only its silences and, as
+  a safety net, its length),
   ``tailroute.rid`` and ``tailroute.slice`` (match the access-log entry); the
   ``model`` field is rewritten when the chosen cluster serves it under another
   name; on the rich path ``x-envoy-upstream-rq-timeout-ms`` is the remaining
@@ -307,10 +309,12 @@ class RouteStream:
         # Built in place (no sub-message copies): this is the per-request hot path.
         common = (resp.request_body if is_body else resp.request_headers).response
         common.clear_route_cache = True
+        bounded = not info.stream  # the whole answer has a timeout (ec.UNARY_KEY)
         if self.rich:
             timeout = timeout_header(decision)
             if timeout is not None:
                 common.header_mutation.set_headers.append(timeout)
+                bounded = True  # a stream's deadline: its cap, not the safety net
         else:
             common.header_mutation.remove_headers.append(ec.ROUTE_HEADER)
         if parsed is not None and decision.upstream_model:
@@ -320,7 +324,7 @@ class RouteStream:
                 common.header_mutation.set_headers.append(
                     _set("content-length", str(len(new_body))))
         _write_metadata(resp.dynamic_metadata, rid, ec.route_key(cluster, info.klass, sampled),
-                        label, unary=not info.stream)
+                        label, unary=bounded)
         app.register(Pending(
             rid, decision, info.slice, info.stream, app.deadline_for(decision, info.stream, now),
             is_retry=info.retry_attempt > 0,
