@@ -128,6 +128,19 @@ def test_a_callers_deadline_caps_a_stream_and_is_not_held_against_its_cluster(
     assert not [t for t in state["transitions"] if t["cluster"] == "long"], state["transitions"]
 
 
+def _start_half_second_class(st: Stack, name: str, port: int, mode: str) -> None:
+    """The sidecar and Envoy for one provider ``name`` serving model ``m-<name>`` in an
+    interactive class with a 500 ms timeout: its streams' safety net is at 10 s."""
+    st.start_sidecar(st.write_config({
+        "clusters": [{"name": name, "address": f"127.0.0.1:{port}", "models": [f"m-{name}"]}],
+        "models": [{"name": f"m-{name}", "candidates": [name]}],
+        "classes": {"interactive": {"slo": {"metric": "ttft", "percentile": 95,
+                                            "budget_ms": 250, "timeout_ms": 500}}},
+        "routing": {"mode": mode, "publish_interval_s": 0.5},
+    }))
+    st.start_envoy()
+
+
 @pytest.mark.parametrize("mode", ["extproc", "native"])
 def test_a_stream_that_never_ends_is_cut_at_its_safety_net(mode: str) -> None:
     """A provider that keeps a stream open with ``: keep-alive`` comments and never
@@ -137,15 +150,7 @@ def test_a_stream_that_never_ends_is_cut_at_its_safety_net(mode: str) -> None:
     with Stack() as st:
         kept = st.start_provider("kept", "60000", "20")
         st.control("kept", {"waiting_comment_ms": 100})
-        st.start_sidecar(st.write_config({
-            "clusters": [{"name": "kept", "address": f"127.0.0.1:{kept}",
-                          "models": ["m-kept"]}],
-            "models": [{"name": "m-kept", "candidates": ["kept"]}],
-            "classes": {"interactive": {"slo": {"metric": "ttft", "percentile": 95,
-                                                "budget_ms": 250, "timeout_ms": 500}}},
-            "routing": {"mode": mode, "publish_interval_s": 0.5},
-        }))
-        st.start_envoy()
+        _start_half_second_class(st, "kept", kept, mode)
         status, data, _ = _stream(st, "m-kept")  # the client would wait 30 s
         assert b"[DONE]" not in data and b"choices" not in data, (status, data[:200])
         counters = _envoy_counters(st)
@@ -166,15 +171,7 @@ def test_a_callers_deadline_longer_than_the_safety_net_is_the_streams_cap(mode: 
     sampled route's bounded variant."""
     with Stack() as st:
         steady = st.start_provider("steady", "20", "70", extra=["--max-tokens", str(TOKENS)])
-        st.start_sidecar(st.write_config({
-            "clusters": [{"name": "steady", "address": f"127.0.0.1:{steady}",
-                          "models": ["m-steady"]}],
-            "models": [{"name": "m-steady", "candidates": ["steady"]}],
-            "classes": {"interactive": {"slo": {"metric": "ttft", "percentile": 95,
-                                                "budget_ms": 250, "timeout_ms": 500}}},
-            "routing": {"mode": mode, "publish_interval_s": 0.5},
-        }))
-        st.start_envoy()
+        _start_half_second_class(st, "steady", steady, mode)
         with_deadline = _stream(st, "m-steady", headers={"x-tailroute-deadline-ms": "20000"})
         assert with_deadline[0] == 200
         assert with_deadline[1].rstrip().endswith(b"data: [DONE]"), with_deadline[1][-200:]
