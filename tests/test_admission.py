@@ -342,6 +342,29 @@ def test_retries_are_recognised_and_budgeted() -> None:
     assert r.counters[("admission_reason", "retry_budget")] == 5
 
 
+def test_a_tenant_marking_every_request_a_retry_spends_only_its_own_budget() -> None:
+    """The retry marks are the client's word: one tenant sending nothing but "retries"
+    is refused once its own floor is spent, and another tenant's real retries still
+    find the routes' budgets (before, the first tenant had spent them)."""
+    r = make_router(admission={"retry_budget_ratio": 0.2})
+    for i in range(30):  # tenant good: 30 first attempts, 10 per route
+        r.decide(request(tenant="good", rid=f"g{i}"), 1.0, RNG)
+    noisy = [r.decide(request(tenant="noisy", retry_attempt=1), 1.0, RNG) for _ in range(20)]
+    assert [d.admission for d in noisy].count("admit") == 3  # its floor, nothing more
+    refused = noisy[-1]
+    assert (refused.admission, refused.status) == ("reject", 503)
+    assert refused.detail.startswith("retry_budget") and "tenant noisy: 3.0 recent retries" in (
+        refused.detail)
+    good = [r.decide(request(tenant="good", retry_attempt=1), 1.0, RNG) for _ in range(6)]
+    assert all(d.admission == "admit" for d in good)  # 0.2 x 30 + 3 of its own; routes have room
+
+
+def test_untenanted_requests_share_the_route_budgets_as_before() -> None:
+    r = make_router(admission={"retry_budget_ratio": 0.0})
+    outcomes = [r.decide(request(retry_attempt=1), 1.0, RNG).admission for _ in range(12)]
+    assert outcomes.count("admit") == 9  # 3 per route over 3 routes: no tenant rule
+
+
 def test_retry_avoids_previous_route_and_first_attempts_refill_budget() -> None:
     r = make_router(admission={"retry_budget_ratio": 1.0})
     for i in range(30):

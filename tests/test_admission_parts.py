@@ -76,6 +76,27 @@ def test_retry_budget_recovers_as_counts_decay() -> None:
     assert b.snapshot(10.0)["a"]["retries"] == pytest.approx(1.104, abs=1e-3)
 
 
+def test_tenant_retry_budget_is_its_own_and_bounded_in_memory() -> None:
+    from sidecar.core import retry_budget
+
+    b = RetryBudget(0.5, tau_s=1e9)
+    for _ in range(4):
+        b.record("a", 0.0, retry=False, tenant="t1")
+    assert b.tenant_allows(None, 0.0)  # no tenant: no tenant rule
+    n = 0
+    while b.tenant_allows("t1", 0.0) and n < 100:
+        b.record("b", 0.0, retry=True, tenant="t1")
+        n += 1
+    assert n == 5  # 0.5 x 4 firsts + 3, over all routes
+    assert b.tenant_allows("t2", 0.0)  # another tenant's budget is untouched
+    assert b.describe_tenant("t1", 0.0) == (
+        "tenant t1: 5.0 recent retries vs 0.5 x 4.0 first attempts + 3")
+    for i in range(retry_budget.TENANT_MEMORY_SIZE + 10):
+        b.record("a", 0.0, retry=False, tenant=f"x{i}")
+    assert b.tenants == retry_budget.TENANT_MEMORY_SIZE
+    assert b.tenant_allows("t1", 0.0)  # forgotten (least recently used): starts afresh
+
+
 def test_queue_wait_must_fit_in_envoys_decision_timeout() -> None:
     ok = base_config_dict(limits={"decision_timeout_ms": 300}, admission={"queue_wait_ms": 250})
     assert parse_config(ok, "t.yaml").admission.queue_wait_ms == 250

@@ -290,6 +290,8 @@ class AdmissionControl:
                         f"{remaining:.0f}ms left -> {cand} ({why})")
         if not is_retry:
             return cand, note
+        if not self.budget.tenant_allows(req.tenant, now):
+            return None, self.budget.describe_tenant(req.tenant or "", now)
         allowed = [f for f in sel if self.budget.allows(f.name, now)]
         if not allowed:
             return None, self.budget.describe(cand, now)
@@ -327,7 +329,7 @@ class AdmissionControl:
                 and self._some_route_ok(req, klass, decision, result, view, now)):
             # Fast path (the common case): only the last row (ok) can match.
             self.memory.remember(req.request_id, decision.cluster, now)
-            self.budget.record(decision.cluster, now, retry=False)
+            self.budget.record(decision.cluster, now, False, req.tenant)
             key = (decision.cluster, timeout)
             v = self._plain.get(key)
             if v is None:
@@ -386,7 +388,7 @@ class AdmissionControl:
         self.memory.remember(req.request_id, final, now)
         if rule.outcome != "admit":
             return Verdict(rule.outcome, rule.reason, final, None, is_retry, note)
-        self.budget.record(final, now, retry=is_retry)
+        self.budget.record(final, now, is_retry, req.tenant)
         return Verdict("admit", rule.reason, final, timeout, is_retry, note)
 
     def wait_until(self, ticket: str) -> float | None:

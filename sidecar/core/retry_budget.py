@@ -22,6 +22,17 @@ of the route's recent first-attempt load, plus a small floor so a quiet route
 can still retry at all. A local tail event therefore cannot snowball into a
 retry storm: once the budget is spent, retries go to another route or are
 rejected with 503 ``retry_budget``.
+
+**Per tenant as well** (requests with ``x-tailroute-tenant``): the same rule on the
+tenant's own counts over all routes, so a retry needs both budgets. Why: the retry
+marks are the client's word, and a client that marks every request a retry spent
+each route's budget for everyone, so other tenants' real retries were refused.
+Now it spends only its own (``floor`` retries per ``tau`` when it sends nothing
+else). Untenanted requests have no identity to tell apart and share the route
+budgets as before; the tenant counts are kept for the last
+:data:`TENANT_MEMORY_SIZE` tenants (LRU: a tenant seen again after that starts
+afresh, so one rotating names gets a floor per name, still within every route's
+budget).
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ from typing import Final, NamedTuple
 RETRY_MEMORY_S: Final = 120.0  # a repeated request id within this long is a retry
 RETRY_MEMORY_SIZE: Final = 4096  # request ids remembered (LRU)
 RETRY_FLOOR: Final = 3.0  # retries always allowed per tau, even on an idle route
+TENANT_MEMORY_SIZE: Final = 4096  # tenants whose retry counts are kept (LRU)
 
 
 class Seen(NamedTuple):
@@ -80,6 +92,13 @@ class _Counts:
     at: float = 0.0
 
 
+def _count(c: _Counts, retry: bool) -> None:
+    if retry:
+        c.retries += 1.0
+    else:
+        c.firsts += 1.0
+
+
 class RetryBudget:
     """Decayed first-attempt and retry counts per route; see the module docstring."""
 
@@ -88,35 +107,63 @@ class RetryBudget:
         self.tau_s = max(tau_s, 1e-3)
         self.floor = floor
         self._routes: dict[str, _Counts] = {}
+        self._tenants: OrderedDict[str, _Counts] = OrderedDict()
 
-    def _at(self, cluster: str, now: float) -> _Counts:
-        c = self._routes.get(cluster)
-        if c is None:
-            c = self._routes[cluster] = _Counts(at=now)
-        elif now > c.at:
+    def _decayed(self, c: _Counts, now: float) -> _Counts:
+        if now > c.at:
             k = math.exp(-(now - c.at) / self.tau_s)
             c.firsts *= k
             c.retries *= k
             c.at = now
         return c
 
-    def allows(self, cluster: str, now: float) -> bool:
-        """May one more retry go to ``cluster`` now?"""
-        c = self._at(cluster, now)
+    def _at(self, cluster: str, now: float) -> _Counts:
+        c = self._routes.get(cluster)
+        if c is None:
+            c = self._routes[cluster] = _Counts(at=now)
+        return self._decayed(c, now)
+
+    def _of(self, tenant: str, now: float) -> _Counts:
+        c = self._tenants.get(tenant)
+        if c is None:
+            c = self._tenants[tenant] = _Counts(at=now)
+            while len(self._tenants) > TENANT_MEMORY_SIZE:
+                self._tenants.popitem(last=False)
+            return c
+        self._tenants.move_to_end(tenant)
+        return self._decayed(c, now)
+
+    def _room(self, c: _Counts) -> bool:
         return c.retries + 1.0 <= self.ratio * c.firsts + self.floor
 
-    def record(self, cluster: str, now: float, retry: bool) -> None:
-        """A request was sent to ``cluster`` (a retry or a first attempt)."""
-        c = self._at(cluster, now)
-        if retry:
-            c.retries += 1.0
-        else:
-            c.firsts += 1.0
+    def allows(self, cluster: str, now: float) -> bool:
+        """May one more retry go to ``cluster`` now (its route budget)?"""
+        return self._room(self._at(cluster, now))
+
+    def tenant_allows(self, tenant: str | None, now: float) -> bool:
+        """May ``tenant`` retry at all now (its own budget; always for no tenant)?"""
+        return tenant is None or self._room(self._of(tenant, now))
+
+    def record(self, cluster: str, now: float, retry: bool, tenant: str | None = None) -> None:
+        """A request was sent to ``cluster`` (a retry or a first attempt), for ``tenant``."""
+        _count(self._at(cluster, now), retry)
+        if tenant is not None:
+            _count(self._of(tenant, now), retry)
 
     def describe(self, cluster: str, now: float) -> str:
-        c = self._at(cluster, now)
-        return (f"{cluster}: {c.retries:.1f} recent retries vs "
+        return f"{cluster}: {self._line(self._at(cluster, now))}"
+
+    def describe_tenant(self, tenant: str, now: float) -> str:
+        return f"tenant {tenant}: {self._line(self._of(tenant, now))}"
+
+    def _line(self, c: _Counts) -> str:
+        return (f"{c.retries:.1f} recent retries vs "
                 f"{self.ratio:g} x {c.firsts:.1f} first attempts + {self.floor:g}")
+
+    @property
+    def tenants(self) -> int:
+        """Tenants whose counts are kept (at most :data:`TENANT_MEMORY_SIZE`)."""
+        return len(self._tenants)
 
     def snapshot(self, now: float) -> dict[str, dict[str, float]]:
         out = {}
