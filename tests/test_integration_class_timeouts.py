@@ -128,14 +128,17 @@ def test_a_callers_deadline_caps_a_stream_and_is_not_held_against_its_cluster(
     assert not [t for t in state["transitions"] if t["cluster"] == "long"], state["transitions"]
 
 
-def _start_half_second_class(st: Stack, name: str, port: int, mode: str) -> None:
+def _start_half_second_class(st: Stack, name: str, port: int, mode: str,
+                             net_ms: int | None = None) -> None:
     """The sidecar and Envoy for one provider ``name`` serving model ``m-<name>`` in an
-    interactive class with a 500 ms timeout: its streams' safety net is at 10 s."""
+    interactive class with a 500 ms timeout: its streams' safety net is at 10 s, or
+    ``net_ms`` (``slo.max_stream_ms``)."""
+    slo = {"metric": "ttft", "percentile": 95, "budget_ms": 250, "timeout_ms": 500,
+           **({} if net_ms is None else {"max_stream_ms": net_ms})}
     st.start_sidecar(st.write_config({
         "clusters": [{"name": name, "address": f"127.0.0.1:{port}", "models": [f"m-{name}"]}],
         "models": [{"name": f"m-{name}", "candidates": [name]}],
-        "classes": {"interactive": {"slo": {"metric": "ttft", "percentile": 95,
-                                            "budget_ms": 250, "timeout_ms": 500}}},
+        "classes": {"interactive": {"slo": slo}},
         "routing": {"mode": mode, "publish_interval_s": 0.5},
     }))
     st.start_envoy()
@@ -181,3 +184,16 @@ def test_a_callers_deadline_longer_than_the_safety_net_is_the_streams_cap(mode: 
         assert b"[DONE]" not in data, data[-200:]
         assert _envoy_counters(st).get("http.tailroute.downstream_rq_max_duration_reached",
                                        0) == 1
+
+
+@pytest.mark.parametrize("mode", ["extproc", "native"])
+def test_a_class_with_its_own_safety_net_lets_its_long_streams_finish(mode: str) -> None:
+    """``slo.max_stream_ms`` 20 s instead of 20 class timeouts (10 s): the same steady
+    14 s stream, without a deadline, runs to its end."""
+    with Stack() as st:
+        steady = st.start_provider("steady", "20", "70", extra=["--max-tokens", str(TOKENS)])
+        _start_half_second_class(st, "steady", steady, mode, net_ms=20_000)
+        status, data, _ = _stream(st, "m-steady")
+        assert status == 200 and data.rstrip().endswith(b"data: [DONE]"), data[-200:]
+        assert _envoy_counters(st).get("http.tailroute.downstream_rq_max_duration_reached",
+                                       0) == 0

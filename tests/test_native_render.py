@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from sidecar.core.admission import stream_cap_s
 from sidecar.core.config import Config, ConfigError, parse_config
 from sidecar.devtools.harness import envoy_binary
 from sidecar.shell.bootstrap import to_yaml
@@ -120,6 +121,48 @@ def test_decided_routes_bound_a_streams_silence_and_an_unstreamed_answers_length
             None if unary else {"max_stream_duration": cap[klass]}), r["name"]
         if unary:  # matched before the stream route of the same key
             assert decided[i + 1]["name"] == r["name"].removesuffix("|unary")
+
+
+@pytest.mark.parametrize("mode", ["extproc", "native", "hybrid"])
+def test_a_class_sets_its_own_stream_safety_net(mode: str) -> None:
+    """``slo.max_stream_ms`` replaces the 20 class timeouts on every stream route of
+    its class, in every mode; the other classes keep theirs."""
+    data = _data(mode=mode)
+    data["classes"] = {
+        "interactive": {"slo": {"metric": "ttft", "percentile": 95, "budget_ms": 1000,
+                                "timeout_ms": 30000, "max_stream_ms": 5_400_000}},
+        "chat": {"slo": {"metric": "ttft", "percentile": 95, "budget_ms": 900,
+                         "timeout_ms": 20000}}}
+    routes = _hcm(render_for_mode(parse_config(data, "t.yaml")))[
+        "route_config"]["virtual_hosts"][0]["routes"]
+    nets: dict[str, set[str]] = {}
+    for r in routes:
+        if "max_stream_duration" in r["route"]:
+            klass = next(k for k in ("interactive", "chat") if k in r["name"])
+            nets.setdefault(klass, set()).add(r["route"]["max_stream_duration"][
+                "max_stream_duration"])
+    assert nets == {"interactive": {"5400s"}, "chat": {"400s"}}
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [(0, "must be >= 1"), ("long", "must be a number"), (True, "must be a number"),
+     (700_000_000_000, "must be <= ")],
+)
+def test_a_bad_stream_net_names_the_file_and_field(value: Any, problem: str) -> None:
+    data = _data(mode="extproc")
+    data["classes"] = {"interactive": {"slo": {"max_stream_ms": value}}}
+    with pytest.raises(ConfigError, match=r"t\.yaml: classes\.interactive\.slo\."
+                       r"max_stream_ms: " + problem):
+        parse_config(data, "t.yaml")
+
+
+def test_a_null_stream_net_is_the_default() -> None:
+    data = _data(mode="extproc")
+    data["classes"] = {"interactive": {"slo": {"max_stream_ms": None}}}
+    klass = parse_config(data, "t.yaml").workload_class("interactive")
+    assert klass is not None and klass.slo.max_stream_ms is None
+    assert stream_cap_s(klass) == 600.0
 
 
 def test_native_has_no_ext_proc_and_hybrid_skips_it_for_native_requests() -> None:

@@ -120,6 +120,12 @@ def _longer_timeout(d: dict[str, Any]) -> None:
         "slo": {"metric": "ttft", "percentile": 95, "budget_ms": 800, "timeout_ms": 45000}}}
 
 
+def _longer_stream_net(d: dict[str, Any]) -> None:
+    d["classes"] = {"interactive": {"slo": {  # the default class, with its own net
+        "metric": "ttft", "percentile": 95, "budget_ms": 1000, "timeout_ms": 30000,
+        "max_stream_ms": 3_600_000}}}
+
+
 def _default_b(d: dict[str, Any]) -> None:
     d["default_cluster"] = "b"
 
@@ -128,7 +134,7 @@ def _default_b(d: dict[str, Any]) -> None:
     ("edit", "says"),
     [(_add_class, "routes added"), (_add_cluster, "routes added"),
      (_drop_cluster, "routes removed"), (_longer_timeout, "routes changed"),
-     (_default_b, "routes changed")],
+     (_longer_stream_net, "routes changed"), (_default_b, "routes changed")],
 )
 def test_a_reload_that_envoys_routes_cannot_follow_is_refused(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, edit: Any, says: str

@@ -75,16 +75,18 @@ RETRY_TAU_SUBWINDOWS: Final = 6  # retry budgets decay over this many sub-window
 _significant = functools.lru_cache(maxsize=1024)(significant)
 
 
-# A stream's whole length is capped only as a safety net, at this many class timeouts
-# (Envoy's route max_stream_duration; the lab's engine alike): a provider that never ends
-# a stream -- keep-alive comments reset the idle timeout -- would otherwise hold the
-# request, and its slot, for ever. Interactive's 30 s gives 10 min: 30,000 tokens at 50/s.
+# A stream's length is capped only as a safety net, by default at this many class timeouts
+# (Envoy's route max_stream_duration; the lab alike): a provider that never ends a stream
+# -- keep-alive comments reset the idle timeout -- would hold it, and its slot, for ever.
+# Interactive's 30 s gives 10 min (30,000 tokens at 50/s); slo.max_stream_ms overrides.
 STREAM_CAP_TIMEOUTS: Final = 20
 
 
 def stream_cap_s(klass: ClassConfig) -> float:
-    """The longest a stream of ``klass`` may last, in seconds (:data:`STREAM_CAP_TIMEOUTS`)."""
-    return STREAM_CAP_TIMEOUTS * klass.slo.timeout_ms / 1000.0
+    """The longest a stream of ``klass`` may last, in seconds: ``slo.max_stream_ms``, or
+    :data:`STREAM_CAP_TIMEOUTS` class timeouts."""
+    cap = klass.slo.max_stream_ms
+    return (STREAM_CAP_TIMEOUTS * klass.slo.timeout_ms if cap is None else cap) / 1000.0
 
 
 def remaining_ms(req: RequestInfo, klass: ClassConfig) -> float:

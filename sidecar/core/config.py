@@ -27,8 +27,7 @@ Metric = Literal["ttft", "tpot", "e2e"]
 PickerMode = Literal["weighted_random", "lowest_score"]
 RoutingMode = Literal["extproc", "native", "hybrid"]
 Algorithm = Literal["latency_aware", "static"]
-# Routing profile of a model: tailroute's own, or semantic-router's latency_aware
-# reproduced exactly (sidecar.core.compat_sr).
+# A model's routing profile: tailroute's, or semantic-router's latency_aware (compat_sr).
 Compat = Literal["tailroute", "semantic-router"]
 SEMANTIC_ROUTER: Final[Compat] = "semantic-router"
 
@@ -78,6 +77,7 @@ class SloConfig:
     percentile: float = 95.0
     budget_ms: float = 1000.0
     timeout_ms: float = 30000.0
+    max_stream_ms: float | None = None  # a stream's whole length; None: 20 x timeout_ms
 
 
 # Default class weight of the live latency ratio (sidecar.core.live_latency).

@@ -232,6 +232,8 @@ def _class(name: str, r: ConfigReader) -> ClassConfig:
         percentile=s.num("percentile", 95, lo=1, hi=100),
         budget_ms=s.num("budget_ms", 1000, lo=1, hi=MAX_TIMEOUT_MS),
         timeout_ms=s.num("timeout_ms", 30000, lo=1, hi=MAX_TIMEOUT_MS),
+        max_stream_ms=s.num("max_stream_ms", 1, lo=1, hi=MAX_TIMEOUT_MS)
+        if s.has("max_stream_ms") else s.raw("max_stream_ms"),  # absent or null: None
     )
     s.done()
     if r.clean_since(mark) and slo.timeout_ms < slo.budget_ms:
