@@ -13,6 +13,7 @@ from sidecar.core.config import Config, parse_config
 from sidecar.core.health import HealthState
 from sidecar.core.router import Router
 from sidecar.core.types import Observation, RequestInfo, SliceKey
+from sidecar.ops.state import state_json
 from tests.conftest import base_config_dict
 
 # ---------------------------------------------------------------- the table
@@ -357,6 +358,9 @@ def test_a_tenant_marking_every_request_a_retry_spends_only_its_own_budget() -> 
         refused.detail)
     good = [r.decide(request(tenant="good", retry_attempt=1), 1.0, RNG) for _ in range(6)]
     assert all(d.admission == "admit" for d in good)  # 0.2 x 30 + 3 of its own; routes have room
+    budget = state_json(r, 1.0)["admission"]["retry_budget"]  # what /state shows
+    assert budget["tenants"] == 2
+    assert sum(v["retries"] for v in budget["routes"].values()) == 9  # 3 noisy + 6 good
 
 
 def test_untenanted_requests_share_the_route_budgets_as_before() -> None:

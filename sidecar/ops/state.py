@@ -109,7 +109,10 @@ def state_steps(router: Router, clock: Callable[[], float]) -> Steps[dict[str, A
         # classes others yield to under overload (sidecar.core.admission_priority)
         "admission": {"pressed": router.admission.pressure.snapshot(now),
                       # marks dropped or entries evicted at the table's cap
-                      "pressed_overflow": router.admission.pressure.overflow},
+                      "pressed_overflow": router.admission.pressure.overflow,
+                      # decayed first attempts and retries per route; tenants counted
+                      "retry_budget": {"routes": router.admission.budget.snapshot(now),
+                                       "tenants": router.admission.budget.tenants}},
         "counters": {f"{k}:{label}": v for (k, label), v in sorted(router.counters.items())},
     }
 
