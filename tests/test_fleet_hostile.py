@@ -29,6 +29,7 @@ from sidecar.fleet.redis_store import RedisStore
 from sidecar.fleet.store_errors import WrongTypeError, describe
 from sidecar.fleet.sync import FleetSync
 from sidecar.shell.app import App
+from sidecar.shell.bootstrap import upstream_max_requests
 from tests.conftest import base_config_dict
 from tests.test_fleet_redis import _config as _redis_config
 from tests.test_fleet_sync import SL, Fleet
@@ -112,6 +113,43 @@ def test_one_unreadable_record_is_counted_and_everything_else_still_shared(
     if name != "_meta":  # a peer whose meta is unreadable is not merged at all
         rs = f.routers[0].stats.series("a", SL)
         assert rs is not None and rs.count("ttft", 1002.0) == 3  # r1's new request too
+
+
+# Four Envoys' breakers on a cluster (sidecar.fleet.stats_sync.load_bound): a replica
+# counting more in flight there is not a working one.
+BOUND = 4 * upstream_max_requests(parse_config(base_config_dict(), "t.yaml").clusters[0])
+
+
+@pytest.mark.parametrize(("n", "low", "inflight", "peer_low", "skipped"), [
+    # Held every cluster full on every replica: the top class was refused fleet-wide.
+    ({"a": 10**9, "b": 10**9, "c": 10**9}, {"b": 10**9}, [0, 1, 0], {},
+     [f"n[{c!r}]: {10**9} in flight is over {BOUND}" for c in "abc"]),
+    ({"b": 3}, {"b": 5}, [0, 4, 0], {"b": 3}, ["l['b']: 5 low-priority of 3 in flight: "
+                                               "read as 3"]),
+    ({"b": 3}, {"c": 2}, [0, 4, 0], {}, ["l['c']: 2 low-priority of 0 in flight"]),
+    ({"b": BOUND}, {"b": BOUND}, [0, BOUND + 1, 0], {"b": BOUND}, []),  # the most: summed
+    ({"x": 10**9}, {"x": 10**10}, [0, 1, 0], {}, []),  # a cluster not here: ignored as was
+])
+def test_a_peers_impossible_in_flight_counts_are_skipped_not_summed(
+    n: dict[str, int], low: dict[str, int], inflight: list[int], peer_low: dict[str, int],
+    skipped: list[str],
+) -> None:
+    """A peer's in-flight counts are capacity taken on every replica that reads them.
+    Before, a count no replica can hold (a bug, a corrupt record) was summed as sent and
+    held the cluster full everywhere, and a low-priority count over its total made
+    admission take important work's slots for a batch's."""
+    f = Fleet(2)
+    _shared(f)
+    r = f.routers[0]
+    r.started("b")
+    f.store.stats["r1"].fields["_load"] = codec.encode_load(1_001_400, n, low)
+    f.cycle(1001.5, only=[0])  # fresh (written 0.1 s ago): summed, unless impossible
+    assert [r.inflight(c) for c in "abc"] == inflight and r.peer_low == peer_low
+    c = f.syncs[0].counters
+    assert c.bad_peer_records == len(skipped)
+    if skipped:
+        assert c.last_bad.startswith(f"r1's _load {skipped[-1]}"), c.last_bad
+    assert _decides(f, 0, 1001.6).admission == "admit"
 
 
 # ---------------------------------------------------------------- in a real Redis

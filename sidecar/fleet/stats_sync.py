@@ -22,7 +22,9 @@ per request, and the stored fields are bounded by series x sub-windows.
 
 Alongside the sub-windows each replica publishes its requests in flight per
 cluster (``codec.LOAD_FIELD``); the fresh peers' counts are summed into
-``router.peer_inflight`` so capacity limits hold fleet-wide.
+``router.peer_inflight`` so capacity limits hold fleet-wide. A count no working
+replica can hold (over :func:`load_bound`) is not summed but skipped, and a
+low-priority count over its total is read as the total (:meth:`StatsSync._checked_load`).
 
 Invariants:
 
@@ -47,6 +49,26 @@ from sidecar.fleet import codec
 from sidecar.fleet.exchange import Reply, SyncCounters
 
 _SubKey = tuple[str, SliceKey, int]  # (cluster, narrow key, local sub-window index)
+_Load = tuple[int, dict[str, int], dict[str, int]]  # (wall ms, in flight, of those low)
+
+# Envoys whose traffic one replica may count (native mode: one sidecar per host).
+PEER_LOAD_ENVOYS = 4
+
+
+def load_bound(max_concurrency: int) -> int:
+    """The most requests in flight on a cluster a working replica can report.
+
+    Admission lets a replica hold ``max_concurrency`` of important work plus as many
+    again of less important work (the slots beyond capacity, docs/admission.md), but
+    native traffic, ``beyond_capacity: best_effort`` and admission switched off are
+    bounded only by Envoy's breaker on the cluster: ``max(1024, 4 x max_concurrency)``
+    per Envoy (``sidecar.shell.bootstrap.upstream_max_requests``). Four Envoys' worth,
+    so that no real count is ever refused; anything above is a bug or a corrupt
+    record. Any count of ``max_concurrency`` or more already reads as full, so a
+    bound cannot tell a wrong count below it from a peer at capacity: it refuses only
+    impossible ones, which would otherwise hold the cluster full fleet-wide.
+    """
+    return PEER_LOAD_ENVOYS * max(1024, 4 * max_concurrency)
 
 
 @dataclass
@@ -69,7 +91,7 @@ class StatsSync:
         self._expect_stored = 0
         self._load_pushed = b""
         # peer -> (wall ms, in flight, of those low-priority) as last fetched
-        self._peer_load: dict[str, tuple[int, dict[str, int], dict[str, int]]] = {}
+        self._peer_load: dict[str, _Load] = {}
 
     # ------------------------------------------------------------ time
 
@@ -174,7 +196,7 @@ class StatsSync:
             load = fields.get(codec.LOAD_FIELD)
             if load is not None:
                 try:
-                    self._peer_load[peer] = codec.decode_load(load)
+                    self._peer_load[peer] = self._checked_load(peer, codec.decode_load(load))
                 except ValueError as exc:
                     self.counters.skip(f"{peer}'s {codec.LOAD_FIELD}", exc)
             for name, raw in fields.items():
@@ -213,6 +235,33 @@ class StatsSync:
         # What a peer pushed is remembered until it leaves the window, even when the peer
         # or its fields vanish from the store (flushed, restarted): re-pushed contents
         # then merge only their growth, never twice.
+
+    def _checked_load(self, peer: str, load: _Load) -> _Load:
+        """``load`` without what no working replica reports, each skip counted: a count
+        over :func:`load_bound` (it held the cluster full on every replica, and
+        admission refused or shed its traffic fleet-wide), and a low-priority count
+        over its total, read as the total (it made admission take important work's
+        slots for a batch's: ``packed`` subtracts the low counts from the total).
+        Clusters this config lacks are left as they are: the sum ignores them."""
+        wall, counts, lows = load
+        cfg = self.router.config
+        known = set(cfg.cluster_names)
+        what = f"{peer}'s {codec.LOAD_FIELD}"
+        for c, n in list(counts.items()):
+            if c in known and n > (bound := load_bound(cfg.cluster(c).max_concurrency)):
+                del counts[c]
+                lows.pop(c, None)  # part of the same count
+                self.counters.skip(f"{what} n[{c!r}]", f"{n} in flight is over {bound}, "
+                                   "more than a replica can hold: ignored")
+        for c, n in list(lows.items()):
+            if c in known and n > (total := counts.get(c, 0)):
+                if total:
+                    lows[c] = total
+                else:
+                    del lows[c]
+                self.counters.skip(f"{what} l[{c!r}]", f"{n} low-priority of {total} in "
+                                   f"flight: read as {total}")
+        return wall, counts, lows
 
     def _sum_peer_load(self, now: float, fetched: set[str], known: set[str]) -> None:
         """Peers' in-flight counts, fresh ones only (a dead peer's last count must not
