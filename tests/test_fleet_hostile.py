@@ -380,7 +380,7 @@ def test_a_store_back_with_older_contents_counts_nothing_twice(server: RedisServ
         client.close()
         server.kill()
         for s in syncs:
-            s.disconnected()  # what the link does when a cycle fails
+            s.disconnected(1001.6)  # what the link does when a cycle fails
         server.start()
         store = RedisStore(server.url, "t", 2.0)
         await cycle(1002.0, 0)  # the reader first: it meets the older contents

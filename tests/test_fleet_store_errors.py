@@ -119,16 +119,18 @@ def test_an_acl_refusal_names_what_is_missing_and_the_grant(
 
 
 class _Failing:
-    """A store failing as told, once per cycle; None answers an empty reply."""
+    """A store failing as told, once per cycle; None answers an empty reply (every lease
+    held by ``holder``, by default the asking replica)."""
 
-    def __init__(self, script: list[BaseException | None]) -> None:
+    def __init__(self, script: list[BaseException | None], holder: str | None = None) -> None:
         self.script = script
+        self.holder = holder
 
     async def exchange(self, ex: Exchange, now_ms: float) -> Reply:
         exc = self.script.pop(0)
         if exc is not None:
             raise exc
-        return Reply([ex.rid] * len(ex.routes), [ex.rid], {}, {}, {}, [], 0)
+        return Reply([self.holder or ex.rid] * len(ex.routes), [ex.rid], {}, {}, {}, [], 0)
 
     async def close(self) -> None:
         return None
@@ -173,6 +175,40 @@ def test_a_store_that_stays_down_is_logged_again_only_when_its_failure_changes(
         ("INFO", got[3][1]),
     ] and got[3][1].startswith("fleet store redis://***@127.0.0.1:1/0 back after")
     assert "s3cret" not in caplog.text
+
+
+def test_a_failed_cycle_records_what_the_probe_results_it_carried_changed() -> None:
+    """The link records the transitions of the probe results a failed push was carrying
+    (FleetSync.disconnected applies them here) as it records an answer's: in the
+    router's transitions and log, for native mode to publish."""
+    from sidecar.core.health_board import CLUSTER_SLICE
+
+    cfg = parse_config(base_config_dict(
+        health={"cooldown_s": 5, "probe_successes": 2},
+        fleet={"url": "redis://127.0.0.1:1/0"}), "t.yaml")
+
+    async def main() -> None:
+        app = App.create(cfg)
+        store = _Failing([None, ConnectionError("refused")], holder="r1")
+        link = FleetLink(app, cfg.fleet, store=store, rid="r0")  # type: ignore[arg-type]
+        r = app.router
+        t0 = asyncio.get_running_loop().time() - 100.0
+        for j in range(10):  # ejected, then probing once the cooldown is over
+            r.observe(Observation("a", SL, "error", status=500), t0 + j * 0.5)
+        r.tick(t0 + 20.0)
+        h = r.board.peek("a", CLUSTER_SLICE)
+        assert h is not None and h.state.value == "probing"
+        assert await link._attempt()  # r1 owns every route: r0 follows them
+        assert ("a", CLUSTER_SLICE) in link.sync.board.followed
+        for k in range(2):
+            r.observe(Observation("a", SL, "ok", ttft_s=0.1, e2e_s=0.2, is_probe=True),
+                      t0 + 21.0 + k)
+        seen = len(r.transitions)
+        assert not await link._attempt()
+        assert [(e.cluster, e.new) for e in list(r.transitions)[seen:]] == [("a", "restoring")]
+        assert r.counters[("transition", "restoring")] == 1
+
+    asyncio.run(main())
 
 
 def test_a_demoted_primary_is_reconnected_to_at_every_retry(

@@ -252,6 +252,63 @@ def test_probe_results_from_every_replica_count_toward_the_owners_tally() -> Non
         assert ev is not None and ev.requests == 4  # ... but out of the evidence: the probes
 
 
+def _probing_everywhere(probe_successes: int) -> tuple[Fleet, int, int]:
+    """Cluster a ejected by its owner, probing there and (adopted) on the other."""
+    cfg = parse_config(base_config_dict(
+        stats={"subwindow_s": 10, "subwindows": 6, "min_samples": 5},
+        health={"cooldown_s": 5, "probe_successes": probe_successes}), "t.yaml")
+    f = Fleet(2, cfg)
+    owner, other = f.share_route()
+    _fail(f, owner, "a", 1000.0)
+    f.cycle(1009.9)
+    f.tick(1010.01)
+    f.tick(1016.0)
+    f.cycle(1016.1)
+    f.cycle(1016.2)
+    assert [f.state(i, slice=CW) for i in range(2)] == ["probing", "probing"]
+    return f, owner, other
+
+
+def _probe(f: Fleet, i: int, at: float) -> None:
+    f.routers[i].observe(Observation("a", SL, "ok", ttft_s=0.1, e2e_s=0.2, is_probe=True), at)
+
+
+@pytest.mark.parametrize("when", ["forwarded", "queued after the push"])
+def test_probe_results_on_their_way_when_a_push_fails_count_here(when: str) -> None:
+    """A follower forwards the probe results it sees to the owner; its push fails, so
+    the route is decided here from then on. Before, the failed push's results were gone
+    (cleared from the outbox), and those seen after it were dropped by the next push
+    (no holder known any more): the route here kept probing on probes already seen."""
+    f, owner, other = _probing_everywhere(probe_successes=2)
+    s = f.syncs[other]
+    if when == "forwarded":
+        _probe(f, other, 1016.3)
+        _probe(f, other, 1016.4)
+        assert sum(len(v) for v in s.outgoing(1016.5).probes.values()) == 2  # the push ...
+    else:
+        s.outgoing(1016.5)
+        _probe(f, other, 1016.6)
+        _probe(f, other, 1016.7)
+    assert f.state(other, slice=CW) == "probing"  # followed: the owner's tally
+    events = s.disconnected(1016.8)  # ... failed
+    assert [(e.cluster, e.old, e.new) for e in events] == [("a", "probing", "restoring")]
+    assert f.state(other, slice=CW) == "restoring" and f.state(owner, slice=CW) == "probing"
+    rs = f.routers[other].stats.series("a", SL)
+    ev = None if rs is None else rs.evidence("ttft", 1016.8, 0.0)
+    assert ev is not None and ev.requests == 2  # fenced, as its router would: the probes
+
+
+def test_probe_results_a_push_delivered_are_not_counted_again_on_a_later_failure() -> None:
+    f, owner, other = _probing_everywhere(probe_successes=2)
+    _probe(f, other, 1016.3)
+    _probe(f, other, 1016.4)
+    f.cycle(1016.5, only=[other])  # delivered to the owner's inbox
+    assert f.syncs[other].disconnected(1016.6) == []  # the next push failed: nothing here
+    assert f.state(other, slice=CW) == "probing"
+    f.cycle(1016.7, only=[owner])
+    assert f.state(owner, slice=CW) == "restoring" and f.syncs[owner].counters.applied_probes == 2
+
+
 def test_a_dead_owners_lease_passes_on_without_losing_the_state() -> None:
     f = Fleet(2)
     owner, other = f.share_route()
@@ -277,7 +334,7 @@ def test_unreachable_store_means_local_decisions_then_convergence() -> None:
     f = Fleet(2)
     owner, other = f.share_route()
     for s in f.syncs:
-        s.disconnected()  # the store went away
+        s.disconnected(999.7)  # the store went away
     # Only the non-owner sees the failures; its fast path ejects the cluster alone.
     _fail(f, other, "a", 1000.0)
     f.tick(1010.01)
@@ -419,7 +476,7 @@ def test_a_state_entered_as_its_push_failed_still_reaches_the_followers() -> Non
     f = Fleet(2)
     owner, follower = _quarantined_on_the_owner(f)
     f.syncs[owner].outgoing(1010.1)  # the push that carried the quarantine ...
-    f.syncs[owner].disconnected()  # ... failed
+    f.syncs[owner].disconnected(1010.1)  # ... failed
     for k in range(3):
         f.cycle(1010.2 + 0.1 * k)
     assert f.state(follower) == "quarantined"
@@ -445,7 +502,7 @@ def test_an_older_state_from_the_same_owner_is_not_adopted() -> None:
     assert f.state(follower) == "healthy"
     f.store.health.fields.update(older)  # the store is back with its older contents
     for s in f.syncs:
-        s.disconnected()
+        s.disconnected(1020.3)
     seen = len(f.events[follower])
     f.cycle(1021.0, only=[follower])  # the follower reads the older entry first
     assert f.state(follower) == "healthy" and len(f.events[follower]) == seen

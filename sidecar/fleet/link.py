@@ -12,7 +12,8 @@ the store). When the store is down, slow or answers nonsense:
   redacted; a new line only when the kind of failure changes while the store
   stays down; ``tailroute_fleet_store_up`` is 0 meanwhile and
   ``tailroute_fleet_syncs_total{result="error"}`` counts the failed cycles;
-* every route is decided locally (:meth:`FleetSync.disconnected`);
+* every route is decided locally (:meth:`FleetSync.disconnected`), and the probe
+  results the failed push forwarded count here;
 * reconnect attempts back off exponentially (0.5 s doubling to 30 s, +-20 %
   jitter) so a fleet does not hammer a recovering server;
 * on return the replica re-pushes its whole live window, re-takes or follows
@@ -118,8 +119,9 @@ class FleetLink:
             reply = await asyncio.wait_for(self.store.exchange(ex, w0 * 1000.0),
                                            self.cfg.timeout_ms / 1000.0)
         except BaseException:
-            self.sync.disconnected()
+            events = self.sync.disconnected(loop.time())
             self.app.forwards.put_back(forwards)
+            self._record(events)  # probe results it forwarded, counted here instead
             raise
         # Processed below: the next cycle acknowledges this take and starts another.
         self._acked, self._take_gen = self._take_gen, self._take_gen + 1

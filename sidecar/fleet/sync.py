@@ -25,7 +25,8 @@ that ejection (adopted then) or the route is healthy here again; an older
 published state never undoes it. A replica that takes over a lease first adopts
 the previous owner's published state (if newer than its own), so a handover does
 not flap. When the store is unreachable, :meth:`FleetSync.disconnected` makes
-every route local again.
+every route local again, and the probe results it was forwarding (the failed
+push's, and those seen since) count on this replica's own board instead.
 
 Invariants:
 
@@ -92,6 +93,9 @@ class FleetSync:
         self._asked: list[str] = []
         self._health_seen: set[str] = set()
         self._republish = True
+        # Probe results the last push forwarded to their owners, until its reply comes:
+        # a push that failed may not have delivered them (disconnected()).
+        self._forwarded: list[tuple[str, SliceKey, bool]] = []
 
     def wall_ms(self, now: float) -> int:
         return self.stats_sync.wall_ms(now)
@@ -122,8 +126,17 @@ class FleetSync:
         self.limits_sync.wall_offset = wall_offset
         return True
 
-    def disconnected(self) -> None:
-        """The store did not answer: every route is decided locally until it does."""
+    def disconnected(self, now: float) -> list[TransitionEvent]:
+        """The store did not answer: every route is decided locally until it does.
+        Returns the state changes of applying here the probe results that were on
+        their way to the routes' owners (record them as :meth:`incoming`'s)."""
+        self._check_store()
+        # The failed push's probe results, and those queued since: the next push would
+        # drop the latter (no holder is known until the store answers). Before, both
+        # were lost, and a probing route here waited for probes it had already seen.
+        results = self._forwarded + self.board.probe_outbox
+        self._forwarded = []
+        self.board.probe_outbox.clear()
         self.board.followed.clear()
         self.stats_sync.forget_peer_load()
         self.owned.clear()
@@ -134,6 +147,10 @@ class FleetSync:
         # found nothing owned (cleared above), spent the republish on nothing, and a
         # quarantine entered as the push failed never reached the followers at all.
         self._signature.clear()
+        # The routes are local now: the results join this board's tally. One the store
+        # did deliver counts in the owner's tally as well, which this board does not
+        # share: it is adopted from the owner again once the store answers.
+        return self._apply_results(results, now)
 
     @property
     def followed(self) -> int:
@@ -163,11 +180,13 @@ class FleetSync:
                 health_set[rf] = codec.encode_health(self.rid, self.wall_ms(now), state)
                 self._signature[rf] = sig
         probes: dict[str, list[bytes]] = {}
+        self._forwarded = []
         for cluster, s, ok in self.board.probe_outbox:
             rf = codec.route_field(cluster, s)
             holder = self._holders.get(rf)
             if holder is not None and holder != self.rid:
                 probes.setdefault(holder, []).append(codec.encode_probe(rf, ok))
+                self._forwarded.append((cluster, s, ok))
                 self.counters.forwarded_probes += 1
         self.board.probe_outbox.clear()
         self._republish = False
@@ -196,6 +215,7 @@ class FleetSync:
     def incoming(self, reply: Reply, now: float) -> list[TransitionEvent]:
         """Apply the store's answer to the last :meth:`outgoing`; returns state changes."""
         self._check_store()
+        self._forwarded = []  # the store answered the push that carried them: delivered
         if len(reply.holders) != len(self._asked):
             raise ValueError("lease answer does not match the routes asked")
         events: list[TransitionEvent] = []
@@ -314,7 +334,7 @@ class FleetSync:
         return self._adopt(rf, route, entry, now, f"fleet: took over from {entry[0]}")
 
     def _apply_probes(self, raw: list[bytes], now: float) -> list[TransitionEvent]:
-        events: list[TransitionEvent] = []
+        results: list[tuple[str, SliceKey, bool]] = []
         for value in raw:
             try:
                 rf, ok = codec.decode_probe(value)
@@ -323,11 +343,19 @@ class FleetSync:
                 self.counters.skip("a forwarded probe result", exc)
                 continue
             if rf in self.owned:
-                got = self.board.record_probe(cluster, s, ok, now)
-                if any(e.old == "probing" and e.new == "restoring" for e in got):
-                    self._fence((cluster, s), now)
-                events += got
+                results.append((cluster, s, ok))
                 self.counters.applied_probes += 1
+        return self._apply_results(results, now)
+
+    def _apply_results(self, results: list[tuple[str, SliceKey, bool]],
+                       now: float) -> list[TransitionEvent]:
+        """Probe results of routes this board decides, into its tally."""
+        events: list[TransitionEvent] = []
+        for cluster, s, ok in results:
+            got = self.board.record_probe(cluster, s, ok, now)
+            if any(e.old == "probing" and e.new == "restoring" for e in got):
+                self._fence((cluster, s), now)
+            events += got
         return events
 
     def _fence(self, route: Route, now: float) -> None:
