@@ -152,6 +152,32 @@ def test_a_peers_impossible_in_flight_counts_are_skipped_not_summed(
     assert _decides(f, 0, 1001.6).admission == "admit"
 
 
+def _probe_of(route: str, pad: int = 0) -> bytes:
+    """A forwarded probe result (route ``route``), padded to ``pad`` bytes if given."""
+    raw = codec.encode_probe(route, True)
+    return raw if len(raw) >= pad else raw[:-1] + b" " * (pad - len(raw)) + b"]"
+
+
+@pytest.mark.parametrize(("inbox", "said"), [
+    ([b"x" * (1 << 20)], "1 item(s) of this replica's probes inbox: their list takes "
+     "1048576 bytes, more than 1 item(s) of at most 4096 bytes can: dropped unread, all"),
+    ([_probe_of(ROUTE)] * 10 + [_probe_of(ROUTE + "x", 5000)], "1 item(s) of this "
+     "replica's probes inbox: over 4096 bytes (the largest 5000): dropped"),
+])
+def test_an_oversized_inbox_item_is_dropped_by_the_take_and_counted(
+    inbox: list[bytes], said: str,
+) -> None:
+    """A forwarded probe result or request id is tens of bytes: a larger item in a
+    replica's inbox no replica wrote. Before, it was handed on whole (a 5,000-byte
+    probe result of a route nobody has was parsed, then ignored without a count)."""
+    f = Fleet(2)
+    _shared(f)
+    f.store.probes["r0"] = list(inbox)
+    f.cycle(1001.5, only=[0])
+    c = f.syncs[0].counters
+    assert (c.bad_peer_records, c.last_bad) == (1, said)
+
+
 # ---------------------------------------------------------------- in a real Redis
 
 
@@ -165,6 +191,55 @@ def _exchange(rid: str, routes: list[str], fetch: list[str] | None = None) -> Ex
     return Exchange(rid=rid, meta=codec.encode_meta(10.0, 0.01), routes=routes, stats_set={},
                     stats_del=[], health_set={}, probes={}, fetch=fetch or [],
                     stats_ttl_ms=60_000, lease_ttl_ms=3_000, health_ttl_ms=120_000)
+
+
+def _net_out(client: redis.Redis) -> int:
+    return int(client.info("stats")["total_net_output_bytes"])
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_an_oversized_inbox_item_never_crosses_the_network(
+    server: RedisServer, whole: bool,
+) -> None:
+    """Before, a take returned a replica's inbox lists whole: a take of two 50 MB items
+    took 0.5-0.7 s over a loopback, past the default fleet.timeout_ms (the cycle failed,
+    and the same take was delivered again). Now the take script drops an item over 4096
+    bytes on the server; a list too big for its count (MEMORY USAGE) is dropped whole,
+    unread: nothing in it can be told from the rest without reading."""
+    client = redis.Redis(port=server.port)
+    big = b"x" * ((8 << 20) if whole else 5000)
+    ids = [b"dec-%d" % i for i in range(2 if whole else 100)]
+    probes = [_probe_of(ROUTE)] * 3
+
+    async def main() -> tuple[Reply, int]:
+        sender, taker = RedisStore(server.url, "t", 2.0), RedisStore(server.url, "t", 2.0)
+        take = Exchange(rid="dec", meta=b"m", routes=[], stats_set={}, stats_del=[],
+                        health_set={}, probes={}, fetch=[], stats_ttl_ms=60_000,
+                        lease_ttl_ms=3_000, health_ttl_ms=120_000, entries_for="dec")
+        await taker.exchange(take, 1e12)  # connected
+        await sender.exchange(Exchange(
+            rid="A", meta=b"m", routes=[], stats_set={}, stats_del=[], health_set={},
+            probes={"dec": [*probes, big]}, fetch=[], stats_ttl_ms=60_000,
+            lease_ttl_ms=3_000, health_ttl_ms=120_000, entries={"dec": [ids[0], big, *ids[1:]]}),
+            1e12)
+        before = _net_out(client)
+        take.take_gen, take.ack_gen = 1, 0
+        reply = await taker.exchange(take, 1e12)
+        sent = _net_out(client) - before
+        for closing in (sender, taker):
+            await closing.close()
+        return reply, sent
+
+    reply, sent = asyncio.run(main())
+    assert sent < 64 * 1024, sent  # the take's answer: small, whatever the inbox holds
+    if whole:
+        assert reply.entries == [] and reply.probes == []
+        got = {k: (v.items, v.size > len(big), v.whole) for k, v in reply.oversized.items()}
+        assert got == {"entries": (3, True, True), "probes": (4, True, True)}
+    else:
+        assert reply.entries == ids and reply.probes == probes
+        got = {k: (v.items, v.size, v.whole) for k, v in reply.oversized.items()}
+        assert got == {"entries": (1, 5000, False), "probes": (1, 5000, False)}
 
 
 @pytest.mark.parametrize("lease", [b"garbage", b"r9 soon", b"r9 1e999", b"r9 99999999999999"])

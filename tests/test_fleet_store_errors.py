@@ -86,6 +86,31 @@ def test_the_documented_grant_is_all_the_fleet_needs(server: RedisServer) -> Non
     asyncio.run(main())
 
 
+def test_a_grant_without_llen_and_memory_still_takes_and_drops_oversized_items(
+    server: RedisServer,
+) -> None:
+    """The take script asks LLEN and MEMORY USAGE whether a list is too big to read
+    (sidecar.fleet.redis_store); a user granted what the fleet used before they were
+    (or a managed Redis without MEMORY) gets the list read and filtered instead: the
+    same items, never a failed cycle."""
+    older = tuple(c for c in ACL_COMMANDS if c not in ("llen", "memory|usage"))
+    url = _user(server, "older-grant", "~{acl}:*", older)
+
+    async def main() -> Reply:
+        sender, taker = RedisStore(url, "acl", 2.0), RedisStore(url, "acl", 2.0)
+        await taker.exchange(_inbox("o", 0, None, {}), 1e12)
+        await sender.exchange(_inbox("s", 0, None, {"o": [b"o-1", b"x" * (1 << 20)]}), 1e12)
+        got = await taker.exchange(_inbox("o", 1, 0, {}), 1e12)
+        for closing in (sender, taker):
+            await closing.close()
+        return got
+
+    got = asyncio.run(main())
+    assert got.entries == [b"o-1"] and got.probes == [b"o-1"]
+    assert {k: (v.items, v.size, v.whole) for k, v in got.oversized.items()} == {
+        "entries": (1, 1 << 20, False), "probes": (1, 1 << 20, False)}
+
+
 @pytest.mark.parametrize(("user", "keys", "drop", "said"), [
     ("no-evalsha", "~{acl}:*", "evalsha", "the user of fleet.url may not run EVALSHA"),
     ("no-hset", "~{acl}:*", "hset", "the user of fleet.url may not run HSET"),

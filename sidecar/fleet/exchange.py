@@ -12,6 +12,47 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# An item of a replica's inboxes (a forwarded request id: an 8-hex-digit prefix, "-" and
+# a counter; a probe result: JSON of a route field made of config names and a bool) is
+# tens of bytes, a few hundred with long names. A larger one no replica wrote: a take
+# drops it (Redis: in the take script, so it never crosses the network). Before, a take
+# of two 50 MB items took 0.5-0.7 s over a loopback, past the default fleet.timeout_ms:
+# the cycle failed, the store read as down, and the same take was delivered again.
+INBOX_ITEM_MAX_BYTES = 4096
+# What a list of n items within that size may take in the store (measured: a 4 KiB item
+# takes 5.2 KB of Redis memory, 29 bytes take 31); a list over it holds an item over the
+# limit, and reading it would cost more than n such items: it is dropped whole, unread
+# (reading a 50 MB item into the take script held Redis, every replica's store, 165 ms).
+INBOX_ITEM_ALLOWANCE = 2 * INBOX_ITEM_MAX_BYTES
+INBOX_SLACK_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Oversized:
+    """What a take of an inbox dropped: ``items`` over :data:`INBOX_ITEM_MAX_BYTES`
+    (``size``: the largest one's), or, ``whole``, every item unread (``size``: the
+    list's)."""
+
+    items: int
+    size: int
+    whole: bool = False
+
+    def why(self) -> str:
+        if self.whole:
+            return (f"their list takes {self.size} bytes, more than {self.items} item(s) "
+                    f"of at most {INBOX_ITEM_MAX_BYTES} bytes can: dropped unread, all")
+        return f"over {INBOX_ITEM_MAX_BYTES} bytes (the largest {self.size}): dropped"
+
+
+def take_small(items: list[bytes]) -> tuple[list[bytes], Oversized | None]:
+    """A take of ``items`` as the Redis store's take script makes it (its size measured
+    by the items' bytes): the items kept, and what was dropped."""
+    if (size := sum(map(len, items))) > len(items) * INBOX_ITEM_ALLOWANCE + INBOX_SLACK_BYTES:
+        return [], Oversized(len(items), size, whole=True)
+    big = [len(v) for v in items if len(v) > INBOX_ITEM_MAX_BYTES]
+    kept = [v for v in items if len(v) <= INBOX_ITEM_MAX_BYTES]
+    return kept, Oversized(len(big), max(big)) if big else None
+
 
 @dataclass(slots=True)
 class Exchange:
@@ -51,6 +92,7 @@ class Reply:
     stored_fields: int  # sub-window fields this replica's hash held before this write
     entries: list[bytes] = field(default_factory=list)  # request ids others saw the entry of
     unreadable: list[str] = field(default_factory=list)  # peers' keys of another type
+    oversized: dict[str, Oversized] = field(default_factory=dict)  # "probes", "entries"
     server_ms: float | None = None  # the store's clock when it answered (Redis: TIME)
 
 
@@ -68,9 +110,9 @@ class SyncCounters:
     foreign_records: int = 0  # records of clusters this config lacks (at every read)
     last_foreign: str = ""
 
-    def skip(self, what: str, why: object) -> None:
-        """A record another replica (or program) wrote could not be read: skipped."""
-        self.bad_peer_records += 1
+    def skip(self, what: str, why: object, n: int = 1) -> None:
+        """``n`` records another replica (or program) wrote could not be read: skipped."""
+        self.bad_peer_records += n
         self.last_bad = f"{what}: {str(why)[:200]}"
 
     def foreign(self, what: str, cluster: str) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sidecar.fleet.exchange import Exchange, Reply
+from sidecar.fleet.exchange import Exchange, Oversized, Reply, take_small
 
 
 @dataclass
@@ -64,16 +64,19 @@ class MemoryStore:
         self.health.expires_ms = now_ms + ex.health_ttl_ms
         for owner, values in ex.probes.items():
             self.probes.setdefault(owner, []).extend(values)
-        inbox = self.probes.pop(ex.rid, [])
+        oversized: dict[str, Oversized] = {}
+        inbox = _taken(self.probes.pop(ex.rid, []), "probes", oversized)
         for prefix, rids in ex.entries.items():
             self.entries.setdefault(prefix, []).extend(rids)
-        forwarded = self.entries.pop(ex.entries_for or ex.rid, [])
+        forwarded = _taken(self.entries.pop(ex.entries_for or ex.rid, []), "entries",
+                           oversized)
         live = sorted(r for r, t in self.replicas.items() if t >= now_ms - ex.stats_ttl_ms)
         stats = {p: dict(self.stats[p].fields) for p in ex.fetch if p in self.stats}
         self.commands += 10 + len(ex.fetch) + bool(ex.probes) + bool(ex.stats_del) \
             + 2 * len(ex.entries)
         return Reply(holders, live, stats, {p: self.metas.get(p) for p in ex.fetch},
-                     dict(self.health.fields), inbox, stored, forwarded)
+                     dict(self.health.fields), inbox, stored, forwarded,
+                     oversized=oversized)
 
     def _expire(self, now_ms: float) -> None:
         for rid in [r for r, h in self.stats.items() if h.expires_ms <= now_ms]:
@@ -81,3 +84,12 @@ class MemoryStore:
             self.metas.pop(rid, None)
         if self.health.expires_ms <= now_ms:
             self.health = _Expiring()
+
+
+def _taken(items: list[bytes], inbox: str, oversized: dict[str, Oversized]) -> list[bytes]:
+    """``items`` as a take returns them (:func:`~sidecar.fleet.exchange.take_small`);
+    what it dropped is noted in ``oversized``."""
+    kept, dropped = take_small(items)
+    if dropped is not None:
+        oversized[inbox] = dropped
+    return kept

@@ -14,6 +14,10 @@ every key lives in one slot and the lease script may touch several)::
     {P}:<list>:taken:<g>  LIST  what the consumer took in its take number g, kept until it
                                 acknowledges (its next take), so a lost reply loses nothing
 
+A take drops items over ``INBOX_ITEM_MAX_BYTES`` on the server (:data:`_TAKE_LUA`):
+forwarded request ids and probe results are tens of bytes, and a huge item (a corrupt
+or hostile write) must not cross the network, nor be read at all if it can be helped.
+
 Commands per exchange: EVALSHA (leases), HLEN, HSET, HDEL (when sub-windows left
 the window), PEXPIRE x2, HSET (health, when changed),
 RPUSH + PEXPIRE per owner with forwarded probes, RPUSH + PEXPIRE per decider with
@@ -39,7 +43,14 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
-from sidecar.fleet.exchange import Exchange, Reply
+from sidecar.fleet.exchange import (
+    INBOX_ITEM_ALLOWANCE,
+    INBOX_ITEM_MAX_BYTES,
+    INBOX_SLACK_BYTES,
+    Exchange,
+    Oversized,
+    Reply,
+)
 from sidecar.fleet.store_errors import WrongTypeError
 
 META_FIELD = "_meta"
@@ -78,14 +89,36 @@ return out
 # taken by a round trip whose reply never arrived: it is delivered again, unchanged.
 # Otherwise the whole list is renamed to it (O(1), pushes after that start a new list).
 # ARGV[2] = its TTL in ms (a consumer that vanished leaves nothing behind for long).
+# ARGV[3] = the largest item returned (INBOX_ITEM_MAX_BYTES): larger ones are dropped
+# here, on the server, so they never cross the network. A list whose memory (MEMORY
+# USAGE: counted, not read) is over ARGV[4] per item + ARGV[5] holds such an item too
+# big to read cheaply: every item is dropped unread. Without LLEN or MEMORY (an older
+# ACL grant, a managed Redis without it), every list is read. Returns {items dropped,
+# the largest one's size or, all dropped unread, the list's, 1 if so, the items...}.
 _TAKE_LUA = """
 if ARGV[1] == '1' then redis.call('DEL', KEYS[3]) end
 if redis.call('EXISTS', KEYS[2]) == 0 then
-  if redis.call('EXISTS', KEYS[1]) == 0 then return {} end
+  if redis.call('EXISTS', KEYS[1]) == 0 then return {0, 0, 0} end
   redis.call('RENAME', KEYS[1], KEYS[2])
 end
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
-return redis.call('LRANGE', KEYS[2], 0, -1)
+local n = redis.pcall('LLEN', KEYS[2])
+local size = redis.pcall('MEMORY', 'USAGE', KEYS[2], 'SAMPLES', '0')
+if type(n) == 'number' and type(size) == 'number'
+    and size > n * tonumber(ARGV[4]) + tonumber(ARGV[5]) then
+  return {n, size, 1}
+end
+local max, out, dropped, largest = tonumber(ARGV[3]), {0, 0, 0}, 0, 0
+for _, item in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
+  if #item > max then
+    dropped = dropped + 1
+    largest = math.max(largest, #item)
+  else
+    out[#out + 1] = item
+  end
+end
+out[1], out[2] = dropped, largest
+return out
 """
 
 
@@ -194,7 +227,8 @@ class RedisStore:
         """Queue the take of ``inbox`` (:data:`_TAKE_LUA`) on pipeline ``p``."""
         acked = f"{inbox}:taken:{ack}" if ack is not None else f"{inbox}:taken:none"
         p.eval(_TAKE_LUA, 3, inbox, f"{inbox}:taken:{gen}", acked,
-               "1" if ack is not None else "0", ttl)
+               "1" if ack is not None else "0", ttl, str(INBOX_ITEM_MAX_BYTES),
+               str(INBOX_ITEM_ALLOWANCE), str(INBOX_SLACK_BYTES))
 
     @staticmethod
     def _reply(ex: Exchange, res: list[Any]) -> Reply:
@@ -207,8 +241,9 @@ class RedisStore:
         peers_raw = res[len(res) - len(ex.fetch):] if ex.fetch else []
         health_raw = res[len(res) - len(ex.fetch) - 1]
         server_ms, *replicas_raw = res[len(res) - len(ex.fetch) - 2]
-        probes_raw = res[len(res) - len(ex.fetch) - 3] or []
-        entries_raw = res[len(res) - len(ex.fetch) - 4] or []
+        oversized: dict[str, Oversized] = {}
+        probes_raw = _taken(res[len(res) - len(ex.fetch) - 3], "probes", oversized)
+        entries_raw = _taken(res[len(res) - len(ex.fetch) - 4], "entries", oversized)
         stats: dict[str, dict[str, bytes]] = {}
         metas: dict[str, bytes | None] = {}
         for peer, fields in zip(ex.fetch, peers_raw, strict=True):
@@ -217,8 +252,16 @@ class RedisStore:
             stats[peer] = decoded
         health = {_text(f): bytes(v) for f, v in health_raw.items()}
         return Reply(holders, [_text(r) for r in replicas_raw], stats, metas, health,
-                     [bytes(v) for v in probes_raw], stored, [bytes(v) for v in entries_raw],
-                     server_ms=float(server_ms))
+                     probes_raw, stored, entries_raw, server_ms=float(server_ms),
+                     oversized=oversized)
+
+
+def _taken(raw: list[Any], inbox: str, oversized: dict[str, Oversized]) -> list[bytes]:
+    """The items of a take (:data:`_TAKE_LUA`); what it dropped goes in ``oversized``."""
+    dropped, size, whole, *items = raw
+    if int(dropped):
+        oversized[inbox] = Oversized(int(dropped), int(size), bool(int(whole)))
+    return [bytes(v) for v in items]
 
 
 def _key_of(args: tuple[Any, ...]) -> str:

@@ -32,10 +32,12 @@ from sidecar.core.store_url import redacted
 
 # Every command an exchange sends (sidecar.fleet.redis_store) and the ones its Lua
 # scripts call (Redis checks those against the caller's ACL too). tests/test_fleet_store_errors.py
-# runs the fleet as a user granted exactly this.
+# runs the fleet as a user granted exactly this. LLEN and MEMORY USAGE let the inbox take
+# drop a list holding a huge item unread; without them it reads the list (slower, same
+# result): a grant from before they were used still works.
 ACL_COMMANDS = ("evalsha", "eval", "script|load", "hlen", "hset", "hdel", "hget", "hgetall",
                 "pexpire", "zadd", "zremrangebyscore", "zrangebyscore", "rpush", "lrange",
-                "exists", "rename", "del", "time")
+                "llen", "memory|usage", "exists", "rename", "del", "time")
 _COMMAND = re.compile(r"permissions to run the '([^']+)' command")
 # A command refused inside a Lua script is a plain error, without the command's name.
 _IN_SCRIPT = "user executing the script can't run this command"

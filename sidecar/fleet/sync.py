@@ -246,6 +246,9 @@ class FleetSync:
         self.board.followed = followed
         for key in reply.unreadable:
             self.counters.skip(f"key {key}", "holds another type than the fleet keeps there")
+        for inbox, dropped in reply.oversized.items():
+            self.counters.skip(f"{dropped.items} item(s) of this replica's {inbox} inbox",
+                               dropped.why(), dropped.items)
         events += self._apply_probes(reply.probes, now)
         self.stats_sync.merge(reply, self.rid, now)
         self.limits_sync.merge(reply.stats, self.rid, now)
