@@ -218,19 +218,30 @@ def test_one_owner_decides_and_the_others_follow_within_one_cycle() -> None:
     assert any("fleet: following" in e.reason for e in f.events[follower])
 
 
-def test_probe_results_from_every_replica_count_toward_the_owners_tally() -> None:
-    cfg = parse_config(base_config_dict(
-        stats={"subwindow_s": 10, "subwindows": 6, "min_samples": 5},
-        health={"cooldown_s": 5, "probe_successes": 4}), "t.yaml")
-    f = Fleet(2, cfg)
-    owner, other = f.share_route()
+def _owner_ejects_a(f: Fleet, owner: int) -> None:
+    """The owner's run of hard failures on cluster a, its push, its window boundary."""
     _fail(f, owner, "a", 1000.0)
     f.cycle(1009.9)
     f.tick(1010.01)
+
+
+def _probing_everywhere(probe_successes: int) -> tuple[Fleet, int, int]:
+    """Cluster a ejected by its owner, probing there and (adopted) on the other."""
+    cfg = parse_config(base_config_dict(
+        stats={"subwindow_s": 10, "subwindows": 6, "min_samples": 5},
+        health={"cooldown_s": 5, "probe_successes": probe_successes}), "t.yaml")
+    f = Fleet(2, cfg)
+    owner, other = f.share_route()
+    _owner_ejects_a(f, owner)
     f.tick(1016.0)  # cooldown over: the owner moves to probing
     f.cycle(1016.1)
     f.cycle(1016.2)
     assert [f.state(i, slice=CW) for i in range(2)] == ["probing", "probing"]
+    return f, owner, other
+
+
+def test_probe_results_from_every_replica_count_toward_the_owners_tally() -> None:
+    f, owner, other = _probing_everywhere(probe_successes=4)
     for k in range(2):  # two probes seen by each replica
         for i in (owner, other):
             probe = Observation("a", SL, "ok", ttft_s=0.1, e2e_s=0.2, is_probe=True)
@@ -250,23 +261,6 @@ def test_probe_results_from_every_replica_count_toward_the_owners_tally() -> Non
         assert rs is not None and rs.outcomes_in(100, 101, 1018.3)[1] == 10  # kept ...
         ev = rs.evidence("ttft", 1018.3, 0.0)
         assert ev is not None and ev.requests == 4  # ... but out of the evidence: the probes
-
-
-def _probing_everywhere(probe_successes: int) -> tuple[Fleet, int, int]:
-    """Cluster a ejected by its owner, probing there and (adopted) on the other."""
-    cfg = parse_config(base_config_dict(
-        stats={"subwindow_s": 10, "subwindows": 6, "min_samples": 5},
-        health={"cooldown_s": 5, "probe_successes": probe_successes}), "t.yaml")
-    f = Fleet(2, cfg)
-    owner, other = f.share_route()
-    _fail(f, owner, "a", 1000.0)
-    f.cycle(1009.9)
-    f.tick(1010.01)
-    f.tick(1016.0)
-    f.cycle(1016.1)
-    f.cycle(1016.2)
-    assert [f.state(i, slice=CW) for i in range(2)] == ["probing", "probing"]
-    return f, owner, other
 
 
 def _probe(f: Fleet, i: int, at: float) -> None:
@@ -312,9 +306,7 @@ def test_probe_results_a_push_delivered_are_not_counted_again_on_a_later_failure
 def test_a_dead_owners_lease_passes_on_without_losing_the_state() -> None:
     f = Fleet(2)
     owner, other = f.share_route()
-    _fail(f, owner, "a", 1000.0)
-    f.cycle(1009.9)
-    f.tick(1010.01)
+    _owner_ejects_a(f, owner)
     f.cycle(1010.1)
     f.cycle(1010.2)
     assert f.state(other, slice=CW) == "quarantined"
