@@ -17,9 +17,12 @@ from sidecar.core.router import Router
 from sidecar.core.selection import HealthView, LatencyValue
 from sidecar.core.types import Observation, SliceKey
 from sidecar.core.weights import (
+    PLAN_ROUNDS,
+    STEP_SLICES,
     TRIAL_SHARE,
     WEIGHT_SCALE,
     compute_weights,
+    compute_weights_steps,
     integer_weights,
     native_slices,
     route_candidates,
@@ -223,6 +226,56 @@ def test_router_tail_moves_share_and_quarantine_is_zero() -> None:
     router.tick(4.0)
     assert router.health("b", SLICE).state == "quarantined"
     assert slice_weights(cfg, view, SLICE, now=4.0).weight("b") == 0
+
+
+def _drain(steps: Any) -> tuple[int, Any]:
+    """(pause points, result) of a computation in steps."""
+    pauses = 0
+    while True:
+        try:
+            next(steps)
+            pauses += 1
+        except StopIteration as done:
+            return pauses, done.value
+
+
+def test_a_cold_slice_is_split_once_when_the_load_is_planned() -> None:
+    """Planning the load splits each slice ``PLAN_ROUNDS`` times; a cold slice (no load
+    for a while) adds nothing to the plan, so it is split once, in the last round.
+    Before, a full refresh of a config of many unused slices cost ``PLAN_ROUNDS``
+    splits of each. A computation pauses every ``STEP_SLICES`` splits: its pauses
+    count them. Slices idle only this window keep every round (the mean of the
+    rounds: a slice about to carry load again is planned as before)."""
+    cfg = native_config()
+    view = FakeView(tails={"a": 0.2, "b": 0.3, "c": 0.25})
+    every = native_slices(cfg)
+    demand = {SLICE: {"a": 20.0}}
+    one_pass = (len(every) - 1) // STEP_SLICES
+    assert one_pass >= 2
+    warm, _ = _drain(compute_weights_steps(cfg, view, 1.0, every, demand=demand))
+    assert warm == PLAN_ROUNDS * one_pass  # nothing cold: every slice every round
+    cold = frozenset(every) - {SLICE}
+    pauses, out = _drain(compute_weights_steps(cfg, view, 1.0, every, demand=demand,
+                                               cold=cold))
+    assert pauses == one_pass  # the last round over all; the others over 1 slice
+    # The busy slice is planned as before; a cold one is its last round's split.
+    assert out[SLICE] == compute_weights(cfg, view, 1.0, [SLICE], demand=demand)[SLICE]
+    idle = next(s for s in every if s != SLICE and s.klass == SLICE.klass)
+    _, pair = _drain(compute_weights_steps(cfg, view, 1.0, [SLICE, idle], demand=demand,
+                                           cold={idle}))
+    assert out[idle] == pair[idle] and out[idle].total == WEIGHT_SCALE
+
+
+def test_window_load_names_the_slices_cold_for_a_horizon() -> None:
+    load = WindowLoad()
+    other = SliceKey("m", "batch", "long", False)
+    load.roll(0.0)
+    load.add(SLICE, "a", 0.5)
+    load.roll(1.0)
+    assert load.cold([SLICE, other], 1.0, 10.0) == {other}  # never carried load
+    load.roll(2.0)  # an idle window: SLICE is still warm
+    assert load.cold([SLICE, other], 10.9, 10.0) == {other}
+    assert load.cold([SLICE, other], 11.1, 10.0) == {SLICE, other}  # 10.1 s since its load
 
 
 def test_window_load_is_littles_law() -> None:

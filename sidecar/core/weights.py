@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -76,7 +76,7 @@ from sidecar.core.selection import Candidate, HealthView, LatencyValue, RouteVie
 from sidecar.core.steps import Steps, run_steps
 from sidecar.core.types import RequestInfo, SliceKey
 from sidecar.core.weight_shares import TRIAL_SHARE, integer_weights, trial_floor
-from sidecar.core.window_load import LoadedView
+from sidecar.core.window_load import LoadedView, WindowLoad
 
 __all__ = ["TRIAL_SHARE", "WEIGHT_SCALE", "SliceWeights", "compute_weights", "integer_weights",
            "native_slices", "refresh_weights", "representative", "route_candidates",
@@ -128,11 +128,8 @@ class _NoView:
 
 
 def representative(config: Config, slice: SliceKey) -> RequestInfo:
-    """A first-attempt request of ``slice`` without deadline, step or explain.
-
-    Selection reads a request's model, class and slice (plus the retry,
-    deadline and step flags, which the native path never has).
-    """
+    """A first-attempt request of ``slice`` without deadline, step or explain (selection
+    reads a request's model, class and slice, and flags the native path never has)."""
     klass = config.workload_class(slice.klass)
     return RequestInfo(
         api="chat", model=slice.model, stream=bool(slice.streaming), max_tokens=None,
@@ -171,6 +168,12 @@ def native_slices(config: Config) -> tuple[SliceKey, ...]:
                 for streaming in (True, False):
                     out.append(SliceKey(model.name, klass.name, profile, streaming))
     return tuple(out)
+
+
+def cold_slices(config: Config, load: WindowLoad, now: float) -> frozenset[SliceKey]:
+    """Native slices that carried no load for a stats window (``compute_weights``)."""
+    return load.cold(native_slices(config), now,
+                     config.stats.subwindows * config.stats.subwindow_s)
 
 
 def _probe_shares(
@@ -278,7 +281,7 @@ def compute_weights_steps(
     config: Config, view: RouteView, now: float,
     slices: Iterable[SliceKey] | None = None, scale: int = WEIGHT_SCALE,
     demand: Mapping[SliceKey, Mapping[str, float]] | None = None,
-    live: LiveMisses | None = None,
+    live: LiveMisses | None = None, cold: Collection[SliceKey] = frozenset(),
 ) -> Steps[dict[SliceKey, SliceWeights]]:
     """Weights of every slice (default: :func:`native_slices`) as of ``now``, as steps
     (:mod:`sidecar.core.steps`): a pause every :data:`STEP_SLICES` slices, since a
@@ -295,11 +298,13 @@ def compute_weights_steps(
         split_r   = pipeline(in-flight_c = view_c + L_{r-1,c})   for every slice
         P_r,c     = sum_s D_s * split_r[s][c],  D_s = sum_c demand[s][c]
         L_r,c     = (L_{r-1,c} + P_r,c) / 2               damped, r = 1..PLAN_ROUNDS
-        published = mean_r split_r
+        published = mean_r split_r      (a slice in ``cold`` without demand: its last)
 
     so the capacity filter, the herding guard and the load score see the load
     the new weights would bring, not the load the old weights brought. The view's
     own in-flight counts (per-request traffic in hybrid mode) are added as given.
+    ``cold``: slices idle for a while (:func:`cold_slices`) add nothing to ``P``: split
+    once, in the last round (a config of many unused slices cost PLAN_ROUNDS of each).
 
     ``live``: the router's live misses (:mod:`sidecar.core.live_misses`); a route
     missing a slice's budget now takes no share of it (the ``live_misses`` filter,
@@ -332,10 +337,12 @@ def compute_weights_steps(
     acc: dict[SliceKey, dict[str, float]] = {s: defaultdict(float) for s in todo}
     kept: dict[SliceKey, set[str]] = {s: set() for s in todo}  # by live misses, any round
     last: dict[SliceKey, _Split] = {}
-    for _ in range(PLAN_ROUNDS):
+    rounds = {s: 1 if total[s] <= 0 and s in cold else PLAN_ROUNDS for s in todo}
+    every_round = tuple(s for s in todo if rounds[s] > 1)
+    for r in range(PLAN_ROUNDS):
         planned = LoadedView(view, dict(load))
         last = {}
-        for i, s in enumerate(todo):
+        for i, s in enumerate(todo if r == PLAN_ROUNDS - 1 else every_round):
             if i and not i % STEP_SLICES:
                 yield
             last[s] = _split(config, planned, s, now, cands.get(s.model, ()), rng, missing[s],
@@ -344,7 +351,7 @@ def compute_weights_steps(
         for s, sp in last.items():
             kept[s].update(sp.missing)
             for c, share in sp.shares.items():
-                acc[s][c] += share / PLAN_ROUNDS
+                acc[s][c] += share / rounds[s]
                 predicted[c] += total[s] * share
         for c in set(load) | set(predicted):
             load[c] = (load[c] + predicted[c]) / 2.0
@@ -361,17 +368,17 @@ def compute_weights_steps(
 def refresh_weights(
     config: Config, view: RouteView, now: float, previous: Mapping[SliceKey, SliceWeights],
     demand: Mapping[SliceKey, Mapping[str, float]], full: bool, scale: int = WEIGHT_SCALE,
-    live: LiveMisses | None = None,
+    live: LiveMisses | None = None, cold: Collection[SliceKey] = frozenset(),
 ) -> dict[SliceKey, SliceWeights]:
     """:func:`refresh_weights_steps`, at once."""
     return run_steps(refresh_weights_steps(config, view, now, previous, demand, full, scale,
-                                           live))
+                                           live, cold))
 
 
 def refresh_weights_steps(
     config: Config, view: RouteView, now: float, previous: Mapping[SliceKey, SliceWeights],
     demand: Mapping[SliceKey, Mapping[str, float]], full: bool, scale: int = WEIGHT_SCALE,
-    live: LiveMisses | None = None,
+    live: LiveMisses | None = None, cold: Collection[SliceKey] = frozenset(),
 ) -> Steps[dict[SliceKey, SliceWeights]]:
     """Recompute the slices that carried load in the last interval; all of them if ``full``.
 
@@ -383,10 +390,11 @@ def refresh_weights_steps(
     """
     every = native_slices(config)
     if full or not previous:
-        return (yield from compute_weights_steps(config, view, now, every, scale, demand, live))
+        return (yield from compute_weights_steps(config, view, now, every, scale, demand, live,
+                                                 cold))
     active = [s for s in every if s in demand or s not in previous]
     out = {s: previous[s] for s in every if s in previous}
     if active:
         out.update((yield from compute_weights_steps(config, view, now, active, scale, demand,
-                                                     live)))
+                                                     live, cold)))
     return out

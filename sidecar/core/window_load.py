@@ -96,6 +96,7 @@ class WindowLoad:
         self._since: float | None = None
         self.last: dict[str, float] = {}  # cluster -> average in flight
         self.demand: dict[SliceKey, dict[str, float]] = {}  # slice -> cluster -> average
+        self._seen: dict[SliceKey, float] = {}  # slice -> end of the last window with load
 
     def add(self, slice: SliceKey, cluster: str, duration_s: float) -> None:
         if duration_s > 0 and math.isfinite(duration_s):
@@ -121,6 +122,16 @@ class WindowLoad:
                 per_cluster[c] += busy / span
                 demand.setdefault(s, {})[c] = busy / span
             self.last, self.demand = dict(per_cluster), demand
+            self._seen.update(dict.fromkeys(demand, now))
         self._since = now
         self._busy.clear()
         return self.last
+
+    def cold(self, slices: Iterable[SliceKey], now: float, horizon_s: float
+             ) -> frozenset[SliceKey]:
+        """Those of ``slices`` whose last window with load ended over ``horizon_s`` ago,
+        or never (:func:`~sidecar.core.weights.compute_weights`: split once, not per
+        round of its load planning). Slices idle that long are forgotten here."""
+        for s in [s for s, t in self._seen.items() if now - t > horizon_s]:
+            del self._seen[s]
+        return frozenset(s for s in slices if s not in self._seen)

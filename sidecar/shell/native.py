@@ -41,6 +41,7 @@ from sidecar.core.types import SliceKey
 from sidecar.core.weights import (
     WEIGHT_SCALE,
     SliceWeights,
+    cold_slices,
     refresh_weights_steps,
     route_candidates,
 )
@@ -201,7 +202,8 @@ class NativeRouting:
         router = self._router()
         old = self.layer.weights
         new = yield from refresh_weights_steps(config, WindowView(router, {}), now, old,
-                                               self.load.demand, full, live=router.live)
+                                               self.load.demand, full, live=router.live,
+                                               cold=cold_slices(config, self.load, now))
         if self.layer.weights is not old:  # published meanwhile: do not undo a newer one
             return False
         new = self._zero_stale(new)

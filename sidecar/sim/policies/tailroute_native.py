@@ -38,7 +38,7 @@ from __future__ import annotations
 import random
 
 from sidecar.core.types import Decision, SliceKey
-from sidecar.core.weights import SliceWeights, refresh_weights
+from sidecar.core.weights import SliceWeights, cold_slices, refresh_weights
 from sidecar.core.window_load import WindowLoad, WindowView
 from sidecar.sim.policies import PolicyContext, live_entries
 from sidecar.sim.policies.tailroute import Tailroute, _ticket
@@ -72,7 +72,8 @@ class TailrouteNative(Tailroute):
         full = full or window != self._window or holds != self._holds
         self._window, self._holds = window, holds
         return refresh_weights(self.config, WindowView(self.router, {}), now, self.weights,
-                               self.load.demand, full, live=self.router.live)
+                               self.load.demand, full, live=self.router.live,
+                               cold=cold_slices(self.config, self.load, now))
 
     def wants_per_request(self, att: Attempt) -> bool:
         return False
