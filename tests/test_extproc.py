@@ -379,6 +379,52 @@ def test_blind_route_takes_ttft_from_sampled_requests_only() -> None:
     assert series.quantile("tpot", 0.5, 0.4) == pytest.approx((0.3 - 0.07) / 5, rel=0.03)
 
 
+def _left_after(app: App, body: bytes, headers: dict[str, str] = SSE_HEADERS,
+                left_at: float = 8.0) -> Observation:
+    """A sampled stream whose observer reads ``body`` (at 20 ms) until the client leaves
+    at ``left_at`` (Envoy then ends the observing stream too); its entry says so."""
+    s, r = fast(app, chat_request(), now=0.0)
+    meta = metadata(r)  # type: ignore[arg-type]
+    o = ObserveStream(app)
+    o.on_message(observe_msg("response_headers", meta, headers), 0.01)
+    o.on_message(observe_msg("response_body", meta, body=body), 0.02)
+    o.close(left_at, cancelled=True)
+    s.close(left_at, cancelled=False)
+    seen: list[Observation] = []
+    app.on_observation = lambda obs, api: seen.append(obs)
+    OutcomeFeed(app)(LogRecord(
+        status=200, flags=frozenset({"downstream_remote_reset"}), details="via_upstream",
+        method="POST", path="/v1/chat/completions", duration_s=left_at + 0.01,
+        upstream_tx_s=0.01, first_body_s=0.02, end_s=None, tokens=None, rid=s.rid),
+        left_at + 0.1)
+    assert len(seen) == 1
+    return seen[0]
+
+
+def test_a_client_that_left_a_sampled_stream_without_a_token_waited_that_long() -> None:
+    """The observer read a role-only event and a keep-alive comment, then the client left
+    at 8 s without a token (1 s TTFT budget). Its TTFT is at least the 8 s it waited (a
+    censored lower bound), so it is a client-side timeout, not a user pressing stop: the
+    first body byte says nothing about a token this very stream never carried. Before,
+    the first body byte plus the route's offset (20 ms) made it a cancel, dropped."""
+    app = _sampled_app()
+    role = sse({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+    obs = _left_after(app, role + b": keep-alive\n\n")
+    assert obs.outcome == "cancel" and obs.censored
+    assert obs.ttft_s == pytest.approx(8.0) and obs.e2e_s == pytest.approx(8.0)
+    assert app.router.counters[("outcome", "timeout")] == 1
+    # A token read in time: the client's leaving says nothing about the route.
+    app = _sampled_app()
+    obs = _left_after(app, role + token("a"))
+    assert obs.ttft_s == pytest.approx(0.02)
+    assert app.router.counters[("outcome", "cancel")] == 1
+    # Unread (compressed): nothing is known about tokens, the entry's reading stands.
+    app = _sampled_app()
+    obs = _left_after(app, b"\x1f\x8b", {**SSE_HEADERS, "content-encoding": "gzip"})
+    assert obs.ttft_s == pytest.approx(0.02)
+    assert app.router.counters[("outcome", "cancel")] == 1
+
+
 def _outcomes(app: App) -> int:
     return sum(v for (k, _), v in app.router.counters.items() if k == "outcome")
 

@@ -70,7 +70,10 @@ with the entry and the shell reads into ``LogRecord.retry_after_s``, see
 
 Timeouts and cancels are *censored* exactly as in :mod:`sidecar.core.timing`:
 their TTFT/e2e are the time waited since ``t0`` (lower bounds) and the router
-decides whether a cancel is evidence.
+decides whether a cancel is evidence. A first body byte stands for a first token
+there as for an ``ok``, except on a stream whose own events were read without a
+token (``tokenless``: a sampled stream that opened with a role-only event or
+comments and ended, or lost its client, before any token): its TTFT is the wait.
 
 A timeout at the caller's own deadline is the caller's, not the route's
 (:func:`at_callers_deadline`): ``x-tailroute-deadline-ms`` becomes the request's
@@ -217,6 +220,7 @@ def observation_from_log(
     *,
     ttft_offset_s: float = 0.0,
     first_token_s: float | None = None,
+    tokenless: bool = False,
     ttft_from_log: bool = True,
     tokens: int | None = None,
     is_retry: bool = False,
@@ -226,8 +230,10 @@ def observation_from_log(
     """The :class:`Observation` an entry gives, or None when it is not evidence.
 
     ``first_token_s`` (time from ``t0`` to the first token, measured on this very
-    request) beats ``first_body_s + ttft_offset_s``; ``tokens`` (the caller's own
-    count) is used when the entry carries no usage.
+    request) beats ``first_body_s + ttft_offset_s``; ``tokenless`` says this very
+    request's events were read and none was a token, so a timeout or cancel waited
+    its whole wait for one; ``tokens`` (the caller's own count) is used when the entry
+    carries no usage.
     """
     outcome = outcome_of(rec)
     if outcome is None:
@@ -247,7 +253,7 @@ def observation_from_log(
     elif censored:
         e2e = waited_s(rec)
         if streaming:
-            ttft = first if first is not None else e2e
+            ttft = e2e if first is None or tokenless else first
     elif error_keeps_duration(rec.status, bool(rec.flags & ERROR_FLAGS) or rec.stream_error):
         e2e = rec.end_s  # an upstream's 5xx: dates the error (never a latency sample)
     return Observation(

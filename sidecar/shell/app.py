@@ -84,6 +84,7 @@ class Pending:
     sampled: bool = False  # also timed at the first content token (observing stream)
     released: bool = False  # in-flight slot given back
     token_offset: float | None = None  # sampled: first token - first body byte (s)
+    tokenless: bool = False  # sampled: its event stream was read and carried no token
     observer_done: bool = False
     record: LogRecord | None = None  # entry held while the observer may still report
     api: Api = "chat"  # which API the request called (gen_ai.operation.name)
@@ -217,18 +218,19 @@ class App:
             return
         self.finalize(p, rec, now)
 
-    def first_token_timed(self, rid: str, cluster: str, slice: SliceKey,
-                          offset: float | None, now: float) -> None:
+    def first_token_timed(self, rid: str, cluster: str, slice: SliceKey, offset: float | None,
+                          now: float, tokenless: bool = False) -> None:
         """An observing stream is done: ``offset`` = first token - first body byte
-        (None: no token seen). The offset counts even when another process decided
-        the request; the request itself, if pending here, gets its exact TTFT."""
+        (None: no token seen; ``tokenless``: its events were read, none a token). The
+        offset counts even when another process decided the request; the request
+        itself, if pending here, gets its exact TTFT (or, tokenless, none)."""
         if offset is not None and self.config.has_cluster(cluster):
             self.offsets.add(cluster, slice, offset)
         p = self.pending.get(rid)
         if p is None or p.observer_done:
             return
         p.observer_done = True
-        p.token_offset = offset
+        p.token_offset, p.tokenless = offset, tokenless
         if p.live is not None:
             if offset is None:
                 LiveMisses.unwatch(p.live)  # no token read: its outcome will say
@@ -279,7 +281,7 @@ class App:
         obs = observation_from_log(
             rec, cluster, p.slice, p.streaming,
             ttft_offset_s=self.offsets.offset(cluster, p.slice),
-            first_token_s=first_token_s,
+            first_token_s=first_token_s, tokenless=p.tokenless,
             ttft_from_log=not self.offsets.blind(cluster, p.slice),
             is_retry=p.is_retry or p.decision.is_retry, is_probe=p.decision.is_probe,
             sent_load=p.sent_load,

@@ -94,7 +94,11 @@ class ObserveStream:
             token_at, body_at = self.timer.first_token_at, self.first_body_at
             offset = token_at - body_at if token_at is not None and body_at is not None else None
             self.app.first_token_samples["timed" if offset is not None else self.result] += 1
-            self.app.first_token_timed(self.rid, self.cluster, self.slice, offset, now)
+            # Read and tokenless: an event stream that ended, or whose client left, before
+            # any token (not one given up unread: encoded, not an event stream).
+            tokenless = offset is None and self.result == "no_token" and self.timer.reads_events
+            self.app.first_token_timed(self.rid, self.cluster, self.slice, offset, now,
+                                       tokenless=tokenless)
         self.finished = True
         return True
 
