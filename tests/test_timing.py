@@ -104,3 +104,21 @@ def test_a_stream_cut_by_an_error_event_is_not_dated() -> None:
     t.on_body(b'data: {"error": {"message": "overloaded"}}\n\n', 4.0, end=True)
     obs = t.observation(4.0)
     assert obs is not None and obs.outcome == "error" and obs.e2e_s is None
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+def test_json_nested_past_the_stack_is_read_as_not_json(streaming: bool) -> None:
+    """A hostile upstream's event (or reply) nested 100,000 deep: no exception, the
+    rest of the stream still counts."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    t = ResponseTimer("a", S, t0=0.0, streaming=streaming)
+    if streaming:
+        t.on_headers(200, "text/event-stream", 0.0)
+        t.on_body(chunk("a") + b"data: " + deep + b"\n\n", 0.1)
+        t.on_body(chunk("b") + b"data: [DONE]\n\n", 0.3, end=True)
+    else:
+        t.on_headers(200, "application/json", 0.0)
+        t.on_body(deep, 0.3, end=True)
+    obs = t.observation(0.3)
+    assert obs is not None and obs.outcome == "ok" and obs.e2e_s == pytest.approx(0.3)
+    assert obs.output_tokens == (2 if streaming else None)

@@ -164,8 +164,10 @@ class ResponseTimer:
             return
         try:
             obj = json.loads(event.data)
-        except ValueError:
-            return  # not JSON: says nothing about tokens
+        except (ValueError, RecursionError):
+            # Not JSON, or nested past the interpreter's stack (a hostile upstream):
+            # says nothing about tokens, and must not end the stream's reading.
+            return
         if not isinstance(obj, dict):
             return
         if is_error_event(obj):
@@ -184,7 +186,7 @@ class ResponseTimer:
     def _read_usage(self, data: bytes) -> None:
         try:
             obj = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):
             return
         n = _usage_tokens(obj) if isinstance(obj, dict) else None
         if n is not None:
