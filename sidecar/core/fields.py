@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, Final, NoReturn, Self, TypeVar
 
 from sidecar.core.hostport import split_hostport
@@ -48,16 +48,101 @@ def did_you_mean(key: str, known: set[str]) -> str:
 
 
 SHOWN_MAX: Final = 80  # characters of a value an error quotes
+SHOWN_COUNTED: Final = 1 << 16  # characters of a long value's repr counted, at most
 
 
 def shown(v: object) -> str:
     """``repr(v)`` for an error message, cut to ``SHOWN_MAX`` characters: a value may
     be a whole nested document (a list 500 levels deep quoted in full was 1,000
-    characters of brackets on one line of the operator's terminal)."""
-    text = repr(v)
-    if len(text) <= SHOWN_MAX:
+    characters of brackets on one line of the operator's terminal). Only the first
+    :data:`SHOWN_COUNTED` characters are ever written (:func:`repr_upto`)."""
+    text, whole = repr_upto(v, SHOWN_COUNTED)
+    if whole and len(text) <= SHOWN_MAX:
         return text
-    return f"{text[:SHOWN_MAX - 20]}... ({len(text)} characters)"
+    count = f"{len(text)}" if whole else f"more than {SHOWN_COUNTED}"
+    return f"{text[:SHOWN_MAX - 20]}... ({count} characters)"
+
+
+class _Piece:
+    """Literal text of a container's repr (not a value to write); ``closes``: the id of
+    the container whose last piece it is."""
+
+    __slots__ = ("closes", "text")
+
+    def __init__(self, text: str, closes: int | None = None) -> None:
+        self.text, self.closes = text, closes
+
+
+_SEP, _COLON, _TUPLE_OF_ONE = _Piece(", "), _Piece(": "), _Piece(",")
+_END: Final = object()  # an iterator's end
+# type -> (opening, closing, empty, cycle): how repr writes it
+_CONTAINERS: Final[dict[type, tuple[str, str, str, str]]] = {
+    list: ("[", "]", "[]", "[...]"), tuple: ("(", ")", "()", "(...)"),
+    dict: ("{", "}", "{}", "{...}"), set: ("{", "}", "set()", "{...}"),
+    frozenset: ("frozenset({", "})", "frozenset()", "frozenset(...)"),
+}
+
+
+def _parts(x: Any, closing: str) -> Iterator[object]:
+    """The values and separators of the container ``x``'s repr, then its closing piece."""
+    if isinstance(x, dict):
+        for i, (k, v) in enumerate(x.items()):
+            yield from (_SEP, k, _COLON, v) if i else (k, _COLON, v)
+    else:
+        for i, v in enumerate(x):
+            yield from (_SEP, v) if i else (v,)
+        if isinstance(x, tuple) and len(x) == 1:
+            yield _TUPLE_OF_ONE
+    yield _Piece(closing, id(x))
+
+
+def _leaf(x: object, room: int) -> str:
+    if isinstance(x, str | bytes) and len(x) > room:
+        return repr(x[:room + 1])  # longer than room: cut by the caller
+    try:
+        return repr(x)
+    except ValueError:  # an int of more digits than Python writes
+        return f"<an integer of {x.bit_length()} bits>" if isinstance(x, int) else "<?>"
+
+
+def repr_upto(v: object, limit: int) -> tuple[str, bool]:
+    """``(repr(v), True)``, or its first ``limit`` characters and False when it is longer.
+
+    Written piece by piece, lists, tuples, dicts and sets without recursion: YAML
+    aliases share one object, so nine lists of nine aliases of ... nine levels deep
+    (a few hundred bytes of file) are 9 ** 9 items to ``repr``, which took gigabytes
+    and never ended; here they cost what ``limit`` characters cost."""
+    out: list[str] = []
+    size = 0
+    writing: set[int] = set()  # containers being written: meeting one again is a cycle
+    todo: list[Iterator[object]] = [iter((v,))]
+    while todo:
+        x = next(todo[-1], _END)
+        if x is _END:
+            todo.pop()
+            continue
+        if isinstance(x, _Piece):
+            piece = x.text
+            if x.closes is not None:
+                writing.discard(x.closes)
+        elif (how := _CONTAINERS.get(type(x))) is not None:
+            opening, closing, empty, cycle = how
+            if id(x) in writing:
+                piece = cycle
+            elif not x:
+                piece = empty
+            else:
+                piece = opening
+                writing.add(id(x))
+                todo.append(_parts(x, closing))
+        else:
+            piece = _leaf(x, limit - size)
+        out.append(piece)
+        size += len(piece)
+        if size > limit:
+            return "".join(out)[:limit], False
+    return "".join(out), True
+
 
 
 def not_finite(v: float) -> str | None:

@@ -1,0 +1,119 @@
+"""Config files an operator may get wrong in ways the field checks do not see:
+values YAML builds from a few bytes into something enormous, and numbers Python
+reads but cannot write back. Each is a config error naming the file and the field,
+never a traceback, a hang or gigabytes of memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sidecar.core.config import ConfigError
+from sidecar.core.fields import shown
+from tests.conftest import base_config_dict
+
+COUNTED = 1 << 16  # characters of a long value's repr written, at most (fields.SHOWN_COUNTED)
+
+
+def _alias_bomb(levels: int) -> str:
+    """YAML anchors nine wide and ``levels`` deep: ``9 ** levels`` items from a few
+    hundred bytes, every list shared by the next level's aliases."""
+    out = ["x-bomb:", "  - &l0 [x, x, x, x, x, x, x, x, x]"]
+    out += [f"  - &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(out) + "\n"
+
+
+def _write(tmp_path: Path, data: dict[str, Any], head: str = "", **fields: str) -> Path:
+    """``data`` as YAML after ``head``; each ``fields`` value replaces a placeholder."""
+    text = head + yaml.safe_dump(data)
+    for placeholder, yaml_text in fields.items():
+        text = text.replace(placeholder, yaml_text)
+    p = tmp_path / "tailroute.yaml"
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize(("where", "field"), [
+    (lambda d: d["clusters"][0].update(max_concurrency="BOMB"), "clusters[0].max_concurrency"),
+    (lambda d: d["clusters"][1].update(region="BOMB"), "clusters[1].region"),
+    (lambda d: d["clusters"][0].update(models="BOMB"), "clusters[0].models"),
+    (lambda d: d.update(snapshot_path="BOMB"), "snapshot_path"),
+    (lambda d: d.update(limits={"max_body_bytes": "BOMB"}), "limits.max_body_bytes"),
+    (lambda d: d.update(classes={"x": {"slo": {"max_stream_ms": "BOMB"}}}),
+     "classes.x.slo.max_stream_ms"),
+])
+def test_an_alias_bomb_in_a_field_is_quoted_cut_short(tmp_path: Path, where: Any,
+                                                      field: str) -> None:
+    """The error quoting the value used to write its whole repr first: 9 ** 6 items
+    are 3.5 million characters, and nine levels (9 ** 9) never finished, in
+    check-config, at start, and in the hot-reload thread of a serving sidecar."""
+    from sidecar.ops.config_file import load_config
+
+    data = base_config_dict()
+    where(data)
+    p = _write(tmp_path, data, _alias_bomb(6), BOMB="*l5")
+    with pytest.raises(ConfigError) as err:
+        load_config(p)
+    problem = next(x for x in err.value.problems if f": {field}: " in x)
+    assert problem.startswith(f"{p}: {field}: "), problem
+    assert f"(more than {COUNTED} characters)" in problem, problem
+    assert len(problem) < 300, problem
+
+
+class _Leaf:
+    """A value whose repr is counted."""
+
+    written = 0
+
+    def __repr__(self) -> str:
+        _Leaf.written += 1
+        return "leaf"
+
+
+def test_shown_writes_only_what_it_quotes_of_a_shared_structure() -> None:
+    level: list[Any] = [_Leaf()] * 9
+    for _ in range(6):  # 9 ** 7 leaves, each list shared nine times by the next
+        level = [level] * 9
+    _Leaf.written = 0
+    text = shown(level)
+    assert text.startswith("[[[[[[[leaf, leaf") and text.endswith(
+        f"(more than {COUNTED} characters)"), text
+    assert _Leaf.written <= COUNTED  # not the 4.8 million leaves
+
+
+_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text() | st.binary(),
+    lambda inner: (st.lists(inner) | st.dictionaries(st.text() | st.integers(), inner)
+                   | st.tuples(inner) | st.tuples(inner, inner)
+                   | st.frozensets(st.integers()) | st.sets(st.text())),
+    max_leaves=30)
+
+
+@given(_VALUES, st.integers(0, 200))
+def test_repr_upto_is_repr_or_its_beginning(value: Any, limit: int) -> None:
+    from sidecar.core.fields import repr_upto
+
+    whole = repr(value)
+    text, complete = repr_upto(value, limit)
+    if len(whole) <= limit:
+        assert (text, complete) == (whole, True)
+    else:
+        assert not complete and len(text) == limit
+        # a string cut short may take the other quote than the whole string does
+        assert whole.startswith(text) or "'" in whole, (text, whole)
+
+
+def test_repr_upto_writes_cycles_as_repr_does() -> None:
+    from sidecar.core.fields import repr_upto
+
+    cyclic: list[Any] = [1]
+    cyclic.append(cyclic)
+    nested: dict[str, Any] = {}
+    nested["self"] = {"again": nested}
+    for value in (cyclic, nested):
+        assert repr_upto(value, 100) == (repr(value), True)
