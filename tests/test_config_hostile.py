@@ -117,3 +117,31 @@ def test_repr_upto_writes_cycles_as_repr_does() -> None:
     nested["self"] = {"again": nested}
     for value in (cyclic, nested):
         assert repr_upto(value, 100) == (repr(value), True)
+
+
+@pytest.mark.parametrize("written", [
+    "0x" + "f" * 4000,  # 4,817 decimal digits
+    "0" + "7" * 5000,  # YAML 1.1 octal
+    "0b" + "1" * 15000,
+    "1" + ":59" * 1500,  # YAML 1.1 base 60 (2,500 digits: but its text is too long)
+    "1" + ":59" * 300_000,  # read in quadratic time: 40 s
+    "-0x" + "f" * 4000,
+])
+@pytest.mark.parametrize(("where", "line"), [
+    (lambda d: d["clusters"][0].update(max_concurrency="BIG"), 3),
+    (lambda d: d["clusters"][1].update(region="BIG"), 10),
+])
+def test_an_integer_python_cannot_write_is_a_yaml_error(
+        tmp_path: Path, written: str, where: Any, line: int) -> None:
+    """Python reads such integers but refuses to write one of more than 4,300 digits,
+    so the error quoting it ended in a ValueError traceback."""
+    from sidecar.ops.config_file import load_config
+
+    data = base_config_dict()
+    where(data)
+    p = _write(tmp_path, data, BIG=written)
+    with pytest.raises(ConfigError) as err:
+        load_config(p)
+    assert str(err.value).startswith(
+        f"{p}: line {line}, column "), str(err.value)[:200]
+    assert f"invalid YAML: integer of {len(written)} digits is too long" in str(err.value)

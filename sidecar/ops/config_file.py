@@ -169,7 +169,13 @@ def _check_plain_key(key: Any, node: yaml.ScalarNode) -> None:
 
 def _construct_int(loader: yaml.SafeLoader | yaml.CSafeLoader, node: yaml.ScalarNode) -> int:
     try:
-        return int(yaml.constructor.SafeConstructor.construct_yaml_int(loader, node))
+        if len(node.value) > _MAX_INT_CHARS:  # base 60 (1:30) is read in quadratic time
+            raise ValueError(node.value)
+        value = int(yaml.constructor.SafeConstructor.construct_yaml_int(loader, node))
+        # ... nor write them: 0x, 0b, octal and base 60 integers were read, then the
+        # error message quoting one raised ValueError (a traceback)
+        str(value)
+        return value
     except ValueError:  # Python refuses to read integers of more than 4300 digits
         raise yaml.constructor.ConstructorError(
             None, None, f"integer of {len(node.value)} digits is too long",
@@ -189,6 +195,7 @@ if yaml.__with_libyaml__:
     _CStrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
     _FastStrictLoader = _CStrictLoader
 _MERGE = "tag:yaml.org,2002:merge"
+_MAX_INT_CHARS = 4300  # Python's default limit of int <-> str conversions, in digits
 _MAX_DEPTH_SAID = 400  # what the pure-Python parser reads before Python's stack runs out
 
 
