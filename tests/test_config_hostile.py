@@ -145,3 +145,44 @@ def test_an_integer_python_cannot_write_is_a_yaml_error(
     assert str(err.value).startswith(
         f"{p}: line {line}, column "), str(err.value)[:200]
     assert f"invalid YAML: integer of {len(written)} digits is too long" in str(err.value)
+
+
+def _sparse(tmp_path: Path, size: int) -> Path:
+    p = tmp_path / "tailroute.yaml"
+    with p.open("wb") as f:
+        f.truncate(size)  # no disk blocks
+    return p
+
+
+@pytest.mark.parametrize("where", [
+    pytest.param(lambda tmp: _sparse(tmp, (16 << 20) + 1), id="sparse"),
+    pytest.param(lambda _tmp: Path("/dev/zero"), id="dev-zero"),  # read till memory ran out
+])
+def test_a_config_file_over_16_mib_is_refused_unread(tmp_path: Path, where: Any) -> None:
+    from sidecar.ops.config_file import load_config
+
+    p = where(tmp_path)
+    with pytest.raises(ConfigError, match=rf"^{p}: config file is larger than 16 MiB: refused$"):
+        load_config(p)
+
+
+def test_a_reload_of_a_file_over_16_mib_keeps_the_config(tmp_path: Path) -> None:
+    from sidecar.core.config import parse_config
+    from sidecar.ops.reload import ConfigReloader
+    from sidecar.shell.app import App
+
+    app = App.create(parse_config(base_config_dict(), "t.yaml"))
+    good = app.config
+    reloader = ConfigReloader(app, _sparse(tmp_path, (16 << 20) + 1))
+    assert reloader.reload("test") is False and app.config is good
+    assert reloader.view()["last_error"] == (
+        f"{tmp_path / 'tailroute.yaml'}: config file is larger than 16 MiB: refused")
+
+
+def test_a_config_file_of_16_mib_is_read(tmp_path: Path) -> None:
+    from sidecar.ops.config_file import load_config
+
+    p = tmp_path / "tailroute.yaml"
+    text = yaml.safe_dump(base_config_dict())
+    p.write_text(text + "#" * ((16 << 20) - len(text) - 1) + "\n")
+    assert load_config(p).default_cluster == "a"

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
 from sidecar.core.config import Config, ConfigError, parse_config
 from sidecar.ops.config_lines import with_lines
 
+# A config of 100 clusters x 100 models is 161 KiB: a larger file is a mistake (a log
+# file, /dev/zero), read until memory ran out.
+MAX_CONFIG_BYTES: Final = 16 << 20
+
 
 def load_config(path: str | Path) -> Config:
     """Load and validate ``path``; raises :class:`ConfigError` naming the file, the
     field and, where the file shows it, the line (:mod:`sidecar.ops.config_lines`)."""
     p = Path(path)
-    text = read_text(p)
+    text = read_text(p, max_bytes=MAX_CONFIG_BYTES)
     try:
         cfg = parse_config(parse_yaml(text, p), str(p))
         if cfg.fleet is not None:

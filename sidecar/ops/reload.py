@@ -35,7 +35,7 @@ from pathlib import Path
 
 from sidecar.core.config import Config, ConfigError
 from sidecar.core.input_limits import grpc_receive_limit
-from sidecar.ops.config_file import load_config
+from sidecar.ops.config_file import MAX_CONFIG_BYTES, load_config
 from sidecar.ops.envoy_drift import envoy_drift
 from sidecar.ops.log_throttle import UNTHROTTLED
 from sidecar.shell.app import App
@@ -48,8 +48,9 @@ Fingerprint = tuple[int, int, str] | None  # (mtime_ns, size, sha256); None = un
 def fingerprint(path: Path) -> Fingerprint:
     """Identify the file's current content cheaply enough to do every second."""
     try:
-        st = os.stat(path)
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        with path.open("rb") as f:  # what load_config reads of it, at most
+            st = os.fstat(f.fileno())
+            digest = hashlib.sha256(f.read(MAX_CONFIG_BYTES + 1)).hexdigest()
     except OSError:
         return None
     return st.st_mtime_ns, st.st_size, digest
