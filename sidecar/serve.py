@@ -25,6 +25,7 @@ import grpc
 from prometheus_client import Histogram
 
 from sidecar.core.config import Config
+from sidecar.core.hostport import same_port
 from sidecar.fleet import heartbeat as heartbeat_pipe
 from sidecar.fleet.link import FleetLink
 from sidecar.fleet.metrics import FleetCollector
@@ -39,7 +40,7 @@ from sidecar.shell.gc_freeze import CHECK_EVERY_S, LongLivedFreezer
 from sidecar.shell.health import HealthService
 from sidecar.shell.native import NativeRouting
 from sidecar.shell.server import ExtProcService, start_grpc, tick_loop
-from sidecar.shell.startup import bind_error, check_bindable, check_unix_path
+from sidecar.shell.startup import StartupError, bind_error, check_bindable, check_unix_path
 from sidecar.shell.tls import CertificateWatcher
 
 log = logging.getLogger("tailroute")
@@ -245,7 +246,12 @@ async def serve(
     tls_cfg = config.listen.tls
     tls = CertificateWatcher(tls_cfg, config.source) if tls_cfg is not None and tcp else None
     admin_at = admin_addr if admin_addr is not None else config.listen.admin
-    admin_port = await _start_admin(admin, admin_at, "--admin" if admin_addr else "listen.admin")
+    admin_setting = "--admin" if admin_addr else "listen.admin"
+    if tcp and same_port(tcp, admin_at):  # else gRPC's bind blamed "another process"
+        raise StartupError(
+            f"cannot listen for the admin server on {admin_at} ({admin_setting}): ext_proc "
+            f"gRPC is to listen there ({'--grpc' if grpc_addr is not None else 'listen.grpc'})")
+    admin_port = await _start_admin(admin, admin_at, admin_setting)
     native = None
     if config.routing.mode != "extproc":
         native = NativeRouting(lambda: app.config, lambda: app.router)

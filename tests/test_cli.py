@@ -345,6 +345,13 @@ def test_check_config_refuses_a_config_without_models(tmp_path: Path) -> None:
      "(127.0.0.1:65530), the last on 65536, above 65535: use a lower admin port "
      "(listen.admin, --admin) or fewer workers"),
     ("127.0.0.1:0", "64", None),  # port 0: each worker picks a free one
+    ("127.0.0.1:50049", "2", None),
+    ("127.0.0.1:50049", "3", "--workers 3: worker i serves admin on port 50049 + i "
+     "(127.0.0.1:50049), worker 2 on the gRPC port (127.0.0.1:50051): give the admin "
+     "ports (listen.admin, --admin) room for the workers"),
+    ("0.0.0.0:50050", "2", "--workers 2: worker i serves admin on port 50050 + i "
+     "(0.0.0.0:50050), worker 1 on the gRPC port (127.0.0.1:50051): give the admin "
+     "ports (listen.admin, --admin) room for the workers"),
 ])
 def test_check_config_checks_every_worker_has_an_admin_port(
     tmp_path: Path, admin: str, workers: str, problem: str | None

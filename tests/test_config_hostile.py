@@ -186,3 +186,44 @@ def test_a_config_file_of_16_mib_is_read(tmp_path: Path) -> None:
     text = yaml.safe_dump(base_config_dict())
     p.write_text(text + "#" * ((16 << 20) - len(text) - 1) + "\n")
     assert load_config(p).default_cluster == "a"
+
+
+@pytest.mark.parametrize(("section", "addresses", "field", "problem"), [
+    ("listen", {"grpc": "127.0.0.1:9911", "admin": "127.0.0.1:9911"}, "listen.admin",
+     "127.0.0.1:9911 takes the port of listen.grpc (127.0.0.1:9911): the sidecar's ext_proc "
+     "gRPC and its admin server cannot listen on one port; give one of them another"),
+    ("listen", {"grpc": "0.0.0.0:9911", "admin": "127.0.0.1:9911"}, "listen.admin",
+     "127.0.0.1:9911 takes the port of listen.grpc (0.0.0.0:9911)"),
+    ("listen", {"grpc": "[::1]:9911", "admin": "[::]:9911"}, "listen.admin",
+     "[::]:9911 takes the port of listen.grpc ([::1]:9911)"),
+    ("envoy", {"listen": "127.0.0.1:9901", "admin": "127.0.0.1:9901"}, "envoy.admin",
+     "127.0.0.1:9901 takes the port of envoy.listen (127.0.0.1:9901): Envoy's listener and "
+     "its admin interface cannot listen on one port; give one of them another"),
+])
+def test_two_listeners_of_one_process_on_one_port_are_a_config_error(
+        tmp_path: Path, section: str, addresses: dict[str, str], field: str,
+        problem: str) -> None:
+    """check-config said OK: serve then stopped blaming "another process", or the
+    rendered bootstrap was one Envoy cannot start."""
+    from sidecar.ops.config_file import load_config
+
+    p = _write(tmp_path, base_config_dict(**{section: addresses}))
+    with pytest.raises(ConfigError) as err:
+        load_config(p)
+    assert str(err.value).startswith(f"{p}: {field}: {problem}"), str(err.value)
+    assert str(err.value).endswith(")") and "(line " in str(err.value)
+
+
+@pytest.mark.parametrize("fields", [
+    {"listen": {"grpc": "127.0.0.1:0", "admin": "127.0.0.1:0"}},  # 0: any free port
+    {"listen": {"grpc": "", "admin": "127.0.0.1:50051", "grpc_unix": "/tmp/t.sock"}},
+    {"listen": {"grpc": "localhost:9911", "admin": "127.0.0.1:9911"}},  # names not looked up
+    {"listen": {"grpc": "0.0.0.0:9911", "admin": "[::1]:9911"}},  # another family
+    {"listen": {"grpc": "127.0.0.1:9911", "admin": "127.0.0.2:9911"}},
+    # the sidecar and Envoy are two processes, often in two network namespaces
+    {"listen": {"grpc": "0.0.0.0:10000"}, "envoy": {"listen": "0.0.0.0:10000"}},
+])
+def test_listeners_that_can_share_a_port_number_are_accepted(fields: dict[str, Any]) -> None:
+    from sidecar.core.config import parse_config
+
+    parse_config(base_config_dict(**fields), "t.yaml")

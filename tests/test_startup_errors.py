@@ -68,3 +68,27 @@ def test_unix_socket_in_a_missing_directory(tmp_path: Path) -> None:
                             "grpc_unix": str(tmp_path / "nope" / "x.sock")})
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert "(listen.grpc_unix): directory" in out.stderr and "does not exist" in out.stderr
+
+
+@pytest.mark.parametrize(("listen", "args", "said"), [
+    ({"grpc": "127.0.0.1:{p}", "admin": "127.0.0.1:0"}, ("--admin", "127.0.0.1:{p}"),
+     "cannot listen for the admin server on 127.0.0.1:{p} (--admin): ext_proc gRPC is to "
+     "listen there (listen.grpc)"),
+    ({"grpc": "127.0.0.1:0", "admin": "127.0.0.1:0"},
+     ("--grpc", "0.0.0.0:{p}", "--admin", "127.0.0.1:{p}"),
+     "cannot listen for the admin server on 127.0.0.1:{p} (--admin): ext_proc gRPC is to "
+     "listen there (--grpc)"),
+])
+def test_one_port_for_grpc_and_admin_is_not_blamed_on_another_process(
+    tmp_path: Path, listen: dict[str, str], args: tuple[str, ...], said: str
+) -> None:
+    """The admin server bound first, then gRPC's bind failed as "address already in use
+    (another process listens there)": the other process was the sidecar itself."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])  # free again once closed
+    out = _serve(tmp_path, {k: v.format(p=port) for k, v in listen.items()},
+                 *(a.format(p=port) for a in args))
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert lines == [f"tailroute serve: {said.format(p=port)}"], out.stderr

@@ -29,6 +29,7 @@ from sidecar.core.config import (
     StatsConfig,
     TimingConfig,
 )
+from sidecar.core.config_listen import check_listen_ports
 from sidecar.core.config_routes import (
     COMPATS,
     cluster_item,
@@ -372,6 +373,7 @@ def _parse(root: ConfigReader, source: str) -> Config:
     if root.clean_since(0):
         _check_queue_wait(root, cfg)
         check_tls_pair(root, cfg.listen.tls, cfg.envoy.sidecar_tls)
+        check_listen_ports(root, cfg)
         _check_native_routing(root, cfg)
     return cfg
 

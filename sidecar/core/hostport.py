@@ -48,3 +48,30 @@ def split_hostport(addr: str, port_zero: bool = False) -> tuple[str, int]:
         raise ValueError(f"must be host:port with a host name or IP address, got {addr!r}")
     return host, int(port)
 
+
+
+def same_port(a: str, b: str) -> bool:
+    """Whether two listen addresses (``host:port``) hold the same port, so the second
+    bind must fail: one non-zero port, and one host, or a wildcard host (``0.0.0.0``,
+    ``[::]``) with an address of its family. Host names are compared as written (no
+    lookup), so ``localhost`` and ``127.0.0.1`` count as two hosts."""
+    try:
+        (host_a, port_a), (host_b, port_b) = (split_hostport(a, port_zero=True),
+                                              split_hostport(b, port_zero=True))
+    except ValueError:
+        return False
+    if port_a != port_b or port_a == 0:
+        return False
+    ips = [_ip(host_a), _ip(host_b)]
+    if None in ips:
+        return host_a.lower().rstrip(".") == host_b.lower().rstrip(".")
+    ip_a, ip_b = (ip for ip in ips if ip is not None)
+    return ip_a == ip_b or (ip_a.version == ip_b.version
+                            and (ip_a.is_unspecified or ip_b.is_unspecified))
+
+
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None

@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 
 from sidecar.core.config import Config, ConfigError
-from sidecar.core.hostport import join_hostport, split_hostport
+from sidecar.core.hostport import join_hostport, same_port, split_hostport
 from sidecar.core.workers_config import MIN_PROBE_INTERVAL_S
 from sidecar.devtools.harness import free_port
 from sidecar.fleet import heartbeat
@@ -79,11 +79,19 @@ def check_workers(config: Config, n: int, grpc: str, unix: str | None,
     if not 1 <= n <= MAX_WORKERS:  # the command line refuses these already
         raise ConfigError(f"--workers must be from 1 to {MAX_WORKERS}, got {n}")
     if admin is not None:
-        port = _split(admin, "--admin")[1]
+        host, port = _split(admin, "--admin")
         if port and port + n - 1 > 65535:
             raise ConfigError(f"--workers {n}: worker i serves admin on port {port} + i "
                               f"({admin}), the last on {port + n - 1}, above 65535: use a "
                               "lower admin port (listen.admin, --admin) or fewer workers")
+        # (worker 0's port is checked with the config: sidecar.core.config_listen)
+        clash = [i for i in range(1, n) if port and grpc
+                 and same_port(grpc, join_hostport(host, port + i))]
+        if clash:
+            raise ConfigError(f"--workers {n}: worker i serves admin on port {port} + i "
+                              f"({admin}), worker {clash[0]} on the gRPC port ({grpc}): "
+                              "give the admin ports (listen.admin, --admin) room for the "
+                              "workers")
     if config.fleet is None:
         raise ConfigError(f"{config.source}: fleet: --workers {n} needs a fleet: section "
                           "(workers share statistics and health through Redis/Valkey)")
