@@ -20,9 +20,15 @@ def serve(ns: argparse.Namespace) -> int:
     from sidecar.ops import log_throttle
     from sidecar.ops.config_file import load_config
     from sidecar.serve import serve
-    from sidecar.shell.startup import StartupError
+    from sidecar.shell.startup import StartupError, check_ready_file
 
     config = load_config(ns.config)
+    try:
+        if ns.ready_file:  # written once serving; the supervisor's work files go beside it
+            check_ready_file(ns.ready_file)
+    except StartupError as exc:
+        print(f"tailroute serve: {exc}", file=sys.stderr)
+        return 1
     if ns.workers != 1:  # N processes on one port sharing state through the fleet store
         from sidecar.fleet.workers import run_workers
 

@@ -92,3 +92,22 @@ def test_one_port_for_grpc_and_admin_is_not_blamed_on_another_process(
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert lines == [f"tailroute serve: {said.format(p=port)}"], out.stderr
+
+
+@pytest.mark.parametrize("workers", [(), ("--workers", "2")])
+def test_a_ready_file_in_a_missing_directory(tmp_path: Path, workers: tuple[str, ...]) -> None:
+    """It was written once serving: a FileNotFoundError traceback, listeners up (with
+    --workers, the supervisor's work directory beside it failed the same way)."""
+    ready = tmp_path / "nope" / "ready"
+    path = tmp_path / "tailroute.yaml"
+    path.write_text(yaml.safe_dump(base_config_dict(
+        listen={"grpc": "127.0.0.1:0", "admin": "127.0.0.1:0"},
+        fleet={"url": "redis://127.0.0.1:1/0"})))
+    out = subprocess.run([sys.executable, "-m", "sidecar.cli", "serve", "--config", str(path),
+                          "--ready-file", str(ready), *workers],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert lines == [f"tailroute serve: cannot write the ready file {ready} (--ready-file): "
+                     f"directory {ready.parent} does not exist"], out.stderr
+    assert not ready.parent.exists()

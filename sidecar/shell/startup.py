@@ -69,3 +69,16 @@ def check_unix_path(what: str, path: str, setting: str) -> None:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise StartupError(f"cannot listen for {what} on unix:{path} ({setting}): "
                            f"directory {parent} is not writable")
+
+
+def check_ready_file(path: str) -> None:
+    """Raise :class:`StartupError` if ``--ready-file`` cannot be written: its directory is
+    missing or not writable (it is written once serving, as ``<path>.tmp`` renamed, and
+    a failure then was a traceback with the listeners up)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise StartupError(f"cannot write the ready file {path} (--ready-file): "
+                           f"directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise StartupError(f"cannot write the ready file {path} (--ready-file): "
+                           f"directory {parent} is not writable")
