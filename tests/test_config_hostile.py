@@ -227,3 +227,20 @@ def test_listeners_that_can_share_a_port_number_are_accepted(fields: dict[str, A
     from sidecar.core.config import parse_config
 
     parse_config(base_config_dict(**fields), "t.yaml")
+
+
+@pytest.mark.parametrize(("classes", "keys"), [
+    ({7: {"priority": 3}, "7": {"priority": 4}}, "7 and '7'"),
+    ({"7": {"priority": 4}, "interactive": {}, 7: {"priority": 3}}, "'7' and 7"),
+])
+def test_a_class_named_twice_as_a_number_and_a_string_is_a_config_error(
+        classes: dict[Any, Any], keys: str) -> None:
+    """YAML's 7 and '7' are two keys, so the check for keys given twice let them by;
+    the class name of both is "7": the config counted one class more than there are,
+    and one of the two definitions was silently dropped."""
+    from sidecar.core.config import parse_config
+
+    with pytest.raises(ConfigError) as err:
+        parse_config(base_config_dict(classes=classes), "t.yaml")
+    assert err.value.problems == (
+        f"t.yaml: classes.7: class '7' is defined twice (as {keys}: one class name)",)

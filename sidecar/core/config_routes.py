@@ -281,9 +281,11 @@ def parse_classes(root: ConfigReader, source: str,
     if not isinstance(classes_raw, Mapping) or not classes_raw:
         root.fail("must be a non-empty mapping of class name -> settings", "classes")
     out: list[ClassConfig] = []
+    seen: dict[str, object] = {}  # class name -> its key as YAML read it
     for k, v in classes_raw.items():
         r = ConfigReader(v, source, f"classes.{k}") if isinstance(v, Mapping | None) else None
         name = str(k)  # a bare 7 is the class "7" (the header's value); on and 1.5 are not
+        first = seen.setdefault(name, k)
         if isinstance(k, bool) or not isinstance(k, str | int):
             root.bad(f"class name must be a string, but YAML read {shown(k)} as "
                      f"{type(k).__name__}: quote it as written (unquoted, YAML reads on, off, "
@@ -296,6 +298,10 @@ def parse_classes(root: ConfigReader, source: str,
             root.bad(f"class name must be {_NAME_RULE} (what the x-tailroute-class header "
                      f"accepts; '|' separates slice labels), got {shown(name)}",
                      f"classes.{k}", None)
+        elif first is not k:  # 7 and '7': two YAML keys, one header value
+            root.bad(f"class {name!r} is defined twice (as {shown(first)} and {shown(k)}: "
+                     "one class name)", f"classes.{k}", None)
+            continue
         elif r is None:
             root.bad(f"expected a mapping, got {type(v).__name__}", f"classes.{k}", None)
         else:
