@@ -98,6 +98,8 @@ def _tls(pki: Pki, mutual: bool = True) -> ListenTlsConfig:
     ("key_file", "not_pem", "listen.tls.key_file: {path} is not PEM"),
     ("key_file", "other_key", "listen.tls.key_file: {path} does not match listen.tls.cert_file"),
     ("client_ca_file", "garbage_pem", "listen.tls.client_ca_file: {path} holds no usable CA"),
+    # read whole before: /dev/zero until memory ran out
+    ("cert_file", "huge", "listen.tls.cert_file: {path} is larger than 16 MiB: refused"),
 ])
 def test_bad_files_are_config_errors_naming_field_and_file(
     pki: Pki, tmp_path: Path, field: str, damage: str, message: str
@@ -109,6 +111,10 @@ def test_bad_files_are_config_errors_naming_field_and_file(
         path.write_bytes(pki.client_key.read_bytes())
     elif damage == "garbage_pem":
         path.write_text("-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----\n")
+    elif damage == "huge":
+        with path.open("wb") as f:
+            f.write(pki.server_cert.read_bytes())
+            f.truncate((16 << 20) + 1)  # the rest sparse
     cfg = {"cert_file": str(pki.server_cert), "key_file": str(pki.server_key),
            "client_ca_file": str(pki.ca), field: str(path)}
     with pytest.raises(ConfigError) as err:

@@ -25,6 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 import grpc
 
@@ -43,13 +44,21 @@ class TlsMaterial:
     client_ca: bytes | None
 
 
+# A CA bundle is some 200 KiB: a larger file is a mistake (/dev/zero was read until
+# memory ran out, at start and at every change the watcher saw).
+MAX_PEM_BYTES: Final = 16 << 20
+
+
 def _read(path: str, field: str, source: str) -> bytes:
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            data = f.read(MAX_PEM_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"{source}: listen.tls.{field}: cannot read {path}: "
                           f"{exc.strerror or exc}") from None
+    if len(data) > MAX_PEM_BYTES:
+        raise ConfigError(f"{source}: listen.tls.{field}: {path} is larger than 16 MiB: "
+                          "refused")
     if b"-----BEGIN " not in data:
         raise ConfigError(f"{source}: listen.tls.{field}: {path} is not PEM "
                           "(no -----BEGIN line)")
