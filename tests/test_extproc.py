@@ -425,6 +425,31 @@ def test_a_client_that_left_a_sampled_stream_without_a_token_waited_that_long() 
     assert app.router.counters[("outcome", "cancel")] == 1
 
 
+def test_a_complete_sampled_stream_without_a_token_has_no_first_token_time() -> None:
+    """A 200 stream read to its end with only a role-only event (an empty or filtered
+    answer): nothing to date a first token by, as the in-process timer says too. Before,
+    its first body byte plus the route's offset was a 20 ms TTFT sample."""
+    app = _sampled_app()
+    s, r = fast(app, chat_request(), now=0.0)
+    meta = metadata(r)  # type: ignore[arg-type]
+    role = sse({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+    _observe(app, meta, [
+        (0.01, observe_msg("response_headers", meta, SSE_HEADERS)),
+        (0.02, observe_msg("response_body", meta, body=role)),
+        (0.5, observe_msg("response_body", meta, body=b"data: [DONE]\n\n", eos=True)),
+    ])
+    s.close(0.5, cancelled=False)
+    seen: list[Observation] = []
+    app.on_observation = lambda obs, api: seen.append(obs)
+    OutcomeFeed(app)(LogRecord(
+        status=200, flags=frozenset(), details="via_upstream", method="POST",
+        path="/v1/chat/completions", duration_s=0.51, upstream_tx_s=0.01, first_body_s=0.02,
+        end_s=0.5, tokens=None, rid=s.rid), 0.6)
+    assert len(seen) == 1 and seen[0].outcome == "ok"
+    assert seen[0].ttft_s is None and seen[0].tpot_s is None
+    assert seen[0].e2e_s == pytest.approx(0.5)
+
+
 def _outcomes(app: App) -> int:
     return sum(v for (k, _), v in app.router.counters.items() if k == "outcome")
 

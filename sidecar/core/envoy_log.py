@@ -73,7 +73,9 @@ their TTFT/e2e are the time waited since ``t0`` (lower bounds) and the router
 decides whether a cancel is evidence. A first body byte stands for a first token
 there as for an ``ok``, except on a stream whose own events were read without a
 token (``tokenless``: a sampled stream that opened with a role-only event or
-comments and ended, or lost its client, before any token): its TTFT is the wait.
+comments and ended, or lost its client, before any token): its TTFT is the wait. A
+complete such stream (an ``ok`` without a token: a filtered or empty answer) has no
+TTFT or TPOT, as :class:`sidecar.core.timing.ResponseTimer` gives none.
 
 A timeout at the caller's own deadline is the caller's, not the route's
 (:func:`at_callers_deadline`): ``x-tailroute-deadline-ms`` becomes the request's
@@ -248,7 +250,7 @@ def observation_from_log(
         e2e = rec.end_s
         if e2e is None and rec.flags & CANCEL_FLAGS:
             e2e = waited_s(rec)  # complete, then the client left: as long as it waited
-        if streaming:
+        if streaming and not tokenless:  # tokenless: no first token to date (as the timer)
             ttft, tpot = ok_timing(first, e2e, n, first_token_s is not None or ttft_from_log)
     elif censored:
         e2e = waited_s(rec)
