@@ -549,6 +549,20 @@ def test_admission_answer_entries_are_not_route_evidence(app: App) -> None:
     assert app.envoy["decided"] == 1 and not app.router.counters
 
 
+@pytest.mark.parametrize("headers", [{"x-tailroute-explain": "1"},
+                                     {"x-tailroute-deadline-ms": "750"}])
+def test_the_rich_paths_answer_always_changes_a_header(
+    app: App, headers: dict[str, str]
+) -> None:
+    """Envoy re-picks the route after a body answer only when it changes a header: a
+    stream without a deadline (explain alone) has no header to set, and went to the
+    default route (tests/test_integration_envoy.py, test_routing_is_honoured)."""
+    _s, (_r1, r2) = rich(app, chat_request(), headers)
+    common = r2.request_body.response  # type: ignore[attr-defined]
+    assert common.clear_route_cache
+    assert list(common.header_mutation.remove_headers) == [ROUTE_HEADER]
+
+
 def test_explain_header_on_the_rich_path(app: App) -> None:
     s, (r1, _) = rich(app, chat_request(), headers={"x-tailroute-explain": "1"})
     assert r1.mode_override.response_header_mode == r1.mode_override.SEND  # type: ignore[attr-defined]

@@ -70,18 +70,27 @@ def _client(st: Stack) -> openai.OpenAI:
     return openai.OpenAI(base_url=st.base_url, api_key="test", max_retries=0, timeout=30)
 
 
-def test_routing_is_honoured(stack: Stack) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+def test_routing_is_honoured(stack: Stack, stream: bool) -> None:
+    """Each explained request reaches the cluster its explain header names. A stream
+    without a deadline gets no header change on the rich path, and without one Envoy
+    kept the route it had cached before the decision: every such stream went to the
+    default cluster while its explain header named another."""
     client = _client(stack)
     for _ in range(12):
         raw = client.chat.completions.with_raw_response.create(
-            model="m", messages=MSG, max_tokens=3, extra_headers={"x-tailroute-explain": "1"}
+            model="m", messages=MSG, max_tokens=3, stream=stream,
+            extra_headers={"x-tailroute-explain": "1"},
         )
         decided = raw.headers["x-tailroute-route"]
         assert decided in {"a", "b", "c"}
         assert raw.headers["x-fake-provider"] == decided
         explain = json.loads(raw.headers["x-tailroute-explain-result"])
         assert explain["cluster"] == decided
-        assert raw.parse().choices[0].message.content
+        if stream:
+            assert [c for c in raw.parse() if c.choices and c.choices[0].delta.content]
+        else:
+            assert raw.parse().choices[0].message.content
 
 
 def test_spoofed_cluster_header_is_ignored(stack: Stack) -> None:

@@ -88,10 +88,10 @@ _EXPLAIN_MODE = _PM(
     request_trailer_mode=_PM.SKIP,
     response_trailer_mode=_PM.SKIP,
 )
-# On the one-message path Envoy clears the route cache after the body answer only if
-# that answer carries a header mutation, and drops header changes there (the headers
-# have gone on already): removing a header that never reaches the upstream anyway
-# satisfies the first and harms nothing.
+# Envoy clears the route cache after a body answer only if that answer changes a
+# header (an empty mutation does not count), and on the one-message path drops header
+# changes there (the headers have gone on already): removing a header that never
+# reaches the upstream anyway satisfies the first and harms nothing, on either path.
 
 
 class Phase(Enum):
@@ -310,13 +310,15 @@ class RouteStream:
         common = (resp.request_body if is_body else resp.request_headers).response
         common.clear_route_cache = True
         bounded = not info.stream  # the whole answer has a timeout (ec.UNARY_KEY)
+        # Envoy re-picks the route only after an answer that changes a header (an empty
+        # mutation is not enough): on the rich path a stream without a deadline has no
+        # header to set, and Envoy kept the default route it had picked before.
+        common.header_mutation.remove_headers.append(ec.ROUTE_HEADER)
         if self.rich:
             timeout = timeout_header(decision)
             if timeout is not None:
                 common.header_mutation.set_headers.append(timeout)
                 bounded = True  # a stream's deadline: its cap, not the safety net
-        else:
-            common.header_mutation.remove_headers.append(ec.ROUTE_HEADER)
         if parsed is not None and decision.upstream_model:
             new_body = _rewrite_model(parsed, decision.upstream_model)
             common.body_mutation.body = new_body
