@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from sidecar.core.latency_aware import latency_aware_scores, pick_lowest
+from sidecar.core.latency_aware import latency_aware_scores, partial_ratios, pick_lowest
 
 N = None
 
@@ -41,3 +43,55 @@ def test_latency_aware(values: dict[str, dict[str, float | None]], metrics: list
     if expected_scores is not None:
         assert result.scores == pytest.approx(expected_scores)
     assert pick_lowest(cands, result.scores) == winner
+
+
+# ------------------------------------------------------------ partial_ratios
+# tailroute's weights: a route keeps its evidence on the metric it has data for.
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        # c: a first token 15x slower and too few TPOT samples yet -- judged on TTFT,
+        # its TPOT taken as the worst known (before: no score, so the best's peer)
+        ({"a": {"ttft": 0.03, "tpot": 0.003}, "b": {"ttft": 0.03, "tpot": 0.003},
+          "c": {"ttft": 0.45, "tpot": N}}, {"a": 1.0, "b": 1.0, "c": 8.0}),
+        # no TPOT anywhere (no usage in the streams): ranked on TTFT alone
+        ({"a": {"ttft": 0.1, "tpot": N}, "b": {"ttft": 0.3, "tpot": N}},
+         {"a": 1.0, "b": 3.0}),
+        # a missing metric never makes a route look best on it
+        ({"a": {"ttft": 0.1, "tpot": 0.02}, "b": {"ttft": 0.1, "tpot": N}},
+         {"a": 1.0, "b": 1.0}),
+        ({"a": {"ttft": 0.1, "tpot": 0.01}, "b": {"ttft": 0.1, "tpot": 0.03},
+          "c": {"ttft": 0.1, "tpot": N}}, {"a": 1.0, "b": 2.0, "c": 2.0}),
+        # no data at all: left to the caller's rule for unknown routes
+        ({"a": {"ttft": 0.1, "tpot": 0.01}, "b": {"ttft": N, "tpot": N}}, {"a": 1.0}),
+        ({"a": {"ttft": N}, "b": {"ttft": N}}, {}),
+    ],
+)
+def test_partial_ratios(values: dict[str, dict[str, float | None]],
+                        expected: dict[str, float]) -> None:
+    metrics = list(next(iter(values.values())))
+    assert partial_ratios(list(values), values, metrics) == pytest.approx(expected)
+
+
+_value = st.one_of(st.none(), st.floats(1e-4, 10.0))
+_table = st.dictionaries(st.sampled_from("abcde"),
+                         st.fixed_dictionaries({"ttft": _value, "tpot": _value}), min_size=1)
+
+
+@given(_table)
+def test_partial_ratios_properties(values: dict[str, dict[str, float | None]]) -> None:
+    """At least 1 (the best scores 1); the complete-data score where every route has
+    complete data; raising a route's own value never lowers its ratio."""
+    cands, metrics = list(values), ["ttft", "tpot"]
+    r = partial_ratios(cands, values, metrics)
+    assert all(x >= 1.0 - 1e-9 for x in r.values())
+    assert set(r) == {c for c in cands if any(values[c][m] is not None for m in metrics)}
+    if all(v is not None for row in values.values() for v in row.values()):
+        assert r == pytest.approx(latency_aware_scores(cands, values, metrics).scores)
+    for c in r:
+        for m in metrics:
+            v = values[c][m]
+            if v is not None:
+                worse = {**values, c: {**values[c], m: v * 2}}
+                assert partial_ratios(cands, worse, metrics)[c] >= r[c] - 1e-9

@@ -190,6 +190,17 @@ def test_lowest_score_picker_is_semantic_router_deterministic() -> None:
         == "a"
 
 
+def test_a_route_slow_to_the_first_token_without_tpot_samples_yet_stays_down() -> None:
+    """c's first token is 15x slower; its TPOT has too few samples to say (TPOT needs
+    usage, which native mode reads on a sample of requests): it is judged on its TTFT.
+    Before, it had no complete data and scored as the best routes' peer (a third)."""
+    for no_tpot in ({"c"}, {"a", "b", "c"}):  # all: streams without usage
+        view = FakeView(ttft={"a": 0.03, "b": 0.03, "c": 0.45}, no_tpot=no_tpot)
+        cands = {c.name: c for c in _run(view).candidates}
+        assert cands["c"].scores["latency"] < 0.05 * cands["a"].scores["latency"]
+        assert cands["c"].weight <= 0.05 * cands["a"].weight  # the exploration floor
+
+
 def test_route_without_data_does_not_outrank_routes_with_data() -> None:
     view = FakeView(ttft={"a": 0.1, "b": 0.5})  # c: no data
     r = _run(view)

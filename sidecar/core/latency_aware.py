@@ -10,7 +10,10 @@ metric ("complete data"):
 Lower is better; the best candidate scores 1.0. Candidates without complete
 data get no score (``None``). With no metric enabled, or no candidate with
 complete data, there is nothing to rank and callers fall back to the first
-candidate (``reason`` tells which).
+candidate (``reason`` tells which). That is the compatible score (the
+``lowest_score`` picker, :mod:`sidecar.core.compat_sr`); the weights of tailroute's
+own pipeline use :func:`partial_ratios`, which keeps a route's evidence on one
+metric when it lacks the other.
 """
 
 from __future__ import annotations
@@ -59,6 +62,42 @@ def latency_aware_scores(
         for c in complete
     }
     return LatencyScores(scores, "scored")
+
+
+def partial_ratios(
+    candidates: Sequence[str],
+    values: Mapping[str, Mapping[str, float | None]],
+    metrics: Sequence[str],
+) -> dict[str, float]:
+    """The ratio of every candidate that has a value for at least one metric::
+
+        known_m  = the candidates with a value for m (a metric none has is left out)
+        v_m(c)   = value_m(c), or max over known_m of value_m   (missing = the worst known)
+        ratio(c) = mean over the metrics left of v_m(c) / min over known_m of value_m
+
+    The same as :func:`latency_aware_scores` when every candidate has complete data.
+    tailroute's weights use this, not the complete-data rule: TPOT needs ``usage`` in
+    the stream (opt-in for OpenAI clients) and, in native mode, comes from
+    ``envoy.usage_sample`` of the requests, so a route down-weighted for a slow first
+    token gathers TTFT samples faster than TPOT ones. Under the complete-data rule its
+    TPOT falling short of ``min_samples`` dropped its TTFT evidence too, and it scored as
+    the worst route *with* data (seen: a cluster 15x slower to the first token went from
+    2.5 % of the weight to a third for a second or two whenever that happened); with no
+    TPOT anywhere, no route had a score at all.
+    """
+    known = {m: [float(v) for c in candidates
+                 if (v := values.get(c, {}).get(m)) is not None] for m in metrics}
+    used = [m for m in metrics if known[m]]
+    best = {m: max(min(known[m]), _EPS) for m in used}
+    worst = {m: max(known[m]) for m in used}
+    out: dict[str, float] = {}
+    for c in candidates:
+        own = values.get(c, {})
+        if all(own.get(m) is None for m in used):
+            continue  # no evidence at all: the caller's rule for unknown routes
+        out[c] = sum(max(float(v) if (v := own.get(m)) is not None else worst[m], _EPS)
+                     / best[m] for m in used) / len(used)
+    return out
 
 
 def pick_lowest(candidates: Sequence[str], scores: Mapping[str, float]) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from sidecar.core.evidence import with_prior
-from sidecar.core.latency_aware import enabled_metrics, latency_aware_scores
+from sidecar.core.latency_aware import enabled_metrics, latency_aware_scores, partial_ratios
 from sidecar.core.light_load import LIGHT, RECORD_MIN, floor_share, violation_share
 from sidecar.core.selection import FLOOR_SHARE, Candidate, LatencyValue, Scorer, SelectionContext
 from sidecar.core.steepness import latency_score
@@ -45,11 +45,14 @@ class LatencyRatio:
     product of scores, so a steep default would also reinterpret every class's
     weights: at 6, a tolerant class with latency weight 0.2 and cost weight 1.0
     left a cheap route ten times slower but far inside its budget (r ** -1.2),
-    against the operator's stated preference. A route without data scores like
-    the worst route that has data (1.0 when none has): no evidence must not look
-    like the best evidence (a route whose requests all fail or get cancelled has
-    no samples). The pipeline's exploration floor still gives it traffic to earn
-    data.
+    against the operator's stated preference. ``r`` judges a route on every metric
+    it has data for, a metric it lacks counting as the worst route's
+    (:func:`~sidecar.core.latency_aware.partial_ratios`; ``latency_ratio``, the
+    informational score, keeps semantic-router's complete-data ratio). A route
+    without any data scores like the worst route that has data (1.0 when none has):
+    no evidence must not look like the best evidence (a route whose requests all
+    fail or get cancelled has no samples). The pipeline's exploration floor still
+    gives it traffic to earn data.
     """
 
     name: str = "latency"
@@ -69,10 +72,13 @@ class LatencyRatio:
                 if lv.value is not None:
                     n = lv.samples if n < 0 else min(n, lv.samples)
             samples[c.name] = max(n, 0)
-        result = latency_aware_scores([c.name for c in cands], values, [m for m, _ in metrics])
+        names, metric_names = [c.name for c in cands], [m for m, _ in metrics]
+        # latency_ratio stays semantic-router's complete-data ratio (the lowest_score
+        # picker's); the weight judges each route on every metric it has data for.
+        result = latency_aware_scores(names, values, metric_names)
         klass = ctx.klass
         scores: dict[str, float] = {}
-        for name, ratio in result.scores.items():
+        for name, ratio in partial_ratios(names, values, metric_names).items():
             scores[name] = latency_score(klass, ratio, samples[name])
         unknown = min(scores.values()) if scores else _NEUTRAL
         for c in cands:
