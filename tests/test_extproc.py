@@ -145,6 +145,20 @@ def test_malformed_body_gets_400(app: App, body: bytes) -> None:
     assert metadata(r)["rid"] and not app.pending  # type: ignore[arg-type]
 
 
+def test_gzip_body_gets_the_400_that_names_the_compression(app: App) -> None:
+    """Python's gzip writes a zero flag byte fourth: the UTF-16/32 screen (a zero among
+    the first four bytes) used to answer first, "not UTF-8", which hides what to fix."""
+    import gzip
+
+    for route in (fast, rich):
+        _, r = route(app, gzip.compress(chat_request()))
+        answer = r[-1] if isinstance(r, list) else r
+        ir = answer.immediate_response  # type: ignore[attr-defined]
+        assert ir.status.code == 400
+        error = json.loads(ir.body)["error"]
+        assert "gzip-compressed" in error["message"] and error["code"] == "bad_request"
+
+
 def test_unknown_model_continues_to_default_route(app: App) -> None:
     _, r = fast(app, chat_request(model="who-knows"))
     assert routed_cluster(r) == "a"  # type: ignore[arg-type]

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from sidecar.core.config import Config
-from sidecar.core.input_limits import NOT_UTF8, utf16_or_32
+from sidecar.core.input_limits import GZIP_MAGIC, GZIPPED, NOT_UTF8, utf16_or_32
 from sidecar.core.types import NAME_OK, UNKNOWN_MODEL, Api, RequestInfo, SliceKey, Step
 
 # Token-profile buckets: (name, upper bound of expected output tokens). Output
@@ -166,11 +166,8 @@ def _finite(text: str) -> float:
 def _json_text(body: bytes) -> str:
     """The body as text, read as UTF-8 only (a UTF-8 BOM is skipped): ``json.loads(bytes)``
     would also read UTF-16/32, whose nesting the depth check cannot see."""
-    if body[:2] == b"\x1f\x8b":  # gzip's magic bytes: never the start of JSON
-        raise BadRequest(
-            "request body is gzip-compressed (Content-Encoding: gzip); tailroute reads "
-            "only uncompressed JSON: send it uncompressed, or decompress it in Envoy "
-            "before the routing filters")
+    if body[:2] == GZIP_MAGIC:
+        raise BadRequest(GZIPPED)
     if utf16_or_32(body):
         raise BadRequest(NOT_UTF8)
     raw = body.removeprefix(_UTF8_BOM)

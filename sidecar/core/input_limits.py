@@ -12,7 +12,8 @@ documented answer and one counter label, ``tailroute_errors_total{kind=...}``
   ``limits.max_json_containers``: 400 ``invalid_request_error``;
 * ``bad_request`` — not JSON, not an object, mistyped fields
   (:func:`sidecar.core.classify.parse_body`), not UTF-8 (UTF-16/32 is refused here,
-  before the depth check, which reads bytes as UTF-8 does): 400 ``invalid_request_error``;
+  before the depth check, which reads bytes as UTF-8 does), gzip-compressed (refused
+  here too, saying so): 400 ``invalid_request_error``;
 * ``header_ignored`` — a header the sidecar reads (``x-tailroute-*``,
   ``x-request-id``, retry counters) longer than ``limits.max_header_value_bytes``
   or holding control characters: ignored, as if absent;
@@ -58,6 +59,10 @@ GRPC_HEADROOM_BYTES: Final = 1 << 20
 # body that is not, here and in sidecar.core.classify.parse_body.
 NOT_UTF8: Final = ("request body is not valid JSON: not UTF-8 (JSON exchanged between "
                    "systems must be UTF-8, RFC 8259 section 8.1)")
+GZIP_MAGIC: Final = b"\x1f\x8b"  # gzip's first two bytes: never the start of JSON
+GZIPPED: Final = ("request body is gzip-compressed (Content-Encoding: gzip); tailroute reads "
+                  "only uncompressed JSON: send it uncompressed, or decompress it in Envoy "
+                  "before the routing filters")
 _UTF16_32_BOMS: Final = (b"\xff\xfe", b"\xfe\xff")
 _CONTROL: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _NOT_STRUCTURE: Final = bytes(b for b in range(256) if b not in b'"[]{}')
@@ -125,6 +130,8 @@ def check_body(body: bytes, limits: LimitsConfig) -> BodyRefusal | None:
     if len(body) > limits.max_body_bytes:
         return BodyRefusal("body_too_large", None,
                            f"request body over {limits.max_body_bytes} bytes is not classified")
+    if body[:2] == GZIP_MAGIC:  # before the next check: its fourth byte is often zero
+        return BodyRefusal("bad_request", 400, GZIPPED)
     if utf16_or_32(body):
         return BodyRefusal("bad_request", 400, NOT_UTF8)
     problem = structure_problem(body, limits.max_json_depth, limits.max_json_containers)
