@@ -178,12 +178,13 @@ def test_wire_entry_converts_to_a_record() -> None:
     e.response.response_code.value = 200
     e.request.request_method = 3
     e.request.path = "/v1/chat/completions"
+    e.request.request_body_bytes = 120
     rec = record_from_entry(al.HTTPAccessLogEntry.FromString(e.SerializeToString()))
     assert rec == LogRecord(
         status=200, flags=frozenset({"downstream_connection_termination"}), method="POST",
         path="/v1/chat/completions", upstream_cluster="b", duration_s=pytest.approx(0.009),
         upstream_tx_s=pytest.approx(0.0003), first_body_s=pytest.approx(0.0021), end_s=None,
-        tokens=7, rid="x-1", route_key="b|interactive|n")
+        tokens=7, rid="x-1", route_key="b|interactive|n", body_bytes=120)
 
 
 ERR = {"stream_error": True}

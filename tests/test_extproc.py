@@ -9,6 +9,8 @@ import pytest
 from sidecar.core.config import parse_config
 from sidecar.core.envoy_log import LogRecord
 from sidecar.core.types import CandidateExplain, Decision, Explain, Observation, SliceKey
+from sidecar.pb.envoy.data.accesslog.v3 import accesslog_pb2 as al
+from sidecar.shell.access_log import record_from_entry
 from sidecar.shell.app import LOG_GRACE_S, App
 from sidecar.shell.envoy_contract import ROUTE_HEADER
 from sidecar.shell.explain_header import EXPLAIN_MAX_CHARS, explain_json
@@ -524,6 +526,24 @@ def test_entries_tailroute_never_decided_are_counted_as_envoy_fail_open(app: App
     feed(LogRecord(status=200, method="GET", path="/healthz"), 0.0)
     assert app.envoy["fail_open"] == 1 and app.envoy["not_routed"] == 1
     assert app.shell_counters()["failopen:envoy"] == 1
+
+
+def test_a_post_without_a_body_envoy_never_asked_about_is_no_fail_open(app: App) -> None:
+    """The one-message path's filter waits for a body: an empty POST never reaches the
+    sidecar, which would have answered ``not_llm`` (the rich path does). It used to count
+    as Envoy failing open, toward the TailrouteEnvoyFailOpen page."""
+    e = al.HTTPAccessLogEntry()
+    e.common_properties.upstream_cluster = "a"
+    e.request.request_method = 3  # POST
+    e.request.path = "/v1/chat/completions"
+    e.request.request_body_bytes = 0
+    e.response.response_code.value = 400
+    OutcomeFeed(app)(record_from_entry(e), 0.0)
+    assert app.envoy["not_routed"] == 1 and app.envoy["fail_open"] == 0
+    assert "failopen:envoy" not in app.shell_counters()
+    e.request.request_body_bytes = 120  # the same request with its body: a fail-open
+    OutcomeFeed(app)(record_from_entry(e), 0.0)
+    assert app.envoy["fail_open"] == 1
 
 
 @pytest.mark.parametrize(

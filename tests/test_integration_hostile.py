@@ -91,6 +91,15 @@ def test_hostile_requests_get_their_documented_answers() -> None:
                                   'kind="unrouted"') == 1, "the 413's access-log entry")
         assert _counter(stack, "tailroute_fail_open_total", 'reason="envoy"') == 1
 
+        # A POST without a body never reaches the one-message filter (it waits for a
+        # body); its upstream answers for itself, and nothing failed open (Envoy logs
+        # the body bytes it received: 0). It used to count as Envoy failing open.
+        status, headers, _ = _post(stack, b"")
+        assert status == 400 and headers["x-fake-provider"] == default
+        wait_for(lambda: _counter(stack, "tailroute_access_log_entries_total",
+                                  'kind="not_routed"') == 1, "the empty POST's entry")
+        assert _counter(stack, "tailroute_access_log_entries_total", 'kind="fail_open"') == 1
+
         status, headers, _ = _post(stack, _chat(), {"x-tailroute-tenant": "t" * 5000,
                                                     "x-tailroute-explain": "1"})
         assert status == 200 and "x-tailroute-explain-result" in headers  # routed

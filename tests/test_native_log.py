@@ -45,7 +45,7 @@ def entry(route: str = route_name(S, "len"), cluster: str = "a", status: int = 2
           tokens: float | None = 4, rid: str | None = None, details: str = "via_upstream",
           flags: tuple[str, ...] = (), tailroute_ns: bool = False,
           entry_tag: bool = True, stream_error: bool = False, error_value: str | None = None,
-          attempts: int = 1) -> al.HTTPAccessLogEntry:
+          attempts: int = 1, body_bytes: int = 180) -> al.HTTPAccessLogEntry:
     """An entry as Envoy logs it: with the native bootstrap's one tag, or
     (``entry_tag=False``) with the ext_proc bootstrap's two duration tags;
     ``error_value``: the lifted ``error`` field of a marked stream; ``attempts``:
@@ -83,6 +83,7 @@ def entry(route: str = route_name(S, "len"), cluster: str = "a", status: int = 2
         fm["tailroute"].fields["slice"].string_value = S.label()
     e.request.request_method = 3
     e.request.path = "/v1/chat/completions"
+    e.request.request_body_bytes = body_bytes  # Envoy logs what it received
     if status:
         e.response.response_code.value = status
     e.response.response_code_details = details
@@ -304,6 +305,8 @@ def test_stream_errors_are_counted_on_2xx_llm_entries(path: str, status: int,
     (entry(route="tailroute_default", status=400), "native_default"),
     (entry(route="tailroute_default", rid="r-9"), "decided"),  # a per-request decision
     (entry(route="tailroute_default", cluster=""), "unrouted"),  # Envoy's own 413
+    # A POST without a body: nothing to route on any path (its own upstream's 400).
+    (entry(route="tailroute_default", status=400, body_bytes=0), "not_routed"),
     (entry(), "native"),
 ])
 def test_the_native_default_route_is_no_sidecar_fail_open(e: al.HTTPAccessLogEntry,

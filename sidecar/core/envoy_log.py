@@ -147,6 +147,9 @@ class LogRecord:
     retry_after_s: float | None = None
     # A 429 or 503 whose Retry-After / retry-after-ms was there but unreadable (counted).
     retry_after_bad: bool = False
+    # Request body bytes Envoy received from the client (None: not known). 0: a request
+    # without a body, which nobody decides on any path (not an LLM request).
+    body_bytes: int | None = None
 
 
 def outcome_of(rec: LogRecord) -> Outcome | None:

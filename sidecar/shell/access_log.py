@@ -241,6 +241,7 @@ def record_from_entry(e: al.HTTPAccessLogEntry) -> LogRecord:
         max(c.upstream_request_attempt_count, 1),  # 0: not logged (no upstream request)
         wait,
         bad,
+        e.request.request_body_bytes,
     )
 
 

@@ -21,7 +21,8 @@ no tailroute metadata, POST to an LLM API       Envoy answered it itself before 
 path, no upstream cluster                       over its buffer limit: 413; client gone
                                                 mid-upload): counted ``unrouted``, not a
                                                 fail-open (nothing was served undecided)
-no tailroute metadata, anything else            counted ``not_routed`` (GET, health checks)
+no tailroute metadata, anything else            counted ``not_routed`` (GET, health checks,
+                                                a POST without a body)
 ==============================================  =========================================
 
 ``resolve`` is the hook for a reader that learns from requests nobody decided
@@ -42,8 +43,10 @@ Resolver = Callable[[LogRecord], tuple[str, SliceKey] | None]
 
 
 def is_llm_request(rec: LogRecord) -> bool:
-    """A request tailroute would have decided (POST to an OpenAI-style API path)."""
-    return rec.method == "POST" and api_for_path(rec.path) != "other"
+    """A request tailroute would have decided (POST with a body to an OpenAI-style API
+    path). Without a body Envoy never asks on the one-message path, and the rich path
+    answers ``not_llm``: an empty POST is no fail-open, whoever sends it."""
+    return rec.method == "POST" and rec.body_bytes != 0 and api_for_path(rec.path) != "other"
 
 
 def _cluster_of(rec: LogRecord) -> str | None:
