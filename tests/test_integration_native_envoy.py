@@ -72,12 +72,16 @@ def _send(st: Stack, path: str, body: Any, headers: dict[str, str] | None = None
           conn: http.client.HTTPConnection | None = None) -> tuple[int, str, str]:
     c = conn or http.client.HTTPConnection("127.0.0.1", st.ports["envoy"], timeout=10)
     raw = body if isinstance(body, str) else json.dumps(body)
-    c.request("POST", path, raw, {"content-type": "application/json", **(headers or {})})
+    sent = {"content-type": "application/json", **(headers or {})}
+    if sent["content-type"] == NO_TYPE:  # sent without the header
+        del sent["content-type"]
+    c.request("POST", path, raw, sent)
     r = c.getresponse()
     r.read()
     return r.status, r.getheader("x-test-route") or "", r.getheader("x-fake-provider") or ""
 
 
+NO_TYPE = "(none)"
 CASES: list[tuple[str, dict[str, str], dict[str, Any]]] = [
     ("/v1/chat/completions", {}, {"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
     ("/v1/chat/completions", {"x-tailroute-class": "batch"},
@@ -94,6 +98,14 @@ CASES: list[tuple[str, dict[str, str], dict[str, Any]]] = [
     ("/v1/chat/completions", {"x-tailroute-class": ""}, {"model": "m", "max_tokens": 10}),
     ("/v1/chat/completions", {"x-tailroute-class": "batchy"}, {"model": "m", "max_tokens": 10}),
     ("/v1/chat/completions", {}, {"model": "m", "max_tokens": 1025, "stream": True}),
+    # Content-Type is not checked, the body decides (README, "What is read from a
+    # request"): no header, a media type in capitals (RFC 9110: case-insensitive), a
+    # parameter spelled otherwise. They used to take the default route natively.
+    ("/v1/chat/completions", {"content-type": NO_TYPE}, {"model": "m", "max_tokens": 10}),
+    ("/v1/chat/completions", {"content-type": "Application/JSON"},
+     {"model": "m", "max_tokens": 10}),
+    ("/v1/chat/completions", {"content-type": "application/json; charset=\"utf-8\""},
+     {"model": "m", "max_tokens": 10}),
 ]
 
 

@@ -64,9 +64,10 @@ CLASS_HEADER = "x-tailroute-class"
 # a per-request judgement a slice's weights (fan-out 1) cannot make.
 PER_REQUEST_HEADERS = ("x-tailroute-deadline-ms", "x-tailroute-step", "x-tailroute-fanout")
 EXPLAIN_REQUEST_HEADER = "x-tailroute-explain"
-_JSON_TYPES = ("application/json", "application/json; charset=utf-8",
-               "application/json;charset=utf-8", "application/json; charset=UTF-8",
-               "application/json;charset=UTF-8")
+# Bodies json_to_metadata reads: any JSON media type (case-insensitive, any parameters)
+# or none at all, as the per-request path reads the body whatever the header says; other
+# types (a multipart upload) are not buffered.
+_JSON_TYPE_RE = r"(?i)application/json[ \t]*(;.*)?"
 WEIGHTS_FETCH_TIMEOUT = "1s"
 ACCESS_LOG_BUFFER_BYTES = 256 * 1024  # Envoy start-up waits at most this long for the first weights
 _STRIP_FILTER = "tailroute.strip_client_routing"
@@ -102,7 +103,9 @@ def json_to_metadata_filter() -> dict[str, Any]:
                     default_budget,
                     *budget,
                 ],
-                "allow_content_types": list(_JSON_TYPES),
+                "allow_content_types": ["application/json"],
+                "allow_content_types_regex": {"regex": _JSON_TYPE_RE},
+                "allow_empty_content_type": True,
             },
         },
     }
