@@ -6,7 +6,10 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sidecar.core.classify import token_profile
+from sidecar.core.timing import ResponseTimer
 from sidecar.core.types import SliceKey
 from sidecar.sim.loader import parse_scenario
 from sidecar.sim.records import Attempt, Call
@@ -124,3 +127,27 @@ def test_finished_attempt_reads_like_an_observation() -> None:
     unary = finished(sc, "a", ttft=0.5, stream=False)
     uobs = unary.observation()
     assert uobs is not None and uobs.ttft_s is None and uobs.tpot_s is None  # as ResponseTimer
+
+
+
+@pytest.mark.parametrize("status", [400, 404, 413, 422, 429, 500, 502, 503])
+def test_an_error_answer_is_evidence_exactly_when_the_sidecar_reads_it_as_one(
+        status: int) -> None:
+    """A 400 for a prompt past a route's context window is the caller's fault to the
+    server's ResponseTimer, not evidence about the route; the lab's observation of the
+    same answer says the same (it was an error against the route: the hunt's
+    ``context_limits``). A 429 or a 5xx is an error in both."""
+    sc = tiny_scenario()
+    att = finished(sc, "a", ttft=0.0, outcome="error", status=status, at=1.0)
+    att.end_at = 1.03
+    timer = ResponseTimer("a", att.call.slice, 1.0, True)
+    timer.on_headers(status, "application/json", 1.03)
+    timer.on_body(b"{}", 1.03, end=True)
+    served = timer.observation(1.03)
+    observed = att.observation()
+    if status < 500 and status != 429:
+        assert served is None and observed is None
+    else:
+        assert served is not None and observed is not None
+        assert (observed.outcome, observed.status) == (served.outcome, served.status) == (
+            "error", status)

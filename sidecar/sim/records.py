@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from sidecar.core.config import ClassConfig
 from sidecar.core.live_book import LiveEntry
-from sidecar.core.timing import error_keeps_duration
+from sidecar.core.timing import error_keeps_duration, outcome_for_status
 from sidecar.core.types import Observation, Outcome, RequestInfo, SliceKey
 
 if TYPE_CHECKING:
@@ -192,7 +192,10 @@ class Attempt:
                     ttft = ft - sent
                 tpot = self.tpot_s
         elif outcome == "error":
-            if end is not None and error_keeps_duration(self.status, False):
+            status = self.status
+            if status is not None and outcome_for_status(status) is None:
+                return None  # a 4xx but 408/429: the caller's fault, as ResponseTimer has it
+            if end is not None and error_keeps_duration(status, False):
                 e2e = end - sent  # as the ResponseTimer does: dates a 5xx (no sample)
         else:  # timeout or cancel
             censored = True
