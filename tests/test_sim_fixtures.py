@@ -130,13 +130,14 @@ def test_finished_attempt_reads_like_an_observation() -> None:
 
 
 
-@pytest.mark.parametrize("status", [400, 404, 413, 422, 429, 500, 502, 503])
+@pytest.mark.parametrize("status", [400, 404, 408, 413, 422, 429, 500, 502, 503, 504])
 def test_an_error_answer_is_evidence_exactly_when_the_sidecar_reads_it_as_one(
         status: int) -> None:
     """A 400 for a prompt past a route's context window is the caller's fault to the
     server's ResponseTimer, not evidence about the route; the lab's observation of the
     same answer says the same (it was an error against the route: the hunt's
-    ``context_limits``). A 429 or a 5xx is an error in both."""
+    ``context_limits``). A 429 or a 5xx is an error in both, a 408 or 504 a timeout
+    (the lab passed those on as errors)."""
     sc = tiny_scenario()
     att = finished(sc, "a", ttft=0.0, outcome="error", status=status, at=1.0)
     att.end_at = 1.03
@@ -145,9 +146,11 @@ def test_an_error_answer_is_evidence_exactly_when_the_sidecar_reads_it_as_one(
     timer.on_body(b"{}", 1.03, end=True)
     served = timer.observation(1.03)
     observed = att.observation()
-    if status < 500 and status != 429:
+    if status < 500 and status not in (408, 429):
         assert served is None and observed is None
-    else:
+    else:  # a 408 or 504 is a (censored) timeout to both, the rest an error
         assert served is not None and observed is not None
-        assert (observed.outcome, observed.status) == (served.outcome, served.status) == (
-            "error", status)
+        assert (observed.outcome, observed.status, observed.censored) == (
+            served.outcome, served.status, served.censored)
+        assert observed.outcome == ("timeout" if status in (408, 504) else "error")
+        assert (observed.ttft_s, observed.e2e_s) == pytest.approx((served.ttft_s, served.e2e_s))

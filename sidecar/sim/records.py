@@ -183,6 +183,11 @@ class Attempt:
         end, sent = self.end_at, self.sent_at
         ttft = e2e = tpot = None
         censored = False
+        if outcome == "error" and self.status is not None and self.status >= 300:
+            read = outcome_for_status(self.status)  # (a 2xx error: failed mid-stream)
+            if read is None:
+                return None  # a 4xx but 408/429: the caller's fault, as ResponseTimer has it
+            outcome = read  # a 408 or 504 answer is a timeout to the ResponseTimer
         if outcome == "ok":
             if end is not None:
                 e2e = end - sent
@@ -192,10 +197,7 @@ class Attempt:
                     ttft = ft - sent
                 tpot = self.tpot_s
         elif outcome == "error":
-            status = self.status
-            if status is not None and outcome_for_status(status) is None:
-                return None  # a 4xx but 408/429: the caller's fault, as ResponseTimer has it
-            if end is not None and error_keeps_duration(status, False):
+            if end is not None and error_keeps_duration(self.status, False):
                 e2e = end - sent  # as the ResponseTimer does: dates a 5xx (no sample)
         else:  # timeout or cancel
             censored = True
