@@ -62,23 +62,21 @@ def check_bindable(what: str, addr: str, setting: str) -> None:
 
 def check_unix_path(what: str, path: str, setting: str) -> None:
     """Raise :class:`StartupError` if the socket's directory is missing or not writable."""
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise StartupError(f"cannot listen for {what} on unix:{path} ({setting}): "
-                           f"directory {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise StartupError(f"cannot listen for {what} on unix:{path} ({setting}): "
-                           f"directory {parent} is not writable")
+    _check_directory(path, f"cannot listen for {what} on unix:{path} ({setting})")
 
 
 def check_ready_file(path: str) -> None:
     """Raise :class:`StartupError` if ``--ready-file`` cannot be written: its directory is
     missing or not writable (it is written once serving, as ``<path>.tmp`` renamed, and
     a failure then was a traceback with the listeners up)."""
+    _check_directory(path, f"cannot write the ready file {path} (--ready-file)")
+
+
+def _check_directory(path: str, doing: str) -> None:
+    """Raise :class:`StartupError` (``doing``: what failed) if the directory ``path`` is
+    created in is missing or not writable."""
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
-        raise StartupError(f"cannot write the ready file {path} (--ready-file): "
-                           f"directory {parent} does not exist")
+        raise StartupError(f"{doing}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise StartupError(f"cannot write the ready file {path} (--ready-file): "
-                           f"directory {parent} is not writable")
+        raise StartupError(f"{doing}: directory {parent} is not writable")
