@@ -97,12 +97,29 @@ def _parts(x: Any, closing: str) -> Iterator[object]:
 
 
 def _leaf(x: object, room: int) -> str:
-    if isinstance(x, str | bytes) and len(x) > room:
-        return repr(x[:room + 1])  # longer than room: cut by the caller
+    if isinstance(x, str) and len(x) > room:  # longer than room: cut by the caller
+        return repr(_same_quotes(x, x[:room + 1], "'", '"'))
+    if isinstance(x, bytes) and len(x) > room:
+        return repr(_same_quotes(x, x[:room + 1], b"'", b'"'))
     try:
         return repr(x)
     except ValueError:  # an int of more digits than Python writes
         return f"<an integer of {x.bit_length()} bits>" if isinstance(x, int) else "<?>"
+
+
+_Text = TypeVar("_Text", str, bytes)
+
+
+def _same_quotes(whole: _Text, cut: _Text, single: _Text, double: _Text) -> _Text:
+    """``cut`` (a beginning of ``whole``), with a quote added past its end if that makes
+    ``repr`` quote it as it quotes ``whole``: double quotes when the text holds a single
+    quote and no double one, else single quotes. Without it ``"it's"`` cut before its
+    apostrophe began ``'it`` where ``repr`` writes ``"it``."""
+    if single in whole and double not in whole:
+        return cut + single  # no double quote in cut either
+    if single in cut and double not in cut:
+        return cut + double
+    return cut
 
 
 def repr_upto(v: object, limit: int) -> tuple[str, bool]:
@@ -142,7 +159,6 @@ def repr_upto(v: object, limit: int) -> tuple[str, bool]:
         if size > limit:
             return "".join(out)[:limit], False
     return "".join(out), True
-
 
 
 def not_finite(v: float) -> str | None:
