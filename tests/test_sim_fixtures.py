@@ -129,7 +129,6 @@ def test_finished_attempt_reads_like_an_observation() -> None:
     assert uobs is not None and uobs.ttft_s is None and uobs.tpot_s is None  # as ResponseTimer
 
 
-
 @pytest.mark.parametrize("status", [400, 404, 408, 413, 422, 429, 500, 502, 503, 504])
 def test_an_error_answer_is_evidence_exactly_when_the_sidecar_reads_it_as_one(
         status: int) -> None:

@@ -49,7 +49,6 @@ def split_hostport(addr: str, port_zero: bool = False) -> tuple[str, int]:
     return host, int(port)
 
 
-
 def same_port(a: str, b: str) -> bool:
     """Whether two listen addresses (``host:port``) hold the same port, so the second
     bind must fail: one non-zero port, and one host, or a wildcard host (``0.0.0.0``,
