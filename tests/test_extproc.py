@@ -396,15 +396,20 @@ def test_blind_route_takes_ttft_from_sampled_requests_only() -> None:
 
 
 def _left_after(app: App, body: bytes, headers: dict[str, str] = SSE_HEADERS,
-                left_at: float = 8.0) -> Observation:
+                left_at: float = 8.0, broken: bool = False) -> Observation:
     """A sampled stream whose observer reads ``body`` (at 20 ms) until the client leaves
-    at ``left_at`` (Envoy then ends the observing stream too); its entry says so."""
+    at ``left_at`` (Envoy then ends the observing stream too); its entry says so.
+    ``broken``: the observer raised after reading ``body`` (the server closes it)."""
     s, r = fast(app, chat_request(), now=0.0)
     meta = metadata(r)  # type: ignore[arg-type]
     o = ObserveStream(app)
     o.on_message(observe_msg("response_headers", meta, headers), 0.01)
     o.on_message(observe_msg("response_body", meta, body=body), 0.02)
-    o.close(left_at, cancelled=True)
+    if broken:
+        o.broken = True  # as the server marks it
+        o.close(0.03, cancelled=False)
+    else:
+        o.close(left_at, cancelled=True)
     s.close(left_at, cancelled=False)
     seen: list[Observation] = []
     app.on_observation = lambda obs, api: seen.append(obs)
@@ -437,6 +442,11 @@ def test_a_client_that_left_a_sampled_stream_without_a_token_waited_that_long() 
     # Unread (compressed): nothing is known about tokens, the entry's reading stands.
     app = _sampled_app()
     obs = _left_after(app, b"\x1f\x8b", {**SSE_HEADERS, "content-encoding": "gzip"})
+    assert obs.ttft_s == pytest.approx(0.02)
+    assert app.router.counters[("outcome", "cancel")] == 1
+    # Read in part (the observer raised, then was closed): the same.
+    app = _sampled_app()
+    obs = _left_after(app, role, broken=True)
     assert obs.ttft_s == pytest.approx(0.02)
     assert app.router.counters[("outcome", "cancel")] == 1
 

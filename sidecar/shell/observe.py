@@ -39,6 +39,9 @@ class ObserveStream:
         self.first_body_at: float | None = None
         self.finished = False
         self.result = "no_token"  # what to count if no token is timed
+        # on_message raised: the events were not all read, so finding no token among
+        # them says nothing (the access log's reading stands, not "tokenless")
+        self.broken = False
 
     def _start(self, msg: pb.ProcessingRequest, now: float) -> bool:
         meta = msg.metadata_context.filter_metadata.get(ec.METADATA_NS)
@@ -96,7 +99,8 @@ class ObserveStream:
             self.app.first_token_samples["timed" if offset is not None else self.result] += 1
             # Read and tokenless: an event stream that ended, or whose client left, before
             # any token (not one given up unread: encoded, not an event stream).
-            tokenless = offset is None and self.result == "no_token" and self.timer.reads_events
+            tokenless = (offset is None and self.result == "no_token" and not self.broken
+                         and self.timer.reads_events)
             self.app.first_token_timed(self.rid, self.cluster, self.slice, offset, now,
                                        tokenless=tokenless)
         self.finished = True

@@ -161,6 +161,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     except Exception:
                         log.exception("observer error; closing its stream")
                         self.app.errors["handler_exception"] += 1
+                        handler.broken = True
                         stop = True
                     if stop:
                         break  # closing the stream tells Envoy no more messages are needed
