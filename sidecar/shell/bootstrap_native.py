@@ -64,7 +64,7 @@ CLASS_HEADER = "x-tailroute-class"
 # a per-request judgement a slice's weights (fan-out 1) cannot make.
 PER_REQUEST_HEADERS = ("x-tailroute-deadline-ms", "x-tailroute-step", "x-tailroute-fanout")
 EXPLAIN_REQUEST_HEADER = "x-tailroute-explain"
-# Bodies json_to_metadata reads: any JSON media type (case-insensitive, any parameters)
+# Bodies json_to_metadata reads: application/json (case-insensitive, any parameters)
 # or none at all, as the per-request path reads the body whatever the header says; other
 # types (a multipart upload) are not buffered.
 _JSON_TYPE_RE = r"(?i)application/json[ \t]*(;.*)?"
