@@ -63,6 +63,9 @@ def test_latency_aware(values: dict[str, dict[str, float | None]], metrics: list
          {"a": 1.0, "b": 1.0}),
         ({"a": {"ttft": 0.1, "tpot": 0.01}, "b": {"ttft": 0.1, "tpot": 0.03},
           "c": {"ttft": 0.1, "tpot": N}}, {"a": 1.0, "b": 2.0, "c": 2.0}),
+        # ... nor better than the worst complete route (a blind route's TPOT alone)
+        ({"a": {"ttft": 0.1, "tpot": 0.03}, "b": {"ttft": 0.1, "tpot": 0.01},
+          "c": {"ttft": N, "tpot": 0.01}}, {"a": 2.0, "b": 1.0, "c": 2.0}),
         # no data at all: left to the caller's rule for unknown routes
         ({"a": {"ttft": 0.1, "tpot": 0.01}, "b": {"ttft": N, "tpot": N}}, {"a": 1.0}),
         ({"a": {"ttft": N}, "b": {"ttft": N}}, {}),
@@ -82,16 +85,28 @@ _table = st.dictionaries(st.sampled_from("abcde"),
 @given(_table)
 def test_partial_ratios_properties(values: dict[str, dict[str, float | None]]) -> None:
     """At least 1 (the best scores 1); the complete-data score where every route has
-    complete data; raising a route's own value never lowers its ratio."""
+    complete data; a route lacking a metric some route has never better than the worst
+    route with them all; where every route with data is complete, raising a route's own
+    value never improves it against any other (its ratio to theirs: the ratios move with
+    the best values; a missing value follows the worst, by design)."""
     cands, metrics = list(values), ["ttft", "tpot"]
     r = partial_ratios(cands, values, metrics)
     assert all(x >= 1.0 - 1e-9 for x in r.values())
+    used = [m for m in metrics if any(values[c][m] is not None for c in cands)]
+    whole = [r[c] for c in r if all(values[c][m] is not None for m in used)]
+    for c in r:
+        if whole and any(values[c][m] is None for m in used):
+            assert r[c] >= max(whole) - 1e-9
     assert set(r) == {c for c in cands if any(values[c][m] is not None for m in metrics)}
     if all(v is not None for row in values.values() for v in row.values()):
         assert r == pytest.approx(latency_aware_scores(cands, values, metrics).scores)
+    if len(whole) < len(r):
+        return
     for c in r:
         for m in metrics:
             v = values[c][m]
             if v is not None:
-                worse = {**values, c: {**values[c], m: v * 2}}
-                assert partial_ratios(cands, worse, metrics)[c] >= r[c] - 1e-9
+                after = partial_ratios(cands, {**values, c: {**values[c], m: v * 2}},
+                                       metrics)
+                for d in r:
+                    assert after[c] / after[d] >= r[c] / r[d] * (1 - 1e-9)

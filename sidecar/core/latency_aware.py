@@ -73,9 +73,14 @@ def partial_ratios(
 
         known_m  = the candidates with a value for m (a metric none has is left out)
         v_m(c)   = value_m(c), or max over known_m of value_m   (missing = the worst known)
-        ratio(c) = mean over the metrics left of v_m(c) / min over known_m of value_m
+        r(c)     = mean over the metrics left of v_m(c) / min over known_m of value_m
+        ratio(c) = r(c) for a candidate with every metric left (complete),
+                   max(r(c), max over complete c' of r(c')) for one lacking some
 
-    The same as :func:`latency_aware_scores` when every candidate has complete data.
+    so a missing metric never makes a route look better than the worst route that has
+    them all (a blind route's TPOT alone, say), while what it does know can make it
+    look worse. The same as :func:`latency_aware_scores` when every candidate has
+    complete data.
     tailroute's weights use this, not the complete-data rule: TPOT needs ``usage`` in
     the stream (opt-in for OpenAI clients) and, in native mode, comes from
     ``envoy.usage_sample`` of the requests, so a route down-weighted for a slow first
@@ -91,12 +96,20 @@ def partial_ratios(
     best = {m: max(min(known[m]), _EPS) for m in used}
     worst = {m: max(known[m]) for m in used}
     out: dict[str, float] = {}
+    partial: list[str] = []
     for c in candidates:
         own = values.get(c, {})
         if all(own.get(m) is None for m in used):
             continue  # no evidence at all: the caller's rule for unknown routes
+        if any(own.get(m) is None for m in used):
+            partial.append(c)
         out[c] = sum(max(float(v) if (v := own.get(m)) is not None else worst[m], _EPS)
                      / best[m] for m in used) / len(used)
+    complete = [r for c, r in out.items() if c not in partial]
+    if complete and partial:
+        floor = max(complete)
+        for c in partial:
+            out[c] = max(out[c], floor)
     return out
 
 
