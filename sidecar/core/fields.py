@@ -97,29 +97,27 @@ def _parts(x: Any, closing: str) -> Iterator[object]:
 
 
 def _leaf(x: object, room: int) -> str:
-    if isinstance(x, str) and len(x) > room:  # longer than room: cut by the caller
-        return repr(_same_quotes(x, x[:room + 1], "'", '"'))
-    if isinstance(x, bytes) and len(x) > room:
-        return repr(_same_quotes(x, x[:room + 1], b"'", b'"'))
+    if isinstance(x, str | bytes) and len(x) > room:  # longer than room: cut by the caller
+        return _cut_repr(x, room + 1)
     try:
         return repr(x)
     except ValueError:  # an int of more digits than Python writes
         return f"<an integer of {x.bit_length()} bits>" if isinstance(x, int) else "<?>"
 
 
-_Text = TypeVar("_Text", str, bytes)
-
-
-def _same_quotes(whole: _Text, cut: _Text, single: _Text, double: _Text) -> _Text:
-    """``cut`` (a beginning of ``whole``), with a quote added past its end if that makes
-    ``repr`` quote it as it quotes ``whole``: double quotes when the text holds a single
-    quote and no double one, else single quotes. Without it ``"it's"`` cut before its
-    apostrophe began ``'it`` where ``repr`` writes ``"it``."""
-    if single in whole and double not in whole:
-        return cut + single  # no double quote in cut either
-    if single in cut and double not in cut:
-        return cut + double
-    return cut
+def _cut_repr(whole: str | bytes, n: int) -> str:
+    """``repr`` of the first ``n`` characters (bytes) of ``whole``, quoted as ``repr``
+    quotes ``whole``: double quotes when it holds a single quote and no double one, else
+    single quotes. Without the quote added past the cut, ``"it's"`` cut before its
+    apostrophe began ``'it`` where ``repr`` writes ``"it``. Bytes go through latin-1
+    (one character per byte, both ways), as their repr picks quotes by the same rule."""
+    text = whole.decode("latin-1") if isinstance(whole, bytes) else whole
+    cut = text[:n]
+    if "'" in text and '"' not in text:
+        cut += "'"  # no double quote in cut either
+    elif "'" in cut and '"' not in cut:
+        cut += '"'
+    return repr(cut.encode("latin-1")) if isinstance(whole, bytes) else repr(cut)
 
 
 def repr_upto(v: object, limit: int) -> tuple[str, bool]:
