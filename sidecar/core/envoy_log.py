@@ -245,7 +245,9 @@ def observation_from_log(
         return None
     n = rec.tokens if rec.tokens is not None else tokens
     first = first_token_s
-    if first is None and rec.first_body_s is not None and streaming:
+    if tokenless:
+        first = None  # its events were read: no first token to date (as the timer)
+    elif first is None and rec.first_body_s is not None and streaming:
         first = rec.first_body_s + ttft_offset_s
     ttft = tpot = e2e = None
     censored = outcome in ("timeout", "cancel")
@@ -253,12 +255,12 @@ def observation_from_log(
         e2e = rec.end_s
         if e2e is None and rec.flags & CANCEL_FLAGS:
             e2e = waited_s(rec)  # complete, then the client left: as long as it waited
-        if streaming and not tokenless:  # tokenless: no first token to date (as the timer)
+        if streaming:
             ttft, tpot = ok_timing(first, e2e, n, first_token_s is not None or ttft_from_log)
     elif censored:
         e2e = waited_s(rec)
         if streaming:
-            ttft = e2e if first is None or tokenless else first
+            ttft = e2e if first is None else first
     elif error_keeps_duration(rec.status, bool(rec.flags & ERROR_FLAGS) or rec.stream_error):
         e2e = rec.end_s  # an upstream's 5xx: dates the error (never a latency sample)
     return Observation(

@@ -96,20 +96,19 @@ def partial_ratios(
     best = {m: max(min(known[m]), _EPS) for m in used}
     worst = {m: max(known[m]) for m in used}
     out: dict[str, float] = {}
-    partial: list[str] = []
+    partial: set[str] = set()
     for c in candidates:
         own = values.get(c, {})
-        if all(own.get(m) is None for m in used):
+        missing = sum(own.get(m) is None for m in used)
+        if missing == len(used):
             continue  # no evidence at all: the caller's rule for unknown routes
-        if any(own.get(m) is None for m in used):
-            partial.append(c)
+        if missing:
+            partial.add(c)
         out[c] = sum(max(float(v) if (v := own.get(m)) is not None else worst[m], _EPS)
                      / best[m] for m in used) / len(used)
-    complete = [r for c, r in out.items() if c not in partial]
-    if complete and partial:
-        floor = max(complete)
-        for c in partial:
-            out[c] = max(out[c], floor)
+    floor = max((r for c, r in out.items() if c not in partial), default=0.0)
+    for c in partial:
+        out[c] = max(out[c], floor)
     return out
 
 

@@ -25,12 +25,14 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
 import grpc
 
 from sidecar.core.config import ConfigError
 from sidecar.core.tls_config import ListenTlsConfig
+from sidecar.ops.config_file import TooLarge, read_capped
 
 log = logging.getLogger("tailroute.tls")
 
@@ -51,14 +53,13 @@ MAX_PEM_BYTES: Final = 16 << 20
 
 def _read(path: str, field: str, source: str) -> bytes:
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_PEM_BYTES + 1)
+        data = read_capped(Path(path), MAX_PEM_BYTES)
     except OSError as exc:
         raise ConfigError(f"{source}: listen.tls.{field}: cannot read {path}: "
                           f"{exc.strerror or exc}") from None
-    if len(data) > MAX_PEM_BYTES:
-        raise ConfigError(f"{source}: listen.tls.{field}: {path} is larger than 16 MiB: "
-                          "refused")
+    except TooLarge as exc:
+        raise ConfigError(f"{source}: listen.tls.{field}: {path} is larger than {exc}: "
+                          "refused") from None
     if b"-----BEGIN " not in data:
         raise ConfigError(f"{source}: listen.tls.{field}: {path} is not PEM "
                           "(no -----BEGIN line)")
