@@ -44,10 +44,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
+from prometheus_client import CollectorRegistry  # noqa: E402
 
 from sidecar.core.config import parse_config  # noqa: E402
 from sidecar.devtools.bench import cpu_seconds  # noqa: E402
 from sidecar.devtools.bench_load import _config  # noqa: E402
+from sidecar.ops import genai_metrics  # noqa: E402
 from sidecar.pb.envoy.data.accesslog.v3 import accesslog_pb2 as al  # noqa: E402
 from sidecar.pb.envoy.service.accesslog.v3 import als_pb2  # noqa: E402
 from sidecar.shell import envoy_contract as ec  # noqa: E402
@@ -127,7 +129,13 @@ def _app(observe_share: float) -> App:
 
 
 def _service(app: App) -> AccessLogService:
-    """The access-log service over the native sink, as ``tailroute serve`` wires it."""
+    """The access-log service over the native sink, as ``tailroute serve`` wires it
+    (the GenAI client histograms included)."""
+    genai: Any = genai_metrics.attach(CollectorRegistry(), lambda: app.router.config)
+    if hasattr(genai, "record_ok"):
+        app.on_observation, app.on_ok_samples = genai.record, genai.record_ok
+    else:  # a baseline checkout: attach returned the one hook, which native mode never called
+        app.on_observation = genai
     native = NativeRouting(lambda: app.config, lambda: app.router)
     feed = NativeFeed(app, native, OutcomeFeed(app))
     reader = getattr(feed, "batch", None)

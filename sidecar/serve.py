@@ -223,7 +223,8 @@ async def serve(
 
     registry, phase_hist, router_metrics = build_registry(lambda: app.router, loop.time,
                                                           shell_counters)
-    app.on_observation = genai_metrics.attach(registry, lambda: app.router.config)
+    genai = genai_metrics.attach(registry, lambda: app.router.config)
+    app.on_observation, app.on_ok_samples = genai.record, genai.record_ok
     if fleet is not None:
         registry.register(FleetCollector(fleet))
     tcp = grpc_addr if grpc_addr is not None else config.listen.grpc

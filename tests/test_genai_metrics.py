@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import (
@@ -15,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.core.config import Config, parse_config
 from sidecar.core.envoy_log import LogRecord
-from sidecar.core.types import Observation, SliceKey
+from sidecar.core.types import Api, Observation, SliceKey
 from sidecar.ops.genai_metrics import (
     FAMILIES,
     SECONDS_BUCKETS,
@@ -176,7 +178,7 @@ def test_shell_feeds_the_histograms_for_each_finished_response() -> None:
     registry = build_registry(lambda: app.router, lambda: 20.0, app.shell_counters).registry
     from sidecar.ops import genai_metrics
 
-    app.on_observation = genai_metrics.attach(registry, lambda: app.router.config)
+    app.on_observation = genai_metrics.attach(registry, lambda: app.router.config).record
     rs = RouteStream(app)
     cluster = routed_cluster(rs.on_message(body_only_msg(chat_request()), 10.0))  # type: ignore[arg-type]
     rs.close(10.3, cancelled=False)
@@ -188,3 +190,25 @@ def test_shell_feeds_the_histograms_for_each_finished_response() -> None:
     assert count.value == 1 and count.labels["cluster"] == cluster
     assert _series(fams[FIRST_CHUNK], "_sum")[0].value == pytest.approx(0.2)
     assert _series(fams[DURATION], "_sum")[0].value == pytest.approx(0.3)
+
+
+_value = st.one_of(st.none(), st.floats(0.0, 100.0), st.sampled_from([0.01, 81.92, 1e6]))
+_samples = st.lists(st.tuples(_value, _value, _value, st.one_of(st.none(), st.integers(0, 9))),
+                    max_size=12)
+
+
+@settings(max_examples=80, deadline=None)
+@given(_samples, st.sampled_from([STREAM, UNARY]),
+       st.lists(st.sampled_from(["chat", "responses", "completions", "other"]), min_size=12,
+                max_size=12))
+def test_a_batch_of_successes_records_as_one_observation_each(
+        samples: list[tuple[float | None, float | None, float | None, int | None]],
+        slice: SliceKey, apis: list[Api]) -> None:
+    """Native mode hands the histograms a route's successes of one access-log batch at
+    once (``record_ok``): the exposition is the one of ``record`` called per success."""
+    cfg = parse_config(base_config_dict(), "test.yaml")
+    one, batch = GenAIClientMetrics(lambda: cfg), GenAIClientMetrics(lambda: cfg)
+    for (ttft, tpot, e2e, tokens), api in zip(samples, apis, strict=False):
+        one.record(Observation("a", slice, "ok", 200, ttft, tpot, e2e, tokens), api)
+    batch.record_ok("a", slice, samples, apis[:len(samples)])
+    assert _scrape(batch) == _scrape(one)

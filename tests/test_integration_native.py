@@ -301,3 +301,35 @@ def _post(conn: Any, headers: dict[str, str]) -> tuple[int, str]:
     r = conn.getresponse()
     r.read()
     return r.status, r.getheader("x-fake-provider") or ""
+
+
+def _genai_durations(st: Stack) -> float:
+    """Operations in the sidecar's GenAI duration histogram, as Prometheus scrapes it."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{st.ports['sidecar_admin']}/metrics",
+                                timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(s.value for f in text_string_to_metric_families(text)
+               if f.name == "gen_ai_client_operation_duration_seconds"
+               for s in f.samples if s.name.endswith("_count"))
+
+
+def test_native_requests_fill_the_genai_histograms() -> None:
+    """Native requests were learned without App.observe, so a native sidecar's GenAI
+    client histograms stayed at zero whatever it served (the dashboard's upstream
+    latency and TailrouteUpstreamTTFTOverBudget saw nothing)."""
+    with Stack() as st:
+        ports = {n: st.start_provider(n, "20", "2", seed=i) for i, n in enumerate("ab")}
+        st.start_sidecar(st.write_config(native_config(ports)))
+        st.start_envoy()
+        ld = Load(st.ports["envoy"], 2, max_requests=60)
+        wait_for("60 requests", lambda: ld.sent() >= 60)
+        result = ld.join()
+        ok = result.statuses.get(200, 0)
+        assert ok >= 60
+        # Every entry comes within a flush interval or two of its answer.
+        wait_for("every answer in the GenAI histogram", lambda: _genai_durations(st) == ok,
+                 detail=lambda: (_genai_durations(st), ok))

@@ -8,11 +8,13 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.core.config import parse_config
 from sidecar.core.types import Observation, SliceKey
 from sidecar.core.weights import SliceWeights
-from sidecar.ops import snapshot
+from sidecar.ops import genai_metrics, snapshot
 from sidecar.pb.envoy.data.accesslog.v3 import accesslog_pb2 as al
 from sidecar.pb.envoy.service.accesslog.v3 import als_pb2
 from sidecar.shell import envoy_contract as ec
@@ -110,6 +112,10 @@ class Side:
             return real(obs, now)
 
         app.router.observe = observe  # type: ignore[method-assign]
+        # The GenAI client histograms, wired as `tailroute serve` wires them.
+        self.registry = CollectorRegistry()
+        genai = genai_metrics.attach(self.registry, lambda: app.router.config)
+        app.on_observation, app.on_ok_samples = genai.record, genai.record_ok
         feed = NativeFeed(app, self.native, OutcomeFeed(app))
         self.service = AccessLogService(feed, app.envoy, feed.batch if shortcut else None)
 
@@ -122,14 +128,15 @@ class Side:
     def view(self) -> tuple[Any, ...]:
         """What the router learned (statistics, health and transitions as a warm-restart
         snapshot holds them, each series' version and last sample, the live-miss
-        books' outcomes and misses), its counters, the sidecar's counters and the
-        interval's load."""
+        books' outcomes and misses), its counters, the sidecar's counters, the
+        interval's load and the GenAI histograms' exposition."""
         self.native.load.roll(100.0)
         router = self.app.router
         series = {k: (rs.version, rs.last_seen) for k, rs in router.stats.items()}
         books = {k: (b.m, b.k) for k, b in router.live.books.items()}
         return (snapshot.build(router, 100.0, 0.0), series, books, dict(router.counters),
-                dict(self.app.envoy), dict(self.native.counters), self.native.load.demand)
+                dict(self.app.envoy), dict(self.native.counters), self.native.load.demand,
+                generate_latest(self.registry).decode())
 
 
 def _both(batches: list[list[al.HTTPAccessLogEntry]], observe_share: float = 1.0) -> None:
@@ -180,6 +187,33 @@ def _both(batches: list[list[al.HTTPAccessLogEntry]], observe_share: float = 1.0
 ])
 def test_each_kind_of_entry_is_learned_alike_on_both_paths(e: al.HTTPAccessLogEntry) -> None:
     _both([[e, entry()]])
+
+
+@pytest.mark.parametrize("shortcut", [True, False])
+def test_native_requests_reach_the_genai_histograms(shortcut: bool) -> None:
+    """Native requests are learned from their entries without App.observe, so the GenAI
+    client histograms stayed empty in native and hybrid mode: the dashboard's upstream
+    latency panels and TailrouteUpstreamTTFTOverBudget saw nothing. Now each observed
+    entry is recorded once, as the per-request path records its observation."""
+    completion = entry(route=route_name(PLAIN, "len"), tokens=3)
+    completion.request.path = "/v1/completions"
+    side = Side(shortcut)
+    side.feed([entry(), entry(), entry(cluster="b"), entry(status=503), completion,
+               entry(tokens=1)], 10.0)
+    fams = {f.name: f for f in text_string_to_metric_families(
+        generate_latest(side.registry).decode())}
+    counts = {(s.labels["cluster"], s.labels["gen_ai_operation_name"],
+               s.labels.get("error_type")): s.value
+              for s in fams["gen_ai_client_operation_duration_seconds"].samples
+              if s.name.endswith("_count")}
+    assert counts == {("a", "chat", None): 3, ("b", "chat", None): 1,
+                      ("a", "chat", "503"): 1, ("a", "text_completion", None): 1}
+    first = [s for s in fams["gen_ai_client_operation_time_to_first_chunk_seconds"].samples
+             if s.name.endswith("_count")]
+    assert sum(s.value for s in first) == 4  # the streamed successes
+    chunks = [s for s in fams["gen_ai_client_operation_time_per_output_chunk_seconds"].samples
+              if s.name.endswith("_count")]
+    assert sum(s.value for s in chunks) == 3 * 3  # three streams of 4 tokens: 3 intervals
 
 
 def test_the_common_entry_takes_the_shortcut_and_the_rest_the_record_path() -> None:

@@ -45,6 +45,11 @@ config or a closed set, never from the caller: a model that is not configured
 gets no ``gen_ai_request_model`` label, an observation for a cluster a reload
 removed is dropped.
 
+Every observation the router receives is recorded (:meth:`GenAIClientMetrics.record`,
+``App.on_observation``), whichever routing mode produced it; native mode's access-log
+batches hand a route's successes over together (:meth:`GenAIClientMetrics.record_ok`,
+``App.on_ok_samples``: the same counts and sums as one ``record`` each).
+
 Cost per response: one dict lookup for the cached label set, then one bisect
 and two additions per instrument. Recording never allocates once a label set
 has been seen. The families are built when Prometheus scrapes.
@@ -53,7 +58,7 @@ has been seen. The families are built when Prometheus scrapes.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry
@@ -63,7 +68,8 @@ from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from sidecar.core.config import Config
-from sidecar.core.types import Api, Observation
+from sidecar.core.subwindow import OkSample
+from sidecar.core.types import Api, Observation, SliceKey
 
 # Recommended ExplicitBucketBoundaries of the GenAI metrics page.
 SECONDS_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
@@ -120,6 +126,14 @@ class _Hist:
         # bisect_left: a value equal to a bound belongs to that bucket (le = "<=").
         self.counts[bisect_left(self.bounds, value)] += n
         self.total += value * n
+
+    def observe_all(self, values: Sequence[float]) -> None:
+        """:meth:`observe` of each value in turn (the sum added in the same order)."""
+        counts, bounds, total = self.counts, self.bounds, self.total
+        for value in values:
+            counts[bisect_left(bounds, value)] += 1
+            total += value
+        self.total = total
 
 
 Labels = tuple[tuple[str, str], ...]
@@ -178,29 +192,42 @@ class GenAIClientMetrics(Collector):
 
     def record(self, obs: Observation, api: Api) -> None:
         """Hook for the shell: called once per finished, measured response."""
-        err = error_type(obs)
-        key = (obs.cluster, obs.slice.model, api, err)
+        route = self._lookup(obs.cluster, obs.slice.model, api, error_type(obs))
+        if route is None:
+            return
+        if route.failed:
+            if obs.e2e_s is not None:
+                route.hist(DURATION).observe(obs.e2e_s)
+            return  # a failure carries no chunk timing or usage
+        _ok(route, bool(obs.slice.streaming), obs.ttft_s, obs.tpot_s, obs.e2e_s,
+            obs.output_tokens)
+
+    def record_ok(self, cluster: str, slice: SliceKey, samples: Sequence[OkSample],
+                  apis: Sequence[Api]) -> None:
+        """Hook for the shell: successes of one route learned together (native mode's
+        access-log batches, ``Router.observe_ok``), ``apis[i]`` the API of
+        ``samples[i]``; the same as one :meth:`record` per sample."""
+        start = 0
+        while start < len(samples):  # runs of one API (nearly always one run)
+            api, end = apis[start], start + 1
+            while end < len(samples) and apis[end] == api:
+                end += 1
+            route = self._lookup(cluster, slice.model, api, None)
+            if route is not None:
+                _ok_run(route, bool(slice.streaming), samples[start:end])
+            start = end
+
+    def _lookup(self, cluster: str, model: str, api: Api, err: str | None) -> _Route | None:
+        """The label set of one operation, cached per (cluster, model, api, error)."""
         cfg = self._config()
         if cfg is not self._seen:  # reloaded: label values may have changed
             self._seen = cfg
             self._cache.clear()
+        key = (cluster, model, api, err)
         if key in self._cache:
-            route = self._cache[key]
-        else:
-            route = self._cache[key] = self._route(cfg, key)
-        if route is None:
-            return
-        if obs.e2e_s is not None:
-            route.hist(DURATION).observe(obs.e2e_s)
-        if route.failed:
-            return  # a failure carries no chunk timing or usage
-        if obs.ttft_s is not None and obs.slice.streaming:
-            route.hist(TIME_TO_FIRST_CHUNK).observe(obs.ttft_s)
-        tokens = obs.output_tokens
-        if obs.tpot_s is not None and obs.slice.streaming and tokens and tokens >= 2:
-            route.hist(TIME_PER_OUTPUT_CHUNK).observe(obs.tpot_s, tokens - 1)
-        if tokens:
-            route.hist(TOKEN_USAGE).observe(tokens)
+            return self._cache[key]
+        route = self._cache[key] = self._route(cfg, key)
+        return route
 
     def _route(self, cfg: Config, key: tuple[str, str, Api, str | None]) -> _Route | None:
         cluster, model, api, err = key
@@ -227,6 +254,38 @@ class GenAIClientMetrics(Collector):
             yield out
 
 
+def _ok(route: _Route, streaming: bool, ttft: float | None, tpot: float | None,
+        e2e: float | None, tokens: int | None) -> None:
+    """Record one successful operation: its duration; for a stream its time to first
+    chunk and, from two tokens, its time per output chunk; its output tokens."""
+    if e2e is not None:
+        route.hist(DURATION).observe(e2e)
+    if ttft is not None and streaming:
+        route.hist(TIME_TO_FIRST_CHUNK).observe(ttft)
+    if tpot is not None and streaming and tokens and tokens >= 2:
+        route.hist(TIME_PER_OUTPUT_CHUNK).observe(tpot, tokens - 1)
+    if tokens:
+        route.hist(TOKEN_USAGE).observe(tokens)
+
+
+def _ok_run(route: _Route, streaming: bool, samples: Sequence[OkSample]) -> None:
+    """:func:`_ok` for each of ``samples`` in order, a histogram at a time (the same
+    counts and the same sums, added in the same order)."""
+    e2es = [e2e for _, _, e2e, _ in samples if e2e is not None]
+    if e2es:
+        route.hist(DURATION).observe_all(e2es)
+    if streaming:
+        ttfts = [ttft for ttft, _, _, _ in samples if ttft is not None]
+        if ttfts:
+            route.hist(TIME_TO_FIRST_CHUNK).observe_all(ttfts)
+        for _, tpot, _, tokens in samples:
+            if tpot is not None and tokens and tokens >= 2:
+                route.hist(TIME_PER_OUTPUT_CHUNK).observe(tpot, tokens - 1)
+    counts = [tokens for _, _, _, tokens in samples if tokens]
+    if counts:
+        route.hist(TOKEN_USAGE).observe_all(counts)
+
+
 def _add_series(out: Metric, labels: dict[str, str], h: _Hist) -> None:
     running = 0
     for bound, n in zip(h.bounds, h.counts, strict=False):
@@ -243,9 +302,10 @@ def _le(bound: float) -> str:
     return text  # as prometheus_client writes its own buckets
 
 
-def attach(registry: CollectorRegistry, config: Callable[[], Config],
-           ) -> Callable[[Observation, Api], None]:
-    """Register the histograms in ``registry``; returns the shell's observation hook."""
+def attach(registry: CollectorRegistry, config: Callable[[], Config]) -> GenAIClientMetrics:
+    """Register the histograms in ``registry``; returns them, whose :meth:`record` and
+    :meth:`record_ok` are the shell's observation hooks (``App.on_observation``,
+    ``App.on_ok_samples``)."""
     metrics = GenAIClientMetrics(config)
     registry.register(metrics)
-    return metrics.record
+    return metrics

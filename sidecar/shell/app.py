@@ -44,6 +44,7 @@ from sidecar.core.envoy_log import (
 from sidecar.core.live_book import LiveEntry
 from sidecar.core.live_misses import LiveMisses
 from sidecar.core.router import Router
+from sidecar.core.subwindow import OkSample
 from sidecar.core.ttft_offset import OffsetBook
 from sidecar.core.types import Api, Decision, Observation, SliceKey, TransitionEvent
 from sidecar.shell import app_view
@@ -116,9 +117,10 @@ class App:
     retry_after: DeclaredWaits = field(default_factory=DeclaredWaits)
     explain_budget: ExplainBudget = field(default_factory=ExplainBudget)  # explain_limit
     waiting: LogWait = field(default_factory=LogWait)  # finished, entry not yet in
-    # Called with every observation the router receives (the GenAI histograms,
-    # sidecar.ops.genai_metrics); whatever produces observations calls observe().
+    # Every observation the router receives, and the successes of one route it learns at
+    # once (Router.observe_ok: native mode), go to these hooks (sidecar.ops.genai_metrics).
     on_observation: Callable[[Observation, Api], None] | None = None
+    on_ok_samples: Callable[[str, SliceKey, list[OkSample], list[Api]], None] | None = None
     # Called with every non-empty batch of health transitions, whichever path caused
     # them (native mode republishes its weights at once: an ejection is weight 0 now).
     on_transitions: Callable[[list[TransitionEvent]], None] | None = None
@@ -393,8 +395,6 @@ class App:
 
     def log_events(self, events: list[TransitionEvent]) -> None:
         for e in events:
-            log.info(
-                "health %s %s: %s -> %s (%s)", e.cluster, e.slice, e.old, e.new, e.reason
-            )
+            log.info("health %s %s: %s -> %s (%s)", e.cluster, e.slice, e.old, e.new, e.reason)
         if events and self.on_transitions is not None:
             self.on_transitions(events)

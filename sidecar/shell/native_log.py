@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import logging
 
+from sidecar.core.classify import API_PATHS, api_for_path
 from sidecar.core.envoy_log import (
     TAILROUTE_DETAILS_PREFIX,
     LogRecord,
@@ -53,7 +54,7 @@ from sidecar.core.envoy_log import (
     waited_s,
 )
 from sidecar.core.subwindow import OkSample
-from sidecar.core.types import Observation, SliceKey
+from sidecar.core.types import Api, Observation, SliceKey
 from sidecar.pb.envoy.data.accesslog.v3 import accesslog_pb2 as al
 from sidecar.shell.access_log import Sink, entry_tag, us_seconds
 from sidecar.shell.app import App
@@ -127,6 +128,8 @@ class NativeFeed:
         if obs is not None:
             app.observe_attempts(rec, obs, now)
             app.log_events(app.router.observe_logged(obs, now))
+            if app.on_observation is not None:  # the GenAI histograms, as App.observe
+                app.on_observation(obs, api_for_path(rec.path))
             board = app.router.board
             if obs.outcome != "ok" and board.runs and board.on_trial(cluster, s):
                 # The weights give a route on trial its floor now, not at the next
@@ -231,11 +234,14 @@ class NativeBatch:
             first = us_seconds(first_s)
             ttft, tpot = ok_timing(None if first is None else first + plan.offset,
                                    end, tokens, plan.trust_first)
+        path = e.request.path
+        api = API_PATHS.get(path) or api_for_path(path)
         if not (plan.probe or self.sampled):
             group = plan.samples
             if not group:
                 self.pending.append(plan)
             group.append((ttft, tpot, end, tokens or None))
+            plan.apis.append(api)
             return True
         if self.pending:
             self.finish()
@@ -250,6 +256,8 @@ class NativeBatch:
         events = self.router.observe_logged(obs, self.now)
         if events:
             self.app.log_events(events)
+        if self.app.on_observation is not None:
+            self.app.on_observation(obs, api)
         return True
 
     def _leave(self) -> bool:
@@ -268,20 +276,24 @@ class NativeBatch:
     def finish(self) -> None:
         """Learn the gathered successes, a route at a time (class docstring)."""
         pending, self.pending = self.pending, []
-        observe_ok, now = self.router.observe_ok, self.now
+        observe_ok, now, hook = self.router.observe_ok, self.now, self.app.on_ok_samples
         for plan in pending:
             samples, plan.samples = plan.samples, []
+            apis, plan.apis = plan.apis, []
             self._count(plan.slice, plan.cluster, [e2e for _, _, e2e, _ in samples])
             observe_ok(plan.cluster, plan.slice, samples, now)
+            if hook is not None:  # the GenAI histograms, as for one observation each
+                hook(plan.cluster, plan.slice, samples, apis)
 
 
 class _Route:
     """A native slice route and cluster as one batch reads them (:class:`NativeBatch`)."""
 
-    __slots__ = ("cluster", "offset", "probe", "samples", "slice", "trust_first")
+    __slots__ = ("apis", "cluster", "offset", "probe", "samples", "slice", "trust_first")
 
     def __init__(self, s: SliceKey, cluster: str, probe: bool, offset: float,
                  trust_first: bool) -> None:
         self.slice, self.cluster, self.probe = s, cluster, probe
         self.offset, self.trust_first = offset, trust_first  # first-token offset, not blind
         self.samples: list[OkSample] = []  # successes gathered and not yet learned
+        self.apis: list[Api] = []  # the API each of them called (gen_ai.operation.name)
