@@ -239,6 +239,22 @@ def test_alert_rules_pass_promtool() -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+def test_alert_rules_do_what_they_say_in_promtools_unit_tests() -> None:
+    """deploy/prometheus/alerts_test.yaml: which alerts fire on series as the sidecar
+    exports them, and which stay quiet when idle. Among them: with no target of the
+    job at all (pods gone from discovery, another job name) `up == 0` has nothing to
+    compare, so nothing fired while every rule was blind (TailrouteSidecarAbsent)."""
+    promtool = need_tool("promtool")
+    out = subprocess.run([promtool, "test", "rules",
+                          str(DEPLOY / "prometheus" / "alerts_test.yaml")],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    tests = _load(DEPLOY / "prometheus" / "alerts_test.yaml")["tests"]
+    tested = {c["alertname"] for t in tests for c in t.get("alert_rule_test", [])}
+    assert {"TailrouteSidecarDown", "TailrouteSidecarAbsent", "TailrouteErrorBudgetBurnFast",
+            "TailrouteNoHealthyRoute", "TailrouteEnvoyFailOpen"} <= tested
+
+
 def test_fleet_store_is_wired_in_compose_and_kubernetes() -> None:
     from urllib.parse import urlsplit
 
