@@ -69,3 +69,29 @@ def test_a_stream_envoy_ends_is_answered_and_a_bad_entry_skipped() -> None:
     resp = asyncio.run(service.StreamAccessLogs(finite(), None))
     assert isinstance(resp, als_pb2.StreamAccessLogsResponse)
     assert service.counters["log_entry_errors"] == 1 and service.open_streams == 0
+
+
+def test_an_entry_the_sink_raised_on_is_a_sidecar_error_in_the_metrics() -> None:
+    """An entry the sink cannot handle is skipped (Envoy's stream goes on) and was
+    counted only in the access-log service's own counter, which no metric and no /state
+    view exported: in native mode such an entry vanished but for a throttled log line."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from sidecar.core.config import parse_config
+    from sidecar.ops.metrics import build_registry
+    from sidecar.shell.app import App
+    from tests.conftest import base_config_dict
+
+    app = App.create(parse_config(base_config_dict(), "t.yaml"), seed=1)
+
+    def sink(rec: LogRecord, now: float) -> None:
+        if rec.path.endswith("?1"):
+            raise ValueError("not understood")
+
+    AccessLogService(sink, app.envoy).consume(_batch(3, first=True), 1.0)
+    registry = build_registry(lambda: app.router, lambda: 1.0, app.shell_counters).registry
+    errors = {s.labels["kind"]: s.value
+              for f in text_string_to_metric_families(generate_latest(registry).decode())
+              if f.name == "tailroute_errors" for s in f.samples}
+    assert errors == {"access_log_entry": 1}

@@ -39,6 +39,10 @@ def shell_counters(app: App) -> dict[str, int]:
     out.update(app.retry_after.counters())
     if app.forwards.dropped:
         out["error:forward_dropped"] = app.forwards.dropped
+    # Access-log entries the sink raised on (a sidecar bug): skipped, so not evidence;
+    # a decided one then ends lost, a native one unseen but for this count.
+    if app.envoy["log_entry_errors"]:
+        out["error:access_log_entry"] = app.envoy["log_entry_errors"]
     out["outcome:lost"] = app.envoy["lost"]
     out["envoy:oldest_wait_ms"] = int(app.waiting.oldest_wait(app.last_tick) * 1000)
     return out
