@@ -252,7 +252,20 @@ def test_alert_rules_do_what_they_say_in_promtools_unit_tests() -> None:
     tests = _load(DEPLOY / "prometheus" / "alerts_test.yaml")["tests"]
     tested = {c["alertname"] for t in tests for c in t.get("alert_rule_test", [])}
     assert {"TailrouteSidecarDown", "TailrouteSidecarAbsent", "TailrouteErrorBudgetBurnFast",
-            "TailrouteNoHealthyRoute", "TailrouteEnvoyFailOpen"} <= tested
+            "TailrouteNoHealthyRoute", "TailrouteEnvoyFailOpen", "TailrouteShedding"} <= tested
+
+
+def test_the_admission_outcomes_the_shedding_alert_names_are_the_sidecars() -> None:
+    """TailrouteShedding matches label values, which the name check above cannot see:
+    they must be outcomes the sidecar exports."""
+    from typing import get_args
+
+    from sidecar.core.types import Admission
+
+    rules = [r for g in _load(DEPLOY / "prometheus" / "alerts.yaml")["groups"] for r in g["rules"]]
+    expr = next(r["expr"] for r in rules if r.get("alert") == "TailrouteShedding")
+    named = {v for m in re.findall(r'outcome!?=~?"([^"]*)"', expr) for v in m.split("|")}
+    assert named == {"defer", "shed", "queue"} and named <= set(get_args(Admission))
 
 
 def test_fleet_store_is_wired_in_compose_and_kubernetes() -> None:
