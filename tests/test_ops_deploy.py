@@ -268,6 +268,45 @@ def test_the_admission_outcomes_the_shedding_alert_names_are_the_sidecars() -> N
     assert named == {"defer", "shed", "queue"} and named <= set(get_args(Admission))
 
 
+@pytest.mark.parametrize(("seconds", "fires"), [(0.002, False), (0.07, True), (0.2, True),
+                                                (0.8, True)])
+def test_the_slow_decision_alert_fires_on_the_buckets_the_sidecar_exports(
+        tmp_path: Path, seconds: float, fires: bool) -> None:
+    """TailrouteDecisionSlow (p99 of request_body handling > 50 ms) on the phase
+    histogram as the sidecar exports it. Its highest bound was 0.05: any slower p99
+    fell in +Inf, which histogram_quantile reads as that bound, and 0.05 > 0.05 is
+    false, so the alert could never fire, least of all when decisions were slowest."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from sidecar.core.config import parse_config
+    from sidecar.ops.metrics import build_registry
+    from sidecar.shell.app import App
+    from tests.conftest import base_config_dict
+
+    promtool = need_tool("promtool")
+    app = App.create(parse_config(base_config_dict(), "t.yaml"), seed=1)
+    registry, phase, _ = build_registry(lambda: app.router, lambda: 1.0, app.shell_counters)
+    for _ in range(100):  # one scrape interval's decisions, all as slow
+        phase.labels("request_body").observe(seconds)
+    buckets = [(s.labels["le"], s.value)
+               for f in text_string_to_metric_families(generate_latest(registry).decode())
+               if f.name == "tailroute_extproc_phase_seconds" for s in f.samples
+               if s.name.endswith("_bucket")]
+    series = [{"series": f'tailroute_extproc_phase_seconds_bucket{{phase="request_body", '
+                         f'le="{le}"}}', "values": f"0+{n:g}x40"} for le, n in buckets]
+    case = {"rule_files": [str(DEPLOY / "prometheus" / "alerts.yaml")],
+            "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": [
+                {"eval_time": "30m", "alertname": "TailrouteDecisionSlow",
+                 "exp_alerts": [{"exp_labels": {"severity": "warning"}, "exp_annotations": {
+                     "summary": "p99 routing decision time above 50 ms"}}] if fires else []}]}]}
+    (tmp_path / "case.yaml").write_text(yaml.safe_dump(case))
+    out = subprocess.run([promtool, "test", "rules", str(tmp_path / "case.yaml")],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 def test_fleet_store_is_wired_in_compose_and_kubernetes() -> None:
     from urllib.parse import urlsplit
 

@@ -75,6 +75,12 @@ METRIC_NAMES = (
     *FLEET_METRIC_NAMES,  # only with a fleet: section (sidecar.fleet.metrics)
     *WORKER_METRIC_NAMES,  # only under serve --workers (sidecar.fleet.worker_status)
 )
+# Bounds of the ext_proc phase histogram. Past 50 ms up to Envoy's message timeout
+# (limits.decision_timeout_ms, 500 ms by default) and beyond: with 50 ms the highest,
+# histogram_quantile put any slower p99 at 0.05 (the +Inf bucket reads as the bound
+# below it), so TailrouteDecisionSlow (p99 > 0.05) could never fire.
+PHASE_BUCKETS = (5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25,
+                 0.5, 1.0, 2.5)
 # The histograms among them (exposed as <name>_bucket, _sum and _count).
 HISTOGRAM_NAMES = ("tailroute_extproc_phase_seconds", *(exported_name(f) for f in FAMILIES))
 
@@ -279,5 +285,5 @@ def build_registry(router: Callable[[], Router], now: Callable[[], float],
     reg.register(collector)
     phase = Histogram("tailroute_extproc_phase_seconds",
                       "Sidecar handling time per ext_proc message", ["phase"], registry=reg,
-                      buckets=(5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 5e-2))
+                      buckets=PHASE_BUCKETS)
     return Registries(reg, phase, collector)
