@@ -307,6 +307,66 @@ def test_the_slow_decision_alert_fires_on_the_buckets_the_sidecar_exports(
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+def _route_states(failing: str) -> list[dict[str, str]]:
+    """``tailroute_route_state`` as the sidecar exports it after the clusters in
+    ``failing`` answered 503 to everything for 30 s and the others answered fine."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from sidecar.core.config import parse_config
+    from sidecar.core.types import Observation, SliceKey
+    from sidecar.ops.metrics import build_registry
+    from sidecar.shell.app import App
+    from tests.conftest import base_config_dict
+
+    app = App.create(parse_config(base_config_dict(), "t.yaml"), seed=1)
+    slices = [SliceKey("m", "interactive", p, s) for p in ("short", "medium") for s in (1, 0)]
+    now = 100.0
+    for _ in range(60):
+        for s in slices:
+            for c in "abc":
+                app.observe(Observation(c, s, "error", 503, e2e_s=0.05) if c in failing
+                            else Observation(c, s, "ok", 200, 0.1, 0.01, 0.3, 20), now, "chat")
+        now += 0.5
+        app.tick(now)
+    registry = build_registry(lambda: app.router, lambda: now, app.shell_counters).registry
+    return [s.labels for f in text_string_to_metric_families(generate_latest(registry).decode())
+            if f.name == "tailroute_route_state" for s in f.samples]
+
+
+@pytest.mark.parametrize(("failing", "paged"), [
+    ("a", set()),  # a is ejected whole; b and c serve every slice
+    ("abc", {"m|interactive|short|stream", "m|interactive|short|unary",
+             "m|interactive|medium|stream", "m|interactive|medium|unary"}),
+])
+def test_no_healthy_route_pages_on_the_states_the_sidecar_exports(
+        tmp_path: Path, failing: str, paged: set[str]) -> None:
+    """TailrouteNoHealthyRoute on route states as the sidecar exports them. A cluster
+    ejected whole has its own entry, slice ``*|*|*|*``, and its routes keep their own
+    states. Counted as one more slice, one ejected cluster paged "every route of slice
+    *|*|*|* is restricted or quarantined" while the others served everything; and with
+    every cluster failing, no slice paged (the last cluster's routes restricted, the
+    others' own entries healthy)."""
+    promtool = need_tool("promtool")
+    states = _route_states(failing)
+    assert {"cluster": "a", "slice": "*|*|*|*"}.items() <= next(
+        s for s in states if s["slice"] == "*|*|*|*").items()  # the ejection is exported
+    series = [{"series": "tailroute_route_state{" + ", ".join(
+        f'{k}="{v}"' for k, v in s.items()) + "}", "values": "1x20"} for s in states]
+    summary = "Every route of slice {} is restricted or quarantined, or its cluster is"
+    case = {"rule_files": [str(DEPLOY / "prometheus" / "alerts.yaml")],
+            "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": [
+                {"eval_time": "10m", "alertname": "TailrouteNoHealthyRoute", "exp_alerts": [
+                    {"exp_labels": {"severity": "page", "slice": s},
+                     "exp_annotations": {"summary": summary.format(s)}}
+                    for s in sorted(paged)]}]}]}
+    (tmp_path / "case.yaml").write_text(yaml.safe_dump(case))
+    out = subprocess.run([promtool, "test", "rules", str(tmp_path / "case.yaml")],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 def test_fleet_store_is_wired_in_compose_and_kubernetes() -> None:
     from urllib.parse import urlsplit
 
