@@ -391,3 +391,20 @@ def test_a_slice_route_sending_to_a_cluster_the_config_does_not_route_is_misrout
     assert any(m.startswith("native.yaml: models[0].candidates does not route model m to "
                             "cluster c, but Envoy's route tailroute/") and "re-render" in m
                for m in lines), lines
+
+
+def test_native_entries_are_a_kind_of_access_log_entry_in_the_metrics() -> None:
+    """In native mode nearly every entry is `native`, which /state showed and the
+    metric's kinds left out: summed by kind, tailroute_access_log_entries_total read
+    about 0 however much Envoy served."""
+    from sidecar.ops.metrics import build_registry
+
+    side = Side(shortcut=True)
+    side.feed([entry(), entry(status=503), entry(route="tailroute_default")], 10.0)
+    registry = build_registry(lambda: side.app.router, lambda: 10.0,
+                              side.app.shell_counters).registry
+    kinds = {s.labels["kind"]: s.value
+             for f in text_string_to_metric_families(generate_latest(registry).decode())
+             if f.name == "tailroute_access_log_entries" for s in f.samples
+             if s.name.endswith("_total")}
+    assert kinds["native"] == 2 and kinds["native_default"] == 1

@@ -218,10 +218,11 @@ def _shell_families(shell: dict[str, int]) -> Iterator[Metric]:
         "decided here, received by another fleet process and forwarded), misrouted (a "
         "decided request Envoy sent to another cluster: its bootstrap lacks the route; or "
         "a native slice route's request to a cluster the config does not route it to), "
-        "native_default (native/hybrid: an LLM request no slice route matched)",
+        "native (native/hybrid: an LLM request a slice route sent by the published "
+        "weights), native_default (native/hybrid: an LLM request no slice route matched)",
         [([kind], shell.get(f"envoy:{kind}", 0))
          for kind in ("decided", "fail_open", "unrouted", "not_routed", "orphan", "late",
-                      "elsewhere", "misrouted", "native_default")],
+                      "elsewhere", "misrouted", "native", "native_default")],
         labels=["kind"])
     yield gauge("tailroute_access_log_streams",
                 "Envoy access-log streams currently connected",
