@@ -413,3 +413,78 @@ def test_a_waiter_whose_model_a_reload_removed_leaves_the_queue() -> None:
     m2 = request(model="m2", slice=SliceKey("m2", "interactive", "short", True))
     d = r.decide(m2, 1.02, RNG, ticket="t2")
     assert (d.cluster, d.admission) == ("b", "admit")
+
+
+# ---------------------------------------------------------------- a deferral's comeback
+
+
+def _defer_then_free(r: Router, n: int, tenant: str | None, now: float = 1.0) -> None:
+    """``n`` batch requests deferred with every route full, then the routes emptied."""
+    fill(r, 1)
+    for _ in range(n):
+        d = r.decide(request("batch", tenant=tenant), now, RNG)
+        assert (d.admission, d.status, d.retry_after_s) == ("defer", 429, 2)
+    for c in ("a", "b", "c"):
+        r.finished(c)
+
+
+@pytest.mark.parametrize("tenant", [None, "acme"])
+def test_a_deferred_request_coming_back_as_told_is_a_first_attempt(tenant: str | None) -> None:
+    """A 429 defer tells the client to retry after Retry-After, and the OpenAI SDKs do,
+    marked as a retry (x-stainless-retry-count: 1). The deferred attempt never reached
+    a route, so the comeback is no retry load: the budgets take it as a first attempt.
+    Before, 12 such comebacks to idle routes found the retry budget spent: 9 served (3
+    per route; with a tenant: 3), the rest 503 retry_budget."""
+    r = make_router(conc=1, admission={"retry_budget_ratio": 0.0})
+    _defer_then_free(r, 12, tenant)
+    back = [r.decide(request("batch", tenant=tenant, retry_attempt=1), 3.0, RNG)
+            for _ in range(12)]
+    assert [d.admission for d in back] == ["admit"] * 12
+    assert r.counters[("admission_reason", "retry_budget")] == 0
+    budget = r.admission.budget.snapshot(3.0)
+    assert sum(v["retries"] for v in budget.values()) == 0
+
+
+def test_each_deferral_is_owed_one_comeback_then_the_budget_applies() -> None:
+    """The credit is one per deferral: a tenant deferred twice gets two retries taken as
+    first attempts, then its own retry budget (the floor, 3), then 503 retry_budget."""
+    r = make_router(conc=1, admission={"retry_budget_ratio": 0.0})
+    _defer_then_free(r, 2, "acme")
+    out = [r.decide(request("batch", tenant="acme", retry_attempt=1), 3.0, RNG)
+           for _ in range(6)]
+    assert [d.admission for d in out] == ["admit"] * 5 + ["reject"]
+    assert out[-1].detail.startswith("retry_budget") and "tenant acme: 3.0 recent" in (
+        out[-1].detail)
+    routes = r.admission.budget.snapshot(3.0).values()
+    assert sum(v["retries"] for v in routes) == 3  # the floor's; the comebacks are firsts
+    # Another tenant's retries never spend acme's credit.
+    _defer_then_free(r, 1, "acme", now=4.0)
+    other = [r.decide(request("batch", tenant="other", retry_attempt=1), 4.0, RNG)
+             for _ in range(4)]
+    assert [d.admission for d in other].count("admit") == 3
+    assert r.admission.budget.owes("acme", 4.0)
+
+
+def test_a_comeback_deferred_again_keeps_one_credit() -> None:
+    """A comeback that is deferred again (still overloaded) is owed one comeback, not
+    two: its next return uses it, and nothing is left over for a real retry."""
+    r = make_router(conc=1, admission={"retry_budget_ratio": 0.0})
+    fill(r, 1)
+    assert r.decide(request("batch", tenant="t"), 1.0, RNG).admission == "defer"
+    again = r.decide(request("batch", tenant="t", retry_attempt=1), 3.0, RNG)
+    assert again.admission == "defer"
+    for c in ("a", "b", "c"):
+        r.finished(c)
+    last = r.decide(request("batch", tenant="t", retry_attempt=2), 5.0, RNG)
+    assert last.admission == "admit"
+    assert not r.admission.budget.owes("t", 5.0)
+    assert sum(v["retries"] for v in r.admission.budget.snapshot(5.0).values()) == 0
+
+
+def test_an_owed_comeback_expires_with_the_budget_window() -> None:
+    """Owed comebacks decay like the budget's counts (tau = 6 sub-windows, 60 s): one
+    that never came is forgotten after tau ln 2, about 42 s."""
+    r = make_router(conc=1)
+    _defer_then_free(r, 1, "t")
+    assert r.admission.budget.owes("t", 1.0 + 41.0)
+    assert not r.admission.budget.owes("t", 1.0 + 43.0)

@@ -37,14 +37,13 @@ Definitions (ms; ``pXX`` are the route's e2e percentiles for the request's slice
                   (:mod:`sidecar.core.admission_priority`; ok(r) also needs not reserved)
     yields      = high and a more important class is pressed on one of the usable routes
 
-Route choice on admit (critical or unmarked step with a deadline): if the
-chosen route's e2e tail does not fit ``remaining``, switch to the highest
-weight survivor whose tail fits, else to the survivor with the lowest tail.
-A route degraded for a higher class is *not* over budget for a tolerant one:
-the graduated policy keeps tolerant classes on such routes, so admission must
-not defer them there either. A retry avoids the route of its previous
-attempt when another survivor has retry budget, and only goes to routes whose
-budget allows it (:mod:`sidecar.core.retry_budget`).
+Route choice on admit (critical or unmarked step with a deadline): if the chosen
+route's e2e tail does not fit ``remaining``, switch to the highest weight survivor
+whose tail fits, else to the survivor with the lowest tail. A route degraded for a
+higher class is *not* over budget for a tolerant one (the graduated policy keeps it
+there). A retry avoids its previous attempt's route when another survivor has retry
+budget, and only goes to routes whose budget allows it; a deferral's comeback is a
+first attempt (:mod:`sidecar.core.retry_budget`).
 """
 
 from __future__ import annotations
@@ -112,16 +111,14 @@ def _ms(v: float | None) -> float | None:
 
 def _e2e_ms(name: str, req: RequestInfo, klass: ClassConfig, view: RouteView,
             now: float) -> tuple[float | None, float | None]:
-    """Route ``name``'s e2e median and tail (the class percentile) for ``req``'s slice, ms:
-    what a deadline's rows and route choice compare with what is left."""
+    """Route ``name``'s e2e median and class-percentile tail for ``req``'s slice, ms."""
     p50 = view.latency(name, req.slice, "e2e", 50.0, now).value
     tail = view.latency(name, req.slice, "e2e", klass.slo.percentile, now).value
     return _ms(p50), _ms(tail)
 
 
 def _min(values: Iterable[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return min(present) if present else None
+    return min((v for v in values if v is not None), default=None)
 
 
 class AdmissionControl:
@@ -129,9 +126,8 @@ class AdmissionControl:
 
     def __init__(self, config: Config, low_inflight: Mapping[str, int] | None = None,
                  peer_low: Mapping[str, int] | None = None) -> None:
-        # Requests in flight per cluster whose priority is below shed_below_priority
-        # (the router's count, Decision.low): the slots "beyond capacity" may take;
-        # in fleet mode also the peers' (their in-flight counts are in inflight()).
+        # In flight per cluster below shed_below_priority (Decision.low): the slots "beyond
+        # capacity" may take; in fleet mode also the peers' (in inflight() too).
         self.low_inflight: Mapping[str, int] = {} if low_inflight is None else low_inflight
         self.peer_low: Mapping[str, int] = {} if peer_low is None else peer_low
         self.queue = AdmissionQueue(config.admission.queue_max)
@@ -201,13 +197,10 @@ class AdmissionControl:
         self, cand: Candidate | None, name: str, req: RequestInfo, klass: ClassConfig,
         view: RouteView, now: float,
     ) -> bool:
-        """Over budget: the route's violation share (failures and slow answers, from
-        the attainment score) exceeds what the class allows *with confidence*;
-        without that score, its SLO-metric tail exceeds the budget.
-
-        A point estimate would not do: for a p99 class a window of ~100 outcomes
-        reads 2 % after two slow answers, which is noise, yet it would mark every
-        route over budget and defer the whole class."""
+        """Over budget: the route's violation share (failures and slow answers, from the
+        attainment score) exceeds what the class allows *with confidence* (a point
+        estimate reads two slow answers in ~100 as 2 %, noise that would defer a whole
+        p99 class); without that score, its SLO-metric tail exceeds the budget."""
         if cand is not None and (v := cand.scores.get("violation")) is not None:
             n = cand.scores.get("violation_n", 0.0)
             allowed = max(1.0 - klass.slo.percentile / 100.0, 1e-4)
@@ -322,6 +315,8 @@ class AdmissionControl:
         is_retry = req.retry_attempt > 0 or seen is not None
         if not cfg.enabled:
             return Verdict("admit", "disabled", decision.cluster, timeout, is_retry)
+        # A deferral's comeback: a retry, but the budget's first attempt (retry_budget).
+        comeback = is_retry and self.budget.owes(req.tenant, now)
         pressure = self.pressure
         pressure.prune(now)
         high = cfg.high(req.priority)
@@ -361,8 +356,9 @@ class AdmissionControl:
         window = cfg.queue_wait_ms if ticket is not None else 0.0
         if has_deadline:
             window = min(window, left - (need or 0.0))
-        cluster, choice_note = self._choose(
-            req, facts, decision.cluster, left, is_retry, seen.cluster if seen else None, now)
+        cluster, choice_note = self._choose(req, facts, decision.cluster, left,
+                                            is_retry and not comeback,
+                                            seen.cluster if seen else None, now)
         s = Situation(
             enabled=True, high=high, step=req.step,
             has_deadline=has_deadline, remaining_ms=left, need_ms=need,
@@ -388,9 +384,11 @@ class AdmissionControl:
             return Verdict("queue", rule.reason, final, None, is_retry, note, requeued=True)
         self.queue.leave(ticket if waiter is not None else None)
         self.memory.remember(req.request_id, final, now)
+        if comeback != (rule.outcome == "defer"):  # owed by a defer, settled by the rest
+            self.budget.owe(req.tenant, now, -1.0 if comeback else 1.0)
         if rule.outcome != "admit":
             return Verdict(rule.outcome, rule.reason, final, None, is_retry, note)
-        self.budget.record(final, now, is_retry, req.tenant)
+        self.budget.record(final, now, is_retry and not comeback, req.tenant)
         return Verdict("admit", rule.reason, final, timeout, is_retry, note)
 
     def wait_until(self, ticket: str) -> float | None:

@@ -33,6 +33,21 @@ budgets as before; the tenant counts are kept for the last
 :data:`TENANT_MEMORY_SIZE` tenants (LRU: a tenant seen again after that starts
 afresh, so one rotating names gets a floor per name, still within every route's
 budget).
+
+**A deferred request's comeback is a first attempt.** A ``defer`` (429 with
+``Retry-After`` and ``x-should-retry: true``) asks the client to come back, and the
+OpenAI SDKs do, marked as a retry (``x-stainless-retry-count: 1``). Its first attempt
+never reached a route, so the comeback adds no load a retry budget guards against;
+counted as a retry, a burst of deferrals that came back as told to routes with room
+found the budget spent and got ``503 retry_budget`` with ``x-should-retry: false``
+(8 deferred batch requests through the real Envoy: 2 refused,
+tests/test_integration_deferred_comeback.py). So each deferral is owed one comeback
+(:meth:`RetryBudget.owe`), the tenant's own or, without a tenant, one shared pool;
+decayed like the counts, it is kept while above one half (``tau ln 2``, about 42 s by
+default). A retry that finds one owed is a first attempt to the budgets: none asked,
+counted as a first attempt (otherwise still a retry: its latency is no evidence). No
+client can send more than before: each one stands for a request that went nowhere,
+and a client may leave any request unmarked.
 """
 
 from __future__ import annotations
@@ -90,6 +105,7 @@ class _Counts:
     firsts: float = 0.0
     retries: float = 0.0
     at: float = 0.0
+    owed: float = 0.0  # deferrals whose comeback is still owed a first attempt
 
 
 def _count(c: _Counts, retry: bool) -> None:
@@ -108,12 +124,14 @@ class RetryBudget:
         self.floor = floor
         self._routes: dict[str, _Counts] = {}
         self._tenants: OrderedDict[str, _Counts] = OrderedDict()
+        self._untenanted = _Counts()  # deferrals owed to requests without a tenant
 
     def _decayed(self, c: _Counts, now: float) -> _Counts:
         if now > c.at:
             k = math.exp(-(now - c.at) / self.tau_s)
             c.firsts *= k
             c.retries *= k
+            c.owed *= k
             c.at = now
         return c
 
@@ -149,6 +167,19 @@ class RetryBudget:
         _count(self._at(cluster, now), retry)
         if tenant is not None:
             _count(self._of(tenant, now), retry)
+
+    def _owing(self, tenant: str | None, now: float) -> _Counts:
+        return self._decayed(self._untenanted, now) if tenant is None else self._of(tenant, now)
+
+    def owes(self, tenant: str | None, now: float) -> bool:
+        """Is a deferral of ``tenant``'s (or of any untenanted request) still owed its
+        comeback? A retry that finds one is taken as that comeback (module docstring)."""
+        return self._owing(tenant, now).owed >= 0.5
+
+    def owe(self, tenant: str | None, now: float, change: float) -> None:
+        """One more deferral owed a comeback (``change`` 1), or one comeback settled (-1)."""
+        c = self._owing(tenant, now)
+        c.owed = max(c.owed + change, 0.0)
 
     def describe(self, cluster: str, now: float) -> str:
         return f"{cluster}: {self._line(self._at(cluster, now))}"
