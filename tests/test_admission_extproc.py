@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from sidecar.core.config import parse_config
+from sidecar.core.types import RequestInfo, SliceKey
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from sidecar.shell.admission import Hold
+from sidecar.shell.admission import Hold, retry_after_ms
 from sidecar.shell.app import App
 from sidecar.shell.extproc import Phase, RouteStream
 from tests.conftest import base_config_dict
@@ -91,6 +94,42 @@ def test_low_priority_under_overload_is_deferred_with_retry_after() -> None:
     _, resp = send(app, {"x-tailroute-class": "batch", "x-tailroute-deadline-ms": "1000"})
     status, hdrs, err = immediate_of(resp)
     assert (status, err["type"], hdrs["x-should-retry"]) == (503, "tailroute_shed", "false")
+
+
+def test_deferrals_spread_their_retry_after_ms() -> None:
+    """The SDKs wait exactly the retry-after-ms they are told: one fixed value brought a
+    burst of deferrals back in one instant, to be deferred again together. Each answer
+    draws its own wait in [Retry-After, 2 x Retry-After); retry-after stays the minimum."""
+    app = make_app(conc=1)
+    fill(app)
+    waits = []
+    for _ in range(40):
+        _, resp = send(app, {"x-tailroute-class": "batch"})
+        status, hdrs, _ = immediate_of(resp)
+        assert (status, hdrs["retry-after"]) == (429, "2")
+        waits.append(int(hdrs["retry-after-ms"]))
+    assert all(2000 <= w < 4000 for w in waits)
+    assert len(set(waits)) >= 30  # spread, not one instant
+    assert min(waits) < 2500 and max(waits) >= 3500  # over the whole range
+    # A call with a deadline was deferred because it can wait Retry-After, not longer.
+    _, resp = send(app, {"x-tailroute-class": "batch", "x-tailroute-deadline-ms": "60000"})
+    status, hdrs, _ = immediate_of(resp)
+    assert (status, hdrs["retry-after"], hdrs["retry-after-ms"]) == (429, "2", "2000")
+
+
+@pytest.mark.parametrize(("seconds", "spread", "deadline", "ms"), [
+    (2, 0.0, None, 2000), (2, 0.5, None, 3000), (2, 0.9999, None, 3998),
+    (2, 1.0, None, 3998), (2, -1.0, None, 2000), (2, 0.5, 5000.0, 2000),
+    # never spread past 60 s (the openai SDK does not retry a wait over 120 s)...
+    (40, 0.9, None, 60000), (40, 0.2, None, 48000),
+    # ...nor shortened: a longer Retry-After is said as it is
+    (90, 0.9, None, 90000)])
+def test_retry_after_ms_stays_within_its_range(seconds: int, spread: float,
+                                               deadline: float | None, ms: int) -> None:
+    info = RequestInfo(api="chat", model="m", stream=True, max_tokens=None, input_tokens=1,
+                       klass="batch", priority=1, tenant=None,
+                       slice=SliceKey("m", "batch", "short", True), deadline_ms=deadline)
+    assert retry_after_ms(seconds, info, spread) == ms
 
 
 def test_queued_request_is_held_then_routed_when_capacity_frees() -> None:

@@ -143,6 +143,8 @@ def test_overload_sheds_low_priority_and_serves_interactive(stack: Stack) -> Non
                     model="m", messages=MSG, max_tokens=2,
                     extra_headers={"x-tailroute-class": "batch"})
             assert deferred.value.response.headers["retry-after"] == "2"
+            # The wait the SDKs prefer, spread per answer (sidecar.shell.admission).
+            assert 2000 <= int(deferred.value.response.headers["retry-after-ms"]) < 4000
             assert deferred.value.type == "tailroute_deferred"
             with pytest.raises(openai.InternalServerError) as shed:
                 client.chat.completions.create(

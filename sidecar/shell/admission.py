@@ -10,7 +10,8 @@ outcome    status  response
 =========  ======  ===============================================================
 admit      --      CONTINUE; ``x-envoy-upstream-rq-timeout-ms`` = remaining budget
 queue      --      no answer yet: the stream is held (:class:`Hold`) and re-asked
-defer      429     ``retry-after: N``, ``x-should-retry: true``, ``tailroute_deferred``
+defer      429     ``retry-after: N``, ``retry-after-ms`` (spread, :func:`retry_after_ms`),
+                   ``x-should-retry: true``, ``tailroute_deferred``
 shed       503     ``x-should-retry: false``, ``tailroute_shed``
 reject     503     ``x-should-retry: false``, ``tailroute_rejected``
 skip       412     ``x-tailroute-skipped: optional-step``, ``x-should-retry: false``,
@@ -47,6 +48,7 @@ ERROR_TYPES: dict[str, str] = {
     "skip": "tailroute_skipped",
 }
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+SPREAD_CAP_MS = 60_000  # a deferral's spread wait stays within what every OpenAI SDK honours
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,13 +73,35 @@ def timeout_header(decision: Decision) -> base_pb2.HeaderValueOption | None:
     return _opt(TIMEOUT_HEADER, str(max(1, round(decision.timeout_ms))))
 
 
+def retry_after_ms(seconds: int, info: RequestInfo, spread: float) -> int:
+    """The ``retry-after-ms`` of a deferral: ``seconds`` stretched by ``spread`` (0..1,
+    a fresh draw per answer) up to twice as long.
+
+    Why spread: the OpenAI SDKs wait exactly what they are told, so every request deferred
+    in a burst came back in the same instant, when the routes had room for a few, and
+    was deferred again together; after its two retries most of the burst failed.
+    24 batch requests deferred while two routes of 2 slots were held full, then freed
+    (answers in 300 ms): 8 served, 16 ``RateLimitError`` (docs/admission.md, "What the
+    caller gets"). ``retry-after`` keeps the minimum, a whole number of seconds as
+    RFC 9110 has it; the SDKs prefer ``retry-after-ms``. A call with a deadline is not
+    spread: admission deferred it because it can wait ``seconds``, not twice that. Nor
+    past :data:`SPREAD_CAP_MS`: the ``openai`` SDK does not retry at all after a wait
+    over 120 s (older ones fell back to their own short backoff past 60 s)."""
+    base = seconds * 1000
+    if info.deadline_ms is not None or base >= SPREAD_CAP_MS:
+        return base
+    return min(base + int(base * min(max(spread, 0.0), 0.999)), SPREAD_CAP_MS)
+
+
 def reason_of(decision: Decision) -> str:
     """The machine-readable reason: the code before the first ``:`` of the detail."""
     return decision.detail.split(":", 1)[0].strip() or decision.admission
 
 
-def admission_response(decision: Decision, info: RequestInfo) -> pb.ProcessingResponse:
-    """The ImmediateResponse for a defer, shed, reject or skip decision."""
+def admission_response(decision: Decision, info: RequestInfo,
+                       spread: float = 0.0) -> pb.ProcessingResponse:
+    """The ImmediateResponse for a defer, shed, reject or skip decision (``spread``: a
+    uniform draw in [0, 1) that spreads a deferral's ``retry-after-ms``)."""
     outcome = decision.admission
     reason = reason_of(decision)
     status = decision.status or 503
@@ -90,6 +114,7 @@ def admission_response(decision: Decision, info: RequestInfo) -> pb.ProcessingRe
     }
     if outcome == "defer" and decision.retry_after_s is not None:
         headers["retry-after"] = str(decision.retry_after_s)
+        headers["retry-after-ms"] = str(retry_after_ms(decision.retry_after_s, info, spread))
     if outcome == "skip":
         headers[SKIPPED_HEADER] = SKIPPED_VALUE
     verb = {"defer": "deferred", "shed": "shed", "reject": "rejected", "skip": "skipped"}

@@ -300,7 +300,7 @@ class RouteStream:
         self.phase = Phase.ROUTED
         label = info.slice.label()
         if decision.admission != "admit":
-            resp = admission_response(decision, info)
+            resp = admission_response(decision, info, app.rng.random())
             _write_metadata(resp.dynamic_metadata, rid, None, label)
             return resp
         cluster = decision.cluster
