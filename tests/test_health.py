@@ -121,6 +121,29 @@ def test_classify_boundaries(
     assert classify(v, HC, stale, history) is signal
 
 
+@pytest.mark.parametrize(
+    ("ratio", "samples", "requests", "failures", "over", "text"),
+    [
+        # The hunt's minor_errors_fastest: a fast route whose misses are its 503s.
+        (0.41, 23, 27, 4, (0, 0, 0),
+         "p95 ttft 0.41x budget; 15% of 27 over budget or failed (4 failed; allowed 5%)"),
+        (1.5, 40, 40, 0, (10, 8, 6), "p95 ttft 1.50x budget; 15% of 40 over budget (allowed 5%)"),
+        (1.2, 38, 40, 2, (6, 4, 3),
+         "p95 ttft 1.20x budget; 12% of 40 over budget or failed (2 failed; allowed 5%)"),
+        (None, 3, 8, 5, (0, 0, 0), "5 of 8 requests failed (62%; allowed 5%)"),
+        (None, 3, 3, 0, (0, 0, 0), "3 ttft samples (too few)"),
+    ],
+)
+def test_a_window_reason_names_its_failures_apart_from_slow_answers(
+    ratio: float | None, samples: int, requests: int, failures: int,
+    over: tuple[int, int, int], text: str,
+) -> None:
+    """A transition's reason is what an operator reads: failures count as misses, but
+    a window whose tail is well inside the budget must not read as 'over budget'."""
+    v = WindowVerdict(1, "ttft", 95, ratio, ratio, samples, requests, failures, over)
+    assert v.describe() == text
+
+
 def test_a_stationary_heavy_tail_reads_as_its_own_normal() -> None:
     """12 % of samples beyond the watch level every window: a breach of nothing
     once that is the route's history; twice as many is a change."""

@@ -123,13 +123,18 @@ class WindowVerdict:
 
     def describe(self) -> str:
         n, x = self.counts()
+        f = self.failures
         if self.metric == "outcome":
-            return f"{self.failures} of {self.requests} requests failed"
-        if self.ratio is None and not self.failures:
+            return f"{f} of {self.requests} requests failed"
+        if self.ratio is None and not f:
             return f"{self.samples} {self.metric} samples (too few)"
-        miss = f"{x[2] / n:.0%} of {n} over budget (allowed {self.allowed_share:.0%})"
+        allowed = f"allowed {self.allowed_share:.0%}"
         if self.ratio is None:
-            return f"failures {miss}"
+            return f"{f} of {n} requests failed ({x[2] / n:.0%}; {allowed})"
+        # Failures count as misses (x_r); naming them keeps a route with a fast tail
+        # and a few errors from reading "0.4x budget; 15 % over budget".
+        miss = (f"{x[2] / n:.0%} of {n} over budget or failed ({f} failed; {allowed})" if f
+                else f"{x[2] / n:.0%} of {n} over budget ({allowed})")
         return f"p{self.percentile:g} {self.metric} {self.ratio:.2f}x budget; {miss}"
 
 
