@@ -14,7 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-from sidecar.core.config import parse_config
+from sidecar.core.config import Config, parse_config
+from sidecar.core.health import HealthState
+from sidecar.core.router import Router
+from sidecar.core.types import Observation, SliceKey
 from sidecar.devtools.harness import Stack
 from sidecar.ops.reload import ConfigReloader
 from sidecar.shell.app import App
@@ -45,6 +48,46 @@ def test_valid_reload_swaps_config_and_keeps_router(tmp_path: Path) -> None:
     assert rl.counters() == {"reload:ok": 1, "reload:invalid": 0, "reload:last_ok": 1}
     assert rl.view() == {"path": str(path), "reloads_ok": 1, "reloads_invalid": 0,
                          "last_reload_ok": True, "last_error": None}
+
+
+_SLICE = SliceKey("m", "interactive", "short", True)
+_UPTIME = 3 * 86400.0  # the loop clock is monotonic: about the host's uptime
+
+
+def _windows(router: Router, start: float, step: float, n: int, ttft_a: float) -> float:
+    """``n`` sub-windows of ``step`` s from ``start``, ten requests on each cluster per
+    window, a's at ``ttft_a`` s (the TTFT budget is 1 s); returns the time after."""
+    now = start
+    for w in range(n):
+        for i in range(10):
+            now = start + w * step + i * step / 10
+            for cluster, ttft in (("a", ttft_a), ("b", 0.3), ("c", 0.2)):
+                router.observe(Observation(cluster, _SLICE, "ok", ttft_s=ttft, e2e_s=ttft + 0.3),
+                               now)
+        now = start + (w + 1) * step + 0.01
+        router.tick(now)
+    return now
+
+
+@pytest.mark.parametrize(("old_s", "new_s"), [(10, 20), (10, 30), (20, 10), (10, 15)])
+def test_a_route_is_still_judged_after_a_reload_changes_the_sub_window_length(
+    old_s: int, new_s: int
+) -> None:
+    def config(subwindow_s: int) -> Config:
+        return parse_config(base_config_dict(stats={"subwindow_s": subwindow_s,
+                                                    "min_samples": 5}), "t.yaml")
+
+    router = Router(config(old_s))
+    now = _windows(router, _UPTIME, old_s, 4, ttft_a=1.5)
+    assert router.board.get("a", _SLICE).state is HealthState.DEGRADED
+    router.reload(config(new_s))
+    # Fast again: judged on the new windows, a recovers as it would without the reload
+    # (sub-windows are numbered floor(t / subwindow_s): a longer one made every new
+    # window look older than the one judged last, so each verdict was dropped).
+    _windows(router, now, new_s, 8, ttft_a=0.2)
+    assert router.board.get("a", _SLICE).state is HealthState.HEALTHY
+    assert [(e.old, e.new) for e in router.transitions if e.cluster == "a"][-2:] == [
+        ("degraded", "restoring"), ("restoring", "healthy")]
 
 
 def test_invalid_reload_keeps_last_good_config(

@@ -53,10 +53,20 @@ class HealthBoard:
         return h if h is not None else RouteHealth(cluster, slice, self.cfg, self.stats_cfg, 0.0)
 
     def reconfigure(self, cfg: HealthConfig, stats_cfg: StatsConfig) -> None:
-        """Config reload: keep every route's state, judge by the new thresholds."""
+        """Config reload: keep every route's state, judge by the new thresholds.
+
+        A new ``stats.subwindow_s`` renumbers the sub-windows (``floor(t / subwindow_s)``):
+        each route's newest judged window is carried over as the last new-length window
+        that ended by its end. Left in the old numbering, a longer sub-window gave every
+        later window a smaller index than the one judged last, and verdicts were dropped
+        as already applied for as long as the loop clock had run (a degraded route stayed
+        degraded for days on a host up for days)."""
+        old_step, new_step = self.stats_cfg.subwindow_s, stats_cfg.subwindow_s
         self.cfg, self.stats_cfg = cfg, stats_cfg
         for h in self._routes.values():
             h.cfg, h.stats_cfg = cfg, stats_cfg
+            if h.last_index is not None and new_step != old_step:
+                h.last_index = math.floor((h.last_index + 1) * old_step / new_step) - 1
         self.version += 1
 
     def _run(
