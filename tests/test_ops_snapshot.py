@@ -391,17 +391,53 @@ def test_a_writer_killed_before_its_rename_leaves_a_temp_file_the_next_start_rem
                 proc.kill()
                 proc.wait(10)
         # Each start removes what the one before it left: the last crash's file only.
-        left = sorted(p.name for p in tmp_path.glob(".snap.json.*.tmp"))
-        assert left == [f".snap.json.{proc.pid}.tmp"], left
-    mine = tmp_path / f".snap.json.{os.getpid()}.tmp"
+        left = [p.name for p in tmp_path.glob(".snap.json.*.tmp")]
+        assert len(left) == 1 and left[0].startswith(f".snap.json.{proc.pid}."), left
+    mine = tmp_path / f".snap.json.{os.getpid()}.7.tmp"
     other = tmp_path / ".snap.json.x.tmp"
-    mine.write_text("{}")
-    other.write_text("{}")
+    older_build = tmp_path / f".snap.json.{proc.pid}.tmp"  # no write number yet: still swept
+    for p in (mine, other, older_build):
+        p.write_text("{}")
     with caplog.at_level(logging.INFO, logger="tailroute.snapshot"):
         assert snapshot.load(Router(_config()), path, now)  # the snapshot is still good
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["snap.json", "t.yaml", mine.name, other.name])
-    assert any("removed 1 temp file(s)" in r.getMessage() for r in caplog.records)
+    assert any("removed 2 temp file(s)" in r.getMessage() for r in caplog.records)
+
+
+def test_two_overlapping_writes_of_one_process_each_land_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The serve loop's shutdown snapshot starts while a periodic one may still be in its
+    writer thread. Both wrote one temp file per process: the second opened (truncated) it
+    under the first, and one rename then failed (FileNotFoundError, counted as a failed
+    snapshot write) or the file kept one write's bytes and the tail of the longer other."""
+    path = tmp_path / "snap.json"
+    both_written = threading.Barrier(2, timeout=30)  # the timeout only guards a hang
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:  # each writer waits here until the other has written
+        both_written.wait()
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    texts = [json.dumps({"writer": "periodic", "pad": "x" * 50_000}), json.dumps({"writer": "x"})]
+    failed: list[BaseException] = []
+
+    def write(text: str) -> None:
+        try:
+            snapshot.write_text_atomic(path, text)
+        except BaseException as exc:  # the assertion below shows it
+            failed.append(exc)
+
+    threads = [threading.Thread(target=write, args=(t,)) for t in texts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert failed == []
+    assert path.read_text() in texts
+    assert [p.name for p in tmp_path.iterdir()] == ["snap.json"]
 
 
 # ------------------------------------------------------------------ process level

@@ -34,6 +34,7 @@ behind is removed at the next start.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import math
@@ -56,6 +57,7 @@ VERSION = 1
 # Clocks of two hosts (or one host across an NTP step) may disagree a little;
 # a file dated further in the future than this is not trusted.
 _MAX_FUTURE_S = 60.0
+_writes = itertools.count()  # numbers each write's temp file (write_text_atomic)
 
 
 def build(router: Router, now: float, wall: float) -> dict[str, Any]:
@@ -87,11 +89,16 @@ def write_text_atomic(path: str | Path, text: str) -> int:
     content or the new, never half of it; returns bytes written.
 
     fsync before the rename so a power loss cannot leave a renamed but empty file.
+    Each write has its own temp file (``.<name>.<pid>.<n>.tmp``): the serve loop's
+    shutdown snapshot may start while a periodic one is still being written in another
+    thread, and with one name per process the second truncated the first's file under
+    it, so one rename failed and the file could hold one write's bytes followed by the
+    tail of the other's.
     """
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     blob = text.encode()
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.{next(_writes)}.tmp")
     try:
         with open(tmp, "wb") as f:
             f.write(blob)
@@ -207,7 +214,7 @@ def _pushback(raw: Any, known: set[str], at: float) -> dict[str, tuple[float, fl
 def sweep_temps(path: str | Path) -> list[Path]:
     """Remove the temp files of :func:`write_text_atomic` next to ``path`` whose writer
     is dead; returns them. A writer killed between its write and its rename left
-    ``.<name>.<pid>.tmp`` behind, and each restart has another pid, so a crash loop
+    ``.<name>.<pid>.<n>.tmp`` behind, and each restart has another pid, so a crash loop
     filled the directory with copies of the snapshot. A live writer's file (this
     process, a sibling worker) stays; so does any file this cannot judge."""
     p = Path(path)
@@ -217,7 +224,8 @@ def sweep_temps(path: str | Path) -> list[Path]:
     except OSError:
         return removed
     for tmp in found:
-        pid = tmp.name[len(p.name) + 2:-len(".tmp")]
+        # ``<pid>.<n>``, or ``<pid>`` alone as builds before the write counter named it
+        pid = tmp.name[len(p.name) + 2:-len(".tmp")].partition(".")[0]
         if not pid.isdigit() or _alive(int(pid)):
             continue
         with contextlib.suppress(OSError):  # gone already, or not ours to remove
