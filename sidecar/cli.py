@@ -189,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "fake-provider":
         return commands.fake_provider(argv[1:])
+    if next((a for a in argv if not a.startswith("-")), None) == "serve":  # -v serve too
+        from sidecar.shell.startup import hold_sighup
+
+        hold_sighup()  # a SIGHUP before the serve loop handles it is a reload, not death
     if not argv or argv[0] != "serve":
         # serve handles SIGTERM in its event loop (drain, snapshot); everything else
         # (demo, bench, simulate) cleans up through KeyboardInterrupt.

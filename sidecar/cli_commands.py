@@ -17,11 +17,15 @@ DEFAULT_ADMIN = "127.0.0.1:9911"
 
 
 def serve(ns: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from sidecar.ops import log_throttle
     from sidecar.ops.config_file import load_config
+    from sidecar.ops.reload import fingerprint
     from sidecar.serve import serve
     from sidecar.shell.startup import StartupError, check_ready_file
 
+    loaded_from = fingerprint(Path(ns.config))  # before the read: an edit during it is seen
     config = load_config(ns.config)
     try:
         if ns.ready_file:  # written once serving; the supervisor's work files go beside it
@@ -42,6 +46,7 @@ def serve(ns: argparse.Namespace) -> int:
         return run_on_loop(
             serve(config, grpc_addr=ns.grpc, unix=ns.unix, admin_addr=ns.admin,
                   ready_file=ns.ready_file, seed=ns.seed, config_path=ns.config,
+                  config_fingerprint=loaded_from,
                   snapshot_path=ns.snapshot, snapshot_every_s=ns.snapshot_every,
                   worker=ns.worker_index, workers_status=ns.workers_status,
                   heartbeat=None if ns.heartbeat_fd is None else (

@@ -34,13 +34,19 @@ from sidecar.ops import genai_metrics, snapshot
 from sidecar.ops.admin import AdminServer
 from sidecar.ops.metrics import build_registry
 from sidecar.ops.native_metrics import NativeCollector
-from sidecar.ops.reload import ConfigReloader, watch_loop
+from sidecar.ops.reload import ConfigReloader, Fingerprint, watch_loop
 from sidecar.shell.app import App
 from sidecar.shell.gc_freeze import CHECK_EVERY_S, LongLivedFreezer
 from sidecar.shell.health import HealthService
 from sidecar.shell.native import NativeRouting
 from sidecar.shell.server import ExtProcService, start_grpc, tick_loop
-from sidecar.shell.startup import StartupError, bind_error, check_bindable, check_unix_path
+from sidecar.shell.startup import (
+    StartupError,
+    bind_error,
+    check_bindable,
+    check_unix_path,
+    held_sighup,
+)
 from sidecar.shell.tls import CertificateWatcher
 
 log = logging.getLogger("tailroute")
@@ -178,11 +184,14 @@ async def serve(
     worker: int | None = None,
     workers_status: str | None = None,
     heartbeat: tuple[int, float] | None = None,
+    config_fingerprint: Fingerprint = None,
 ) -> int:
     """Serve until SIGTERM/SIGINT, then drain in-flight streams for up to ``drain_s``.
 
     ``config_path`` (default: ``config.source`` if it is a file) is watched for
-    changes and re-read on SIGHUP. ``snapshot_path`` overrides ``config.snapshot_path``.
+    changes and re-read on SIGHUP; ``config_fingerprint``: its fingerprint from before
+    ``config`` was read from it (:class:`~sidecar.ops.reload.ConfigReloader`).
+    ``snapshot_path`` overrides ``config.snapshot_path``.
     ``worker``: index under ``serve --workers N`` (:mod:`sidecar.fleet.workers`): the
     gRPC port is shared (SO_REUSEPORT) and only worker 0 writes the snapshot;
     ``workers_status``: the supervisor's records of its workers, shown on /state and
@@ -196,7 +205,8 @@ async def serve(
     app = App.create(config, seed)
     if config_path is None and os.path.isfile(config.source):
         config_path = config.source
-    reloader = ConfigReloader(app, config_path) if config_path else None
+    reloader = (ConfigReloader(app, config_path, loaded_from=config_fingerprint)
+                if config_path else None)
     ops_errors: Counter[str] = Counter()
     snap = Snapshotter(app, snapshot_path, ops_errors)
     snap.writes = not worker  # None (no workers) or worker 0
@@ -282,6 +292,8 @@ async def serve(
             loop.add_signal_handler(sig, stop.set)
     with contextlib.suppress(NotImplementedError):
         loop.add_signal_handler(signal.SIGHUP, hup.set)
+    if held_sighup():  # one came while starting (sidecar.shell.startup.hold_sighup)
+        hup.set()
     tasks = [asyncio.create_task(tick_loop(app, stop), name="tick"),
              asyncio.create_task(_sample_loop(admin, stop, config.stats.subwindow_s / 2),
                                  name="metrics sampling"),

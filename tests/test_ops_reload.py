@@ -379,6 +379,55 @@ def test_sighup_and_file_change_reload_a_running_sidecar() -> None:
         assert set(drive(stack, 6)) <= set(PROVIDERS)
 
 
+# `tailroute serve` with a hook in its start-up, after the config was read and before the
+# serve loop handles SIGHUP: a SIGHUP comes, or the file is edited, right then.
+_DURING_START = """
+import os, signal, sys
+import yaml
+from sidecar.shell import app
+create = app.App.create.__func__
+
+def hooked(cls, *args, **kwargs):
+    if {what!r} == "sighup":
+        os.kill(os.getpid(), signal.SIGHUP)
+    else:
+        path = sys.argv[sys.argv.index("--config") + 1]
+        data = yaml.safe_load(open(path))
+        data["clusters"][1]["max_concurrency"] = 7
+        open(path, "w").write(yaml.safe_dump(data))
+    return create(cls, *args, **kwargs)
+
+app.App.create = classmethod(hooked)
+from sidecar.cli import main
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize(("what", "why"), [("sighup", "SIGHUP"), ("edit", "file changed")])
+def test_a_sighup_or_an_edit_while_the_sidecar_starts_is_one_reload_once_serving(
+    what: str, why: str
+) -> None:
+    """SIGHUP's default action ends a process: one before the serve loop took it over
+    (seconds, with a slow fleet store) killed the starting sidecar without a log line.
+    And the file watcher's first fingerprint was taken after the config was read, so an
+    edit in between counted as already applied and was never loaded."""
+    with Stack() as stack:
+        data = base_config_dict()
+        path = stack.write_config(data)
+        stack.start_sidecar(path, launcher=[sys.executable, "-c", _DURING_START.format(
+            what=what)])
+        wait_for(lambda: stack.sidecar_state()["config"]["reloads_ok"] == 1 or None,
+                 "the reload")
+        assert f"config reloaded from {path} ({why})" in stack.log("sidecar")
+        if what == "edit":
+            assert _max_conc(stack, "b") == 7
+        # Exactly once: the next checks of the file find nothing new.
+        os.kill(stack.procs["sidecar"].pid, signal.SIGHUP)
+        wait_for(lambda: stack.sidecar_state()["config"]["reloads_ok"] == 2 or None,
+                 "the explicit reload")
+        assert stack.log("sidecar").count("config reloaded from") == 2
+
+
 def test_rapid_successive_reloads_grow_no_tasks_and_no_memory(tmp_path: Path) -> None:
     """Hundreds of SIGHUP-style reloads through the real watch loop, deciding between
     them, some changing the statistics layout (a fresh store): the loop's task count

@@ -70,14 +70,19 @@ class ConfigReloader:
     """Reloads one config file into one :class:`App`; counts the outcomes."""
 
     def __init__(self, app: App, path: str | Path,
-                 on_reload: Callable[[Config], None] | None = None) -> None:
+                 on_reload: Callable[[Config], None] | None = None,
+                 loaded_from: Fingerprint = None) -> None:
+        """``loaded_from``: the file's fingerprint taken before the running config was
+        read from it (None: take it now). Taken later, an edit landing between the read
+        and this reloader was taken as the running config's and never applied."""
         self.app = app
         self.path = Path(path)
         self.on_reload = on_reload
         self.counts: Counter[str] = Counter()
         self.last_ok = True
         self.last_error: str | None = None  # why the last attempt was rejected
-        self._applied = fingerprint(self.path)  # what the running config was loaded from
+        # What the running config was loaded from (or older: then one reload too many).
+        self._applied = fingerprint(self.path) if loaded_from is None else loaded_from
         self._seen = self._applied
 
     def counters(self) -> dict[str, int]:

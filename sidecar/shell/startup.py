@@ -9,8 +9,10 @@ first (:func:`check_bindable`), which gives the real reason (``EADDRINUSE``,
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import signal
 import socket
 
 from sidecar.core import hostport
@@ -80,3 +82,25 @@ def _check_directory(path: str, doing: str) -> None:
         raise StartupError(f"{doing}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise StartupError(f"{doing}: directory {parent} is not writable")
+
+
+_held_hups: list[int] = []  # SIGHUPs that came while the process was starting
+
+
+def hold_sighup() -> None:
+    """Note a SIGHUP that comes before the serve loop handles it, rather than die of it.
+
+    SIGHUP's default action ends the process, and the loop takes it over (as a reload)
+    only once the snapshot is loaded, the fleet asked and the listeners up: seconds,
+    when the fleet store is slow. A config-reload hook or ``kill -HUP`` of every worker
+    in that span killed a starting sidecar without a log line. The loop reloads once
+    for what was held (:func:`held_sighup`)."""
+    with contextlib.suppress(ValueError, AttributeError):  # not the main thread; no SIGHUP
+        signal.signal(signal.SIGHUP, lambda signum, _frame: _held_hups.append(signum))
+
+
+def held_sighup() -> bool:
+    """Whether a SIGHUP came since :func:`hold_sighup` (and forget it)."""
+    came = bool(_held_hups)
+    _held_hups.clear()
+    return came
