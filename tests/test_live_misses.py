@@ -446,6 +446,46 @@ def test_a_reload_starts_the_books_afresh() -> None:
     assert not router.live.suspects  # ... and leave the new books alone
 
 
+@pytest.mark.parametrize(("edit", "factor"), [
+    ({}, 0.5),  # the same file (a SIGHUP)
+    ({"clusters": [{"name": "a", "address": "127.0.0.1:9001", "models": ["m"],
+                    "max_concurrency": 7},
+                   {"name": "b", "address": "127.0.0.1:9002", "models": ["m"]},
+                   {"name": "c", "address": "127.0.0.1:9003", "models": ["m"]}]}, 0.5),
+    ({"health": {"live_horizon_s": 20}}, 0.5),  # the books' outcomes restart; not the memory
+    ({"health": {"relapse_factor": 0.8}}, 0.8),  # remembered episodes, the new factor
+])
+def test_a_reload_keeps_the_repeat_offender_memory(edit: dict[str, Any],
+                                                   factor: float) -> None:
+    """A reload of any field made new books and forgot every route's episodes: a route
+    that had missed its budget twice in ten minutes got its full share back."""
+    router = Router(make_config())
+    for t in (10.0, 100.0):
+        assert miss_at(router.live, "a", t)
+    assert router.live.recurrence(("a", "b"), WHOLE, 110.0) == {"a": 0.5}
+    router.reload(parse_config(base_config_dict(**edit), "t.yaml"))
+    assert router.live.recurrence(("a", "b"), WHOLE, 110.0) == {"a": pytest.approx(factor)}
+
+
+def test_an_episode_under_way_at_a_reload_stays_one_episode() -> None:
+    router = Router(make_config())
+    assert miss_at(router.live, "a", 10.0)
+    router.reload(make_config())
+    assert miss_at(router.live, "a", 15.0)  # still missing, seconds later: the same one
+    assert router.live.recurrence(("a",), WHOLE, 20.0) == {}
+
+
+def test_a_reload_forgets_the_episodes_of_a_cluster_it_removes() -> None:
+    router = Router(make_config())
+    for t in (10.0, 100.0):
+        assert miss_at(router.live, "a", t)
+    data = base_config_dict(default_cluster="b")
+    data["clusters"] = data["clusters"][1:]
+    data["models"][0]["candidates"] = ["b", "c"]
+    router.reload(parse_config(data, "t.yaml"))
+    assert ("a", WHOLE) not in router.live.books
+
+
 def test_the_router_scales_a_repeat_offender() -> None:
     """Two episodes of missing its budget within ``forgive_after_s``: once its misses
     aged out, the route is back in the plan, its weight halved (the ``recurrence``

@@ -107,7 +107,7 @@ test is :mod:`sidecar.core.binomial`.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final
 
 from sidecar.core.binomial import binomial_threshold
@@ -139,13 +139,31 @@ class LiveMisses:
         self._thresholds: dict[tuple[float, int], int] = {}
 
     def reconfigure(self, config: Config) -> None:
-        """A reload may change budgets: start the books afresh (entries of the old
-        ones still resolve there, harmlessly)."""
+        """A reload may change budgets: start the books' outcomes afresh (entries of the
+        old ones still resolve there, harmlessly), but keep each route's episodes. They
+        are the repeat-offender memory of ``forgive_after_s``: wiped by a reload of any
+        field, a route that had missed its budget three times in ten minutes got its
+        full share back, and an episode under way at the reload began again (a second
+        one: its share halved)."""
+        old = self.books
         self.config = config
         self.books = {}
         self.watch = []
         # A new set: the old books (their requests still resolve) keep the old one.
         self.suspects = set()
+        known = set(config.cluster_names)
+        for (cluster, slice), book in old.items():
+            if book.last_missing is not None and cluster in known:
+                self.adopt(cluster, slice, book.episodes, book.last_missing)
+
+    def adopt(self, cluster: str, slice: SliceKey, episodes: Iterable[float],
+              last_missing: float) -> None:
+        """Take over a route's episodes and its latest missing verdict (a reload, a
+        warm restart); nothing when the slice is not tracked under this config."""
+        book = self._book(cluster, slice)
+        if book is not None:
+            book.episodes.extend(episodes)
+            book.last_missing = last_missing
 
     def sent(self, cluster: str, slice: SliceKey, now: float, timed: bool,
              make: Callable[[Book, float, bool], LiveEntry] = LiveEntry) -> LiveEntry | None:
