@@ -153,6 +153,39 @@ def test_learned_concurrency_limits_survive_a_restart_with_their_age(
     assert state_json(new, 5.0)["clusters"]["a"]["concurrency_limit"] == restored
 
 
+def _missed(router: Router, cluster: str, at: float) -> None:
+    """Three timed streams sent 1.5 s before ``at`` and no first token by then (the TTFT
+    budget is 1 s): the route misses its budget at ``at``, which may begin an episode."""
+    for _ in range(3):
+        router.live.sent(cluster, SL, at - 1.5, timed=True)
+    assert router.live.missing(cluster, SL, at)
+
+
+def test_live_miss_episodes_survive_a_restart_with_their_age(tmp_path: Path) -> None:
+    """The repeat-offender memory (two episodes of missing the budget within
+    health.forgive_after_s halve a route's share) was not in the snapshot: a restart gave
+    the route its full share back. Restored, each episode is forgiven when it would
+    have been had the process stayed up, time on disk included."""
+    old, now = _busy_router(_config())
+    _missed(old, "a", now - 200.0)
+    _missed(old, "a", now - 100.0)  # a second episode (apart by more than the gap)
+    assert old.live.recurrence(("a", "b"), SL, now) == {"a": 0.5}
+    path = tmp_path / "snap.json"
+    snapshot.save(old, path, now, wall=WALL)
+    new = Router(_config())
+    assert snapshot.load(new, path, 5.0, wall=WALL + 7.0)
+    assert new.live.recurrence(("a", "b"), SL, 5.0) == {"a": 0.5}
+    forgiven = 5.0 + new.config.health.forgive_after_s - 207.0  # the first, 207 s old
+    assert new.live.recurrence(("a",), SL, forgiven - 1.0) == {"a": 0.5}
+    assert new.live.recurrence(("a",), SL, forgiven + 1.0) == {}
+    # A snapshot from before this field restores none, as before.
+    data = json.loads(path.read_text())
+    del data["live"]
+    older = Router(_config())
+    snapshot.restore(older, data, 5.0, wall=WALL + 7.0)
+    assert older.live.recurrence(("a",), SL, 5.0) == {}
+
+
 def _valid(tmp_path: Path) -> dict[str, Any]:
     old, now = _busy_router(_config())
     path = tmp_path / "valid.json"
@@ -221,7 +254,21 @@ CORRUPT: dict[str, Callable[[dict[str, Any]], bytes]] = {
     "pushback from the future": lambda d: _pushback(d, {"cluster": "a", "limit": 3, "age": -5}),
     "pushback limit as text": lambda d: _pushback(d, {"cluster": "a", "limit": "3", "age": 1}),
     "pushback cluster as number": lambda d: _pushback(d, {"cluster": 1, "limit": 3, "age": 1}),
+    # ... and so are the live-miss episodes.
+    "live not a list": lambda d: json.dumps({**d, "live": {"a": 1}}).encode(),
+    "NaN live episode": lambda d: _live(d, episodes=[math.nan]),
+    "live episode from the future": lambda d: _live(d, episodes=[-3]),
+    "live episodes as text": lambda d: _live(d, episodes="12"),
+    "live without last_missing": lambda d: _live(d, last_missing=None),
+    "live slice of two parts": lambda d: _live(d, slice="m|x"),
+    "live slice as number": lambda d: _live(d, slice=7),
 }
+
+
+def _live(d: dict[str, Any], **edit: Any) -> bytes:
+    entry = {"cluster": "a", "slice": "m|interactive|short|stream", "episodes": [30.0, 5.0],
+             "last_missing": 5.0, **edit}
+    return json.dumps({**d, "live": [entry]}).encode()
 
 
 def _pushback(d: dict[str, Any], entry: dict[str, Any]) -> bytes:
@@ -286,6 +333,8 @@ def _leaves(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
 
 
 _BUSY, _BUSY_NOW = _busy_router(_config())
+for _at in (_BUSY_NOW - 30.0, _BUSY_NOW - 5.0):  # live-miss episodes, to be fuzzed too
+    _missed(_BUSY, "c", _at)
 _BUSY_DATA = snapshot.build(_BUSY, _BUSY_NOW, WALL)
 _ODD = [None, 0, -1, 0.5, 1e20, -1e20, 10**40, True, "x", "healthy", [], {}]
 

@@ -10,13 +10,18 @@ File format (JSON, one object)::
      "written_at": <wall-clock seconds since the epoch>,
      "stats": StatsStore.to_dict(now), "health": HealthBoard.to_dict(now),
      "transitions": [{"age": s, "cluster": ..., "slice": ..., ...}, ...],
-     "pushback": [{"cluster": ..., "limit": L, "age": s since its last 429}, ...]}
+     "pushback": [{"cluster": ..., "limit": L, "age": s since its last 429}, ...],
+     "live": [{"cluster": ..., "slice": ..., "episodes": [age, ...],
+               "last_missing": age}, ...]}
 
 ``pushback`` (optional: a file without it restores no learned limits) holds the
 concurrency limits learned from providers' 429s (:mod:`sidecar.core.pushback`);
 restored, each is clamped to its cluster's ``max_concurrency`` and keeps running
 its quiet spell from its last refusal, so a restart neither forgets a provider's
-quota nor holds it lower for longer than if the process had stayed up.
+quota nor holds it lower for longer than if the process had stayed up. ``live``
+(optional too) holds each route's live-miss episodes, the repeat-offender memory of
+``health.forgive_after_s`` (:mod:`sidecar.core.live_misses`), so a restart does not
+hand a route that kept missing its budget its full share back.
 
 Times inside the core are the event loop's monotonic clock, which means
 nothing in another process, so the core stores them as *ages* relative to the
@@ -48,7 +53,7 @@ from sidecar.core.fields import not_finite, shown
 from sidecar.core.health_board import HealthBoard
 from sidecar.core.router import Router
 from sidecar.core.stats import StatsStore
-from sidecar.core.types import TransitionEvent
+from sidecar.core.types import SliceKey, TransitionEvent
 
 log = logging.getLogger("tailroute.snapshot")
 
@@ -76,6 +81,9 @@ def build(router: Router, now: float, wall: float) -> dict[str, Any]:
         "transitions": transitions,
         "pushback": [{"cluster": c, "limit": limit, "age": now - refused}
                      for c, (limit, refused) in sorted(router.pushback.learned().items())],
+        "live": [{"cluster": c, "slice": s.label(), "episodes": [now - t for t in b.episodes],
+                  "last_missing": now - b.last_missing}
+                 for (c, s), b in router.live.books.items() if b.last_missing is not None],
     }
 
 
@@ -148,9 +156,12 @@ def restore(router: Router, data: Any, now: float, wall: float | None = None) ->
     board = HealthBoard.from_dict(health_raw, router.config.health, router.config.stats, at)
     transitions = _transitions(data.get("transitions", []), known, at)
     limits = _pushback(data.get("pushback", []), known, at)
+    live = _live(data.get("live", []), known, at)
     router.restore(stats, board, list(transitions), now)
     for cluster, (limit, refused_at) in limits.items():
         router.pushback.adopt(cluster, limit, min(refused_at, now))
+    for cluster, slice, episodes, last_missing in live:
+        router.live.adopt(cluster, slice, episodes, last_missing)
     return (f"{len(stats_raw['series'])} series, {len(health_raw['routes'])} health states, "
             f"{len(limits)} learned concurrency limits, written {max(gap, 0.0):.0f}s ago")
 
@@ -208,6 +219,28 @@ def _pushback(raw: Any, known: set[str], at: float) -> dict[str, tuple[float, fl
             prev = out.get(cluster)
             out[cluster] = (limit, at - age) if prev is None else (
                 min(prev[0], limit), max(prev[1], at - age))
+    return out
+
+
+def _live(raw: Any, known: set[str], at: float) -> list[tuple[str, SliceKey, list[float], float]]:
+    """The live-miss memories of clusters still configured: ``(cluster, slice, episodes'
+    beginnings, latest missing verdict)`` on this process's clock (ValueError naming the
+    first malformed entry)."""
+    if not isinstance(raw, list):
+        raise ValueError("malformed live: not a list")
+    out = []
+    for i, e in enumerate(raw):
+        try:
+            cluster, slice = e["cluster"], SliceKey.parse(e["slice"])
+            if not isinstance(cluster, str) or not isinstance(e["episodes"], list):
+                raise TypeError("cluster must be a name and episodes a list")
+            ages = sorted((_number(a, "episode age", low=0.0) for a in e["episodes"]),
+                          reverse=True)  # oldest first, as the book keeps them
+            last = _number(e["last_missing"], "last_missing age", low=0.0)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"malformed live[{i}]: {exc}") from None
+        if cluster in known:
+            out.append((cluster, slice, [at - a for a in ages], at - last))
     return out
 
 
