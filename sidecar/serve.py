@@ -39,6 +39,7 @@ from sidecar.shell.app import App
 from sidecar.shell.gc_freeze import CHECK_EVERY_S, LongLivedFreezer
 from sidecar.shell.health import HealthService
 from sidecar.shell.native import NativeRouting
+from sidecar.shell.pausing import run_steps_async
 from sidecar.shell.server import ExtProcService, start_grpc, tick_loop
 from sidecar.shell.startup import (
     StartupError,
@@ -151,10 +152,12 @@ class Snapshotter:
         if not path or not self.writes:
             return
         loop = asyncio.get_running_loop()
-        # Build on the loop thread (the router is not thread-safe); write off it.
-        data = snapshot.build(self.app.router, loop.time(), time.time())
+        # Built and encoded on the loop thread (the router is not thread-safe) a few
+        # routes at a time, serving what is ready between them; written off it.
+        text = await run_steps_async(
+            snapshot.encode_steps(self.app.router, loop.time(), time.time()))
         try:
-            size = await asyncio.to_thread(snapshot.write_atomic, path, data)
+            size = await asyncio.to_thread(snapshot.write_text_atomic, path, text)
         except OSError as exc:
             self.errors["snapshot_write"] += 1
             log.warning("cannot write snapshot %s: %s", path, exc.strerror or exc)

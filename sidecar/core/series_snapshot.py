@@ -29,7 +29,8 @@ def series_to_dict(rs: RouteStats, now: float) -> dict[str, Any]:
         for age, s in rs.live(now)
         if s.requests or s.cancel
     ]  # fmt: skip
-    age = None if rs.last_seen is None else now - rs.last_seen
+    # Not below 0: a snapshot built in steps reads a route observed since its ``now``.
+    age = None if rs.last_seen is None else max(0.0, now - rs.last_seen)
     out: dict[str, Any] = {"last_seen_age": age, "subwindows": subs}
     if rs.fence_index != NEVER and rs.window.current_index is not None:
         out["fence_age"] = rs.window.current_index - rs.fence_index

@@ -13,7 +13,7 @@ it was built from moves on.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -255,15 +255,21 @@ class StatsStore:
 
     def to_dict(self, now: float) -> dict[str, Any]:
         """JSON-safe warm-restart snapshot (times as ages relative to ``now``)."""
+        return {**self.to_dict_head(), "series": list(self.series_dicts(now))}
+
+    def to_dict_head(self) -> dict[str, Any]:
+        """:meth:`to_dict` but for its last key, ``series``."""
+        return {"subwindow_s": self.cfg.subwindow_s, "relative_accuracy": self.accuracy}
+
+    def series_dicts(self, now: float) -> Iterator[dict[str, Any]]:
+        """The ``series`` of :meth:`to_dict`, one at a time, so a caller may pause between
+        them (the routes are the ones held when it starts; one observed meanwhile is
+        read as of its newest sub-window, never with an age below 0)."""
         narrow = set(self.narrow_keys())
-        series = [
-            {"cluster": c, "slice": s.label(), "narrow": (c, s) in narrow,
-             "stats": series_to_dict(rs, now)}
-            for (c, s), rs in self._series.items()
-            if not rs.is_stale(now)
-        ]  # fmt: skip
-        return {"subwindow_s": self.cfg.subwindow_s, "relative_accuracy": self.accuracy,
-                "series": series}  # fmt: skip
+        for (c, s), rs in list(self._series.items()):
+            if not rs.is_stale(now):
+                yield {"cluster": c, "slice": s.label(), "narrow": (c, s) in narrow,
+                       "stats": series_to_dict(rs, now)}
 
     @classmethod
     def from_dict(
