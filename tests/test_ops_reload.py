@@ -306,6 +306,69 @@ def test_the_watch_loop_parses_the_file_off_the_event_loop(tmp_path: Path) -> No
     assert len(threads) == 1 and threads[0] is not loop_thread
 
 
+@pytest.mark.parametrize("mode", ["extproc", "hybrid", "native"])
+def test_the_watch_loop_compares_the_bootstraps_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """Rendering the old and the new Envoy bootstrap took 0.6-0.7 s with 100 models in
+    hybrid or native mode, on the loop: every decision asked meanwhile failed open."""
+    import asyncio
+    import threading
+
+    from sidecar.ops import reload as reload_module
+    from sidecar.ops.reload import watch_loop
+
+    path = tmp_path / "tailroute.yaml"
+    data = base_config_dict(routing={"mode": mode})
+    data["clusters"][2]["models"] = ["m"]  # (native routing cannot rename a model)
+    _write(path, data)
+    app = App.create(parse_config(data, str(path)))
+    rl = ConfigReloader(app, path)
+    threads: list[threading.Thread] = []
+    compare = reload_module.envoy_drift
+
+    def spy(old: Config, new: Config) -> tuple[list[str], list[str]]:
+        threads.append(threading.current_thread())
+        return compare(old, new)
+
+    monkeypatch.setattr(reload_module, "envoy_drift", spy)
+    data["clusters"][0]["max_concurrency"] = 11
+    _write(path, data)
+
+    async def run() -> threading.Thread:
+        stop, hup = asyncio.Event(), asyncio.Event()
+        watcher = asyncio.create_task(watch_loop(rl, stop, hup, every_s=60.0))
+        hup.set()
+        for _ in range(10_000):  # bounded wait for the worker thread
+            if rl.counts["ok"]:
+                break
+            await asyncio.sleep(0.001)
+        stop.set()
+        await watcher
+        return threading.current_thread()
+
+    loop_thread = asyncio.run(run())
+    assert app.config.cluster("a").max_concurrency == 11
+    assert len(threads) == 1 and threads[0] is not loop_thread
+
+
+def test_a_bootstrap_compared_with_a_config_since_replaced_is_compared_again(
+    tmp_path: Path
+) -> None:
+    """What the worker thread compared with is the running config of that moment; if
+    another reload applied meanwhile, the loop compares again, so a class the file
+    drops relative to that newer config is still refused."""
+    rl, app, path, data = _reloader(tmp_path)
+    data["clusters"][0]["max_concurrency"] = 11
+    _write(path, data)
+    loaded = rl.load()  # compared with the config that had no class "chat"
+    newer = dict(data, classes={"chat": {"slo": {"metric": "ttft", "percentile": 95,
+                                                 "budget_ms": 900, "timeout_ms": 20000}}})
+    app.reload(parse_config(newer, str(path)))  # (as if applied meanwhile)
+    assert not rl.apply("test", loaded)
+    assert "routes removed" in str(rl.last_error)
+
+
 def test_poll_acts_once_the_file_has_settled(tmp_path: Path) -> None:
     rl, app, path, data = _reloader(tmp_path)
     assert rl.poll() is None  # unchanged
