@@ -81,7 +81,7 @@ def encode_steps(router: Router, now: float, wall: float) -> Steps[list[str]]:
 
     The serve loop wrote its snapshot with :func:`build` at once and ``json.dumps`` in a
     worker thread, which keeps the GIL for the whole document: with 4,800 routes (16
-    clusters, 100 models on 4 of them, 12 slices) the event loop stopped for 8-12 s per
+    clusters, 100 models on 4 of them, 12 slices) the event loop stopped for 7.6-12 s per
     snapshot, every ``--snapshot-every``, and Envoy failed open every request it asked
     about meanwhile. Here each series is built and encoded in its own step; the rest
     (health states and the other small parts) is taken at the start, at once. Each
