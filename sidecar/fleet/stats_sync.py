@@ -131,11 +131,12 @@ class StatsSync:
         """Was a sub-window offered or merged by the current wall offset?"""
         return bool(self._pushed or self._seen or self._merged)
 
-    def forget_peer_load(self) -> None:
-        """The store did not answer: peers' in-flight counts are unknown."""
-        self._peer_load.clear()
-        self.router.peer_inflight.clear()
-        self.router.peer_low.clear()
+    def age_peer_load(self, now: float) -> None:
+        """The store did not answer: keep the peers' in-flight counts while they are as
+        fresh as an answer's would have to be (:meth:`_sum_peer_load`). Dropped at the
+        first failed cycle, one round trip slower than ``timeout_ms`` let every
+        replica admit the provider's whole ``max_concurrency`` by itself."""
+        self._sum_peer_load(now, set(self._peer_load), set(self.router.config.cluster_names))
 
     def lost_writes(self, stored_fields: int) -> bool:
         """The store holds fewer of this replica's fields than it wrote (flushed or

@@ -138,7 +138,7 @@ class FleetSync:
         self._forwarded = []
         self.board.probe_outbox.clear()
         self.board.followed.clear()
-        self.stats_sync.forget_peer_load()
+        self.stats_sync.age_peer_load(now)
         self.owned.clear()
         self._holders.clear()
         self._republish = True
