@@ -79,6 +79,11 @@ class Exchange:
     # drop it). Until acknowledged, a take whose reply was lost is delivered again.
     take_gen: int = 0
     ack_gen: int | None = None
+    # Health fields the last reply held that this replica asks no lease of (a cluster its
+    # config lacks, a field naming no route): the store deletes each, with its lease,
+    # once no replica renewed that lease for health_ttl_ms. Nothing else did: a rollout
+    # that removed a cluster left its fields, counted as foreign by every replica, for good.
+    prune: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)

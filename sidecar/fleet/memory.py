@@ -54,6 +54,11 @@ class MemoryStore:
                 holders.append(ex.rid)
             else:
                 holders.append(holder[0])
+        for rf in ex.prune:  # as the Redis store's lease script does
+            held = self.leases.get(rf)
+            if held is None or held[1] + ex.health_ttl_ms <= now_ms:
+                self.leases.pop(rf, None)
+                self.health.fields.pop(rf, None)
         mine.fields.update(ex.stats_set)
         for f in ex.stats_del:
             mine.fields.pop(f, None)

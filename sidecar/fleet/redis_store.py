@@ -18,7 +18,9 @@ A take drops items over ``INBOX_ITEM_MAX_BYTES`` on the server (:data:`_TAKE_LUA
 forwarded request ids and probe results are tens of bytes, and a huge item (a corrupt
 or hostile write) must not cross the network, nor be read at all if it can be helped.
 
-Commands per exchange: EVALSHA (leases), HLEN, HSET, HDEL (when sub-windows left
+Commands per exchange: EVALSHA (leases; it also deletes the health fields
+``Exchange.prune`` offers, once no replica renewed their lease for the health
+hash's TTL), HLEN, HSET, HDEL (when sub-windows left
 the window), PEXPIRE x2, HSET (health, when changed),
 RPUSH + PEXPIRE per owner with forwarded probes, RPUSH + PEXPIRE per decider with
 forwarded entries, EVAL x2 (take the forwarded entries and probes, acknowledging
@@ -55,27 +57,42 @@ from sidecar.fleet.store_errors import WrongTypeError
 
 META_FIELD = "_meta"
 
-# KEYS[1] = the lease hash; ARGV = me, ttl_ms, route fields... -> holder per route.
+# KEYS[1] = the lease hash, KEYS[2] = the health hash; ARGV = me, ttl_ms, grace_ms, n,
+# n route fields, then route fields to prune (Exchange.prune) -> holder of each route.
 _LEASE_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local me, ttl = ARGV[1], tonumber(ARGV[2])
-local out = {}
-for i = 3, #ARGV do
-  local v = redis.call('HGET', KEYS[1], ARGV[i])
+local me, ttl, grace, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+-- The holder and expiry of a lease value. One no replica wrote (no space, no number,
+-- or an expiry further off than ten leases: never renewed, it would hold the route
+-- for ever) is a free lease: expiry 0.
+local function lease(v)
   local holder, exp = nil, 0
   local sep = v and string.find(v, ' ', 1, true)
   if sep then
     holder, exp = string.sub(v, 1, sep - 1), tonumber(string.sub(v, sep + 1)) or 0
   end
-  -- A value no replica wrote (no space, no number, or an expiry further off than ten
-  -- leases: never renewed, it would hold the route for ever) is a free lease.
   if exp > now + 10 * ttl then exp = 0 end
+  return holder, exp
+end
+local out = {}
+for i = 5, 4 + n do
+  local v = redis.call('HGET', KEYS[1], ARGV[i])
+  local holder, exp = lease(v)
   if (not v) or exp <= now or holder == me then
     redis.call('HSET', KEYS[1], ARGV[i], me .. ' ' .. (now + ttl))
     holder = me
   end
   out[#out + 1] = holder
+end
+-- A route whose lease no replica renewed for grace_ms (what the health hash itself
+-- outlives its last writer by): its health field is no one's any more.
+for i = 5 + n, #ARGV do
+  local _, exp = lease(redis.call('HGET', KEYS[1], ARGV[i]))
+  if exp + grace <= now then
+    redis.call('HDEL', KEYS[2], ARGV[i])
+    redis.call('HDEL', KEYS[1], ARGV[i])
+  end
 end
 redis.call('PEXPIRE', KEYS[1], ttl * 10)
 return out
@@ -164,9 +181,12 @@ class RedisStore:
         k_replicas, k_mine = self.key("replicas"), self.key("stats", ex.rid)
         k_leases, k_health = self.key("leases"), self.key("health")
         p = self.client.pipeline(transaction=False)
-        lease_args: list[str | int] = [k_leases, ex.rid, ex.lease_ttl_ms, *ex.routes]
-        if ex.routes:
-            p.evalsha(self._lease_sha, 1, *lease_args)
+        lease_args: list[str | int] = [k_leases, k_health, ex.rid, ex.lease_ttl_ms,
+                                       ex.health_ttl_ms, len(ex.routes), *ex.routes,
+                                       *ex.prune]
+        leasing = bool(ex.routes or ex.prune)
+        if leasing:
+            p.evalsha(self._lease_sha, 2, *lease_args)
         p.hlen(k_mine)
         mine = {META_FIELD: ex.meta, **ex.stats_set}
         p.hset(k_mine, mapping=mine)  # type: ignore[arg-type]
@@ -192,11 +212,11 @@ class RedisStore:
         self.commands_sent += len(p.command_stack)
         keys = [_key_of(args) for args, _ in p.command_stack]
         res: list[Any] = await p.execute(raise_on_error=False)
-        if ex.routes and isinstance(res[0], NoScriptError):
+        if leasing and isinstance(res[0], NoScriptError):
             # First use, or the server restarted: load the script and take the leases
             # alone (the rest of the round trip went through and must not be repeated).
             await self.client.script_load(_LEASE_LUA)
-            res[0] = await self.client.evalsha(self._lease_sha, 1, *lease_args)
+            res[0] = await self.client.evalsha(self._lease_sha, 2, *lease_args)
         unreadable = []
         for j in range(len(res) - len(ex.fetch), len(res)):
             if _wrong_type(res[j]):  # one peer's key, not the store: skip it, count it
@@ -234,7 +254,7 @@ class RedisStore:
     def _reply(ex: Exchange, res: list[Any]) -> Reply:
         i = 0
         holders: list[str] = []
-        if ex.routes:
+        if ex.routes or ex.prune:
             holders = [_text(h) for h in res[0]]
             i = 1
         stored = max(int(res[i]) - 1, 0)  # minus the meta field

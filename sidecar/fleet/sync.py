@@ -63,6 +63,7 @@ Route = tuple[str, SliceKey]
 
 
 _Health = tuple[str, int, dict[str, Any]]  # (owner, wall-clock ms written, route state)
+PRUNE_MAX = 256  # health fields offered for deletion per push (Exchange.prune)
 
 
 @dataclass
@@ -92,6 +93,7 @@ class FleetSync:
         self._holders: dict[str, str] = {}
         self._asked: list[str] = []
         self._health_seen: set[str] = set()
+        self._unasked: list[str] = []  # health fields to prune (Exchange.prune)
         self._republish = True
         # Probe results the last push forwarded to their owners, until its reply comes:
         # a push that failed may not have delivered them (disconnected()).
@@ -203,6 +205,7 @@ class FleetSync:
             stats_ttl_ms=round(self.stats_ttl_s * 1000),
             lease_ttl_ms=round(self.lease_ttl_s * 1000),
             health_ttl_ms=round(max(cfg.stats.stale_after_s, self.stats_ttl_s) * 2000),
+            prune=self._unasked,
         )
 
     def _routes_of_interest(self) -> set[str]:
@@ -262,18 +265,28 @@ class FleetSync:
     def _decode_health(self, raw: dict[str, bytes]) -> dict[str, _Health]:
         out: dict[str, _Health] = {}
         known = set(self.router.config.cluster_names)
+        self._unasked = []
         for rf, value in raw.items():
             try:
                 # A field that names no route would be asked for a lease and owned,
                 # and failed the next cycle's publishing (parse_route): every other
                 # cycle failed for as long as it stayed in the hash.
                 cluster, _ = codec.parse_route(rf)
-                if cluster not in known:  # else leased, owned and judged here, blind
-                    self.counters.foreign(f"health field {rf[:100]!r}", cluster)
-                    continue
-                out[rf] = codec.decode_health(value)
             except ValueError as exc:
                 self.counters.skip(f"health field {rf[:100]!r}", exc)
+                self._unasked.append(rf)
+                continue
+            if cluster not in known:  # else leased, owned and judged here, blind
+                self.counters.foreign(f"health field {rf[:100]!r}", cluster)
+                self._unasked.append(rf)
+                continue
+            try:
+                out[rf] = codec.decode_health(value)
+            except ValueError as exc:  # its owner publishes it again (lost_health)
+                self.counters.skip(f"health field {rf[:100]!r}", exc)
+        # Bounded: what a round trip carries back (a hash full of garbage shrinks by
+        # as much each push); names no replica could write are left to the operator.
+        self._unasked = [rf for rf in self._unasked if len(rf) <= 1024][:PRUNE_MAX]
         return out
 
     def _adopt(self, rf: str, route: Route, entry: _Health, now: float,
