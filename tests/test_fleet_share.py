@@ -14,6 +14,7 @@ from sidecar.core.config import Config, StatsConfig, parse_config
 from sidecar.core.fleet_share import (
     FollowerBoard,
     adopt_route,
+    hist_minus,
     live_subwindows,
     merge_subwindow,
     route_signature,
@@ -21,6 +22,7 @@ from sidecar.core.fleet_share import (
 )
 from sidecar.core.health import HealthState
 from sidecar.core.health_board import CLUSTER_SLICE
+from sidecar.core.histogram import LogHistogram
 from sidecar.core.router import Router
 from sidecar.core.stats import StatsStore
 from sidecar.core.types import Observation, SliceKey
@@ -223,6 +225,43 @@ def test_codec_roundtrip_and_diff() -> None:
     d = codec.diff(sub, half)
     assert d.ok == 3 and not d.hists
     assert codec.add(codec.diff(half, None), d).total() == sub.total()
+
+
+def _minus_by_bucket(a: LogHistogram, b: LogHistogram) -> dict[str, Any]:
+    """``a - b`` clamped at zero, one bucket at a time (what hist_minus computes at once)."""
+    da, db = a.to_dict(), b.to_dict()
+    ao, bo = da.get("offset", 0), db.get("offset", 0)
+    bc = db.get("counts", [])
+    out = [max(c - (bc[i + ao - bo] if 0 <= i + ao - bo < len(bc) else 0.0), 0.0)
+           for i, c in enumerate(da.get("counts", []))]
+    kept = [i for i, c in enumerate(out) if c]
+    raw: dict[str, Any] = {"relative_accuracy": a.relative_accuracy,
+                           "zero": max(da["zero"] - db["zero"], 0.0)}
+    if kept:
+        raw |= {"offset": ao + kept[0], "counts": out[kept[0] : kept[-1] + 1]}
+    return raw
+
+
+hist_samples = st.lists(st.tuples(st.one_of(st.just(0.0), st.floats(1e-4, 200.0)),
+                                  st.integers(1, 5)), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(hist_samples, hist_samples, st.booleans())
+def test_hist_minus_is_the_bucket_by_bucket_difference_clamped_at_zero(
+    xs: list[tuple[float, int]], ys: list[tuple[float, int]], overlap: bool,
+) -> None:
+    """b is a part of a (merged so far, the usual case) or anything (contents that went
+    back: a store restored from an older snapshot)."""
+    a, b = LogHistogram(0.02), LogHistogram(0.02)
+    for v, w in xs:
+        a.add(v, float(w))
+    for v, w in (xs[: len(xs) // 2] if overlap else []) + ys:
+        b.add(v, float(w))
+    got, want = hist_minus(a, b), _minus_by_bucket(a, b)
+    assert got.to_dict() == LogHistogram.from_dict(want).to_dict()
+    assert got.count == LogHistogram.from_dict(want).count
+    assert len(got) == len(LogHistogram.from_dict(want))  # the same span, trimmed
 
 
 def test_a_followed_routes_cooldown_is_no_deadline_here() -> None:

@@ -51,6 +51,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import numpy as np
+
 from sidecar.core.config import HealthConfig, Metric, StatsConfig
 from sidecar.core.health import HealthState, RouteHealth
 from sidecar.core.health_board import HealthBoard, _load_route, _route_to_dict
@@ -84,6 +86,34 @@ class SubWindowData:
         """Counters plus histogram weights: changes whenever the contents change."""
         return (self.ok + self.error + self.timeout + self.cancel
                 + sum(h.count for h in self.hists.values()))  # fmt: skip
+
+
+def hist_minus(a: LogHistogram, b: LogHistogram) -> LogHistogram:
+    """``a - b`` bucket by bucket (the zero bucket too), each weight clamped at zero,
+    over ``a``'s non-empty span: as one vector operation. Every push takes it of every
+    live sub-window of every series and of every grown peer record; bucket by bucket in
+    Python it held the event loop (and every decision) for a tenth of a second and more
+    a push with a few hundred series and four peers."""
+    out = a.copy()
+    if b._pending:
+        b._flush()
+    out._zero = max(a._zero - b._zero, 0.0)
+    counts, src = out._counts, b._counts
+    if counts is not None and src is not None:
+        lo, hi = max(out._lo, b._lo), min(out._hi, b._hi)
+        if lo <= hi:
+            counts[lo - out._lo : hi - out._lo + 1] -= src[lo - b._lo : hi - b._lo + 1]
+            np.maximum(counts, 0.0, out=counts)
+    if counts is not None:
+        nz = np.flatnonzero(counts)
+        if len(nz):  # the span of what is left, as to_dict / from_dict would keep it
+            out._counts = counts = counts[nz[0] : nz[-1] + 1].copy()
+            out._lo += int(nz[0])
+            out._hi = out._lo + len(counts) - 1
+        else:
+            out._counts, out._hi, counts = None, out._lo - 1, None
+    out._total = out._zero + (0.0 if counts is None else math.fsum(counts.tolist()))
+    return out
 
 
 def live_subwindows(store: StatsStore, now: float) -> Iterator[tuple[Route, list[SubWindowData]]]:

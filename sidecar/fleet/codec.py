@@ -30,7 +30,7 @@ import math
 from typing import Any
 
 from sidecar.core.config import Metric
-from sidecar.core.fleet_share import COUNTERS, SubWindowData
+from sidecar.core.fleet_share import COUNTERS, SubWindowData, hist_minus
 from sidecar.core.histogram import LogHistogram
 from sidecar.core.stats import METRICS
 from sidecar.core.types import SliceKey
@@ -138,24 +138,8 @@ def decode_sub(raw: bytes, index: int, accuracy: float) -> SubWindowData:
     return SubWindowData(index, ok, error, timeout, cancel, hists)
 
 
-def _dense(h: LogHistogram) -> tuple[int, list[float], float]:
-    d = h.to_dict()
-    return int(d.get("offset", 0)), [float(c) for c in d.get("counts", [])], float(d["zero"])
-
-
 def _hist_diff(a: LogHistogram, b: LogHistogram | None) -> LogHistogram:
-    if b is None or not b.count:
-        return a.copy()
-    ao, ac, az = _dense(a)
-    bo, bc, bz = _dense(b)
-    out = [max(c - (bc[i + ao - bo] if 0 <= i + ao - bo < len(bc) else 0.0), 0.0)
-           for i, c in enumerate(ac)]  # fmt: skip
-    first = next((i for i, c in enumerate(out) if c), None)
-    raw: dict[str, Any] = {"relative_accuracy": a.relative_accuracy, "zero": max(az - bz, 0.0)}
-    if first is not None:
-        last = max(i for i, c in enumerate(out) if c)
-        raw |= {"offset": ao + first, "counts": out[first : last + 1]}
-    return LogHistogram.from_dict(raw)
+    return a.copy() if b is None or not b.count else hist_minus(a, b)
 
 
 def diff(a: SubWindowData, b: SubWindowData | None) -> SubWindowData:
