@@ -42,6 +42,7 @@ from sidecar.fleet.redis_store import RedisStore
 from sidecar.fleet.store_errors import describe
 from sidecar.fleet.sync import FleetSync
 from sidecar.shell.app import App
+from sidecar.shell.pausing import run_steps_async
 
 log = logging.getLogger("tailroute.fleet")
 
@@ -128,7 +129,9 @@ class FleetLink:
         now = loop.time()
         self._clock(reply.server_ms, (w0 + self._wall()) / 2.0,
                     (t0 + now) / 2.0 + self.sync.wall_offset)
-        self._record(self.sync.incoming(reply, now))
+        # In steps: merging a whole window of every peer's (the first answer after the
+        # store was away at start) must not stop the decisions meanwhile.
+        self._record(await run_steps_async(self.sync.incoming_steps(reply, now)))
         self._say_skipped()
         self.app.check_holds()  # a peer's declared wait or quota backoff: native publishes now
         self.app.settled_elsewhere([r.decode(errors="replace") for r in reply.entries], now)

@@ -51,6 +51,7 @@ from sidecar.core.fleet_share import (
 from sidecar.core.health import HealthState
 from sidecar.core.health_board import CLUSTER_SLICE
 from sidecar.core.router import Router
+from sidecar.core.steps import Steps, run_steps
 from sidecar.core.types import SliceKey, TransitionEvent
 from sidecar.fleet import codec
 from sidecar.fleet.exchange import Exchange, Reply, SyncCounters
@@ -217,6 +218,10 @@ class FleetSync:
 
     def incoming(self, reply: Reply, now: float) -> list[TransitionEvent]:
         """Apply the store's answer to the last :meth:`outgoing`; returns state changes."""
+        return run_steps(self.incoming_steps(reply, now))
+
+    def incoming_steps(self, reply: Reply, now: float) -> Steps[list[TransitionEvent]]:
+        """:meth:`incoming`, pausing while it merges the peers' statistics."""
         self._check_store()
         self._forwarded = []  # the store answered the push that carried them: delivered
         if len(reply.holders) != len(self._asked):
@@ -253,7 +258,7 @@ class FleetSync:
             self.counters.skip(f"{dropped.items} item(s) of this replica's {inbox} inbox",
                                dropped.why(), dropped.items)
         events += self._apply_probes(reply.probes, now)
-        self.stats_sync.merge(reply, self.rid, now)
+        yield from self.stats_sync.merge_steps(reply, self.rid, now)
         self.limits_sync.merge(reply.stats, self.rid, now)
         self.peers = list(reply.replicas)
         lost_health = any(rf not in health for rf in self.owned if rf in self._signature)
