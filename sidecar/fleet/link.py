@@ -13,7 +13,8 @@ the store). When the store is down, slow or answers nonsense:
   stays down; ``tailroute_fleet_store_up`` is 0 meanwhile and
   ``tailroute_fleet_syncs_total{result="error"}`` counts the failed cycles;
 * every route is decided locally (:meth:`FleetSync.disconnected`), and the probe
-  results the failed push forwarded count here;
+  results the failed push forwarded count here; the peers' in-flight counts still
+  count while as fresh as an answer's would have to be (``lease_ttl_s``);
 * reconnect attempts back off exponentially (0.5 s doubling to 30 s, +-20 %
   jitter) so a fleet does not hammer a recovering server;
 * on return the replica re-pushes its whole live window, re-takes or follows
