@@ -588,6 +588,34 @@ def test_orphan_entry_is_observed_from_its_own_metadata(app: App) -> None:
     assert app.router.stats.series("b", SLICE) is not None
 
 
+@pytest.mark.parametrize("upstream", ["a", "c"])
+def test_an_orphan_entry_envoy_routed_elsewhere_is_counted_not_evidence(
+    upstream: str,
+) -> None:
+    """Another process decided b (workers, replicas, or this one before a restart), and
+    Envoy's bootstrap, lacking that route, sent the request to ``upstream``: misrouted,
+    as for a request decided here, and its timing is about neither cluster. Read as b's,
+    it put a's (or c's) latencies and errors into b's statistics, uncounted."""
+    app = make_app()
+    data = base_config_dict(stats={"min_samples": 1}, fleet={"url": "redis://127.0.0.1:1/0"})
+    fleet_app = App.create(parse_config(data, "t.yaml"), seed=1)
+    for a in (app, fleet_app):
+        rec = entry("0123abcd-7", route="b|interactive|n", slice_label=SLICE.label(),
+                    upstream=upstream)
+        OutcomeFeed(a)(rec, 0.0)
+        assert a.envoy["orphan"] == 1 and a.envoy["misrouted"] == 1
+        assert a.envoy_view(0.0)["misrouted"] == 1
+        assert not a.router.counters[("outcome", "ok")]
+        assert a.router.stats.series("b", SLICE) is None
+        assert a.router.stats.series(upstream, SLICE) is None
+    # The decider still hears that the entry came (it stops waiting: ``elsewhere``).
+    assert fleet_app.forwards.take() == {"0123abcd": ["0123abcd-7"]}
+    # The entry naming b itself is still b's evidence.
+    OutcomeFeed(app)(entry("0123abcd-8", route="b|interactive|n", slice_label=SLICE.label(),
+                           upstream="b"), 0.0)
+    assert app.envoy["misrouted"] == 1 and app.router.counters[("outcome", "ok")] == 1
+
+
 def test_admission_answer_entries_are_not_route_evidence(app: App) -> None:
     OutcomeFeed(app)(entry("x-1", status=429, details="tailroute_defer_overload"), 0.0)
     assert app.envoy["decided"] == 1 and not app.router.counters

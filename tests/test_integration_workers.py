@@ -7,13 +7,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-from sidecar.devtools.harness import Stack, http_json
+from sidecar.devtools.harness import Stack, free_port, http_json
 from sidecar.devtools.redis_server import RedisServer
-from tests.ops_stack import drive, ops_config, start_providers
+from tests.ops_stack import MODEL, drive, ops_config, start_providers, wait_for
 
 pytestmark = [pytest.mark.envoy, pytest.mark.usefixtures("redis_tool")]
 
@@ -204,4 +205,49 @@ def test_a_hung_worker_is_killed_and_replaced_while_the_other_keeps_serving() ->
         after = _worker_states(stack)
         assert sum(_decided(s) for s in after) - sum(before) >= 40
         assert after[0]["workers"]["workers"][0]["pid"] == kept  # type: ignore[index]
+        stack.stop_sidecar()
+
+
+def test_every_worker_counts_the_requests_envoy_routed_elsewhere() -> None:
+    """Envoy runs a bootstrap rendered before provider-c was added, so a decision for
+    provider-c matches no route of its and goes down the default route (provider-b).
+    Every such request is ``misrouted`` and evidence about neither cluster, whichever
+    worker received its entry: the one that received another worker's entry (``orphan``)
+    read it as provider-c's (uncounted), and the fleet then shared provider-b's timings
+    as provider-c's."""
+    with Stack() as stack, RedisServer() as redis_srv:
+        ports = start_providers(stack)
+        old = ops_config(ports)
+        old["clusters"] = [c for c in old["clusters"] if c["name"] != "provider-c"]
+        old["models"] = [{"name": MODEL, "candidates": ["provider-a", "provider-b"]}]
+        stack.write_config(old, name="before-c")
+        stack.ports["sidecar"] = free_port()  # the sidecar starts there, after Envoy
+        stack.start_envoy(envoy_concurrency=2)
+        path = stack.write_config(ops_config(
+            ports, fleet={"url": redis_srv.url, "push_interval_s": 0.2, "lease_ttl_s": 1.0},
+            models=[{"name": MODEL, "candidates": ["provider-c"]}]))
+        stack.start_sidecar(path, extra=["--workers", "2"])
+        # An Envoy worker's ext_proc and access-log streams share its connection to the
+        # sidecar, so an entry reaches another worker only once that connection has been
+        # aged out (--workers: grpc.max_connection_age_ms, 5 s) and the access-log stream
+        # lingers on the old one: rounds until some have (bounded).
+        n = 0
+        for _ in range(60):
+            assert drive(stack, n=8, concurrency=4) == ["provider-b"] * 8
+            n += 8
+            if sum(s["envoy"]["orphan"] for s in _worker_states(stack)):  # type: ignore[index]
+                break
+            time.sleep(0.25)
+
+        def settled() -> list[dict[str, Any]] | None:
+            env = [s["envoy"] for s in _worker_states(stack)]
+            done = sum(e["decided"] for e in env) == n and not any(e["pending"] for e in env)
+            return env if done else None
+
+        env = wait_for(settled, "every entry to reach a worker", timeout_s=30)
+        assert sum(e["orphan"] for e in env) > 0
+        assert sum(e["misrouted"] for e in env) == n
+        for state in _worker_states(stack):
+            assert not [r for r in state["routes"]  # type: ignore[attr-defined]
+                        if r["latency"]["ttft"]["samples"]], "misrouted timings observed"
         stack.stop_sidecar()

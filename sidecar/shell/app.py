@@ -52,6 +52,7 @@ from sidecar.shell.declared_waits import DeclaredWaits
 from sidecar.shell.entry_forward import EntryForwards
 from sidecar.shell.explain_limit import ExplainBudget
 from sidecar.shell.log_wait import LogWait
+from sidecar.shell.outcomes import misrouted
 
 log = logging.getLogger("tailroute")
 
@@ -262,15 +263,7 @@ class App:
         """The observation of ``p``'s entry; None when it is not evidence (misrouted,
         not observed, no outcome to read)."""
         cluster = p.decision.cluster
-        if rec.upstream_cluster and rec.upstream_cluster != cluster:
-            # Envoy sent it elsewhere: its routes do not know this decision (a bootstrap
-            # not re-rendered for a new class or cluster, a hand-written one). The
-            # timing is not evidence about the decided route, nor about the other.
-            self.envoy["misrouted"] += 1
-            log.warning("Envoy routed a request decided for %s to %s (route %s): its "
-                        "bootstrap has no route for that decision; re-render it with "
-                        "`tailroute envoy-config`", cluster, rec.upstream_cluster,
-                        rec.route_name or "?")
+        if misrouted(self.envoy, rec, cluster):
             return None
         if not p.observed:
             if rec.retry_after_s is not None:  # a declared wait holds unobserved or not

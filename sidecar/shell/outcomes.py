@@ -14,6 +14,8 @@ carries ``tailroute.rid``, request not pending  observation from the entry's own
 (sidecar restarted, another worker decided it)  (route -> cluster, slice label), counted
                                                 ``orphan``; in fleet mode its id is
                                                 forwarded to the decider (entry_forward)
+carries ``tailroute.rid``, logged upstream      counted ``misrouted`` (:func:`misrouted`),
+cluster is not the decided one                  not evidence, pending or ``orphan`` alike
 no tailroute metadata, POST to an LLM API       Envoy served it without a decision: counted
 path, an upstream cluster logged                ``fail_open`` (metric, /state, alert), and
                                                 handed to ``resolve`` if one is set
@@ -32,14 +34,35 @@ no tailroute metadata, anything else            counted ``not_routed`` (GET, hea
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from sidecar.core.classify import api_for_path
 from sidecar.core.envoy_log import TAILROUTE_DETAILS_PREFIX, LogRecord, observation_from_log
 from sidecar.core.types import SliceKey
-from sidecar.shell.app import App
 
+if TYPE_CHECKING:
+    from sidecar.shell.app import App
+
+log = logging.getLogger("tailroute")
 Resolver = Callable[[LogRecord], tuple[str, SliceKey] | None]
+
+
+def misrouted(envoy: Counter[str], rec: LogRecord, decided: str) -> bool:
+    """Did Envoy send a request decided for cluster ``decided`` to another one? Its routes
+    then do not know the decision (a bootstrap not re-rendered for a new class or
+    cluster, a hand-written one): counted ``misrouted`` and warned. Its timing is not
+    evidence about the decided route, nor about the other. Checked for every decided
+    entry, whichever process decided it (App._observation, and the orphans here)."""
+    if not rec.upstream_cluster or rec.upstream_cluster == decided:
+        return False
+    envoy["misrouted"] += 1
+    log.warning("Envoy routed a request decided for %s to %s (route %s): its bootstrap "
+                "has no route for that decision; re-render it with `tailroute "
+                "envoy-config`", decided, rec.upstream_cluster, rec.route_name or "?")
+    return True
 
 
 def is_llm_request(rec: LogRecord) -> bool:
@@ -106,7 +129,9 @@ class OutcomeFeed:
         env["orphan"] += 1
         app.entry_elsewhere(rec.rid)
         cluster, slice = _cluster_of(rec), _slice_of(rec.slice_label)
-        if cluster is not None and slice is not None:
+        # Decided elsewhere, but routed as Envoy's own entry says: a request Envoy sent
+        # to another cluster was observed as the decided cluster's, uncounted.
+        if cluster is not None and not misrouted(env, rec, cluster) and slice is not None:
             self._observe(rec, cluster, slice, now)
 
     def _observe(self, rec: LogRecord, cluster: str, slice: SliceKey, now: float) -> None:
