@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -12,7 +13,7 @@ from sidecar.core.types import CandidateExplain, Decision, Explain, Observation,
 from sidecar.pb.envoy.data.accesslog.v3 import accesslog_pb2 as al
 from sidecar.shell.access_log import record_from_entry
 from sidecar.shell.app import LOG_GRACE_S, App
-from sidecar.shell.envoy_contract import ROUTE_HEADER
+from sidecar.shell.envoy_contract import DEFAULT_ROUTE, ROUTE_HEADER
 from sidecar.shell.explain_header import EXPLAIN_MAX_CHARS, explain_json
 from sidecar.shell.extproc import RouteStream
 from sidecar.shell.observe import ObserveStream
@@ -235,6 +236,31 @@ def test_a_decision_envoy_routed_elsewhere_is_not_evidence(app: App) -> None:
     s2.close(11.4, cancelled=False)
     OutcomeFeed(app)(entry(s2.rid, upstream=routed_cluster(r2)), 11.5)  # type: ignore[arg-type]
     assert app.envoy["misrouted"] == 1 and app.router.counters[("outcome", "ok")] == 1
+
+
+@pytest.mark.parametrize("route_name", [DEFAULT_ROUTE, ""])
+def test_a_decision_envoy_sent_down_the_default_route_is_misrouted_even_to_its_cluster(
+    app: App, route_name: str,
+) -> None:
+    """A bootstrap rendered before the decision's class existed has no route for its
+    key, so Envoy takes the route for undecided requests; when the decided cluster is the
+    default cluster the upstream cluster agrees, and the request counted as routed (no
+    class timeout, no sampling applied). Named by its route, it is misrouted now; an
+    entry without a route name (a hand-written logger) is judged by its cluster alone."""
+    s, r = fast(app, chat_request(), now=10.0)
+    cluster, key = routed_cluster(r), metadata(r)["route"]  # type: ignore[arg-type]
+    s.close(10.4, cancelled=False)
+    rec = replace(entry(s.rid, upstream=cluster, route=key), route_name=route_name)
+    OutcomeFeed(app)(rec, 10.5)
+    assert app.envoy["misrouted"] == (1 if route_name else 0)
+    assert app.router.counters[("outcome", "ok")] == (0 if route_name else 1)
+    # The same on an entry another process's decision left here (orphan).
+    OutcomeFeed(app)(replace(rec, rid="0123abcd-1"), 10.6)
+    assert app.envoy["orphan"] == 1
+    assert app.envoy["misrouted"] == (2 if route_name else 0)
+    # The decision's own route is routed as decided.
+    OutcomeFeed(app)(replace(rec, rid="0123abcd-2", route_name=f"tailroute|{key}"), 10.7)
+    assert app.envoy["misrouted"] == (2 if route_name else 0)
 
 
 def test_access_log_entry_becomes_the_observation(app: App) -> None:

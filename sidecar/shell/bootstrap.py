@@ -178,7 +178,7 @@ def _routes(config: Config) -> list[dict[str, Any]]:
                 routes.append(route)
     longest = ec.duration(max(c.slo.timeout_ms for c in config.classes) / 1000.0)
     routes.append({
-        "name": "tailroute_default",
+        "name": ec.DEFAULT_ROUTE,
         "match": {"prefix": "/"},
         # No decision (non-LLM paths, unknown models, fail-open): the longest class
         # timeout caps the whole answer, stream or not (whether it streams is unknown).

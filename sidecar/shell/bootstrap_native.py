@@ -359,8 +359,8 @@ def render_native_bootstrap(
             filters.append(json_to_metadata_filter())
     hcm["http_filters"] = filters
     vhost = hcm["route_config"]["virtual_hosts"][0]
-    decided = [r for r in vhost["routes"] if r["name"] != "tailroute_default"]
-    default = next(r for r in vhost["routes"] if r["name"] == "tailroute_default")
+    decided = [r for r in vhost["routes"] if r["name"] != ec.DEFAULT_ROUTE]
+    default = next(r for r in vhost["routes"] if r["name"] == ec.DEFAULT_ROUTE)
     if mode == "native":
         default.pop("typed_per_filter_config", None)  # no observing filter to configure
     extra = {k: v for k, v in default.items() if k not in ("name", "match", "route")}

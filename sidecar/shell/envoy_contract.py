@@ -58,6 +58,10 @@ def error_value_key(path: tuple[str, ...]) -> str:
 SAMPLE_NS = "tailroute.usage_sample"
 SAMPLE_KEY = "request_id"
 
+# The rendered bootstrap's last route: requests without a decision (and, in native or
+# hybrid mode, without a slice route). A decided request logged on it was not routed as
+# decided: its bootstrap has no route for the decision's key (sidecar.shell.outcomes).
+DEFAULT_ROUTE = "tailroute_default"
 ROUTE_FILTER = "tailroute.route"  # one message per request: the buffered body
 RICH_FILTER = "tailroute.route_rich"  # headers + body (+ response headers on request)
 OBSERVE_FILTER = "tailroute.observe"  # sampled: times the first content token

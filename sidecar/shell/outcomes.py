@@ -15,7 +15,8 @@ carries ``tailroute.rid``, request not pending  observation from the entry's own
                                                 ``orphan``; in fleet mode its id is
                                                 forwarded to the decider (entry_forward)
 carries ``tailroute.rid``, logged upstream      counted ``misrouted`` (:func:`misrouted`),
-cluster is not the decided one                  not evidence, pending or ``orphan`` alike
+cluster not the decided one, or logged on the   not evidence, pending or ``orphan`` alike
+route for undecided requests
 no tailroute metadata, POST to an LLM API       Envoy served it without a decision: counted
 path, an upstream cluster logged                ``fail_open`` (metric, /state, alert), and
                                                 handed to ``resolve`` if one is set
@@ -42,6 +43,7 @@ from typing import TYPE_CHECKING
 from sidecar.core.classify import api_for_path
 from sidecar.core.envoy_log import TAILROUTE_DETAILS_PREFIX, LogRecord, observation_from_log
 from sidecar.core.types import SliceKey
+from sidecar.shell import envoy_contract as ec
 
 if TYPE_CHECKING:
     from sidecar.shell.app import App
@@ -51,17 +53,22 @@ Resolver = Callable[[LogRecord], tuple[str, SliceKey] | None]
 
 
 def misrouted(envoy: Counter[str], rec: LogRecord, decided: str) -> bool:
-    """Did Envoy send a request decided for cluster ``decided`` to another one? Its routes
-    then do not know the decision (a bootstrap not re-rendered for a new class or
-    cluster, a hand-written one): counted ``misrouted`` and warned. Its timing is not
-    evidence about the decided route, nor about the other. Checked for every decided
-    entry, whichever process decided it (App._observation, and the orphans here)."""
-    if not rec.upstream_cluster or rec.upstream_cluster == decided:
+    """Did Envoy route a request decided for cluster ``decided`` otherwise: to another
+    cluster, or down the route for undecided requests (:data:`ec.DEFAULT_ROUTE`, which
+    may well lead to ``decided``: the default cluster)? Its bootstrap then has no route
+    for the decision's key (not re-rendered for a new class or cluster, a hand-written
+    one): counted ``misrouted`` and warned. Its timing is not evidence about the decided
+    route (its class timeout and sampling did not apply), nor about the other. Checked
+    for every decided entry, whichever process decided it (App._observation, and the
+    orphans here)."""
+    other = bool(rec.upstream_cluster) and rec.upstream_cluster != decided
+    if not other and (rec.route_key is None or rec.route_name != ec.DEFAULT_ROUTE):
         return False
     envoy["misrouted"] += 1
-    log.warning("Envoy routed a request decided for %s to %s (route %s): its bootstrap "
-                "has no route for that decision; re-render it with `tailroute "
-                "envoy-config`", decided, rec.upstream_cluster, rec.route_name or "?")
+    log.warning("Envoy routed a request decided for %s (%s) to %s on route %s: its "
+                "bootstrap has no route for that decision; re-render it with `tailroute "
+                "envoy-config`", decided, rec.route_key, rec.upstream_cluster or "?",
+                rec.route_name or "?")
     return True
 
 
