@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 from typing import Any
 
 import pytest
@@ -122,3 +123,22 @@ def test_hostile_requests_get_their_documented_answers() -> None:
         assert _counter(stack, "tailroute_fail_open_total", 'reason="envoy"') == 1
         assert _counter(stack, "tailroute_errors_total", 'kind="not_utf8"') == 2
         assert "DecodeError" not in stack.log("sidecar")
+
+        # A client that leaves mid-upload on the rich path: Envoy gives up on the request
+        # and ends the stream whose body was still due. Nothing was served undecided (the
+        # access log: unrouted), so no fail-open; it counted as one, and every such client
+        # fired TailrouteFailOpen. (Its declared length fits the gRPC limit: never refused.)
+        def headers_seen() -> float:
+            return _counter(stack, "tailroute_extproc_phase_seconds_count",
+                            'phase="request_headers"')
+
+        seen, body = headers_seen(), _chat()
+        with socket.create_connection(("127.0.0.1", stack.ports["envoy"]), timeout=20) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\n"
+                         b"content-type: application/json\r\nx-tailroute-deadline-ms: 9000\r\n"
+                         b"content-length: %d\r\n\r\n" % len(body) + body[:10])
+            wait_for(lambda: headers_seen() > seen, "the rich path's request headers")
+        wait_for(lambda: _counter(stack, "tailroute_access_log_entries_total",
+                                  'kind="unrouted"') == 2, "the abandoned request's entry")
+        assert _counter(stack, "tailroute_fail_open_total",
+                        'reason="stream_ended_before_body"') == 1

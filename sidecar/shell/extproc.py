@@ -358,7 +358,7 @@ class RouteStream:
         if self.phase is Phase.QUEUED and self.rid is not None:
             self.app.router.withdraw(self.rid)  # client gone or Envoy gave up while held
             return
-        if self.phase is Phase.EXPECT_BODY and not cancelled and not self._over_buffer():
+        if self.phase is Phase.EXPECT_BODY and not cancelled and self._declared() is None:
             # Closed cleanly with the body still due: gRPC refused the message (over
             # its limit, RESOURCE_EXHAUSTED) and Envoy fails open to the default route
             # (or Envoy gave up first: grpc.aio reports most cancels as a clean end).
@@ -367,12 +367,18 @@ class RouteStream:
             self.app.route_closed(self.rid, now)
 
 
-    def _over_buffer(self) -> bool:
-        """``content-length`` over Envoy's buffer: Envoy answers 413 itself (access
-        log: ``unrouted``), no fail-open. A chunked body has no length: still counted."""
+    def _declared(self) -> int | None:
+        """The body length the request declared (``content-length``), None if unknown.
+
+        A declared body is never refused by gRPC: one within Envoy's buffer fits the
+        sidecar's message limit (``grpc_receive_limit``: the buffer + 1 MiB), and Envoy
+        answers a larger one 413 itself. So its stream ended because Envoy gave up on
+        the request -- its client went away mid-upload, or that 413 -- and nothing was
+        served undecided (the access log counts it ``unrouted``). Counted as a fail-open,
+        each such client fired TailrouteFailOpen. A chunked body has no length: its early
+        end is still counted (the refusal cannot be told from a departure there)."""
         raw = self.headers.get("content-length", "")
-        limit = self.app.config.envoy.route_buffer_bytes
-        return raw.isascii() and raw.isdigit() and len(raw) <= 19 and int(raw) > limit
+        return int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 19 else None
 
 
 def _rewrite_model(parsed: ParsedBody, model: str) -> bytes:

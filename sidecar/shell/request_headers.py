@@ -22,8 +22,9 @@ from sidecar.pb.envoy.config.core.v3 import base_pb2
 from sidecar.pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from sidecar.shell import envoy_contract as ec
 
-# The hints classify reads, which API (the path) and the body's declared length (a body
-# over Envoy's buffer is Envoy's 413, not a fail-open: extproc.RouteStream._over_buffer).
+# The hints classify reads, which API (the path) and the body's declared length (a
+# declared body is never refused by gRPC, so its stream ending early is no fail-open:
+# extproc.RouteStream._declared).
 # By name, not by the x-tailroute- prefix: other names under it are as unread as any.
 KEPT_HEADERS: Final = frozenset(
     (*ec.CLASSIFY_HEADERS, *ec.RICH_HEADERS, ":path", "content-length"))
