@@ -766,3 +766,21 @@ def test_a_lost_or_unreadable_request_resolves_nothing() -> None:
     lost, _ = fast(app, chat_request(), now=0.0)
     app.give_up(lost.rid, 0.5)
     assert _counts(app, 2.0) == (0, 0)
+
+
+@pytest.mark.parametrize(("route_name", "counted"), [(DEFAULT_ROUTE, (0, 0)), ("", (0, 1))])
+def test_a_request_down_the_default_route_is_no_live_hit_of_its_decided_route(
+        route_name: str, counted: tuple[int, int]) -> None:
+    """Misrouted by route (Envoy's default route to the decided cluster) is about
+    neither route for the live-miss books either, as misrouted by cluster is: its
+    token in time is no hit of the route it did not take."""
+    app = _sampled_app()
+    s, r = fast(app, chat_request(), now=0.0)
+    meta = metadata(r)  # type: ignore[arg-type]
+    _observe(app, meta, [(0.2, observe_msg("response_headers", meta, SSE_HEADERS)),
+                         (0.3, observe_msg("response_body", meta, body=token("a")))])
+    s.close(0.5, cancelled=False)
+    rec = entry(s.rid, first_body_s=0.3, upstream=routed_cluster(r),  # type: ignore[arg-type]
+                route=meta["route"])
+    OutcomeFeed(app)(replace(rec, route_name=route_name), 0.6)
+    assert _counts(app, 0.99) == counted

@@ -52,7 +52,7 @@ from sidecar.shell.declared_waits import DeclaredWaits
 from sidecar.shell.entry_forward import EntryForwards
 from sidecar.shell.explain_limit import ExplainBudget
 from sidecar.shell.log_wait import LogWait
-from sidecar.shell.outcomes import misrouted
+from sidecar.shell.outcomes import misrouted, routed_otherwise
 
 log = logging.getLogger("tailroute")
 
@@ -251,7 +251,7 @@ class App:
         if live is not None:
             if obs is not None:
                 self.router.live.observed(live, obs, now)
-            elif rec.upstream_cluster and rec.upstream_cluster != p.decision.cluster:
+            elif routed_otherwise(rec, p.decision.cluster):
                 LiveMisses.dropped(live)  # misrouted: about neither route
             else:
                 self.router.live.unobserved(live, now)

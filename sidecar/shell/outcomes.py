@@ -52,17 +52,23 @@ log = logging.getLogger("tailroute")
 Resolver = Callable[[LogRecord], tuple[str, SliceKey] | None]
 
 
-def misrouted(envoy: Counter[str], rec: LogRecord, decided: str) -> bool:
+def routed_otherwise(rec: LogRecord, decided: str) -> bool:
     """Did Envoy route a request decided for cluster ``decided`` otherwise: to another
     cluster, or down the route for undecided requests (:data:`ec.DEFAULT_ROUTE`, which
     may well lead to ``decided``: the default cluster)? Its bootstrap then has no route
     for the decision's key (not re-rendered for a new class or cluster, a hand-written
-    one): counted ``misrouted`` and warned. Its timing is not evidence about the decided
-    route (its class timeout and sampling did not apply), nor about the other. Checked
-    for every decided entry, whichever process decided it (App._observation, and the
-    orphans here)."""
-    other = bool(rec.upstream_cluster) and rec.upstream_cluster != decided
-    if not other and (rec.route_key is None or rec.route_name != ec.DEFAULT_ROUTE):
+    one), and its timing is not evidence about the decided route (its class timeout
+    and sampling did not apply), nor about the other."""
+    if rec.upstream_cluster and rec.upstream_cluster != decided:
+        return True
+    return rec.route_key is not None and rec.route_name == ec.DEFAULT_ROUTE
+
+
+def misrouted(envoy: Counter[str], rec: LogRecord, decided: str) -> bool:
+    """:func:`routed_otherwise`, then counted ``misrouted`` and warned. Checked for every
+    decided entry, whichever process decided it (App._observation, and the orphans
+    here)."""
+    if not routed_otherwise(rec, decided):
         return False
     envoy["misrouted"] += 1
     log.warning("Envoy routed a request decided for %s (%s) to %s on route %s: its "
