@@ -238,15 +238,16 @@ def test_a_decision_envoy_routed_elsewhere_is_not_evidence(app: App) -> None:
     assert app.envoy["misrouted"] == 1 and app.router.counters[("outcome", "ok")] == 1
 
 
-@pytest.mark.parametrize("route_name", [DEFAULT_ROUTE, ""])
+@pytest.mark.parametrize("route_name", [DEFAULT_ROUTE, "tailroute/m.interactive.short/len", ""])
 def test_a_decision_envoy_sent_down_the_default_route_is_misrouted_even_to_its_cluster(
     app: App, route_name: str,
 ) -> None:
     """A bootstrap rendered before the decision's class existed has no route for its
-    key, so Envoy takes the route for undecided requests; when the decided cluster is the
-    default cluster the upstream cluster agrees, and the request counted as routed (no
-    class timeout, no sampling applied). Named by its route, it is misrouted now; an
-    entry without a route name (a hand-written logger) is judged by its cluster alone."""
+    key, so Envoy takes a route for undecided requests (the default route; hybrid: a
+    slice route); when that reaches the decided cluster the upstream cluster agrees, and
+    the request counted as routed (no class timeout, no sampling applied). Named by its
+    route, it is misrouted now; an entry without a route name (a hand-written logger) is
+    judged by its cluster alone."""
     s, r = fast(app, chat_request(), now=10.0)
     cluster, key = routed_cluster(r), metadata(r)["route"]  # type: ignore[arg-type]
     s.close(10.4, cancelled=False)

@@ -15,7 +15,7 @@ carries ``tailroute.rid``, request not pending  observation from the entry's own
                                                 ``orphan``; in fleet mode its id is
                                                 forwarded to the decider (entry_forward)
 carries ``tailroute.rid``, logged upstream      counted ``misrouted`` (:func:`misrouted`),
-cluster not the decided one, or logged on the   not evidence, pending or ``orphan`` alike
+cluster not the decided one, or logged on a     not evidence, pending or ``orphan`` alike
 route for undecided requests
 no tailroute metadata, POST to an LLM API       Envoy served it without a decision: counted
 path, an upstream cluster logged                ``fail_open`` (metric, /state, alert), and
@@ -44,6 +44,7 @@ from sidecar.core.classify import api_for_path
 from sidecar.core.envoy_log import TAILROUTE_DETAILS_PREFIX, LogRecord, observation_from_log
 from sidecar.core.types import SliceKey
 from sidecar.shell import envoy_contract as ec
+from sidecar.shell.native_keys import ROUTE_PREFIX as SLICE_ROUTE_PREFIX
 
 if TYPE_CHECKING:
     from sidecar.shell.app import App
@@ -54,14 +55,17 @@ Resolver = Callable[[LogRecord], tuple[str, SliceKey] | None]
 
 def routed_otherwise(rec: LogRecord, decided: str) -> bool:
     """Did Envoy route a request decided for cluster ``decided`` otherwise: to another
-    cluster, or down the route for undecided requests (:data:`ec.DEFAULT_ROUTE`, which
-    may well lead to ``decided``: the default cluster)? Its bootstrap then has no route
-    for the decision's key (not re-rendered for a new class or cluster, a hand-written
-    one), and its timing is not evidence about the decided route (its class timeout
-    and sampling did not apply), nor about the other."""
+    cluster, or down a route for undecided requests, which may well lead to ``decided``
+    too (:data:`ec.DEFAULT_ROUTE` to the default cluster; in hybrid mode a slice route,
+    by its weights)? Its bootstrap then has no route for the decision's key (not
+    re-rendered for a new class or cluster, a hand-written one), and its timing is not
+    evidence about the decided route (its class timeout and sampling did not apply),
+    nor about the other."""
     if rec.upstream_cluster and rec.upstream_cluster != decided:
         return True
-    return rec.route_key is not None and rec.route_name == ec.DEFAULT_ROUTE
+    name = rec.route_name
+    return rec.route_key is not None and (name == ec.DEFAULT_ROUTE
+                                          or name.startswith(SLICE_ROUTE_PREFIX))
 
 
 def misrouted(envoy: Counter[str], rec: LogRecord, decided: str) -> bool:
