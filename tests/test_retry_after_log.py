@@ -152,8 +152,11 @@ def test_the_per_request_path_observes_the_wait() -> None:
     e = _logged(retry_after_ms="2500")
     meta = e.common_properties.metadata.filter_metadata[ec.METADATA_NS].fields
     meta[ec.RID_KEY].string_value = "elsewhere-1"
-    meta[ec.ROUTE_KEY].string_value = ec.route_key("a", "interactive", False)
+    key = ec.route_key("a", "interactive", False)
+    meta[ec.ROUTE_KEY].string_value = key
     meta[ec.SLICE_KEY].string_value = S.label()
+    # Envoy logs the decided route's own name (a slice route's would be a misroute).
+    e.common_properties.route_name = f"tailroute|{key}"
     AccessLogService(OutcomeFeed(app), app.envoy).consume(_batch(e), 5.0)
     assert [(o.cluster, o.outcome, o.status, o.retry_after_s) for o in seen] == [
         ("a", "error", 429, 2.5)]
