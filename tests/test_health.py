@@ -177,8 +177,10 @@ def test_every_transition_in_the_table(key: tuple[HealthState, Signal]) -> None:
     assert events[-1].slice == K.label() and events[-1].at == d.now
 
 
+# An ok probe while quarantined (a rescue) ends the cooldown: tests/test_rescue_probe.py.
 NEUTRAL = [
-    (st_, sig) for st_ in HealthState for sig in Signal if (st_, sig) not in TRANSITIONS
+    (st_, sig) for st_ in HealthState for sig in Signal
+    if (st_, sig) not in TRANSITIONS and (st_, sig) != (S.QUARANTINED, G.PROBE_OK)
 ]
 
 

@@ -340,3 +340,23 @@ def test_a_clean_route_with_room_keeps_most_of_the_traffic(seed: int | None) -> 
     without = share(trace_of(traced_run(_miss_ratio_exponent(sc, 0.0))[1]),
                     "provider-a", 300, 900)[0]
     assert with_ratio > 0.75 and with_ratio > without + 0.08, (with_ratio, without)
+
+
+@pytest.mark.parametrize("seed", [None, 2, 3])
+def test_a_region_back_from_an_outage_is_found_by_the_requests_refused_meanwhile(
+        seed: int | None) -> None:
+    """The hunt's ``region_pair_outage``: east-a and east-b down 300-420 s, the west
+    routes full. Each failed probe round doubled the cooldown, so the region was next
+    probed at ~535 s and until then admission refused 860-1,070 answers, twice round
+    robin's violations. A request refused for want of room now probes a cooling route
+    (sidecar.core.rescue_probe): the region is found within ~20 s of its return, takes
+    about half the traffic by 440-480 s, refusals end by ~440 s, and tailroute is within
+    1.1x of round robin (540/541, 715/698, 691/756 violations in these seeds)."""
+    ours, rr, sim = _against_round_robin("region_pair_outage.yaml", seed)
+    assert ours < 1.1 * rr, (ours, rr)
+    trace = trace_of(sim)
+    east = share(trace, "east-a", 440, 480)[0] + share(trace, "east-b", 440, 480)[0]
+    assert east > 0.3, east
+    refused = [r.t for r in trace if r.t >= 420 and r.admission in ("defer", "shed")]
+    assert max(refused, default=0.0) < 450, max(refused)
+    assert sim.policy.router.counters[("admission_reason", "rescue")] > 0  # type: ignore[attr-defined]

@@ -43,7 +43,8 @@ whose tail fits, else to the survivor with the lowest tail. A route degraded for
 higher class is *not* over budget for a tolerant one (the graduated policy keeps it
 there). A retry avoids its previous attempt's route when another survivor has retry
 budget, and only goes to routes whose budget allows it; a deferral's comeback is a
-first attempt (:mod:`sidecar.core.retry_budget`).
+first attempt (:mod:`sidecar.core.retry_budget`). A refusal for want of room may
+probe a cooling route instead (``rng``; :mod:`sidecar.core.rescue_probe`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterable, Mapping
+from random import Random
 from typing import Final
 
 from sidecar.core.admission_priority import PriorityPressure
@@ -60,6 +62,7 @@ from sidecar.core.admission_verdict import RouteFacts, Verdict
 from sidecar.core.config import ClassConfig, Config
 from sidecar.core.evidence import significant
 from sidecar.core.request_lane import LanePick, full_result
+from sidecar.core.rescue_probe import RESCUE, rescue_route
 from sidecar.core.retry_budget import RetryBudget, RetryMemory
 from sidecar.core.scorers import SLO_TAIL
 from sidecar.core.selection import Candidate, LatencyValue, PipelineResult, RouteView
@@ -303,7 +306,7 @@ class AdmissionControl:
     def assess(
         self, req: RequestInfo, klass: ClassConfig, decision: Decision,
         result: PipelineResult | LanePick | None, view: RouteView, now: float,
-        ticket: str | None,
+        ticket: str | None, rng: Random | None = None,
     ) -> Verdict:
         """Decide admission for ``req`` and record it (queue, retry memory, budgets)."""
         cfg = self.cfg
@@ -321,8 +324,7 @@ class AdmissionControl:
         pressure.prune(now)
         high = cfg.high(req.priority)
         yielding = high and pressure.above(req.priority, now)
-        if (req.deadline_ms is None and not is_retry and not len(self.queue)
-                and not yielding
+        if (req.deadline_ms is None and not is_retry and not len(self.queue) and not yielding
                 and self._some_route_ok(req, klass, decision, result, view, now)):
             # Fast path (the common case): only the last row (ok) can match.
             self.memory.remember(req.request_id, decision.cluster, now)
@@ -360,20 +362,20 @@ class AdmissionControl:
                                             is_retry and not comeback,
                                             seen.cluster if seen else None, now)
         s = Situation(
-            enabled=True, high=high, step=req.step,
-            has_deadline=has_deadline, remaining_ms=left, need_ms=need,
-            need_tail_ms=_min(f.tail_ms for f in usable), is_retry=is_retry,
+            enabled=True, high=high, step=req.step, has_deadline=has_deadline, remaining_ms=left,
+            need_ms=need, need_tail_ms=_min(f.tail_ms for f in usable), is_retry=is_retry,
             retry_blocked=cluster is None, saturated=saturated, capacity_bound=waits_help,
-            yields=yields_to is not None,
-            contended=contended, queued=waiter is not None,
+            yields=yields_to is not None, contended=contended, queued=waiter is not None,
             wait_expired=waiter is not None and waiter.expired(now),
             queue_room=self.queue.has_room(now), queue_window_ms=window,
-            can_defer=not has_deadline
-            or left >= cfg.defer_retry_after_s * 1000.0 + (need or 0.0),
+            can_defer=not has_deadline or left >= cfg.defer_retry_after_s * 1000.0 + (need or 0.0),
             full=bool(usable) and all(f.packed for f in usable),
             shed_full=cfg.beyond_capacity == "shed", evidence=evidence,
         )
         rule = evaluate(s)
+        if (probe := rescue_route(rule, facts, result, decision.cluster, view,
+                                  self.config.health.probe_share, rng)) is not None:
+            rule, cluster, choice_note = RESCUE, probe, f"probe to cooling {probe}"
         note = row_note(rule, s, ahead, free, choice_note, yields_to)
         final = cluster or decision.cluster
         if rule.outcome == "queue":

@@ -13,8 +13,9 @@ by chance on a partly failing route, restrict it (PARTIAL_FAIL); the run, its
 trials and the failure episode are :class:`~sidecar.core.failure_run.FailureRun`'s
 (the rules and their formulas are in :mod:`sidecar.core.failure_run`).
 
-Other signals: COOLDOWN_OVER (time, :meth:`RouteHealth.tick`) and PROBE_OK /
-PROBE_FAIL (:meth:`RouteHealth.record_probe`); a probing route returns to
+Other signals: COOLDOWN_OVER (time, :meth:`RouteHealth.tick`, or an ok rescue probe:
+:mod:`sidecar.core.rescue_probe`) and PROBE_OK / PROBE_FAIL
+(:meth:`RouteHealth.record_probe`); a probing route returns to
 quarantine on ``eject_consecutive`` failed probes in a row, not on one. Probes go to probing routes
 and, for latency-sensitive classes, to restricted ones: a restricted route
 receives no such traffic, so without probes it could never show that it
@@ -288,8 +289,11 @@ class RouteHealth(FailureRun):
         return events + self._apply(signal, now, detail, may_quarantine)
 
     def record_probe(self, ok: bool, now: float) -> list[TransitionEvent]:
-        """A probe request finished (ok: succeeded within the caller's criteria)."""
+        """A probe request finished (ok: succeeded within the caller's criteria). An ok
+        one while quarantined (a rescue: :mod:`sidecar.core.rescue_probe`) ends the cooldown."""
         events = self.tick(now)
+        if ok and self.state is _QUARANTINED:
+            events += self._apply(G.COOLDOWN_OVER, now, "probe ok during cooldown")
         signal = G.PROBE_OK if ok else G.PROBE_FAIL
         return events + self._apply(signal, now, "probe ok" if ok else "probe failed")
 

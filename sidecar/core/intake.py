@@ -27,12 +27,12 @@ from collections.abc import Sequence
 
 from sidecar.core import compat_sr
 from sidecar.core.config import Config, ModelConfig
-from sidecar.core.health import HealthState
 from sidecar.core.health_board import CLUSTER_SLICE, HealthBoard
 from sidecar.core.light_load import LIGHT, LightOutcomes, load_of
 from sidecar.core.live_misses import LiveMisses
 from sidecar.core.pushback import WAIT_STATUSES, PushBack
 from sidecar.core.queue_signs import QueueSigns
+from sidecar.core.rescue_probe import counts_as_probe
 from sidecar.core.stats import StatsStore
 from sidecar.core.subwindow import OkSample
 from sidecar.core.trial_hold import TrialHold
@@ -336,14 +336,16 @@ class Intake:
             self.stats.observe(obs, now)
 
     def _record_probe(self, obs: Observation, key: SliceKey, now: float) -> list[TransitionEvent]:
-        """A cluster-wide probe passes on any answer; a slice's must meet its budget."""
+        """A cluster-wide probe passes on any answer; a slice's must meet its budget.
+        A quarantined entry takes those sent since (sidecar.core.rescue_probe)."""
         events: list[TransitionEvent] = []
+        sent = now - (obs.e2e_s or 0.0)
         hc = self.board.peek(obs.cluster, CLUSTER_SLICE)
-        if hc is not None and hc.state in (HealthState.PROBING, HealthState.RESTRICTED):
+        if hc is not None and counts_as_probe(hc, sent):
             events += self.board.record_probe(obs.cluster, CLUSTER_SLICE, obs.outcome == "ok",
                                               now)
         h = self.board.peek(obs.cluster, key)
-        if h is not None and h.state in (HealthState.PROBING, HealthState.RESTRICTED):
+        if h is not None and counts_as_probe(h, sent):
             ok = obs.outcome == "ok" and within_budget(self.config, obs)
             events += self.board.record_probe(obs.cluster, key, ok, now)
         return events

@@ -102,10 +102,8 @@ class Router(Intake):
         self.pushback.configure(
             self._limits, {m.candidates[0] for m in config.models if len(m.candidates) == 1})
         self._fresh = False  # building a plan: read evidence fresh
-        self._models_of = {
-            c.name: tuple(m for m in config.models if c.name in m.candidates)
-            for c in config.clusters
-        }
+        self._models_of = {c.name: tuple(m for m in config.models if c.name in m.candidates)
+                           for c in config.clusters}
 
     def reload(self, config: Config) -> None:
         """Swap in a new config, keeping statistics and health where still meaningful.
@@ -182,7 +180,7 @@ class Router(Intake):
         self.pushback.release(now)  # a declared wait that is over (cheap when none is)
         decision, result = self._decide(req, klass, now, rng)
         decision, new_event = self._admit(req, klass, decision, result, now,
-                                          ticket or req.request_id)
+                                          ticket or req.request_id, rng)
         if decision.admission == "admit" and not cfg.admission.high(req.priority):
             decision = self._as_low.of(decision)
         if not new_event:
@@ -204,14 +202,14 @@ class Router(Intake):
 
     def _admit(self, req: RequestInfo, klass: ClassConfig | None, decision: Decision,
                result: PipelineResult | LanePick | None, now: float, ticket: str | None,
-               ) -> tuple[Decision, bool]:
+               rng: random.Random | None = None) -> tuple[Decision, bool]:
         """Run admission control (sidecar.core.admission) on a selection result;
         ``klass``: the request's class (or the default one)."""
         if decision.reason in ("unknown_model", "no_candidate", "not_llm"):
             self.admission.queue.leave(ticket)  # a waiter whose model a reload removed
             return decision, True
         assert klass is not None
-        v = self.admission.assess(req, klass, decision, result, self, now, ticket)
+        v = self.admission.assess(req, klass, decision, result, self, now, ticket, rng)
         if v.outcome == "admit" and v.reason == "ok" and v.cluster == decision.cluster:
             # The common case: nothing to change but the timeout (the class's).
             if v.timeout_ms == decision.timeout_ms and v.is_retry == decision.is_retry:
@@ -220,8 +218,9 @@ class Router(Intake):
         if not v.requeued and v.reason not in ("ok", "disabled"):
             self.counters[("admission_reason", v.reason)] += 1
         if v.outcome == "admit" and v.cluster != decision.cluster:
-            decision = self._finish(req, v.cluster, decision.reason, klass,
-                                    full_result(result), is_probe=decision.is_probe)
+            rescue = v.reason == "rescue"  # a probe, not a refusal (sidecar.core.rescue_probe)
+            decision = self._finish(req, v.cluster, "probe" if rescue else decision.reason,
+                                    klass, full_result(result), decision.is_probe or rescue)
         detail = f"{v.reason}: {v.note}" if v.note or v.outcome != "admit" else decision.detail
         decision = replace(
             decision,

@@ -1,0 +1,84 @@
+"""Probe instead of refuse: a request refused for want of room probes a cooling route (pure).
+
+A route whose circuit is open (quarantined, or probing outside the probe share)
+learns that it recovered only from probes, and a quarantined one takes none
+until its cooldown is over. That cooldown doubles with each failed probe
+round (:mod:`sidecar.core.health`), so after an outage of a few minutes the
+next probe can come long after the route is back, while the routes left are
+full and admission refuses work. A request admission refuses for want of room
+is already a failure to its caller; sent to the cooling route as a probe it
+costs little more, and it finds the recovery early.
+
+The rule, after the admission table (:mod:`sidecar.core.admission_rules`) chose
+its row for a request::
+
+    room_refusal = outcome in {defer, shed} and reason in {overload, yield, full}
+                   and every usable route is full or reserved
+                   (not for a deadline, a retry budget or an optional step: those
+                   rows come first; nor for routes merely over budget)
+    cooling(r)   = r is a candidate of the request whose circuit is open
+                   (quarantined or probing), r is not the chosen route,
+                   and inflight(r) == 0              (at most one such probe at a time)
+    rescue       = room_refusal and some cooling(r) and u < health.probe_share
+                   (u uniform from the injected rng; probe_share 0.05 by default)
+    route        = one cooling route, uniformly at random
+
+A rescued request is admitted to ``route`` as a probe (reason ``rescue``), under
+the class's timeout as any admitted request. Its answer is probe evidence
+(:func:`counts_as_probe`): one that meets the probe's criteria while the route
+is quarantined ends the cooldown and counts as the first of
+``health.probe_successes`` (COOLDOWN_OVER, then PROBE_OK: the restore ladder
+proceeds as after a normal probe); while probing it counts as any probe. A
+failed one while quarantined changes nothing (no rule for PROBE_FAIL there):
+the cooldown is not lengthened, and while probing it counts toward
+``eject_consecutive`` as any failed probe. Only answers to requests sent after
+the route entered quarantine count there: a straggler sent before says nothing
+about the recovery.
+
+The cost bound: per refusal a chance of ``probe_share`` (what a probing route
+gets of its slice's traffic), and one probe in flight per route, so a route
+that hangs (a timeout) holds at most one caller at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from random import Random
+from typing import Final
+
+from sidecar.core.admission_rules import Rule
+from sidecar.core.admission_verdict import RouteFacts
+from sidecar.core.health import HealthState, RouteHealth
+from sidecar.core.selection import PipelineResult, RouteView
+
+RESCUE: Final = Rule(lambda s: False, "admit", "rescue")  # never matched in the table
+ROOM_REASONS: Final = frozenset({"overload", "yield", "full"})
+_COUNTED: Final = (HealthState.PROBING, HealthState.RESTRICTED)
+
+
+def room_refusal(outcome: str, reason: str, facts: Sequence[RouteFacts]) -> bool:
+    """Is this a refusal for want of room (module docstring, ``room_refusal``)?"""
+    return (outcome in ("defer", "shed") and reason in ROOM_REASONS
+            and all(f.full or f.reserved for f in facts if f.usable))
+
+
+def rescue_route(
+    rule: Rule, facts: Sequence[RouteFacts], result: PipelineResult | None, chosen: str,
+    view: RouteView, share: float, rng: Random | None,
+) -> str | None:
+    """The cooling route a request ``rule`` refuses probes instead (None: refuse it)."""
+    if (rng is None or result is None or share <= 0.0
+            or not room_refusal(rule.outcome, rule.reason, facts)):
+        return None
+    cooling = [c.name for c in result.candidates
+               if c.health.quarantined and c.name != chosen and view.inflight(c.name) == 0]
+    if not cooling or rng.random() >= share:
+        return None
+    return cooling[0] if len(cooling) == 1 else rng.choice(cooling)
+
+
+def counts_as_probe(h: RouteHealth, sent_at: float) -> bool:
+    """Does a probe's answer sent at ``sent_at`` count for entry ``h``? Probing and
+    restricted entries take every probe; a quarantined one those sent since it entered
+    quarantine (a rescue, module docstring)."""
+    return h.state in _COUNTED or (h.state is HealthState.QUARANTINED and sent_at >= h.since)

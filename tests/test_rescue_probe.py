@@ -1,0 +1,173 @@
+"""Probe instead of refuse (sidecar.core.rescue_probe): a request admission refuses for
+want of room probes a cooling route, and the answer counts as probe evidence."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from sidecar.core.config import HealthConfig, StatsConfig, parse_config
+from sidecar.core.health import HealthState, RouteHealth
+from sidecar.core.health_board import CLUSTER_SLICE
+from sidecar.core.replayed_draw import ReplayedDraw
+from sidecar.core.rescue_probe import counts_as_probe
+from sidecar.core.router import Router
+from sidecar.core.types import Observation, RequestInfo, SliceKey
+from tests.conftest import base_config_dict
+
+SL = SliceKey("m", "batch", "short", True)
+HIT, MISS = ReplayedDraw(0.0), ReplayedDraw(0.99)  # below / above probe_share 0.05
+
+
+def router(**overrides: Any) -> Router:
+    data = base_config_dict(stats={"min_samples": 5})
+    for c in data["clusters"]:
+        c["max_concurrency"] = 1
+    data.update(overrides)
+    return Router(parse_config(data, "t.yaml"))
+
+
+def request(klass: str = "batch", **kw: Any) -> RequestInfo:
+    k = parse_config(base_config_dict(), "t.yaml").workload_class(klass)
+    assert k is not None
+    base = RequestInfo(api="chat", model="m", stream=True, max_tokens=None, input_tokens=10,
+                       klass=klass, priority=k.priority, tenant=None,
+                       slice=SliceKey("m", klass, "short", True))
+    return replace(base, **kw)
+
+
+def eject_c(r: Router, now: float = 1.0) -> None:
+    """Hard failures on c: its circuit opens (cooldown 15 s)."""
+    for _ in range(r.config.health.eject_consecutive):
+        r.observe(Observation("c", SL, "error", 503, e2e_s=0.005), now)
+    assert r.health("c", SL).state == "quarantined"
+
+
+def cooling(r: Router) -> RouteHealth:
+    """c's quarantined entry (the hard failures open the cluster-wide circuit)."""
+    h = r.board.peek("c", CLUSTER_SLICE)
+    assert h is not None and h.state is HealthState.QUARANTINED
+    return h
+
+
+def slow(r: Router, *clusters: str) -> None:
+    """Batch answers far over budget on ``clusters`` (routes over budget, with room)."""
+    for c in clusters:
+        for _ in range(10):
+            r.observe(Observation(c, SL, "ok", 200, ttft_s=20.0, e2e_s=80.0), 1.0)
+
+
+# (setup, request, draw) -> (admission, cluster, probe, detail prefix)
+CASES: list[tuple[str, str, dict[str, Any], random.Random, tuple[str, str | None, bool, str]]] = [
+    # a and b full, c cooling: the refusal probes c instead
+    ("full", "batch", {}, HIT, ("admit", "c", True, "rescue")),
+    ("full", "interactive", {}, HIT, ("admit", "c", True, "rescue")),  # row 13 (full)
+    # the draw above probe_share: refused as before
+    ("full", "batch", {}, MISS, ("defer", None, False, "overload")),
+    # a probe to c already in flight: one at a time
+    ("full+c_busy", "batch", {}, HIT, ("defer", None, False, "overload")),
+    # nothing cooling: refused
+    ("full_no_cooling", "batch", {}, HIT, ("defer", None, False, "overload")),
+    # other reasons than room: never a probe
+    ("full", "batch", {"step": "optional"}, HIT, ("skip", None, False, "overload_optional")),
+    ("full", "batch", {"deadline_ms": 0}, HIT, ("reject", None, False, "deadline_exhausted")),
+    # routes with room but over budget: refused for the budget, not for room
+    ("slow", "batch", {}, HIT, ("defer", None, False, "overload")),
+]
+
+
+@pytest.mark.parametrize(("setup", "klass", "kw", "draw", "want"), CASES)
+def test_a_refusal_for_want_of_room_probes_a_cooling_route(
+    setup: str, klass: str, kw: dict[str, Any], draw: random.Random,
+    want: tuple[str, str | None, bool, str],
+) -> None:
+    r = router()
+    if setup != "full_no_cooling":
+        eject_c(r)
+    if setup == "slow":
+        slow(r, "a", "b")
+    else:
+        r.started("a")
+        r.started("b")
+    if setup == "full_no_cooling":
+        r.started("c")
+    if setup == "full+c_busy":
+        r.started("c")
+    d = r.decide(request(klass, **kw), 2.0, draw)
+    admission, cluster, probe, detail = want
+    assert d.admission == admission
+    assert d.is_probe is probe
+    assert d.detail.startswith(detail), d.detail
+    if cluster is not None:
+        assert (d.cluster, d.reason, d.status) == (cluster, "probe", None)
+        assert r.counters[("admission_reason", "rescue")] == 1
+
+
+def test_an_ok_rescue_ends_the_cooldown_and_starts_the_restore_ladder() -> None:
+    """The lab case in small: c is back during its cooldown; the refused requests'
+    probes find it, and five ok probes restore it long before the cooldown's end."""
+    r = router()
+    eject_c(r)
+    h = cooling(r)
+    cooldown_until = h.cooldown_until
+    assert cooldown_until is not None and cooldown_until > 5.0
+    r.started("a")
+    r.started("b")
+    for i in range(r.config.health.probe_successes):
+        now = 2.0 + i
+        d = r.decide(request(), now, HIT)
+        assert (d.cluster, d.is_probe) == ("c", True), d.detail
+        r.started("c")
+        r.finished("c")
+        r.observe(Observation("c", SL, "ok", 200, ttft_s=0.1, e2e_s=0.2, is_probe=True), now)
+        if i == 0:
+            assert r.health("c", SL).state == "probing"
+    assert r.health("c", SL).state == "restoring"
+    assert 2.0 + r.config.health.probe_successes < cooldown_until
+
+
+def test_a_failed_rescue_leaves_the_cooldown_alone() -> None:
+    r = router()
+    eject_c(r)
+    h = cooling(r)
+    before = (h.state, h.cooldown_until, h.offences)
+    r.started("a")
+    r.started("b")
+    d = r.decide(request(), 2.0, HIT)
+    assert (d.cluster, d.is_probe) == ("c", True)
+    r.observe(Observation("c", SL, "error", 503, e2e_s=0.005, is_probe=True), 2.0)
+    assert (h.state, h.cooldown_until, h.offences) == before
+
+
+@pytest.mark.parametrize(("ok", "state", "successes", "cooldown_kept"), [
+    (True, HealthState.PROBING, 1, False),  # cooldown over, first of probe_successes
+    (False, HealthState.QUARANTINED, 0, True),  # nothing: not a longer cooldown
+])
+def test_a_probe_answer_while_quarantined(
+    ok: bool, state: HealthState, successes: int, cooldown_kept: bool,
+) -> None:
+    h = RouteHealth("c", SL, HealthConfig(), StatsConfig(), 0.0)
+    h.eject(0.0)
+    assert h.state is HealthState.QUARANTINED and h.offences == 1
+    until = h.cooldown_until
+    h.record_probe(ok, 1.0)
+    assert h.state is state and h.offences == 1
+    assert h.votes.get(HealthState.RESTORING, 0) == successes
+    assert (h.cooldown_until == until) is cooldown_kept
+
+
+@pytest.mark.parametrize(("state", "sent_at", "counts"), [
+    (HealthState.PROBING, 0.0, True),
+    (HealthState.RESTRICTED, 0.0, True),
+    (HealthState.QUARANTINED, 10.0, True),  # sent since the circuit opened at 10
+    (HealthState.QUARANTINED, 9.9, False),  # a straggler from before
+    (HealthState.HEALTHY, 20.0, False),
+    (HealthState.RESTORING, 20.0, False),
+])
+def test_which_probe_answers_count(state: HealthState, sent_at: float, counts: bool) -> None:
+    h = RouteHealth("c", SL, HealthConfig(), StatsConfig(), 0.0)
+    h.state, h.since = state, 10.0
+    assert counts_as_probe(h, sent_at) is counts
