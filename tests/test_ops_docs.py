@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -130,3 +131,136 @@ def test_every_error_kind_counted_is_in_the_errors_row() -> None:
     missing = sorted(k for k in kinds if f"`{k}`" not in row)
     assert not missing, f"error kinds missing from README.md's tailroute_errors_total: {missing}"
     assert "`unexpected_<message>_in_<phase>`" in row  # the one kind built from parts
+
+
+_MIB = re.compile(r"(\d+) MiB")
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def _literal(cell: str) -> object:
+    """The value a default cell states, or ``_INTERPRETED`` when it states a rule in
+    words; a trailing remark in parentheses is not part of the value."""
+    value = re.sub(r" \(.*\)$", "", cell.strip())
+    if value == "required" or value.startswith("required with"):
+        return _REQUIRED
+    if re.fullmatch(r"(none|null)(;.*)?", value):
+        return None
+    if value in ("true", "false"):
+        return value == "true"
+    if (m := _MIB.fullmatch(value)) is not None:
+        return int(m.group(1)) * 1024 * 1024
+    if _NUMBER.fullmatch(value):
+        return float(value.replace(",", ""))
+    if (m := re.fullmatch(r"`([^`]*)`", value)) is not None:
+        return {'""': "", "[]": (), "{}": {}}.get(m.group(1), m.group(1))
+    return _INTERPRETED
+
+
+_REQUIRED, _INTERPRETED = object(), object()
+_MINIMAL: dict[str, object] = {
+    "clusters": [{"name": "a", "address": "127.0.0.1:9001", "models": ["m"]},
+                 {"name": "b", "address": "127.0.0.1:9002"}],  # b: every optional field out
+    "models": [{"name": "m", "candidates": ["a"]}],
+}
+# Optional sub-sections given with their required fields only, so the rest default.
+_OPTIONAL = {"fleet": {"url": "redis://127.0.0.1:6379/0"},
+             "listen": {"tls": {"cert_file": "c", "key_file": "k"}},
+             "envoy": {"sidecar_tls": {"ca_file": "ca"}}}
+# Section heading -> where its fields live in the parsed config.
+_SECTION_OF: dict[str, Any] = {
+    "Top level": lambda cfg: cfg, "`clusters[]`": lambda cfg: cfg.clusters[1],
+    "`models[]`": lambda cfg: cfg.models[0],
+    "`classes.<name>`": lambda cfg: c.parse_config(  # a class given without settings
+        {**_MINIMAL, "classes": {"x": {}}}, "t.yaml").classes[0],
+    "`stats`": lambda cfg: cfg.stats, "`health`": lambda cfg: cfg.health,
+    "`admission`": lambda cfg: cfg.admission, "`listen`": lambda cfg: cfg.listen,
+    "`limits`": lambda cfg: cfg.limits,
+    "`envoy` (used by `tailroute envoy-config`)": lambda cfg: cfg.envoy,
+    "`timing`": lambda cfg: cfg.timing, "`fleet`": lambda cfg: cfg.fleet,
+    "`routing`": lambda cfg: cfg.routing,
+    "`workers` (`serve --workers N`)": lambda cfg: cfg.workers,
+}
+# Defaults the README states as a rule in words: what that rule gives for _MINIMAL.
+_RULES: dict[tuple[str, str], Any] = {
+    ("Top level", "classes"): lambda cfg: [k.name for k in c.DEFAULT_CLASSES],
+    ("Top level", "default_cluster"): lambda cfg: cfg.clusters[0].name,
+    ("Top level", "default_class"): lambda cfg: cfg.classes[0].name,
+    ("Top level", "workers"): lambda cfg: WorkersConfig(),
+    ("`models[]`", "compat"): lambda cfg: "tailroute",  # the top-level compat's default
+    ("`envoy` (used by `tailroute envoy-config`)", "sidecar_max_requests"):
+        lambda cfg: None,  # derived when the bootstrap is rendered
+    ("`envoy` (used by `tailroute envoy-config`)", "usage_sample"):
+        lambda cfg: None,  # by routing mode when the bootstrap is rendered
+    ("`envoy` (used by `tailroute envoy-config`)", "sidecar_tls.key_file"):
+        lambda cfg: None,
+    ("`fleet`", "stats_ttl_s"): lambda cfg: cfg.stats.subwindow_s * cfg.stats.subwindows,
+}
+# Fields the README documents that the parsed config does not keep under that name.
+_NOT_KEPT = {("Top level", "algorithm"),  # copied into every model without its own
+             ("Top level", "compat")}  # likewise
+
+
+def _field(obj: Any, path: str) -> Any:
+    for part in path.replace("algorithm.type", "algorithm").replace(
+            "algorithm.latency_aware", "latency_aware").split("."):
+        if obj is None:
+            return None  # an optional sub-section left out: its fields are absent too
+        obj = getattr(obj, part)
+    return obj
+
+
+def _default_rows() -> list[tuple[str, str, str]]:
+    return [(heading, f, cell) for heading in _SECTION_OF
+            for f, cell in re.findall(r"^\| `([^`]+)` \| ([^|]*) \|",
+                                      _blocks()[heading].split("\n## ")[0], flags=re.M)]
+
+
+@pytest.mark.parametrize(("heading", "name", "cell"), _default_rows())
+def test_the_reference_states_the_code_defaults(heading: str, name: str, cell: str) -> None:
+    """Every default in the README's configuration reference is what a config that
+    leaves the field out gets (with optional sections present for their own fields)."""
+    if (heading, name) in _NOT_KEPT:
+        return
+    bare = c.parse_config(_MINIMAL, "t.yaml")
+    full = c.parse_config({**_MINIMAL, **_OPTIONAL}, "t.yaml")
+    stated = _literal(cell)
+    if stated is _REQUIRED:
+        return
+    # "none" of an optional sub-section's field means the section is absent.
+    actual = _field(_SECTION_OF[heading](bare if stated is None else full), name)
+    if stated is _INTERPRETED:
+        rule = _RULES.get((heading, name))
+        assert rule is not None, (
+            f"README.md '{heading}' {name}: default {cell!r} is a rule in words; add "
+            "what it gives to _RULES")
+        stated = rule(full)
+        if isinstance(stated, list):
+            actual = [k.name for k in actual]
+    assert actual == stated, f"README.md '{heading}' {name}: states {cell!r}, code has {actual!r}"
+
+
+@pytest.mark.parametrize("klass", c.DEFAULT_CLASSES, ids=lambda k: k.name)
+def test_the_default_classes_are_stated_as_the_code_has_them(klass: c.ClassConfig) -> None:
+    """The sentence on the classes used when ``classes`` is absent names each one's SLO,
+    timeout, priority and every weight that differs from the class defaults (it left
+    out agentic's cost 0.1 and quality 0.2)."""
+    text = re.sub(r"\s+", " ", _blocks()["`classes.<name>`"])
+    m = re.search(rf"`{klass.name}` \(([^)]*)\)", text)
+    assert m is not None, f"README.md does not describe the default class {klass.name}"
+    said, slo = m.group(1), klass.slo
+
+    def says(pattern: str) -> bool:
+        return re.search(pattern, said) is not None
+
+    def num(x: float) -> str:
+        return rf"{x:g}(\.0)?\b"
+
+    assert says(rf"(?i){slo.metric} p{num(slo.percentile)}"), said
+    assert says(rf"≤ ({num(slo.budget_ms)} ms|{num(slo.budget_ms / 1000)} s)"), said
+    assert says(rf"timeout {num(slo.timeout_ms / 1000)} s"), said
+    assert says(rf"priority {klass.priority}\b"), said
+    assert ("not latency sensitive" in said) != klass.latency_sensitive, said
+    for f in dataclasses.fields(c.Weights):
+        value = getattr(klass.weights, f.name)
+        if value != f.default:
+            assert says(rf"{f.name} {num(value)}"), f"{klass.name}: weights.{f.name} {value}"
