@@ -33,6 +33,11 @@ MIN_SNAPSHOT_S = 0.1  # serve --snapshot-every: each write serialises the whole 
 MAX_SNAPSHOT_S = 86400.0
 MIN_DEMO_S = 1.0  # demo --duration: it sends at most 40 requests a second
 CONFIG_HELP = "the sidecar's config file (YAML; `tailroute check-config` validates it)"
+# What `tailroute --help` says; the module docstring is for readers of the code (it names
+# modules in Sphinx roles an operator's terminal would show as they are).
+DESCRIPTION = ("The tailroute command line: run the ext_proc sidecar, validate its config "
+               "and render the Envoy bootstrap from it, watch a running sidecar, and run "
+               "the demo, the benchmarks and the policy lab.")
 
 
 def _config_option(p: argparse.ArgumentParser, required: bool) -> None:
@@ -42,7 +47,7 @@ def _config_option(p: argparse.ArgumentParser, required: bool) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="tailroute", description=__doc__,
+        prog="tailroute", description=DESCRIPTION,
         epilog="`tailroute <command> --help` describes each command's options.")
     p.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="command")

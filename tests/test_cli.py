@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -364,3 +366,13 @@ def test_check_config_checks_every_worker_has_an_admin_port(
         assert out.returncode == 0, out.stderr
     else:
         assert out.returncode == 2 and out.stderr.splitlines()[0] == problem, out.stderr
+
+
+@pytest.mark.parametrize(("name", "parser"), _parsers(), ids=[n for n, _ in _parsers()])
+def test_help_is_written_for_the_operator(name: str, parser: argparse.ArgumentParser) -> None:
+    """`tailroute --help` printed the module docstring: "This module parses the command
+    line and dispatches; what each command does is :mod:`sidecar.cli_commands`"."""
+    text = parser.format_help()
+    leaks = [m.group(0) for m in re.finditer(r":[a-z]+:`[^`]*`|``[^`]*``|This module", text)]
+    assert not leaks, f"{name} --help shows the code's docstring markup: {leaks}"
+
