@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--unix", default=None, metavar="PATH",
                    help="reach the sidecar over this Unix socket instead")
     e.add_argument("-o", "--output", default=None, metavar="FILE",
-                   help="write the bootstrap here (default: stdout)")
+                   help="write the bootstrap here (default, or -: stdout)")
     e.set_defaults(func=commands.envoy_config)
 
     sub.add_parser("fake-provider", help="simulated OpenAI-compatible provider", add_help=False)

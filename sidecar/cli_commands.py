@@ -119,7 +119,8 @@ def envoy_config(ns: argparse.Namespace) -> int:
     cfg = load_config(ns.config)
     check_sidecar_target(cfg, ns.grpc, ns.unix)
     text = to_yaml(render_for_mode(cfg, grpc_target=ns.grpc, unix_socket=ns.unix))
-    if ns.output:
+    # `-o -` is standard output, as for most Unix tools: not a file named "-".
+    if ns.output and ns.output != "-":
         try:
             with open(ns.output, "w", encoding="utf-8") as f:
                 f.write(text)

@@ -376,3 +376,17 @@ def test_help_is_written_for_the_operator(name: str, parser: argparse.ArgumentPa
     leaks = [m.group(0) for m in re.finditer(r":[a-z]+:`[^`]*`|``[^`]*``|This module", text)]
     assert not leaks, f"{name} --help shows the code's docstring markup: {leaks}"
 
+
+@pytest.mark.parametrize("output", [[], ["-o", "-"], ["--output", "-"]])
+def test_envoy_config_writes_to_stdout_by_default_and_for_dash(
+        tmp_path: Path, output: list[str]) -> None:
+    """`-o -` is standard output, as for other tools; it wrote a file named "-" in the
+    working directory and printed nothing."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(  # this tree's code, from tmp_path
+        p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
+    out = _cli("envoy-config", "-c", str(root / "deploy/local/tailroute.yaml"), *output,
+               cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == (root / "envoy" / "envoy.yaml").read_text()
+    assert list(tmp_path.iterdir()) == []
