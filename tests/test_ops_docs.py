@@ -209,10 +209,16 @@ def _field(obj: Any, path: str) -> Any:
     return obj
 
 
+_TABLE_ROW = re.compile(r"^\| `([^`]+)` \| ([^|]*) \|", flags=re.M)
+_ADMISSION_DOC = DOC.parent / "docs" / "admission.md"
+
+
 def _default_rows() -> list[tuple[str, str, str]]:
-    return [(heading, f, cell) for heading in _SECTION_OF
-            for f, cell in re.findall(r"^\| `([^`]+)` \| ([^|]*) \|",
-                                      _blocks()[heading].split("\n## ")[0], flags=re.M)]
+    rows = [(heading, f, cell) for heading in _SECTION_OF
+            for f, cell in _TABLE_ROW.findall(_blocks()[heading].split("\n## ")[0])]
+    # docs/admission.md repeats the admission section's table.
+    section = _ADMISSION_DOC.read_text().split("\n## Configuration\n")[1].split("\n## ")[0]
+    return rows + [("`admission`", f, cell) for f, cell in _TABLE_ROW.findall(section)]
 
 
 @pytest.mark.parametrize(("heading", "name", "cell"), _default_rows())
