@@ -90,16 +90,25 @@ def _metric_row(name: str) -> str:
 def test_every_exported_label_value_is_in_its_metric_row() -> None:
     """A label value the sidecar exports (the access-log kinds are exported at 0 from
     the start) is one an operator may alert on: its metric's row must name it.
-    ``kind="elsewhere"`` was exported but missing from the row."""
+    ``kind="elsewhere"`` and ``acked="true"``/``"false"`` were exported but not named."""
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
     from sidecar.ops.metrics import build_registry
+    from sidecar.ops.native_metrics import NativeCollector
     from sidecar.shell.app import App
+    from sidecar.shell.native import NativeRouting
     from tests.conftest import base_config_dict
 
-    app = App.create(c.parse_config(base_config_dict(), "t.yaml"), seed=1)
+    # Native mode: its collector too (the same App serves both paths in hybrid mode).
+    clusters = [dict(k, models=["m"]) for k in base_config_dict()["clusters"]]
+    app = App.create(c.parse_config(base_config_dict(clusters=clusters,
+                                                     routing={"mode": "native"}), "t.yaml"),
+                     seed=1)
     registry = build_registry(lambda: app.router, lambda: 1.0, app.shell_counters).registry
+    native = NativeRouting(lambda: app.config, lambda: app.router)
+    native.publish(0.0, force=True)
+    registry.register(NativeCollector(native))
     missing = sorted({
         (f.name, k, v)
         for f in text_string_to_metric_families(generate_latest(registry).decode())
