@@ -279,3 +279,67 @@ def test_the_default_classes_are_stated_as_the_code_has_them(klass: c.ClassConfi
         value = getattr(klass.weights, f.name)
         if value != f.default:
             assert says(rf"{f.name} {num(value)}"), f"{klass.name}: weights.{f.name} {value}"
+
+
+_OPERATIONS = DOC.parent / "docs" / "operations.md"
+
+
+def _yaml_block_after(path: Path, marker: str) -> Any:
+    """The first fenced YAML block after ``marker`` in ``path``, parsed."""
+    import textwrap
+
+    import yaml
+
+    text = path.read_text()
+    start = text.index(marker)
+    body = text[text.index("```yaml\n", start) + 8:]
+    return yaml.safe_load(textwrap.dedent(body[:body.index("```")]))
+
+
+def _rendered_hcm() -> Any:
+    import yaml
+
+    boot = yaml.safe_load((DOC.parent / "envoy" / "envoy.yaml").read_text())
+    return boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+        "typed_config"]
+
+
+@pytest.mark.parametrize(("path", "marker"), [
+    (DOC, "The parts your Envoy needs, in\nthis order"),
+    (_OPERATIONS, "HTTP filters before `envoy.filters.http.router`**, in this order"),
+])
+def test_the_filters_an_operator_copies_are_the_rendered_ones(path: Path, marker: str) -> None:
+    """The filter lists shown for adding tailroute to an existing Envoy name the
+    rendered bootstrap's filters, in its order (docs/operations.md's left out
+    ``tailroute.strip_client_hints``: copied as shown, every provider would see the
+    callers' class, priority and tenant claims)."""
+    shown = [f["name"] for f in _yaml_block_after(path, marker)]
+    rendered = [f["name"] for f in _rendered_hcm()["http_filters"]]
+    assert shown == [n for n in rendered if n != "envoy.filters.http.router"]
+
+
+def test_the_routes_an_operator_copies_are_the_rendered_ones() -> None:
+    """docs/operations.md's example routes match and route as the rendered ones of the
+    same name (its stream route was shown with the unary route's 30 s timeout)."""
+    shown = _yaml_block_after(_OPERATIONS, "3. **Routes**")["routes"]
+    rendered = {r["name"]: r for r in _rendered_hcm()["route_config"]["virtual_hosts"][0][
+        "routes"]}
+    for route in shown:
+        want = rendered[route["name"]]
+        assert (route["match"], route["route"]) == (want["match"], want["route"]), route["name"]
+        assert route.get("typed_per_filter_config") == want.get("typed_per_filter_config")
+    # Both kinds of decided route and the default route are shown.
+    assert {"unary" in r["name"] for r in shown} == {True, False}
+    assert shown[-1]["name"] == "tailroute_default"
+
+
+def test_the_sidecar_cluster_an_operator_copies_is_the_rendered_one() -> None:
+    """docs/operations.md's sidecar cluster is envoy/envoy.yaml's (it was shown without
+    the HTTP/2 keepalive and the health check, which a copy then lacked)."""
+    import yaml
+
+    shown = _yaml_block_after(_OPERATIONS, "1. **A cluster for the sidecar**")[0]
+    boot = yaml.safe_load((DOC.parent / "envoy" / "envoy.yaml").read_text())
+    rendered = next(k for k in boot["static_resources"]["clusters"]
+                    if k["name"] == "tailroute_sidecar")
+    assert shown == rendered
