@@ -343,3 +343,21 @@ def test_the_sidecar_cluster_an_operator_copies_is_the_rendered_one() -> None:
     rendered = next(k for k in boot["static_resources"]["clusters"]
                     if k["name"] == "tailroute_sidecar")
     assert shown == rendered
+
+
+def test_the_tls_row_says_what_the_rendered_cluster_does() -> None:
+    """`clusters[].tls` renders an upstream TLS context (the README said it rendered none,
+    docs/operations.md that it did); whether Envoy verifies the provider's certificate
+    is what an operator of a provider reached over the internet must know."""
+    from sidecar.shell.bootstrap_native import render_for_mode
+
+    data = {**_MINIMAL, "clusters": [{"name": "a", "address": "api.provider.invalid:443",
+                                      "models": ["m"], "tls": True}]}
+    boot = render_for_mode(c.parse_config(data, "t.yaml"), grpc_target="127.0.0.1:50051")
+    cluster = next(k for k in boot["static_resources"]["clusters"] if k["name"] == "a")
+    context = cluster["transport_socket"]["typed_config"]
+    verified = "validation_context" in context.get("common_tls_context", {})
+    row = next(r for r in _TABLE_ROW.finditer(_blocks()["`clusters[]`"]) if r.group(1) == "tls")
+    text = row.string[row.start():row.string.index("\n", row.start())]
+    assert context["sni"] == "api.provider.invalid" and "SNI" in text
+    assert ("does not verify" in text) != verified, text
