@@ -104,11 +104,13 @@ def check_config(ns: argparse.Namespace) -> int:
         n = len(exc.problems)
         print(f"{path}: {n} problem{'s' if n != 1 else ''}", file=sys.stderr)
         return 2
-    print(
-        f"{path}: OK ({len(cfg.clusters)} clusters, {len(cfg.models)} models, "
-        f"{len(cfg.classes)} classes)"
-    )
+    print(f"{path}: OK ({_count(len(cfg.clusters), 'cluster')}, "
+          f"{_count(len(cfg.models), 'model')}, {_count(len(cfg.classes), 'class', 'es')})")
     return 0
+
+
+def _count(n: int, noun: str, plural: str = "s") -> str:
+    return f"{n} {noun}{'' if n == 1 else plural}"
 
 
 def envoy_config(ns: argparse.Namespace) -> int:

@@ -390,3 +390,15 @@ def test_envoy_config_writes_to_stdout_by_default_and_for_dash(
     assert out.returncode == 0, out.stderr
     assert out.stdout == (root / "envoy" / "envoy.yaml").read_text()
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("classes", "says"), [
+    (None, "OK (3 clusters, 1 model, 3 classes)"),
+    ({"only": {}}, "OK (3 clusters, 1 model, 1 class)"),
+])
+def test_check_config_counts_in_words(tmp_path: Path, classes: Any, says: str) -> None:
+    """It printed "1 models" for the shipped example's one model."""
+    data = base_config_dict() if classes is None else base_config_dict(classes=classes)
+    path = _write(tmp_path / "ok.yaml", data)
+    out = _cli("check-config", "--config", str(path), cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0 and out.stdout == f"{path}: {says}\n"
