@@ -21,6 +21,7 @@ from sidecar.ops.metrics import build_registry
 from sidecar.ops.state import state_json
 from sidecar.shell.app import App
 from tests.conftest import base_config_dict
+from tests.loop_turns import while_ticking
 
 MODELS = 3 * STEP_ROUTES // 2  # x 2 clusters: three slices of narrow routes
 NOW = 1000.0
@@ -64,27 +65,6 @@ async def _get(port: int, path: str) -> bytes:
     return raw.split(b"\r\n\r\n", 1)[1]
 
 
-def _while_ticking(trace: list[str], view: Any) -> Any:
-    """Run ``view`` (a coroutine) beside a task noting "tick" at each turn it gets."""
-    async def main() -> Any:
-        done = False
-
-        async def ticker() -> None:
-            while not done:
-                trace.append("tick")
-                await asyncio.sleep(0)
-
-        task = asyncio.create_task(ticker())
-        await asyncio.sleep(0)
-        try:
-            return await view
-        finally:
-            done = True
-            await task
-
-    return asyncio.run(main())
-
-
 def _interleaved(trace: list[str]) -> int:
     """How many times the clock was read again after another task had run."""
     reads = [i for i, x in enumerate(trace) if x == "clock"]
@@ -95,17 +75,17 @@ def test_a_metrics_scrape_lets_the_loop_run_between_slices_of_routes() -> None:
     trace: list[str] = []
     app = _app()
     admin = _Admin(app, trace)
-    _while_ticking(trace, admin.router_metrics.prepare())  # type: ignore[union-attr]
+    while_ticking(trace, admin.router_metrics.prepare())  # type: ignore[union-attr]
     assert _interleaved(trace) >= 2  # the window percentiles: three slices of routes
 
 
 def test_state_and_samples_let_the_loop_run_between_slices_of_routes() -> None:
     trace: list[str] = []
     admin = _Admin(_app(), trace)
-    _while_ticking(trace, admin._state({}))
+    while_ticking(trace, admin._state({}))
     assert _interleaved(trace) >= 2
     trace.clear()
-    _while_ticking(trace, admin.sample())
+    while_ticking(trace, admin.sample())
     assert "tick" in trace[trace.index("clock"):]
 
 

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -272,11 +273,6 @@ def test_limits_apply_at_once_but_for_the_grpc_receive_limit(
 def test_the_watch_loop_parses_the_file_off_the_event_loop(tmp_path: Path) -> None:
     """Parsing a large config took most of a second; on the loop, every decision
     waited for it. The watcher loads in a worker thread and applies on the loop."""
-    import asyncio
-    import threading
-
-    from sidecar.ops.reload import watch_loop
-
     rl, app, path, data = _reloader(tmp_path)
     threads: list[threading.Thread] = []
     load = rl.load
@@ -289,19 +285,7 @@ def test_the_watch_loop_parses_the_file_off_the_event_loop(tmp_path: Path) -> No
     data["clusters"][0]["max_concurrency"] = 11
     _write(path, data)
 
-    async def run() -> threading.Thread:
-        stop, hup = asyncio.Event(), asyncio.Event()
-        watcher = asyncio.create_task(watch_loop(rl, stop, hup, every_s=60.0))
-        hup.set()
-        for _ in range(10_000):  # bounded wait for the worker thread
-            if rl.counts["ok"]:
-                break
-            await asyncio.sleep(0.001)
-        stop.set()
-        await watcher
-        return threading.current_thread()
-
-    loop_thread = asyncio.run(run())
+    loop_thread = _reload_on_hup(rl)
     assert app.config.cluster("a").max_concurrency == 11
     assert len(threads) == 1 and threads[0] is not loop_thread
 
@@ -312,11 +296,7 @@ def test_the_watch_loop_compares_the_bootstraps_off_the_event_loop(
 ) -> None:
     """Rendering the old and the new Envoy bootstrap took 0.6-0.7 s with 100 models in
     hybrid or native mode, on the loop: every decision asked meanwhile failed open."""
-    import asyncio
-    import threading
-
     from sidecar.ops import reload as reload_module
-    from sidecar.ops.reload import watch_loop
 
     path = tmp_path / "tailroute.yaml"
     data = base_config_dict(routing={"mode": mode})
@@ -335,19 +315,7 @@ def test_the_watch_loop_compares_the_bootstraps_off_the_event_loop(
     data["clusters"][0]["max_concurrency"] = 11
     _write(path, data)
 
-    async def run() -> threading.Thread:
-        stop, hup = asyncio.Event(), asyncio.Event()
-        watcher = asyncio.create_task(watch_loop(rl, stop, hup, every_s=60.0))
-        hup.set()
-        for _ in range(10_000):  # bounded wait for the worker thread
-            if rl.counts["ok"]:
-                break
-            await asyncio.sleep(0.001)
-        stop.set()
-        await watcher
-        return threading.current_thread()
-
-    loop_thread = asyncio.run(run())
+    loop_thread = _reload_on_hup(rl)
     assert app.config.cluster("a").max_concurrency == 11
     assert len(threads) == 1 and threads[0] is not loop_thread
 
@@ -603,3 +571,25 @@ def test_a_reload_under_requests_in_flight_lets_them_finish_and_accounts_them() 
         assert state["config"]["reloads_ok"] == 1 and state["config"]["last_error"] is None
         assert dropped not in drive(stack, 12, 4)  # cached plans went with the old config
         assert "Traceback" not in stack.log("sidecar")
+
+
+def _reload_on_hup(rl: ConfigReloader) -> threading.Thread:
+    """One reload through the watch loop (a SIGHUP), waited for boundedly; returns the
+    event loop's thread."""
+    import asyncio
+
+    from sidecar.ops.reload import watch_loop
+
+    async def run() -> threading.Thread:
+        stop, hup = asyncio.Event(), asyncio.Event()
+        watcher = asyncio.create_task(watch_loop(rl, stop, hup, every_s=60.0))
+        hup.set()
+        for _ in range(10_000):  # bounded wait for the worker thread
+            if rl.counts["ok"]:
+                break
+            await asyncio.sleep(0.001)
+        stop.set()
+        await watcher
+        return threading.current_thread()
+
+    return asyncio.run(run())

@@ -33,6 +33,7 @@ from sidecar.devtools.harness import Stack
 from sidecar.ops import snapshot
 from sidecar.ops.state import state_json
 from tests.conftest import base_config_dict
+from tests.loop_turns import while_ticking
 from tests.ops_stack import PROVIDERS, admin_get, drive, e2e_samples, start_stack, wait_for
 
 SL = SliceKey("m", "interactive", "short", True)
@@ -239,26 +240,15 @@ def test_a_snapshot_lets_the_event_loop_run_between_series(
     monkeypatch.setattr(stats_module, "series_to_dict", noted)
     path = tmp_path / "snap.json"
 
-    async def main() -> Router:
+    async def save() -> Router:
         # The serve loop's clock: a route not observed for stats.stale_after_s is not saved.
         router, _ = _many_series(64, asyncio.get_running_loop().time() - 25.0)
         app = App.create(router.config)
         app.router = router
-        done = False
-
-        async def ticker() -> None:
-            while not done:
-                trace.append("tick")
-                await asyncio.sleep(0)
-
-        task = asyncio.create_task(ticker())
-        await asyncio.sleep(0)
         await Snapshotter(app, str(path), collections.Counter()).save()
-        done = True
-        await task
         return router
 
-    router = asyncio.run(main())
+    router = while_ticking(trace, save())
     series = [i for i, x in enumerate(trace) if x == "series"]
     assert len(series) == len(router.stats)  # every route, narrow and blended, is saved
     turns = sum("tick" in trace[a:b] for a, b in itertools.pairwise(series))
