@@ -104,6 +104,10 @@ def check_config(ns: argparse.Namespace) -> int:
         n = len(exc.problems)
         print(f"{path}: {n} problem{'s' if n != 1 else ''}", file=sys.stderr)
         return 2
+    from sidecar.shell.bootstrap import unverified_providers
+
+    for warning in unverified_providers(cfg):
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"{path}: OK ({_count(len(cfg.clusters), 'cluster')}, "
           f"{_count(len(cfg.models), 'model')}, {_count(len(cfg.classes), 'class', 'es')})")
     return 0
@@ -115,11 +119,13 @@ def _count(n: int, noun: str, plural: str = "s") -> str:
 
 def envoy_config(ns: argparse.Namespace) -> int:
     from sidecar.ops.config_file import load_config
-    from sidecar.shell.bootstrap import to_yaml
+    from sidecar.shell.bootstrap import to_yaml, unverified_providers
     from sidecar.shell.bootstrap_native import render_for_mode
 
     cfg = load_config(ns.config)
     check_sidecar_target(cfg, ns.grpc, ns.unix)
+    for warning in unverified_providers(cfg):
+        print(f"warning: {warning}", file=sys.stderr)
     text = to_yaml(render_for_mode(cfg, grpc_target=ns.grpc, unix_socket=ns.unix))
     # `-o -` is standard output, as for most Unix tools: not a file named "-".
     if ns.output and ns.output != "-":

@@ -48,15 +48,16 @@ def _issue(subject: str, key: ec.EllipticCurvePrivateKey, issuer: x509.Name,
     return b.sign(issuer_key, hashes.SHA256())
 
 
-def make_pki(d: Path, server_name: str = "localhost", ca_name: str = "tailroute test CA"
-             ) -> Pki:
+def make_pki(d: Path, server_name: str = "localhost", ca_name: str = "tailroute test CA",
+             ips: tuple[str, ...] = ("127.0.0.1",)) -> Pki:
+    """``ips``: the IP addresses the server certificate names besides ``server_name``."""
     d.mkdir(parents=True, exist_ok=True)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = _issue(ca_name, ca_key, _name(ca_name), ca_key, True, [], [])
     pem = serialization.Encoding.PEM
     (d / "ca.crt").write_bytes(ca.public_bytes(pem))
-    sans: list[x509.GeneralName] = [x509.DNSName(server_name),
-                                    x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    sans: list[x509.GeneralName] = [x509.DNSName(server_name)]
+    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
     for who, usage, alt in (("server", ExtendedKeyUsageOID.SERVER_AUTH, sans),
                             ("client", ExtendedKeyUsageOID.CLIENT_AUTH, [])):
         key = ec.generate_private_key(ec.SECP256R1())

@@ -348,7 +348,8 @@ def test_the_sidecar_cluster_an_operator_copies_is_the_rendered_one() -> None:
 def test_the_tls_row_says_what_the_rendered_cluster_does() -> None:
     """`clusters[].tls` renders an upstream TLS context (the README said it rendered none,
     docs/operations.md that it did); whether Envoy verifies the provider's certificate
-    is what an operator of a provider reached over the internet must know."""
+    is what an operator of a provider reached over the internet must know (it does,
+    against `tls_ca_file`, unless `tls_verify: false`)."""
     from sidecar.shell.bootstrap_native import render_for_mode
 
     data = {**_MINIMAL, "clusters": [{"name": "a", "address": "api.provider.invalid:443",
@@ -361,3 +362,6 @@ def test_the_tls_row_says_what_the_rendered_cluster_does() -> None:
     text = row.string[row.start():row.string.index("\n", row.start())]
     assert context["sni"] == "api.provider.invalid" and "SNI" in text
     assert ("does not verify" in text) != verified, text
+    assert verified and "tls_ca_file" in text, text
+    ca = context["common_tls_context"]["validation_context"]["trusted_ca"]["filename"]
+    assert ca in _OPERATIONS.read_text(), "docs/operations.md names another default CA file"

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from sidecar.core.fields import ConfigError as ConfigError  # re-exported
-from sidecar.core.tls_config import ListenTlsConfig, SidecarTlsConfig
+from sidecar.core.tls_config import SYSTEM_CA_FILE, ListenTlsConfig, SidecarTlsConfig
 from sidecar.core.workers_config import WorkersConfig
 
 # The rendered Envoy bootstrap's cluster for the sidecar (sidecar.shell.bootstrap): an
@@ -44,6 +44,8 @@ class ClusterConfig:
     quality: float = 1.0
     region: str = ""
     tls: bool = False
+    tls_verify: bool = True  # with tls: check the provider's certificate (CA, host's SAN)
+    tls_ca_file: str = SYSTEM_CA_FILE  # the CA bundle Envoy checks it against
     # gen_ai.provider.name of the OpenTelemetry GenAI conventions (a metrics label).
     provider: str = "openai"
 
@@ -249,14 +251,13 @@ class EnvoyConfig:
     sidecar_max_requests: int | None = None
     # How often Envoy flushes its batched access-log entries to the sidecar.
     access_log_flush_ms: int = 100
-    # Share of requests whose SSE stream Envoy parses for the usage object (the token
-    # count TPOT needs); None: 1 in extproc mode, 0.25 in native and hybrid mode.
+    # Share of requests whose SSE stream Envoy parses for the usage object (TPOT's token
+    # count); None: 1 in extproc mode, 0.25 in native and hybrid mode.
     usage_sample: float | None = None
     # Envoy's active gRPC health check of the sidecar cluster (grpc.health.v1); 0 = none.
     sidecar_health_interval_s: float = 5.0
-    # Envoy's HTTP/2 keepalive on its connection to the sidecar: a PING every this many
-    # seconds; an unanswered one closes the connection (a sidecar gone without a FIN or
-    # RST: host crash, partition), so its streams fail over instead of hanging; 0 = none.
+    # Envoy's HTTP/2 keepalive to the sidecar: a PING every this many seconds; an unanswered
+    # one closes the connection (sidecar gone without FIN/RST), so its streams fail over; 0 = none.
     sidecar_keepalive_s: float = 10.0
     sidecar_tls: SidecarTlsConfig | None = None  # how Envoy reaches a TLS sidecar
 
@@ -335,9 +336,8 @@ class Config:
     # serve --workers N: liveness of the workers (a factory: the class is not defined here)
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     source: str = "<memory>"
-    # Lookups built from the tuples above. Not init fields: dataclasses.replace would
-    # hand the new config the old one's dicts, and its __post_init__ would then
-    # rewrite the old config's lookups with the new entries.
+    # Lookups built from the tuples above. Not init fields: dataclasses.replace would hand
+    # the new config the old one's dicts, and its __post_init__ would rewrite them.
     _by_cluster: dict[str, ClusterConfig] = field(
         default_factory=dict, init=False, compare=False, repr=False)
     _by_model: dict[str, ModelConfig] = field(

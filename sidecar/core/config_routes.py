@@ -29,6 +29,7 @@ from sidecar.core.config import (
 )
 from sidecar.core.fields import ConfigReader, did_you_mean, shown
 from sidecar.core.hostport import split_hostport
+from sidecar.core.tls_config import SYSTEM_CA_FILE
 from sidecar.core.types import ANY, NAME_OK, OVERFLOW_CLASS, UNKNOWN_MODEL
 
 COMPATS: Final[tuple[Compat, ...]] = ("tailroute", SEMANTIC_ROUTER)
@@ -137,6 +138,7 @@ def _cluster(r: ConfigReader) -> ClusterConfig:
         split_hostport(address)  # Envoy connects there: port 0 is no port
     except ValueError as exc:
         r.fail(str(exc), "address")
+    tls, verify, ca_file = _provider_tls(r)
     cfg = ClusterConfig(
         name=name,
         address=address,
@@ -145,11 +147,28 @@ def _cluster(r: ConfigReader) -> ClusterConfig:
         cost_per_1k_tokens=r.num("cost_per_1k_tokens", 1.0, lo=0),
         quality=r.num("quality", 1.0, lo=0),
         region=r.str_("region", ""),
-        tls=r.bool_("tls", False),
         provider=_provider(r),
+        tls=tls, tls_verify=verify, tls_ca_file=ca_file,
     )
     r.done()
     return cfg
+
+
+def _provider_tls(r: ConfigReader) -> tuple[bool, bool, str]:
+    """``tls``, ``tls_verify`` and ``tls_ca_file``: the two refine ``tls: true`` only, and
+    a CA file with verification off would be a setting that does nothing, so both refuse."""
+    tls = r.bool_("tls", False)
+    verify = r.bool_("tls_verify", True)
+    ca = r.str_("tls_ca_file", SYSTEM_CA_FILE)
+    if not ca:
+        ca = r.bad("must be a non-empty path to a PEM CA bundle", "tls_ca_file", SYSTEM_CA_FILE)
+    for key in ("tls_verify", "tls_ca_file"):
+        if r.has(key) and not tls:
+            r.bad("applies only with tls: true (the upstream speaks plaintext)", key, None)
+    if r.has("tls_ca_file") and not verify:
+        r.bad("unused with tls_verify: false (nothing is verified): remove one",
+              "tls_ca_file", None)
+    return tls, verify, ca
 
 
 _PROVIDER: Final = re.compile(r"^[a-z0-9][a-z0-9._]{0,63}$")

@@ -19,8 +19,13 @@ reads and validates the files at start-up and on every change.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from sidecar.core.fields import ConfigReader
+
+# Where Debian, Ubuntu and Alpine (and images built on them) keep the system's CA
+# bundle: what a provider's cluster with ``tls: true`` trusts by default.
+SYSTEM_CA_FILE: Final = "/etc/ssl/certs/ca-certificates.crt"
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,8 @@ The rendered bootstrap (see ``envoy/envoy.yaml`` for a readable copy) has:
 * an access log (gRPC Access Log Service) to the sidecar: every request's
   outcome and Envoy-side timing, batched over one stream per Envoy worker;
 * the upstream clusters from the sidecar config, with circuit breakers well above
-  their ``max_concurrency`` (:func:`upstream_max_requests`), and an HTTP/2 gRPC cluster for
+  their ``max_concurrency`` (:func:`upstream_max_requests`), with ``tls`` over TLS
+  that verifies the provider's certificate (:func:`provider_tls`), and an HTTP/2 gRPC cluster for
   the sidecar over TCP or a Unix socket, with explicit circuit breakers
   (:func:`sidecar_max_requests`): Envoy's default of 1024 streams would make it
   fail open under load; health-checked with grpc.health.v1, HTTP/2 keepalive
@@ -47,6 +48,7 @@ _HCM = (
     ".HttpConnectionManager"
 )
 _HTTP_OPTS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+_UPSTREAM_TLS = _TYPE + "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
 
 
 def _addr(hostport: str) -> dict[str, Any]:
@@ -62,9 +64,42 @@ def _is_ip(host: str) -> bool:
     return True
 
 
+def provider_tls(cluster: ClusterConfig) -> dict[str, Any] | None:
+    """The ``transport_socket`` of a provider's cluster with ``tls: true``.
+
+    Envoy verifies the provider's certificate by default: signed by a CA in
+    ``tls_ca_file`` and naming the address's host as a subject alternative name
+    (a DNS name, or an IP address for an IP literal). Envoy matches a DNS name the
+    way browsers do, so a wildcard certificate (``*.example.com``) covers
+    ``api.example.com``. Without it anyone on the path could pose as the provider
+    and read the API keys. ``tls_verify: false`` leaves the check out.
+    """
+    if not cluster.tls:
+        return None
+    host = split_hostport(cluster.address)[0]
+    context: dict[str, Any] = {"@type": _UPSTREAM_TLS, "sni": host}
+    if cluster.tls_verify:
+        # Envoy compares an IP SAN in its printed form: the compressed one for IPv6.
+        san = ({"san_type": "IP_ADDRESS", "matcher": {"exact": ipaddress.ip_address(host)
+                                                       .compressed}}
+               if _is_ip(host) else {"san_type": "DNS", "matcher": {"exact": host}})
+        context["common_tls_context"] = {"validation_context": {
+            "trusted_ca": {"filename": cluster.tls_ca_file},
+            "match_typed_subject_alt_names": [san],
+        }}
+    return {"name": "envoy.transport_sockets.tls", "typed_config": context}
+
+
+def unverified_providers(config: Config) -> list[str]:
+    """Warnings for the clusters whose provider Envoy reaches over TLS unverified."""
+    return [f"{config.source}: clusters[{i}] ({c.name}): tls_verify: false: Envoy does not "
+            "verify the provider's certificate (anyone on the path can pose as it)"
+            for i, c in enumerate(config.clusters) if c.tls and not c.tls_verify]
+
+
 def _cluster(
     name: str, address: dict[str, Any], http2: dict[str, Any] | None, timeout_s: float,
-    tls: bool = False,
+    tls: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A STATIC/STRICT_DNS cluster; ``http2`` (its ``http2_protocol_options``) makes it
     HTTP/2, None leaves it HTTP/1.1."""
@@ -79,15 +114,8 @@ def _cluster(
             "endpoints": [{"lb_endpoints": [{"endpoint": {"address": address}}]}],
         },
     }
-    if tls:
-        c["transport_socket"] = {
-            "name": "envoy.transport_sockets.tls",
-            "typed_config": {
-                "@type": _TYPE
-                + "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-                "sni": host,
-            },
-        }
+    if tls is not None:
+        c["transport_socket"] = tls
     if http2 is not None:
         c["typed_extension_protocol_options"] = {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
@@ -251,7 +279,8 @@ def render_bootstrap(
     if with_sidecar:
         hcm["access_log"] = bf.access_log(config.envoy.access_log_flush_ms)
     clusters = [
-        {**_cluster(c.name, _addr(c.address), http2=None, timeout_s=2.0, tls=c.tls),
+        {**_cluster(c.name, _addr(c.address), http2=None, timeout_s=2.0,
+                   tls=provider_tls(c)),
          "circuit_breakers": _circuit_breakers(upstream_max_requests(c))}
         for c in config.clusters
     ]
