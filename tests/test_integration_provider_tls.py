@@ -47,20 +47,31 @@ class _Server6(_Server):
 
 
 @contextmanager
-def _https_provider(pki: Pki, host: str) -> Iterator[int]:
-    """An HTTPS server on ``host`` presenting ``pki``'s server certificate; its port."""
+def _https_provider(pki: Pki, *hosts: str) -> Iterator[int]:
+    """An HTTPS server presenting ``pki``'s server certificate on each of ``hosts``, all
+    on one port (a host name may resolve to either loopback); that port."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(pki.server_cert, pki.server_key)
-    server = (_Server6 if ":" in host else _Server)((host, 0), _Hello)
-    server.socket = ctx.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.start()
+    servers: list[_Server] = []
+    running: list[tuple[_Server, threading.Thread]] = []
+    port = 0
     try:
-        yield int(server.server_address[1])
+        for host in hosts:
+            server = (_Server6 if ":" in host else _Server)((host, port), _Hello)
+            servers.append(server)
+            port = int(server.server_address[1])
+            server.socket = ctx.wrap_socket(server.socket, server_side=True)
+            thread = threading.Thread(target=server.serve_forever,
+                                      kwargs={"poll_interval": 0.05})
+            thread.start()
+            running.append((server, thread))
+        yield port
     finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+        for server, thread in running:  # shutdown() waits for a serve_forever that runs
+            server.shutdown()
+            thread.join(timeout=10)
+        for server in servers:
+            server.server_close()
 
 
 def _get(port: int) -> tuple[int, str]:
@@ -80,10 +91,14 @@ def _ssl_failures(admin: int) -> dict[str, int]:
             if int(v)}
 
 
-def _through_envoy(served: Pki, host: str, **tls: Any) -> tuple[int, str, dict[str, int]]:
-    """``(status, body, failed certificate checks)`` of one request to the provider."""
-    with _https_provider(served, host) as port, Stack() as stack:
-        addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+def _through_envoy(served: Pki, host: str, name: str | None = None,
+                   **tls: Any) -> tuple[int, str, dict[str, int]]:
+    """``(status, body, failed certificate checks)`` of one request to the provider on
+    ``host`` (a comma-separated list), which the cluster's address calls ``name``
+    (default: ``host``)."""
+    with _https_provider(served, *host.split(",")) as port, Stack() as stack:
+        name = name or host
+        addr = f"[{name}]:{port}" if ":" in name else f"{name}:{port}"
         stack.write_config({
             "default_cluster": "p",
             "clusters": [{"name": "p", "address": addr, "models": ["m"], "tls": True, **tls}],
@@ -138,4 +153,19 @@ def test_an_ipv6_provider_is_matched_by_its_ip_address(
     """The IP SAN Envoy compares is the compressed form the renderer writes."""
     pki = make_pki(tmp_path / "pki", server_name="not-the-host.test", ips=names)
     status, _, failures = _through_envoy(pki, "::1", tls_ca_file=str(pki.ca))
+    assert (status, set(failures)) == ((200, set()) if ok else (503, {"fail_verify_san"}))
+
+
+@pytest.mark.parametrize(("server_name", "ips", "ok"), [
+    ("localhost", (), True),
+    # the certificate names the right IP address, but the cluster's host is a DNS name
+    ("other.test", ("127.0.0.1", "::1"), False),
+])
+def test_a_provider_named_by_host_name_is_matched_by_its_dns_name(
+        tmp_path: Path, server_name: str, ips: tuple[str, ...], ok: bool) -> None:
+    pki = make_pki(tmp_path / "pki", server_name=server_name, ips=ips)
+    # Envoy may resolve localhost to either loopback: the provider answers on both
+    both = "127.0.0.1,::1" if _ipv6_loopback() else "127.0.0.1"
+    status, _, failures = _through_envoy(pki, both, name="localhost",
+                                         tls_ca_file=str(pki.ca))
     assert (status, set(failures)) == ((200, set()) if ok else (503, {"fail_verify_san"}))
