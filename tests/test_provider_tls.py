@@ -30,9 +30,9 @@ def _parsed(**cluster: Any) -> ClusterConfig:
     return parse_config(data, "t.yaml").clusters[0]
 
 
-def _verified(sni: str, ca: str, san_type: str, san: str) -> dict[str, Any]:
+def _verified(sni: str | None, ca: str, san_type: str, san: str) -> dict[str, Any]:
     return {"name": "envoy.transport_sockets.tls", "typed_config": {
-        "@type": _UPSTREAM_TLS, "sni": sni,
+        "@type": _UPSTREAM_TLS, **({} if sni is None else {"sni": sni}),
         "common_tls_context": {"validation_context": {
             "trusted_ca": {"filename": ca},
             "match_typed_subject_alt_names": [{"san_type": san_type,
@@ -44,11 +44,11 @@ def _verified(sni: str, ca: str, san_type: str, san: str) -> dict[str, Any]:
                  _verified("api.openai.com", SYSTEM_CA_FILE, "DNS", "api.openai.com"),
                  id="dns-host-system-ca"),
     pytest.param({"address": "10.0.0.7:8443"},
-                 _verified("10.0.0.7", SYSTEM_CA_FILE, "IP_ADDRESS", "10.0.0.7"),
+                 _verified(None, SYSTEM_CA_FILE, "IP_ADDRESS", "10.0.0.7"),
                  id="ipv4-host"),
-    # Envoy prints an IP SAN in its compressed form before it compares it
+    # no SNI for an IP literal (RFC 6066); Envoy prints an IP SAN compressed to compare it
     pytest.param({"address": "[2001:DB8:0:0::1]:443"},
-                 _verified("2001:DB8:0:0::1", SYSTEM_CA_FILE, "IP_ADDRESS", "2001:db8::1"),
+                 _verified(None, SYSTEM_CA_FILE, "IP_ADDRESS", "2001:db8::1"),
                  id="ipv6-host"),
     pytest.param({"address": "llm.internal:443", "tls_ca_file": "/etc/pki/corp-ca.pem"},
                  _verified("llm.internal", "/etc/pki/corp-ca.pem", "DNS", "llm.internal"),

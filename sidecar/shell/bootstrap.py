@@ -77,12 +77,14 @@ def provider_tls(cluster: ClusterConfig) -> dict[str, Any] | None:
     if not cluster.tls:
         return None
     host = split_hostport(cluster.address)[0]
-    context: dict[str, Any] = {"@type": _UPSTREAM_TLS, "sni": host}
+    ip = _is_ip(host)
+    # SNI names a host; an IP literal is not allowed there (RFC 6066, section 3).
+    context: dict[str, Any] = {"@type": _UPSTREAM_TLS, **({} if ip else {"sni": host})}
     if cluster.tls_verify:
         # Envoy compares an IP SAN in its printed form: the compressed one for IPv6.
         san = ({"san_type": "IP_ADDRESS", "matcher": {"exact": ipaddress.ip_address(host)
                                                        .compressed}}
-               if _is_ip(host) else {"san_type": "DNS", "matcher": {"exact": host}})
+               if ip else {"san_type": "DNS", "matcher": {"exact": host}})
         context["common_tls_context"] = {"validation_context": {
             "trusted_ca": {"filename": cluster.tls_ca_file},
             "match_typed_subject_alt_names": [san],
