@@ -171,3 +171,20 @@ def test_which_probe_answers_count(state: HealthState, sent_at: float, counts: b
     h = RouteHealth("c", SL, HealthConfig(), StatsConfig(), 0.0)
     h.state, h.since = state, 10.0
     assert counts_as_probe(h, sent_at) is counts
+
+
+def test_a_rescue_never_crosses_a_hard_filter() -> None:
+    """Hard filters (model served, region policy) are never relaxed (sidecar.core.filters).
+    Model m may run only in region eu; c, its candidate in us, is cooling. Before, a
+    refusal for want of room on a and b sent m's request to c as a rescue."""
+    data = base_config_dict(stats={"min_samples": 5})
+    for c, region in zip(data["clusters"], ("eu", "eu", "us"), strict=True):
+        c["max_concurrency"], c["region"] = 1, region
+    data["models"][0]["regions"] = ["eu"]
+    r = Router(parse_config(data, "t.yaml"))
+    eject_c(r)
+    r.started("a")
+    r.started("b")
+    d = r.decide(request(), 2.0, HIT)
+    assert (d.admission, d.is_probe) == ("defer", False), d.detail
+    assert r.counters[("admission_reason", "rescue")] == 0

@@ -16,9 +16,10 @@ its row for a request::
                    and every usable route is full or reserved
                    (not for a deadline, a retry budget or an optional step: those
                    rows come first; nor for routes merely over budget)
-    cooling(r)   = r is a candidate of the request whose circuit is open
-                   (quarantined or probing), r is not the chosen route,
-                   and inflight(r) == 0              (at most one such probe at a time)
+    cooling(r)   = r is a candidate of the request that no hard filter dropped
+                   (model served, region policy: never relaxed, not even for a probe)
+                   whose circuit is open (quarantined or probing), r is not the
+                   chosen route, and inflight(r) == 0 (at most one such probe at a time)
     rescue       = room_refusal and some cooling(r) and u < health.probe_share
                    (u uniform from the injected rng; probe_share 0.05 by default)
     route        = one cooling route, uniformly at random
@@ -70,8 +71,11 @@ def rescue_route(
     if (rng is None or result is None or share <= 0.0
             or not room_refusal(rule.outcome, rule.reason, facts)):
         return None
+    # A result's candidates include those a hard filter dropped: a region policy's
+    # routes outside the model's regions are no probe target for its requests.
     cooling = [c.name for c in result.candidates
-               if c.health.quarantined and c.name != chosen and view.inflight(c.name) == 0]
+               if c.health.quarantined and (c.dropped is None or c.soft_drop)
+               and c.name != chosen and view.inflight(c.name) == 0]
     if not cooling or rng.random() >= share:
         return None
     return cooling[0] if len(cooling) == 1 else rng.choice(cooling)
