@@ -498,3 +498,60 @@ def test_an_older_state_from_the_same_owner_is_not_adopted() -> None:
     seen = len(f.events[follower])
     f.cycle(1021.0, only=[follower])  # the follower reads the older entry first
     assert f.state(follower) == "healthy" and len(f.events[follower]) == seen
+
+
+def test_a_peers_probe_of_a_route_its_owner_quarantined_again_leaves_the_cooldown() -> None:
+    """The owner's probes fail and it quarantines cluster a again (a longer cooldown);
+    until its next push the follower still holds the probing copy and sends probes
+    there. Before, the first ok one, forwarded, ended the owner's new cooldown at once
+    (a probe result while quarantined is read as a rescue, sidecar.core.rescue_probe),
+    which no probe seen by the owner itself could do."""
+    f, owner, other = _probing_everywhere(probe_successes=2)
+    for k in range(f.cfg.health.eject_consecutive):
+        f.routers[owner].observe(Observation("a", SL, "error", status=503, e2e_s=0.01,
+                                             is_probe=True), 1016.3 + 0.01 * k)
+    assert f.state(owner, slice=CW) == "quarantined"
+    _probe(f, other, 1016.6)  # sent at 1016.4: after the new quarantine began
+    assert f.state(other, slice=CW) == "probing"  # not adopted yet: a plain probe here
+    f.cycle(1016.7, only=[other])
+    f.cycle(1016.8, only=[owner])
+    assert f.syncs[owner].counters.applied_probes == 1
+    assert f.state(owner, slice=CW) == "quarantined"
+
+
+@pytest.mark.parametrize(("sent", "state"), [
+    (None, "quarantined"),  # a probe of a state the peer saw probing (or an older peer)
+    (1009.0, "quarantined"),  # sent before the quarantine began (1010.01): a straggler
+    (1011.0, "probing"),  # a rescue sent since: the cooldown is over
+])
+def test_a_forwarded_probe_counts_while_quarantined_only_as_a_rescue_sent_since(
+    sent: float | None, state: str,
+) -> None:
+    f = Fleet(2)
+    owner, _ = _quarantined_on_the_owner(f)
+    raw = codec.encode_probe(codec.route_field("a", SL), True,
+                             None if sent is None else round(sent * 1000.0))
+    f.store.probes[f.syncs[owner].rid] = [raw]
+    f.cycle(1011.5, only=[owner])
+    assert f.syncs[owner].counters.applied_probes == 1
+    assert f.state(owner) == state
+
+
+def test_a_followers_rescue_carries_its_send_time_to_the_owner() -> None:
+    f = Fleet(2)
+    owner, follower = _quarantined_on_the_owner(f)
+    f.cycle(1010.1)
+    f.cycle(1010.2)
+    assert f.state(follower) == "quarantined"
+    f.routers[follower].observe(Observation("a", SL, "ok", ttft_s=0.1, e2e_s=0.5,
+                                            is_probe=True), 1011.5)  # sent at 1011.0
+    ex = f.syncs[follower].outgoing(1011.6)
+    assert ex.probes == {f.syncs[owner].rid: [codec.encode_probe(
+        codec.route_field("a", SL), True, 1_011_000)]}
+
+
+@pytest.mark.parametrize("raw", [b'["r", true, 1.5]', b'["r", true, true]',
+                                 b'["r", true, 1, 2]', b'["r"]', b'7'])
+def test_a_malformed_probe_result_is_refused(raw: bytes) -> None:
+    with pytest.raises(ValueError):
+        codec.decode_probe(raw)

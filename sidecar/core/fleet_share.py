@@ -63,6 +63,8 @@ from sidecar.core.subwindow import DecayedWindow
 from sidecar.core.types import SliceKey, TransitionEvent
 
 Route = tuple[str, SliceKey]
+# A probe result for a route's owner: cluster, slice, ok, local send time of a rescue.
+ProbeResult = tuple[str, SliceKey, bool, float | None]
 COUNTERS: Final = ("ok", "error", "timeout", "cancel")
 
 
@@ -236,7 +238,8 @@ class FollowerBoard(HealthBoard):
     def __init__(self, cfg: HealthConfig, stats_cfg: StatsConfig) -> None:
         super().__init__(cfg, stats_cfg)
         self.followed: set[Route] = set()
-        self.probe_outbox: list[tuple[str, SliceKey, bool]] = []
+        # (cluster, slice, ok, when sent: only for a rescue, as record_probe has it)
+        self.probe_outbox: list[ProbeResult] = []
         self.escalated: dict[Route, float] = {}  # route -> when this replica ejected it
 
     @classmethod
@@ -272,13 +275,18 @@ class FollowerBoard(HealthBoard):
         return min(times) if times else None
 
     def record_probe(
-        self, cluster: str, slice: SliceKey, ok: bool, now: float
+        self, cluster: str, slice: SliceKey, ok: bool, now: float, sent: float | None = None,
     ) -> list[TransitionEvent]:
         if (cluster, slice) in self.followed:
+            # The send time goes with a rescue (the copy here quarantined): the owner
+            # checks it against its own quarantine. A probe of a probing copy goes
+            # without, so an owner that has quarantined the route again ignores it.
+            h = self._routes.get((cluster, slice))
+            rescue = h is not None and h.state is HealthState.QUARANTINED
             if len(self.probe_outbox) < 10_000:  # bounded while the store is slow
-                self.probe_outbox.append((cluster, slice, ok))
+                self.probe_outbox.append((cluster, slice, ok, sent if rescue else None))
             return []
-        return super().record_probe(cluster, slice, ok, now)
+        return super().record_probe(cluster, slice, ok, now, sent)
 
 
 def route_state(board: HealthBoard, cluster: str, slice: SliceKey, now: float) -> dict[str, Any]:

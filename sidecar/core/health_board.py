@@ -22,6 +22,7 @@ from typing import Any, Final
 from sidecar.core.config import HealthConfig, StatsConfig
 from sidecar.core.health import HealthState, RouteHealth
 from sidecar.core.health_signals import History, WindowVerdict
+from sidecar.core.rescue_probe import counts_as_probe
 from sidecar.core.types import ANY, SliceKey, TransitionEvent
 
 _Step = Callable[[RouteHealth], list[TransitionEvent]]
@@ -105,10 +106,17 @@ class HealthBoard:
         return self._run(cluster, slice, now, lambda h: h.evaluate(v, now))
 
     def record_probe(
-        self, cluster: str, slice: SliceKey, ok: bool, now: float
+        self, cluster: str, slice: SliceKey, ok: bool, now: float, sent: float | None = None,
     ) -> list[TransitionEvent]:
-        """A probe finished; ignored unless the route is kept (it is probing then)."""
-        if (cluster, slice) not in self._routes:
+        """A probe sent at ``sent`` finished; ignored unless the route is kept. A
+        quarantined route takes only one sent since it entered quarantine (a rescue,
+        :func:`~sidecar.core.rescue_probe.counts_as_probe`); ``sent`` None (unknown: a
+        peer's probe of a state it saw probing) never counts there. Otherwise a peer
+        still probing a route its owner had put back in quarantine ended the new
+        cooldown with its first ok answer, which no probe seen here could do."""
+        h = self._routes.get((cluster, slice))
+        if h is None or (h.state is HealthState.QUARANTINED
+                         and (sent is None or not counts_as_probe(h, sent))):
             return []
         return self._run(cluster, slice, now, lambda h: h.record_probe(ok, now))
 

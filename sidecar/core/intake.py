@@ -343,11 +343,11 @@ class Intake:
         hc = self.board.peek(obs.cluster, CLUSTER_SLICE)
         if hc is not None and counts_as_probe(hc, sent):
             events += self.board.record_probe(obs.cluster, CLUSTER_SLICE, obs.outcome == "ok",
-                                              now)
+                                              now, sent)
         h = self.board.peek(obs.cluster, key)
         if h is not None and counts_as_probe(h, sent):
             ok = obs.outcome == "ok" and within_budget(self.config, obs)
-            events += self.board.record_probe(obs.cluster, key, ok, now)
+            events += self.board.record_probe(obs.cluster, key, ok, now, sent)
         return events
 
     def _fast_path(self, obs: Observation, key: SliceKey, now: float) -> list[TransitionEvent]:

@@ -8,7 +8,7 @@ contain no tabs; slice labels contain ``|``)::
     stats value   {"c": [ok, error, timeout, cancel], "h": {"ttft": [offset, zero, n0, n1, ...]}}
     route field   "<cluster>\\t<slice label>"
     health value  {"o": owner id, "w": wall-clock ms written, "r": route state (ages) or {}}
-    probe value   [route field, ok]
+    probe value   [route field, ok] or, for a rescue, [route field, ok, sent wall-clock ms]
     load value    {"n": {cluster: in flight}, "w": wall-clock ms}  (field "_load")
     limits value  {cluster: [learned limit, last refusal wall-clock ms]}  (field "_limits")
     meta value    {"v": 1, "subwindow_s": s, "accuracy": a}
@@ -283,15 +283,19 @@ def decode_holds(raw: bytes) -> dict[str, int]:
     return decode_times(raw, "holds")
 
 
-def encode_probe(route: str, ok: bool) -> bytes:
-    return json.dumps([route, ok]).encode()
+def encode_probe(route: str, ok: bool, sent_ms: int | None = None) -> bytes:
+    """A probe result for the route's owner; ``sent_ms`` (wall clock) only for a rescue,
+    so that a replica of an older version still reads every other result."""
+    return json.dumps([route, ok] if sent_ms is None else [route, ok, sent_ms]).encode()
 
 
-def decode_probe(raw: bytes) -> tuple[str, bool]:
+def decode_probe(raw: bytes) -> tuple[str, bool, int | None]:
     try:
-        route, ok = loads(raw)
-        if not isinstance(route, str) or not isinstance(ok, bool):
+        route, ok, *rest = loads(raw)
+        sent = rest[0] if len(rest) == 1 else None
+        if (not isinstance(route, str) or not isinstance(ok, bool) or len(rest) > 1
+                or (rest and (type(sent) is not int))):
             raise ValueError("bad probe types")
     except (TypeError, json.JSONDecodeError) as exc:
         raise ValueError(f"malformed probe result: {exc!r}") from exc
-    return route, ok
+    return route, ok, sent

@@ -43,6 +43,7 @@ from typing import Any
 
 from sidecar.core.fleet_share import (
     FollowerBoard,
+    ProbeResult,
     adopt_route,
     closes_circuit,
     route_signature,
@@ -98,7 +99,7 @@ class FleetSync:
         self._republish = True
         # Probe results the last push forwarded to their owners, until its reply comes:
         # a push that failed may not have delivered them (disconnected()).
-        self._forwarded: list[tuple[str, SliceKey, bool]] = []
+        self._forwarded: list[ProbeResult] = []
 
     def wall_ms(self, now: float) -> int:
         return self.stats_sync.wall_ms(now)
@@ -184,12 +185,14 @@ class FleetSync:
                 self._signature[rf] = sig
         probes: dict[str, list[bytes]] = {}
         self._forwarded = []
-        for cluster, s, ok in self.board.probe_outbox:
+        for result in self.board.probe_outbox:
+            cluster, s, ok, sent = result
             rf = codec.route_field(cluster, s)
             holder = self._holders.get(rf)
             if holder is not None and holder != self.rid:
-                probes.setdefault(holder, []).append(codec.encode_probe(rf, ok))
-                self._forwarded.append((cluster, s, ok))
+                sent_ms = None if sent is None else self.wall_ms(sent)
+                probes.setdefault(holder, []).append(codec.encode_probe(rf, ok, sent_ms))
+                self._forwarded.append(result)
                 self.counters.forwarded_probes += 1
         self.board.probe_outbox.clear()
         self._republish = False
@@ -355,25 +358,25 @@ class FleetSync:
         return self._adopt(rf, route, entry, now, f"fleet: took over from {entry[0]}")
 
     def _apply_probes(self, raw: list[bytes], now: float) -> list[TransitionEvent]:
-        results: list[tuple[str, SliceKey, bool]] = []
+        results: list[ProbeResult] = []
         for value in raw:
             try:
-                rf, ok = codec.decode_probe(value)
+                rf, ok, sent_ms = codec.decode_probe(value)
                 cluster, s = codec.parse_route(rf)
             except ValueError as exc:
                 self.counters.skip("a forwarded probe result", exc)
                 continue
             if rf in self.owned:
-                results.append((cluster, s, ok))
+                sent = None if sent_ms is None else sent_ms / 1000.0 - self.wall_offset
+                results.append((cluster, s, ok, sent))
                 self.counters.applied_probes += 1
         return self._apply_results(results, now)
 
-    def _apply_results(self, results: list[tuple[str, SliceKey, bool]],
-                       now: float) -> list[TransitionEvent]:
+    def _apply_results(self, results: list[ProbeResult], now: float) -> list[TransitionEvent]:
         """Probe results of routes this board decides, into its tally."""
         events: list[TransitionEvent] = []
-        for cluster, s, ok in results:
-            got = self.board.record_probe(cluster, s, ok, now)
+        for cluster, s, ok, sent in results:
+            got = self.board.record_probe(cluster, s, ok, now, sent)
             if any(e.old == "probing" and e.new == "restoring" for e in got):
                 self._fence((cluster, s), now)
             events += got
