@@ -488,3 +488,23 @@ def test_an_owed_comeback_expires_with_the_budget_window() -> None:
     _defer_then_free(r, 1, "t")
     assert r.admission.budget.owes("t", 1.0 + 41.0)
     assert not r.admission.budget.owes("t", 1.0 + 43.0)
+
+
+@pytest.mark.parametrize(("subwindow_s", "defer_s", "back_after_s"), [
+    (1.0, 5, 10.0),  # told 5-10 s (retry-after-ms spread); tau 6 s kept it 4.2 s
+    (0.5, 2, 4.0),  # told 2-4 s; tau 3 s kept it 2.1 s
+    (10.0, 2, 41.0),  # the default: tau 60 s already keeps it longer
+])
+def test_an_owed_comeback_outlives_the_longest_wait_its_deferral_told(
+    subwindow_s: float, defer_s: int, back_after_s: float,
+) -> None:
+    """A deferral tells a wait of up to twice defer_retry_after_s (retry-after-ms).
+    The credit decayed with the retry budget's tau (six sub-windows) alone, so with
+    a short sub-window it was gone before the comeback the deferral asked for, which
+    then met the retry budget as a retry again (503 retry_budget once it was spent)."""
+    r = make_router(conc=1, stats={"subwindow_s": subwindow_s, "min_samples": 5},
+                    admission={"defer_retry_after_s": defer_s})
+    fill(r, 1)
+    d = r.decide(request("batch", tenant="t"), 1.0, RNG)
+    assert (d.admission, d.retry_after_s) == ("defer", defer_s)
+    assert r.admission.budget.owes("t", 1.0 + back_after_s)

@@ -145,8 +145,8 @@ class AdmissionControl:
         self.config = config
         self.cfg = config.admission
         self.queue.max_live = self.cfg.queue_max
-        self.budget.ratio = self.cfg.retry_budget_ratio
-        self.budget.tau_s = config.stats.subwindow_s * RETRY_TAU_SUBWINDOWS
+        self.budget.configure(self.cfg.retry_budget_ratio, config.stats.subwindow_s
+                              * RETRY_TAU_SUBWINDOWS, self.cfg.defer_retry_after_s)
         self.pressure.hold_s = self.cfg.yield_hold_s
         self.pressure.reserve = self.cfg.yield_reserve
         self.pressure.after_s = self.cfg.yield_after_s

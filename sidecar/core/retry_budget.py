@@ -44,10 +44,11 @@ found the budget spent and got ``503 retry_budget`` with ``x-should-retry: false
 tests/test_integration_deferred_comeback.py). So each deferral is owed one comeback
 (:meth:`RetryBudget.owe`), the tenant's own or, without a tenant, one shared pool;
 decayed like the counts, it is kept while above one half (``tau ln 2``, about 42 s by
-default). A retry that finds one owed is a first attempt to the budgets: none asked,
-counted as a first attempt (otherwise still a retry: its latency is no evidence). No
-client can send more than before: each one stands for a request that went nowhere,
-and a client may leave any request unmarked.
+default; a lone one at least twice the longest wait a deferral tells,
+:meth:`RetryBudget.configure`). A retry that finds one owed is a first attempt to the
+budgets: none asked, counted as a first attempt (otherwise still a retry: its latency
+is no evidence). No client can send more than before: each one stands for a request
+that went nowhere, and a client may leave any request unmarked.
 """
 
 from __future__ import annotations
@@ -125,13 +126,25 @@ class RetryBudget:
         self._routes: dict[str, _Counts] = {}
         self._tenants: OrderedDict[str, _Counts] = OrderedDict()
         self._untenanted = _Counts()  # deferrals owed to requests without a tenant
+        self.owed_tau_s = self.tau_s
+
+    def configure(self, ratio: float, tau_s: float, defer_s: float) -> None:
+        """Set the ratio and ``tau``; ``defer_s`` (``defer_retry_after_s``) sets how long
+        an owed comeback lasts: a lone one at least twice the longest wait a deferral
+        tells (``retry-after-ms`` spreads it up to ``2 x defer_s``). Decayed with ``tau``
+        alone, a short sub-window (``tau`` = six of them) let it lapse before the
+        comeback came as told: 4.2 s with ``subwindow_s: 1`` for a wait of 5-10 s."""
+        self.ratio, self.tau_s = ratio, max(tau_s, 1e-3)
+        self.owed_tau_s = max(self.tau_s, 2.0 * (2.0 * defer_s) / math.log(2.0))
 
     def _decayed(self, c: _Counts, now: float) -> _Counts:
         if now > c.at:
             k = math.exp(-(now - c.at) / self.tau_s)
             c.firsts *= k
             c.retries *= k
-            c.owed *= k
+            if c.owed:
+                c.owed *= k if self.owed_tau_s == self.tau_s else math.exp(
+                    -(now - c.at) / self.owed_tau_s)
             c.at = now
         return c
 
