@@ -34,7 +34,12 @@ failed one while quarantined changes nothing (no rule for PROBE_FAIL there):
 the cooldown is not lengthened, and while probing it counts toward
 ``eject_consecutive`` as any failed probe. Only answers to requests sent after
 the route entered quarantine count there: a straggler sent before says nothing
-about the recovery.
+about the recovery. Any probe counts so, not a rescue alone: the answers carry
+no rescue mark, and a slice can be probed while quarantined when its whole
+cluster's entry is probing (its probe share reaches every slice). Such an answer
+that meets the slice's budget is the same evidence of recovery, and the route
+still has the whole restore ladder to climb; but it ends a doubled cooldown early,
+which before this rule it could not.
 
 The cost bound: per refusal a chance of ``probe_share`` (what a probing route
 gets of its slice's traffic), and one probe in flight per route, so a route
