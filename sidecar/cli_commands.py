@@ -30,13 +30,13 @@ def serve(ns: argparse.Namespace) -> int:
     try:
         if ns.ready_file:  # written once serving; the supervisor's work files go beside it
             check_ready_file(ns.ready_file)
+        if ns.workers != 1:  # N processes on one port sharing state through the fleet store
+            from sidecar.fleet.workers import run_workers
+
+            return run_workers(ns, config, ns.workers)
     except StartupError as exc:
         print(f"tailroute serve: {exc}", file=sys.stderr)
         return 1
-    if ns.workers != 1:  # N processes on one port sharing state through the fleet store
-        from sidecar.fleet.workers import run_workers
-
-        return run_workers(ns, config, ns.workers)
     if ns.worker_index is not None:
         from sidecar.fleet.workers import worker_log_format
 

@@ -118,9 +118,9 @@ def test_the_status_file_round_trips_and_a_non_integer_count_is_skipped(
     status = WorkerStatus(path, 0)
     assert status.view()["workers"] == [
         {"pid": 11, "admin_port": 9001, "restarts": 0, "last_exit": None, "hung_restarts": 0,
-         "most_missed": 0},
+         "most_missed": 0, "failed_starts": 0, "backoff_s": 0.0},
         {"pid": 12, "admin_port": None, "restarts": 3, "last_exit": -9, "hung_restarts": 1,
-         "most_missed": 0}]
+         "most_missed": 0, "failed_starts": 0, "backoff_s": 0.0}]
     assert [(s.labels, s.value) for s in next(iter(WorkerStatusCollector(status).collect()))
             .samples] == [({"worker": "0", "reason": "exited"}, 0.0),
                           ({"worker": "0", "reason": "hung"}, 0.0),

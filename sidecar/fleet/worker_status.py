@@ -41,7 +41,10 @@ class WorkerRecord:
     exit status of its last death (negative: the signal that killed it);
     ``hung_restarts``: how many of ``restarts`` replaced a worker killed for hanging;
     ``most_missed``: the most heartbeat probes in a row this worker process missed
-    (how close a busy worker came to ``workers.probe_misses``; 0 again after a restart)."""
+    (how close a busy worker came to ``workers.probe_misses``; 0 again after a restart);
+    ``failed_starts``: its deaths in a row, each within a minute of its start (0 once a
+    process of it has run a minute); ``backoff_s``: how long the supervisor waits before
+    starting it again after such a streak (0: the usual second)."""
 
     pid: int | None = None
     admin_port: int | None = None
@@ -49,6 +52,8 @@ class WorkerRecord:
     last_exit: int | None = None
     hung_restarts: int = 0
     most_missed: int = 0
+    failed_starts: int = 0
+    backoff_s: float = 0.0
 
 
 def write_status(path: Path, records: Sequence[WorkerRecord]) -> None:

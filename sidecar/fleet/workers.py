@@ -14,13 +14,19 @@ cannot be shared this way).
 * **Snapshot**: every worker reads it at start (when the store does not answer),
   only worker 0 writes it (all workers hold the same fleet-merged state).
 * **Signals**: SIGTERM/SIGINT/SIGHUP are forwarded to every worker (drain,
-  reload). A worker that dies is restarted after a second, at most 5 times a
-  minute; beyond that the supervisor stops the rest and exits 1.
+  reload); a worker still starting gets its SIGHUP once it serves (before, the
+  signal's default action ended it: Python had not yet installed a handler).
+* **Restarts**: a worker that dies is restarted a second later. One that keeps
+  dying (more than 5 times in a row, each within a minute of its start: a port it
+  cannot bind, a config file a restart can no longer read) is restarted after 2,
+  4, 8 ... up to 60 s while the others keep serving; only when no other worker
+  serves either does the supervisor stop them all and exit 1 (before, 6 deaths
+  of one worker in a minute took the whole fleet down).
 * **Liveness**: a worker that is alive but whose event loop stopped (a blocking
   call, a deadlock, a CPU-bound bug) stops beating on its heartbeat pipe; after
   ``workers.probe_misses`` probes in a row without a beat the supervisor sends it
   SIGTERM, SIGKILL ``workers.kill_grace_s`` later, and restarts it like a worker
-  that died (the same budget): :mod:`sidecar.fleet.liveness`, :mod:`sidecar.fleet.heartbeat`.
+  that died (the same back-off): :mod:`sidecar.fleet.liveness`, :mod:`sidecar.fleet.heartbeat`.
 * ``--ready-file``: written once every worker is serving, as
   ``<grpc port> <admin port of worker 0>``; ``<ready-file>.workers`` lists every
   worker's admin port, one per line. Both are rewritten when a restarted worker
@@ -28,7 +34,7 @@ cannot be shared this way).
   ``tailroute-workers-*`` directory beside it (under TMPDIR without one); the
   supervisor removes it on its way out, and a SIGKILLed supervisor leaves it in
   the directory its starter owns, not in /tmp.
-* **Restarts**: the supervisor keeps ``workers.json`` in that directory (pid,
+* **Status**: the supervisor keeps ``workers.json`` in that directory (pid,
   admin port, restarts and last exit status of each worker), and every worker
   shows it on /state (``workers``) and /metrics
   (``tailroute_worker_restarts_total{worker,reason}``, ``reason`` ``exited`` or
@@ -57,9 +63,13 @@ from sidecar.fleet import heartbeat
 from sidecar.fleet.liveness import Liveness
 from sidecar.fleet.worker_status import WorkerRecord, write_status
 from sidecar.ops.snapshot import write_text_atomic
+from sidecar.shell.startup import check_bindable
 
 log = logging.getLogger("tailroute.workers")
-_RESTARTS_PER_MINUTE = 5
+_QUICK_DEATHS = 5  # deaths in a row restarted after a second; then the back-off
+_RESTART_AFTER_S = 1.0
+_BACKOFF_MAX_S = 60.0
+_STABLE_S = 60.0  # a worker that lived this long was no quick death: its streak ends
 _BEATS_PER_PROBE = 4  # a worker beats this often a probe period: one late beat is no miss
 
 
@@ -117,6 +127,12 @@ class Supervisor:
         host, port = _split(grpc, "--grpc")
         self.grpc = join_hostport(host, port or free_port())
         self.admin_host, self.admin_port = _split(admin, "--admin")
+        if self.admin_port:  # busy: one line now, not a worker failing again and again
+            setting = "--admin" if ns.admin is not None else "listen.admin"
+            for i in range(n):
+                check_bindable(f"worker {i}'s admin server",
+                               join_hostport(self.admin_host, self.admin_port + i),
+                               f"{setting} + {i}" if i else setting)
         if n > (os.cpu_count() or 1):
             log.warning("--workers %d on %d CPUs: each worker is a process deciding on one "
                         "core, so the extra ones only contend", n, os.cpu_count() or 1)
@@ -126,8 +142,10 @@ class Supervisor:
         where = Path(ns.ready_file).resolve().parent if ns.ready_file else None
         self.dir = Path(tempfile.mkdtemp(prefix="tailroute-workers-", dir=where))
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
-        self.restarts: list[float] = []
         self.stopping = False
+        self.started = [0.0] * n  # when each worker's process was spawned (monotonic)
+        self.due: dict[int, float] = {}  # dead workers -> when to start them again
+        self.hup_owed: set[int] = set()  # starting workers owed a SIGHUP once they serve
         self.records = [WorkerRecord() for _ in range(n)]
         self.status = self.dir / "workers.json"
         self.listed: list[int] | None = None  # the admin ports last written out
@@ -156,6 +174,7 @@ class Supervisor:
 
     def spawn(self, i: int) -> None:
         self.ready(i).unlink(missing_ok=True)
+        self.hup_owed.discard(i)  # it reads the config as it is now (one after this: owed)
         argv, keep = self.argv(i), tuple[int, ...]()
         heartbeat.close(self.beats.pop(i, None))
         if self.live_cfg.enabled:
@@ -169,7 +188,8 @@ class Supervisor:
         finally:
             for w in keep:  # the worker has its own copy; ours would only leak
                 os.close(w)
-        self.liveness[i] = Liveness(self.live_cfg, time.monotonic())
+        self.started[i] = time.monotonic()
+        self.liveness[i] = Liveness(self.live_cfg, self.started[i])
         self.records[i].pid = self.procs[i].pid
         self.records[i].most_missed = 0
         self.records[i].admin_port = None  # known once its ready file names it
@@ -178,8 +198,12 @@ class Supervisor:
     def forward(self, sig: int, _frame: object = None) -> None:
         if sig in (signal.SIGTERM, signal.SIGINT):
             self.stopping = True
-        for p in self.procs.values():
-            if p.poll() is None:
+        for i, p in self.procs.items():
+            if sig == signal.SIGHUP and self.records[i].admin_port is None:
+                # Still starting: until serve installs its handler, SIGHUP's default
+                # action would end it. It gets the signal once its ready file is seen.
+                self.hup_owed.add(i)
+            elif p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     p.send_signal(sig)
 
@@ -191,33 +215,74 @@ class Supervisor:
         while True:
             self._track_ports()
             self._probe()  # also while stopping: a hung worker would never finish its drain
+            now = time.monotonic()
             for i, p in list(self.procs.items()):
-                if p.poll() is None or self.stopping:
+                if p.poll() is None or self.stopping or i in self.due:
                     continue
-                rec = self.records[i]
-                if rec.pid == p.pid:  # its death not yet recorded
-                    rec.pid, rec.admin_port, rec.last_exit = None, None, p.returncode
-                    write_status(self.status, self.records)
-                hung = self.liveness[i].hung
-                how = f"worker {i} {'killed after it hung, ' if hung else ''}exited {p.returncode}"
-                if not self._may_restart():
-                    log.error("%s; too many restarts, stopping", how)
+                if not self._schedule(i, p, now):
                     self.forward(signal.SIGTERM)
                     break
-                log.warning("%s; restarting it", how)
-                time.sleep(1.0)
-                if self.stopping:  # told to stop meanwhile: a worker started now would
-                    break  # never be told, and the supervisor would wait for it forever
-                rec.restarts += 1
-                rec.hung_restarts += int(hung)
-                self.spawn(i)
-            if all(p.poll() is not None for p in self.procs.values()):
+            for i, at in sorted(self.due.items()):
+                if self.stopping:  # a worker started now would never be told to stop,
+                    break  # and the supervisor would wait for it forever
+                if at <= now:
+                    del self.due[i]
+                    rec = self.records[i]
+                    rec.restarts += 1
+                    rec.hung_restarts += int(self.liveness[i].hung)
+                    self.spawn(i)
+            self._settle(now)
+            if (self.stopping or not self.due) and all(
+                    p.poll() is not None for p in self.procs.values()):
                 break
             time.sleep(MIN_PROBE_INTERVAL_S)
         codes = [p.returncode for p in self.procs.values()]
         for fd in self.beats.values():
             heartbeat.close(fd)
-        return 0 if self.stopping and all(c == 0 for c in codes) else max(codes) or 1
+        if self.stopping and all(c == 0 for c in codes):
+            return 0
+        # A worker's status, or 1 when they all died of signals (negative: sys.exit(-9)
+        # was exit status 247).
+        return max(max(codes), 0) or 1
+
+    def _schedule(self, i: int, p: subprocess.Popen[bytes], now: float) -> bool:
+        """Worker ``i`` died: note it and set when to start it again. False when it keeps
+        dying and no other worker serves: the supervisor then stops (exit 1)."""
+        rec = self.records[i]
+        rec.pid, rec.admin_port, rec.last_exit = None, None, p.returncode
+        rec.failed_starts = rec.failed_starts + 1 if now - self.started[i] < _STABLE_S else 0
+        delay = restart_delay(rec.failed_starts)
+        how = (f"worker {i} {'killed after it hung, ' if self.liveness[i].hung else ''}"
+               f"exited {p.returncode}")
+        serving = [j for j, q in self.procs.items()
+                   if j != i and q.poll() is None and self.records[j].admin_port is not None]
+        if delay > _RESTART_AFTER_S and not serving:
+            log.error("%s, %d times in a row, and no other worker serves; stopping", how,
+                      rec.failed_starts)
+            write_status(self.status, self.records)
+            return False
+        rec.backoff_s = delay if delay > _RESTART_AFTER_S else 0.0
+        if rec.failed_starts == _QUICK_DEATHS + 1:  # said once, as the back-off begins
+            log.error("%s, %d times in a row within a minute of its start; restarting it "
+                      "in %g s, then waiting twice as long after each quick death (up to "
+                      "%g s) while the other %d serve", how, rec.failed_starts, delay,
+                      _BACKOFF_MAX_S, len(serving))
+        else:
+            log.warning("%s; restarting it in %g s", how, delay)
+        self.due[i] = now + delay
+        write_status(self.status, self.records)
+        return True
+
+    def _settle(self, now: float) -> None:
+        """A worker that has run :data:`_STABLE_S` since its start ends its streak of quick
+        deaths: /state stops showing it as failing, and its next death is restarted in
+        a second again."""
+        changed = False
+        for i, rec in enumerate(self.records):
+            if rec.failed_starts and rec.pid is not None and now - self.started[i] >= _STABLE_S:
+                rec.failed_starts, rec.backoff_s, changed = 0, 0.0, True
+        if changed:
+            write_status(self.status, self.records)
 
     def _probe(self) -> None:
         """Read every live worker's heartbeats; SIGTERM a hung one, SIGKILL it after the grace
@@ -242,11 +307,6 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     p.send_signal(signal.SIGTERM if act == "term" else signal.SIGKILL)
 
-    def _may_restart(self) -> bool:
-        now = time.monotonic()
-        self.restarts = [t for t in self.restarts if now - t < 60.0] + [now]
-        return len(self.restarts) <= _RESTARTS_PER_MINUTE
-
     def _track_ports(self) -> None:
         """Learn the admin port of each worker that started since the last look (its ready
         file, ``<grpc port> <admin port>``); once every worker's is known, write them out
@@ -260,6 +320,10 @@ class Supervisor:
             except (OSError, IndexError, ValueError):
                 continue  # not serving yet (the worker writes it whole, by rename)
             changed = True
+            if i in self.hup_owed:  # serving now: its loop handles the SIGHUP as a reload
+                self.hup_owed.discard(i)
+                with contextlib.suppress(ProcessLookupError):
+                    self.procs[i].send_signal(signal.SIGHUP)
         if changed:
             write_status(self.status, self.records)
         ports = [r.admin_port for r in self.records]
@@ -279,6 +343,13 @@ class Supervisor:
             write_text_atomic(Path(self.ns.ready_file + ".workers"), listing)
             grpc_port = split_hostport(self.grpc)[1]
             write_text_atomic(Path(self.ns.ready_file), f"{grpc_port} {known[0]}\n")
+
+
+def restart_delay(failed_starts: int) -> float:
+    """Seconds before starting again a worker that died ``failed_starts`` times in a row,
+    each within :data:`_STABLE_S` of its start: a second for the first few, then doubling."""
+    over = failed_starts - _QUICK_DEATHS
+    return _RESTART_AFTER_S if over <= 0 else min(_BACKOFF_MAX_S, 2.0 ** min(over, 16))
 
 
 def run_workers(ns: argparse.Namespace, config: Config, n: int) -> int:
