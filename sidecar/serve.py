@@ -297,6 +297,11 @@ async def serve(
         loop.add_signal_handler(signal.SIGHUP, hup.set)
     if held_sighup():  # one came while starting (sidecar.shell.startup.hold_sighup)
         hup.set()
+    if beats is not None:
+        # The pipe breaks only once the supervisor is gone (its read end closes with it):
+        # no one would restart this worker or forward it a SIGTERM, and a new supervisor
+        # would share the gRPC port with it. So it drains and exits, as on SIGTERM.
+        beats.add_done_callback(lambda t: None if t.cancelled() else stop.set())
     tasks = [asyncio.create_task(tick_loop(app, stop), name="tick"),
              asyncio.create_task(_sample_loop(admin, stop, config.stats.subwindow_s / 2),
                                  name="metrics sampling"),

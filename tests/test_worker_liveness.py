@@ -7,16 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import sidecar
 from sidecar.core.config import ConfigError, parse_config
 from sidecar.core.workers_config import WorkersConfig
 from sidecar.fleet import heartbeat
 from sidecar.fleet.liveness import Action, Liveness
 from tests.conftest import base_config_dict
+from tests.ops_stack import wait_for
 
 CFG = WorkersConfig(probe_interval_s=1.0, probe_misses=3, kill_grace_s=2.0,
                     start_timeout_s=10.0)
@@ -161,3 +167,39 @@ def test_beats_cross_the_pipe_and_a_gone_supervisor_ends_them() -> None:
     r, w = heartbeat.open_pipe()
     os.close(r)
     asyncio.run(asyncio.wait_for(heartbeat.beat(w, 0.01), timeout=10))
+
+
+def test_a_worker_whose_supervisor_is_gone_drains_and_exits(tmp_path: Path) -> None:
+    """A SIGKILLed supervisor forwards no SIGTERM and restarts nothing, and a new one
+    would share the gRPC port (SO_REUSEPORT) with the old workers: each worker read the
+    broken heartbeat pipe as that, logged it, and went on serving for good. Now it
+    drains and exits 0, as on SIGTERM."""
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(base_config_dict()))
+    ready = tmp_path / "ready"
+    r, w = heartbeat.open_pipe()
+    root = str(Path(sidecar.__file__).resolve().parents[1])
+    try:
+        with open(tmp_path / "log", "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "sidecar.cli", "serve", "--config", str(path),
+                 "--grpc", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--ready-file",
+                 str(ready), "--heartbeat-fd", str(w), "--heartbeat-every", "0.05"],
+                cwd=tmp_path, env={**os.environ, "PYTHONPATH": root}, pass_fds=(w,),
+                stderr=log)
+    finally:
+        os.close(w)
+    try:
+        wait_for(lambda: ready.exists() or proc.poll() is not None, "the worker to serve",
+                 timeout_s=60)
+        assert proc.poll() is None
+        wait_for(lambda: heartbeat.read_beats(r) or None, "a beat")
+        os.close(r)  # the supervisor's end: gone with it
+        r = -1
+        assert proc.wait(timeout=60) == 0
+        assert "(the supervisor is gone); shutting down" in (tmp_path / "log").read_text()
+    finally:
+        heartbeat.close(r if r >= 0 else None)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -53,7 +53,8 @@ def close(fd: int | None) -> None:
 
 
 async def beat(fd: int, every_s: float) -> None:
-    """Write a beat every ``every_s`` from this event loop, for the life of the process."""
+    """Write a beat every ``every_s`` from this event loop, for the life of the process;
+    return once the pipe breaks (the supervisor is gone: ``serve`` then stops)."""
     os.set_blocking(fd, False)  # a supervisor not reading must never block the loop
     try:
         while True:
@@ -62,7 +63,8 @@ async def beat(fd: int, every_s: float) -> None:
             except BlockingIOError:
                 pass  # the pipe is full: the supervisor has beats enough to read
             except OSError as exc:  # EPIPE: the supervisor is gone; nobody is listening
-                log.warning("heartbeat to the supervisor stopped: %s", exc.strerror or exc)
+                log.error("heartbeat to the supervisor stopped: %s (the supervisor is gone); "
+                          "shutting down", exc.strerror or exc)
                 return
             await asyncio.sleep(every_s)
     finally:
