@@ -46,9 +46,10 @@ def test_valid_reload_swaps_config_and_keeps_router(tmp_path: Path) -> None:
     assert rl.reload("test")
     assert app.config.cluster("b").max_concurrency == 7
     assert app.router is router and router.config is app.config
-    assert rl.counters() == {"reload:ok": 1, "reload:invalid": 0, "reload:last_ok": 1}
+    assert rl.counters() == {"reload:ok": 1, "reload:invalid": 0, "reload:last_ok": 1,
+                             "reload:stats_reset": 0}
     assert rl.view() == {"path": str(path), "reloads_ok": 1, "reloads_invalid": 0,
-                         "last_reload_ok": True, "last_error": None}
+                         "last_reload_ok": True, "last_error": None, "stats_resets": 0}
 
 
 _SLICE = SliceKey("m", "interactive", "short", True)
@@ -101,7 +102,8 @@ def test_invalid_reload_keeps_last_good_config(
     with caplog.at_level(logging.ERROR, logger="tailroute.reload"):
         assert not rl.reload("test")
     assert app.config is good and app.router.config is good
-    assert rl.counters() == {"reload:ok": 0, "reload:invalid": 1, "reload:last_ok": 0}
+    assert rl.counters() == {"reload:ok": 0, "reload:invalid": 1, "reload:last_ok": 0,
+                             "reload:stats_reset": 0}
     msg = caplog.records[0].getMessage()
     assert f"{path}: clusters[1].max_concurrency: must be >= 1, got 0" in msg
     assert "keeping the last good config" in msg
@@ -109,7 +111,7 @@ def test_invalid_reload_keeps_last_good_config(
     assert rl.view() == {"path": str(path), "reloads_ok": 0, "reloads_invalid": 1,
                          "last_reload_ok": False,
                          "last_error": f"{path}: clusters[1].max_concurrency: must be >= 1, "
-                                       "got 0 (line 11)"}
+                                       "got 0 (line 11)", "stats_resets": 0}
     data["clusters"][1]["max_concurrency"] = 5
     _write(path, data)
     assert rl.reload("test") and rl.view()["last_error"] is None
@@ -133,7 +135,8 @@ def test_a_reload_of_any_bad_file_is_one_logged_line_and_the_watcher_lives_on(
     with caplog.at_level(logging.ERROR, logger="tailroute.reload"):
         assert rl.reload("test") is False  # never raises
     assert app.config is good
-    assert rl.counters() == {"reload:ok": 0, "reload:invalid": 1, "reload:last_ok": 0}
+    assert rl.counters() == {"reload:ok": 0, "reload:invalid": 1, "reload:last_ok": 0,
+                             "reload:stats_reset": 0}
     (record,) = caplog.records
     assert "\n" not in record.getMessage() and str(path) in record.getMessage()
     error = rl.view()["last_error"]
@@ -226,7 +229,8 @@ def test_a_file_that_cannot_be_read_as_yaml_is_an_invalid_reload(
     with caplog.at_level(logging.ERROR, logger="tailroute.reload"):
         assert rl.reload("test") is False  # counted, never raised into the watcher
     assert app.config is good
-    assert rl.counters() == {"reload:ok": 0, "reload:invalid": 1, "reload:last_ok": 0}
+    assert rl.counters() == {"reload:ok": 0, "reload:invalid": 1, "reload:last_ok": 0,
+                             "reload:stats_reset": 0}
     assert expect in caplog.records[0].getMessage()
 
 

@@ -108,11 +108,11 @@ class Router(Intake):
     def reload(self, config: Config) -> None:
         """Swap in a new config, keeping statistics and health where still meaningful.
 
-        A changed sub-window length or ring makes the old windows incomparable:
-        statistics start fresh then (health states are kept).
-        """
+        Statistics are kept through any ``stats`` change but a new sub-window length
+        (:data:`~sidecar.core.stats.LAYOUT_FIELDS`: the old windows are incomparable);
+        they start fresh then (health states are kept)."""
         self._release_trials(None)  # recorded under the old layout, as observed
-        if config.stats != self.config.stats:
+        if not self.stats.reconfigure(config.stats):
             self.stats = StatsStore(config.stats)
         self.board.reconfigure(config.health, config.stats)
         self.config = config

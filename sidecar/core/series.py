@@ -108,6 +108,16 @@ class RouteStats:
         self.version += 1
         self.span.fence(k)
 
+    def reconfigure(self, cfg: StatsConfig) -> None:
+        """Config reload, same ``subwindow_s``: keep the sub-windows (those inside a
+        shorter ring) and the span; the decayed window is rebuilt from them by ``cfg``
+        at the next read, and cached answers go."""
+        self.window.resize(cfg, self.accuracy)
+        self.cfg = cfg
+        self._past, self._read, self._slot = DecayedWindow(self.accuracy), None, None
+        self._evidence.clear()
+        self.version += 1
+
     def observe(self, obs: Observation, now: float) -> None:
         """Count the outcome; add latency samples for ``ok`` first attempts.
 

@@ -35,6 +35,7 @@ from sidecar.core.types import ANY, OVERFLOW_CLASS, Observation, SliceKey
 
 __all__ = [
     "GLOBAL_OVERFLOW",
+    "LAYOUT_FIELDS",
     "METRICS",
     "OVERFLOW_CLASS",
     "Lookup",
@@ -47,6 +48,10 @@ __all__ = [
 ]
 
 GLOBAL_OVERFLOW: Final = SliceKey(OVERFLOW_CLASS, OVERFLOW_CLASS, ANY, None)
+# Stats fields a store cannot be carried across (StatsStore.reconfigure): sub-windows
+# are numbered floor(t / subwindow_s), so those of another length cover other spans
+# of time and cannot be merged, split or compared.
+LAYOUT_FIELDS: Final = ("subwindow_s",)
 # A slice and its broader slices on one cluster, narrow first, with their series (if any).
 _Levels = tuple[tuple[SliceKey, RouteStats | None], ...]
 
@@ -81,6 +86,20 @@ class StatsStore:
         # admitted key and the series it records into. An admitted narrow or per-model
         # overflow key stays admitted until a prune, which moves the layout.
         self._routes: dict[tuple[str, SliceKey], tuple[int, SliceKey, tuple[RouteStats, ...]]] = {}
+
+    def reconfigure(self, cfg: StatsConfig) -> bool:
+        """Config reload: keep every series and read it by ``cfg`` from now on
+        (:meth:`RouteStats.reconfigure`); False, and nothing changed, when a field of
+        :data:`LAYOUT_FIELDS` differs: then the series cannot be kept. A lowered
+        ``max_slices`` caps the slices admitted from now on; those already admitted
+        stay until they go stale."""
+        if any(getattr(cfg, f) != getattr(self.cfg, f) for f in LAYOUT_FIELDS):
+            return False
+        self.cfg = cfg
+        for rs in self._series.values():
+            rs.reconfigure(cfg)
+        self.layout += 1  # drops the blends, built with the old prior and sample counts
+        return True
 
     def admit(self, cluster: str, slice: SliceKey) -> SliceKey:
         """The narrow key an observation of ``slice`` is recorded under: the first

@@ -245,6 +245,22 @@ class SeriesWindow:
         slot.reset(index)
         return slot
 
+    def resize(self, cfg: StatsConfig, relative_accuracy: float) -> None:
+        """Take ``cfg`` (same ``subwindow_s``): a ring of ``cfg.subwindows`` holding the
+        sub-windows of the old one that are still inside the new one (all, when it grew;
+        the newest, when it shrank), each in its slot ``k % n``."""
+        n, self.cfg = cfg.subwindows, cfg
+        if n == len(self._ring):
+            return
+        ring = [SubWindow(relative_accuracy) for _ in range(n)]
+        cur = self.current_index
+        if cur is not None:
+            oldest = cur - min(n, len(self._ring))
+            for slot in self._ring:
+                if oldest < slot.index <= cur:
+                    ring[slot.index % n] = slot
+        self._ring = ring
+
     def get(self, index: int) -> SubWindow | None:
         """Sub-window ``index`` if it is still inside the window, else None."""
         cur = self.current_index

@@ -115,8 +115,8 @@ class StatsSync:
     # ------------------------------------------------------------ state
 
     def follow_store(self) -> bool:
-        """A reload that changed ``stats`` replaced the router's store: start merging
-        afresh. True if it did (everything must then be pushed again)."""
+        """A reload of another ``stats.subwindow_s`` replaced the router's store: start
+        merging afresh. True if it did (everything must then be pushed again)."""
         if self.router.stats is self.store:
             return False
         self.store = self.router.stats

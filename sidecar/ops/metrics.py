@@ -57,6 +57,7 @@ METRIC_NAMES = (
     "tailroute_errors_total",
     "tailroute_config_reloads_total",
     "tailroute_config_last_reload_ok",
+    "tailroute_config_stats_resets_total",
     "tailroute_fail_open_total",
     "tailroute_admission_total",
     "tailroute_extproc_phase_seconds",
@@ -203,6 +204,9 @@ def _shell_families(shell: dict[str, int]) -> Iterator[Metric]:
     yield counter("tailroute_config_reloads", "Config reload attempts",
                   [(["ok"], shell.get("reload:ok", 0)),
                    (["invalid"], shell.get("reload:invalid", 0))], labels=["result"])
+    yield counter("tailroute_config_stats_resets", "Config reloads that started every "
+                  "route's statistics afresh (a new stats.subwindow_s)",
+                  shell.get("reload:stats_reset", 0))
     yield gauge("tailroute_config_last_reload_ok", "1 if the last config (re)load succeeded",
                 shell.get("reload:last_ok", 1))
     yield counter("tailroute_fail_open",

@@ -7,9 +7,11 @@ fingerprint is the same on two consecutive polls, so an editor caught halfway
 through writing does not count as an invalid config. SIGHUP reloads at once.
 
 A valid file is swapped in with ``Router.reload`` (statistics and health are
-kept); an invalid one -- whatever is wrong with it: not UTF-8, not YAML, a wrong
-field -- leaves the last good config serving, is logged on one line (the
-:class:`ConfigError` names the file and the field) and is counted, so
+kept; statistics start afresh on a new ``stats.subwindow_s``, said in a warning and
+counted: ``tailroute_config_stats_resets_total``); an invalid one -- whatever is
+wrong with it: not UTF-8, not YAML, a wrong field -- leaves the last good config
+serving, is logged on one line (the :class:`ConfigError` names the file and the
+field) and is counted, so
 ``tailroute_config_reloads_total{result="invalid"}`` and
 ``tailroute_config_last_reload_ok == 0`` show it, and so does /state ``config``
 (:meth:`ConfigReloader.view`, with the error); the watcher goes on. A file
@@ -36,6 +38,7 @@ from pathlib import Path
 
 from sidecar.core.config import Config, ConfigError
 from sidecar.core.input_limits import grpc_receive_limit
+from sidecar.core.stats import LAYOUT_FIELDS
 from sidecar.ops.config_file import MAX_CONFIG_BYTES, load_config
 from sidecar.ops.envoy_drift import envoy_drift
 from sidecar.ops.log_throttle import UNTHROTTLED
@@ -90,16 +93,19 @@ class ConfigReloader:
         self._seen = self._applied
 
     def counters(self) -> dict[str, int]:
-        """``reload:ok``, ``reload:invalid`` and ``reload:last_ok`` for the metrics collector."""
+        """``reload:ok``, ``reload:invalid``, ``reload:last_ok`` and ``reload:stats_reset``
+        for the metrics collector."""
         return {"reload:ok": self.counts["ok"], "reload:invalid": self.counts["invalid"],
-                "reload:last_ok": int(self.last_ok)}
+                "reload:last_ok": int(self.last_ok),
+                "reload:stats_reset": self.counts["stats_reset"]}
 
     def view(self, _now: float = 0.0) -> dict[str, object]:
         """The ``config`` section of /state: the file, the attempts and, while the last
-        one was rejected, its error (the log line's text: file and field)."""
+        one was rejected, its error (the log line's text: file and field); and how many
+        reloads started the statistics afresh (``stats_resets``)."""
         return {"path": str(self.path), "reloads_ok": self.counts["ok"],
                 "reloads_invalid": self.counts["invalid"], "last_reload_ok": self.last_ok,
-                "last_error": self.last_error}
+                "last_error": self.last_error, "stats_resets": self.counts["stats_reset"]}
 
     def _rejected(self, why: str, error: str) -> bool:
         """Log (never throttled: one line per edit or SIGHUP) and count a rejection."""
@@ -112,6 +118,17 @@ class ConfigReloader:
         self.last_ok = False
         self.last_error = error
         return False
+
+    def _stats_reset(self, old: Config, new: Config) -> None:
+        """Say that the reload started every route's statistics afresh, and why: the
+        policy has no evidence until ``min_samples`` come in again."""
+        self.counts["stats_reset"] += 1
+        fields = [f"stats.{f} {getattr(old.stats, f)} -> {getattr(new.stats, f)}"
+                  for f in LAYOUT_FIELDS if getattr(old.stats, f) != getattr(new.stats, f)]
+        log.warning("config reload changed %s: every route's statistics start afresh "
+                    "(sub-windows of another length cannot be compared); health states "
+                    "are kept", ", ".join(fields) or "the statistics' layout",
+                    extra=UNTHROTTLED)
 
     def changed(self) -> bool:
         """Check the file once: True when it changed and has settled since the last check."""
@@ -158,6 +175,7 @@ class ConfigReloader:
                 f"{self.path}: the Envoy bootstrap rendered from it has other routes "
                 f"({'; '.join(blocking)}); Envoy routes by the bootstrap it started with, so "
                 "re-render it (tailroute envoy-config) and restart Envoy and tailroute"))
+        store = self.app.router.stats
         try:
             self.app.reload(new)
         except Exception as exc:  # a bug in reload must not take down a serving sidecar
@@ -169,6 +187,8 @@ class ConfigReloader:
         self.last_error = None
         changed = [s for s in _RESTART_ONLY if getattr(old, s) != getattr(new, s)]
         log.info("config reloaded from %s (%s)", self.path, why)
+        if self.app.router.stats is not store:
+            self._stats_reset(old, new)
         if changed:
             log.warning("config sections %s changed; they take effect on restart",
                         ", ".join(changed))
