@@ -252,7 +252,32 @@ def test_alert_rules_do_what_they_say_in_promtools_unit_tests() -> None:
     tests = _load(DEPLOY / "prometheus" / "alerts_test.yaml")["tests"]
     tested = {c["alertname"] for t in tests for c in t.get("alert_rule_test", [])}
     assert {"TailrouteSidecarDown", "TailrouteSidecarAbsent", "TailrouteErrorBudgetBurnFast",
-            "TailrouteNoHealthyRoute", "TailrouteEnvoyFailOpen", "TailrouteShedding"} <= tested
+            "TailrouteNoHealthyRoute", "TailrouteEnvoyFailOpen", "TailrouteShedding",
+            "TailrouteFailOpen", "TailrouteUnknownModel"} <= tested
+
+
+def test_a_model_no_route_serves_is_its_own_alert_not_a_fail_open() -> None:
+    """The reasons TailrouteFailOpen leaves out are exactly the ones TailrouteUnknownModel
+    takes, and the sidecar exports them: one client's typo kept TailrouteFailOpen
+    firing as if the sidecar failed open."""
+    from sidecar.core.config import parse_config
+    from sidecar.shell.app import App
+    from tests.conftest import base_config_dict
+
+    rules = [r for g in _load(DEPLOY / "prometheus" / "alerts.yaml")["groups"] for r in g["rules"]]
+    exprs = {r["alert"]: r["expr"] for r in rules if "alert" in r}
+
+    def reasons(alert: str, op: str) -> set[str]:
+        return {v for m in re.findall(rf'reason{op}"([^"]*)"', exprs[alert])
+                for v in m.split("|")}
+
+    left_out = reasons("TailrouteFailOpen", "!~")
+    assert left_out == reasons("TailrouteUnknownModel", "=~") == {"unknown_model",
+                                                                  "native_default"}
+    app = App.create(parse_config(base_config_dict(), "t.yaml"))
+    app.router.counters[("decision", "unknown_model")] += 1
+    app.envoy["native_default"] += 1
+    assert {f"failopen:{r}" for r in left_out} <= set(app.shell_counters())
 
 
 def test_the_admission_outcomes_the_shedding_alert_names_are_the_sidecars() -> None:

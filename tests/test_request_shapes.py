@@ -276,8 +276,9 @@ PATHS = [
 def test_what_counts_as_an_llm_request(
     app: App, method: str, path: str, body: bytes | None, reason: str
 ) -> None:
-    """Only a missing or unknown model on an LLM API path is a fail-open (it raises
-    TailrouteFailOpen); other traffic takes the default route by design."""
+    """Only a missing or unknown model on an LLM API path counts as a fail-open
+    (``unknown_model``: TailrouteUnknownModel, on a share); other traffic takes the
+    default route by design."""
     s = RouteStream(app)
     hdrs = {":method": method, ":path": path}
     if body is None:
