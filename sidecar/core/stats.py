@@ -249,6 +249,13 @@ class StatsStore:
         """True for slices observations are recorded under directly (not aggregates)."""
         return slice in self._narrow.get(cluster, ()) or slice in self._overflow.get(cluster, ())
 
+    def slice_counts(self, cluster: str) -> tuple[int, int]:
+        """``(narrow, overflow)``: the slices ``cluster`` admitted (at most ``max_slices``)
+        and the overflow slices in use (:meth:`admit`): above 0 while requests of
+        slices beyond the cap are recorded, and routed, as their model's overflow
+        slice. Read at scrape time, so folding costs no request anything more."""
+        return len(self._narrow.get(cluster, ())), len(self._overflow.get(cluster, ()))
+
     def narrow_keys(self) -> list[tuple[str, SliceKey]]:
         """Keys recorded under directly, incl. overflow keys (what health evaluates), sorted."""
         keys = [(c, s) for c, ss in (*self._narrow.items(), *self._overflow.items()) for s in ss]

@@ -54,6 +54,7 @@ METRIC_NAMES = (
     "tailroute_route_weight",
     "tailroute_inflight",
     "tailroute_concurrency_limit",
+    "tailroute_stats_slices",
     "tailroute_errors_total",
     "tailroute_config_reloads_total",
     "tailroute_config_last_reload_ok",
@@ -190,6 +191,14 @@ def _cluster_families(r: Router) -> Iterator[Metric]:
                 "(sidecar.core.pushback, sidecar.core.queue_signs)",
                 [([c], r.pushback.limit(c)) for c in r.config.cluster_names],
                 labels=["cluster"])
+    counts = {c: r.stats.slice_counts(c) for c in r.config.cluster_names}
+    yield gauge("tailroute_stats_slices",
+                "Workload slices each cluster's statistics track: narrow (admitted, at "
+                "most stats.max_slices) and overflow (slices in use that the further "
+                "ones fold into: above 0, their requests are routed on pooled evidence)",
+                [([c, kind], n[i]) for c, n in counts.items()
+                 for i, kind in enumerate(("narrow", "overflow"))],
+                labels=["cluster", "kind"])
 
 
 def _shell_families(shell: dict[str, int]) -> Iterator[Metric]:

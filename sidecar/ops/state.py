@@ -82,7 +82,11 @@ def state_steps(router: Router, clock: Callable[[], float]) -> Steps[dict[str, A
         # The cluster-wide entry (fast ejection of the whole cluster) has no series of
         # its own, so it is shown here rather than among the routes.
         hc = health.get((c, CLUSTER_SLICE))
+        narrow, overflow = router.stats.slice_counts(c)
         clusters[c] = {
+            # slices tracked, and overflow slices in use: further ones fold into those
+            "slices": {"narrow": narrow, "max": router.config.stats.max_slices,
+                       "overflow": overflow},
             "inflight": router.held(c),
             "max_concurrency": router.config.cluster(c).max_concurrency,
             # learned from 429s or from queueing (sidecar.core.pushback, queue_signs);
