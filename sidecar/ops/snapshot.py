@@ -33,7 +33,8 @@ cooldown keeps running while the sidecar is down.
 A missing, stale, future-dated or corrupt snapshot is logged in one line and
 ignored; loading never raises. Writing is atomic (temp file + rename), so a
 crash mid-write leaves the previous snapshot intact; the temp file a crash left
-behind is removed at the next start.
+behind is removed at the next start. The file is synced before the rename and
+the directory after it, so a power loss keeps the old snapshot or the new.
 """
 
 from __future__ import annotations
@@ -142,7 +143,8 @@ def write_text_atomic(path: str | Path, text: str | list[str]) -> int:
     and rename, so readers see the old content or the new, never half of it; returns
     bytes written.
 
-    fsync before the rename so a power loss cannot leave a renamed but empty file.
+    fsync before the rename so a power loss cannot leave a renamed but empty file,
+    and the directory after it (:func:`_sync_dir`) so it cannot undo the rename.
     Each write has its own temp file (``.<name>.<pid>.<n>.tmp``): the serve loop's
     shutdown snapshot may start while a periodic one is still being written in another
     thread, and with one name per process the second truncated the first's file under
@@ -162,7 +164,25 @@ def write_text_atomic(path: str | Path, text: str | list[str]) -> int:
         os.replace(tmp, p)
     finally:
         tmp.unlink(missing_ok=True)
+    _sync_dir(p.parent)
     return size
+
+
+def _sync_dir(directory: Path) -> None:
+    """fsync ``directory``: on POSIX a rename is a change of the directory's entries,
+    which reach the disk with the directory, not with the file; until then a power
+    loss can bring back the old snapshot, or none. Where a directory cannot be opened
+    or synced (Windows; some network and FUSE file systems answer EINVAL), the rename
+    has still happened and is as durable as that file system makes it: skip."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def save(router: Router, path: str | Path, now: float, wall: float | None = None) -> int:
