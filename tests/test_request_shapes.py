@@ -269,6 +269,9 @@ PATHS = [
     ("GET", "/v1/models", None, "not_llm"),
     ("GET", "/v1/chat/completions", None, "not_llm"),  # lists stored completions
     ("GET", "/v1/responses/resp_1", None, "not_llm"),
+    # A chunked POST of no bytes: the request a content-length: 0 one is (no body),
+    # which Envoy never sends the one-message filter; it got the sidecar's 400.
+    ("POST", "/v1/chat/completions", b"", "not_llm"),
 ]
 
 

@@ -48,7 +48,7 @@ What the request gets on either path:
   :mod:`sidecar.shell.admission` and docs/admission.md;
 * body that is not JSON / not an object / has mistyped fields on an LLM API
   path: 400 ImmediateResponse with an OpenAI-style error JSON;
-* no body, non-LLM path, unknown model, body over ``limits.max_body_bytes``:
+* no body (or an empty one), non-LLM path, unknown model, body over ``limits.max_body_bytes``:
   CONTINUE to the default route (the upstream answers for itself); counted as a
   fail-open (``unknown_model``, ``body_too_large``) on an LLM path with a body, as
   decision reason ``not_llm`` otherwise.
@@ -240,8 +240,11 @@ class RouteStream:
         app = self.app
         cfg = app.config
         # No body at all (GET /v1/chat/completions lists stored completions): not an
-        # inference request, whatever the path.
-        api = api_for_path(self.headers.get(":path", "/")) if is_body else "other"
+        # inference request, whatever the path. Nor an empty one: a chunked POST with
+        # no bytes is the request a content-length: 0 one is, and that one Envoy never
+        # sends the one-message filter (it waits for a body): the default route
+        # answers both, where the chunked one alone got the sidecar's 400.
+        api = api_for_path(self.headers.get(":path", "/")) if body else "other"
         parsed = None
         self.rid = app.new_rid()  # also the admission queue ticket
         if body is not None and api != "other":
