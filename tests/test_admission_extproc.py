@@ -90,7 +90,7 @@ def test_low_priority_under_overload_is_deferred_with_retry_after() -> None:
     assert err["type"] == "tailroute_deferred" and err["code"] == "overload"
     assert err["tailroute"] == {"admission": "defer", "reason": "overload", "class": "batch",
                                 "priority": 1, "step": None, "deadline_ms": None,
-                                "retry_after_s": 2}
+                                "retry_after_s": int(hdrs["retry-after-ms"]) / 1000}
     _, resp = send(app, {"x-tailroute-class": "batch", "x-tailroute-deadline-ms": "1000"})
     status, hdrs, err = immediate_of(resp)
     assert (status, err["type"], hdrs["x-should-retry"]) == (503, "tailroute_shed", "false")
@@ -99,22 +99,26 @@ def test_low_priority_under_overload_is_deferred_with_retry_after() -> None:
 def test_deferrals_spread_their_retry_after_ms() -> None:
     """The SDKs wait exactly the retry-after-ms they are told: one fixed value brought a
     burst of deferrals back in one instant, to be deferred again together. Each answer
-    draws its own wait in [Retry-After, 2 x Retry-After); retry-after stays the minimum."""
+    draws its own wait in [Retry-After, 2 x Retry-After); retry-after stays the minimum.
+    The body's retry_after_s says the same wait as retry-after-ms: it said the minimum,
+    so clients that read the body all came back in one instant still."""
     app = make_app(conc=1)
     fill(app)
     waits = []
     for _ in range(40):
         _, resp = send(app, {"x-tailroute-class": "batch"})
-        status, hdrs, _ = immediate_of(resp)
+        status, hdrs, err = immediate_of(resp)
         assert (status, hdrs["retry-after"]) == (429, "2")
         waits.append(int(hdrs["retry-after-ms"]))
+        assert err["tailroute"]["retry_after_s"] == waits[-1] / 1000
     assert all(2000 <= w < 4000 for w in waits)
     assert len(set(waits)) >= 30  # spread, not one instant
     assert min(waits) < 2500 and max(waits) >= 3500  # over the whole range
     # A call with a deadline was deferred because it can wait Retry-After, not longer.
     _, resp = send(app, {"x-tailroute-class": "batch", "x-tailroute-deadline-ms": "60000"})
-    status, hdrs, _ = immediate_of(resp)
+    status, hdrs, err = immediate_of(resp)
     assert (status, hdrs["retry-after"], hdrs["retry-after-ms"]) == (429, "2", "2000")
+    assert err["tailroute"]["retry_after_s"] == 2.0
 
 
 @pytest.mark.parametrize(("seconds", "spread", "deadline", "ms"), [

@@ -11,7 +11,8 @@ outcome    status  response
 admit      --      CONTINUE; ``x-envoy-upstream-rq-timeout-ms`` = remaining budget
 queue      --      no answer yet: the stream is held (:class:`Hold`) and re-asked
 defer      429     ``retry-after: N``, ``retry-after-ms`` (spread, :func:`retry_after_ms`),
-                   ``x-should-retry: true``, ``tailroute_deferred``
+                   ``x-should-retry: true``, ``tailroute_deferred``; the body's
+                   ``retry_after_s`` is ``retry-after-ms`` in seconds
 shed       503     ``x-should-retry: false``, ``tailroute_shed``
 reject     503     ``x-should-retry: false``, ``tailroute_rejected``
 skip       412     ``x-tailroute-skipped: optional-step``, ``x-should-retry: false``,
@@ -112,9 +113,14 @@ def admission_response(decision: Decision, info: RequestInfo,
         REASON_HEADER: reason,
         "x-should-retry": "true" if outcome == "defer" else "false",
     }
+    # The wait the body states is the one retry-after-ms states: a client reading the
+    # body waited the unspread minimum, and a burst of such clients came back at once.
+    wait_s: float | None = decision.retry_after_s
     if outcome == "defer" and decision.retry_after_s is not None:
+        wait_ms = retry_after_ms(decision.retry_after_s, info, spread)
         headers["retry-after"] = str(decision.retry_after_s)
-        headers["retry-after-ms"] = str(retry_after_ms(decision.retry_after_s, info, spread))
+        headers["retry-after-ms"] = str(wait_ms)
+        wait_s = wait_ms / 1000
     if outcome == "skip":
         headers[SKIPPED_HEADER] = SKIPPED_VALUE
     verb = {"defer": "deferred", "shed": "shed", "reject": "rejected", "skip": "skipped"}
@@ -132,7 +138,7 @@ def admission_response(decision: Decision, info: RequestInfo,
                 "priority": info.priority,
                 "step": info.step,
                 "deadline_ms": info.deadline_ms,
-                "retry_after_s": decision.retry_after_s,
+                "retry_after_s": wait_s,
             },
         }
     }
