@@ -169,7 +169,9 @@ def test_follower_board_leaves_followed_routes_to_the_owner() -> None:
     hb = board.peek("b", SLICES[0])
     assert hb is not None and hb.state is HealthState.QUARANTINED  # not followed: local
     assert board.record_probe("a", SLICES[0], True, 1011.0) == []
-    assert board.probe_outbox == [("a", SLICES[0], True, None)]  # not quarantined here
+    assert board.probe_outbox == [("a", SLICES[0], True, None)]  # no rescue: no send time
+    assert board.record_probe("a", SLICES[0], True, 1011.5, 1011.0) == []  # a rescue's
+    assert board.probe_outbox[-1] == ("a", SLICES[0], True, 1011.0)
 
 
 def test_a_followers_own_run_of_hard_failures_ejects_the_followed_route_here() -> None:

@@ -500,23 +500,29 @@ def test_an_older_state_from_the_same_owner_is_not_adopted() -> None:
     assert f.state(follower) == "healthy" and len(f.events[follower]) == seen
 
 
-def test_a_peers_probe_of_a_route_its_owner_quarantined_again_leaves_the_cooldown() -> None:
+@pytest.mark.parametrize(("rescue", "state"), [(False, "quarantined"), (True, "probing")])
+def test_a_peers_probe_of_a_route_its_owner_quarantined_again_leaves_the_cooldown(
+    rescue: bool, state: str,
+) -> None:
     """The owner's probes fail and it quarantines cluster a again (a longer cooldown);
     until its next push the follower still holds the probing copy and sends probes
     there. Before, the first ok one, forwarded, ended the owner's new cooldown at once
-    (a probe result while quarantined is read as a rescue, sidecar.core.rescue_probe),
-    which no probe seen by the owner itself could do."""
+    (a probe result while quarantined was read as a rescue, sidecar.core.rescue_probe),
+    which no probe seen by the owner itself could do. A rescue the follower sent since
+    the new quarantine began ends it, as one sent by the owner would: marked at the
+    decision, it goes with its send time whatever state the copy here is in."""
     f, owner, other = _probing_everywhere(probe_successes=2)
     for k in range(f.cfg.health.eject_consecutive):
         f.routers[owner].observe(Observation("a", SL, "error", status=503, e2e_s=0.01,
                                              is_probe=True), 1016.3 + 0.01 * k)
     assert f.state(owner, slice=CW) == "quarantined"
-    _probe(f, other, 1016.6)  # sent at 1016.4: after the new quarantine began
-    assert f.state(other, slice=CW) == "probing"  # not adopted yet: a plain probe here
+    f.routers[other].observe(Observation("a", SL, "ok", ttft_s=0.1, e2e_s=0.2, is_probe=True,
+                                         is_rescue=rescue), 1016.6)  # sent at 1016.4: after
+    assert f.state(other, slice=CW) == "probing"  # not adopted yet: a probe here
     f.cycle(1016.7, only=[other])
     f.cycle(1016.8, only=[owner])
     assert f.syncs[owner].counters.applied_probes == 1
-    assert f.state(owner, slice=CW) == "quarantined"
+    assert f.state(owner, slice=CW) == state
 
 
 @pytest.mark.parametrize(("sent", "state"), [
@@ -537,17 +543,22 @@ def test_a_forwarded_probe_counts_while_quarantined_only_as_a_rescue_sent_since(
     assert f.state(owner) == state
 
 
-def test_a_followers_rescue_carries_its_send_time_to_the_owner() -> None:
+@pytest.mark.parametrize("rescue", [True, False])
+def test_a_followers_rescue_carries_its_send_time_to_the_owner(rescue: bool) -> None:
+    """A rescue goes with its send time (the third element); any other probe answer is
+    no evidence for the quarantined copy here, so nothing goes (before, every probe
+    answer sent since the copy's quarantine went as a rescue)."""
     f = Fleet(2)
     owner, follower = _quarantined_on_the_owner(f)
     f.cycle(1010.1)
     f.cycle(1010.2)
     assert f.state(follower) == "quarantined"
     f.routers[follower].observe(Observation("a", SL, "ok", ttft_s=0.1, e2e_s=0.5,
-                                            is_probe=True), 1011.5)  # sent at 1011.0
+                                            is_probe=True, is_rescue=rescue),
+                                1011.5)  # sent at 1011.0
     ex = f.syncs[follower].outgoing(1011.6)
-    assert ex.probes == {f.syncs[owner].rid: [codec.encode_probe(
-        codec.route_field("a", SL), True, 1_011_000)]}
+    assert ex.probes == ({f.syncs[owner].rid: [codec.encode_probe(
+        codec.route_field("a", SL), True, 1_011_000)]} if rescue else {})
 
 
 @pytest.mark.parametrize("raw", [b'["r", true, 1.5]', b'["r", true, true]',

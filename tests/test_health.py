@@ -68,8 +68,9 @@ class Driver:
         if signal is G.COOLDOWN_OVER:
             self.now = max(self.now, self.h.cooldown_until or self.now)
             return self.h.tick(self.now)
-        if signal in (G.PROBE_OK, G.PROBE_FAIL):
-            return self.h.record_probe(signal is G.PROBE_OK, self.now)
+        if signal in (G.PROBE_OK, G.PROBE_FAIL, G.RESCUE_OK):
+            return self.h.record_probe(signal is not G.PROBE_FAIL, self.now,
+                                       rescue=signal is G.RESCUE_OK)
         if signal is G.FAST_FAIL:
             self.now += 0.5
             return self.h.eject(self.now, may_quarantine)
@@ -177,11 +178,9 @@ def test_every_transition_in_the_table(key: tuple[HealthState, Signal]) -> None:
     assert events[-1].slice == K.label() and events[-1].at == d.now
 
 
-# An ok probe while quarantined (a rescue) ends the cooldown: tests/test_rescue_probe.py.
-NEUTRAL = [
-    (st_, sig) for st_ in HealthState for sig in Signal
-    if (st_, sig) not in TRANSITIONS and (st_, sig) != (S.QUARANTINED, G.PROBE_OK)
-]
+# Among them an ok probe while quarantined that is not a rescue: only RESCUE_OK ends a
+# cooldown early (tests/test_rescue_probe.py).
+NEUTRAL = [(st_, sig) for st_ in HealthState for sig in Signal if (st_, sig) not in TRANSITIONS]
 
 
 @pytest.mark.parametrize("key", NEUTRAL, ids=_label)
@@ -192,6 +191,45 @@ def test_pairs_absent_from_the_table_change_nothing(key: tuple[HealthState, Sign
     votes = dict(d.h.votes)
     assert d.send(signal) == []
     assert d.h.state is state and d.h.votes == votes
+
+
+def test_an_open_circuit_is_left_only_through_probing() -> None:
+    """Invariants 1 and 3: quarantine is left on COOLDOWN_OVER or RESCUE_OK alone, both to
+    probing at once, so a rescue climbs the same restore ladder as a cooldown's end."""
+    exits = {sig: r for (st_, sig), r in TRANSITIONS.items()
+             if st_ is S.QUARANTINED and r.target is not None}
+    assert set(exits) == {G.COOLDOWN_OVER, G.RESCUE_OK}
+    assert all(r.target is S.PROBING and r.after is None for r in exits.values())
+    # A rescue's answer counts wherever a probe's does, toward the same target.
+    for st_ in (S.PROBING, S.RESTRICTED):
+        assert TRANSITIONS[st_, G.RESCUE_OK] == TRANSITIONS[st_, G.PROBE_OK]
+
+
+@pytest.mark.parametrize(("probe_successes", "signals", "end", "restoring_votes"), [
+    (5, [G.RESCUE_OK], S.PROBING, 1),  # the cooldown over, and its first ok probe
+    (5, [G.RESCUE_OK, G.PROBE_OK, G.RESCUE_OK, G.PROBE_OK], S.PROBING, 4),
+    (5, [G.RESCUE_OK, *[G.PROBE_OK] * 4], S.RESTORING, 0),
+    (1, [G.RESCUE_OK], S.RESTORING, 0),  # through probing: two events
+    (5, [G.PROBE_OK] * 6, S.QUARANTINED, 0),  # not rescues: the cooldown runs on
+    (5, [G.PROBE_FAIL] * 6, S.QUARANTINED, 0),  # nor is it lengthened
+])
+def test_a_rescue_ends_the_cooldown_as_the_first_probe(
+    probe_successes: int, signals: list[Signal], end: HealthState, restoring_votes: int,
+) -> None:
+    d = Driver(S.QUARANTINED, replace(HC, probe_successes=probe_successes))
+    until, events = d.h.cooldown_until, []
+    for sig in signals:
+        events += d.send(sig)
+    assert d.h.state is end and d.h.votes.get(S.RESTORING, 0) == restoring_votes
+    assert d.h.offences == 1
+    if end is S.QUARANTINED:
+        assert events == [] and d.h.cooldown_until == until
+    else:
+        assert [(e.old, e.new) for e in events][:1] == [("quarantined", "probing")]
+        assert events[0].reason == "rescue probe ok during cooldown"
+    if end is S.RESTORING:  # the circuit's restore weight (invariant 3)
+        assert events[-1].old == "probing" and d.h.restore_from_circuit
+        assert d.h.weight == min(HC.restore_step, 0.5)
 
 
 @pytest.mark.parametrize(
@@ -557,14 +595,13 @@ def test_recovery_passes_probing_and_restoring_in_steps(
     for _ in range(200):
         if d.h.state is S.HEALTHY:
             break
-        if d.h.state is S.QUARANTINED:
-            sig = G.COOLDOWN_OVER
+        if d.h.state is S.QUARANTINED:  # the cooldown ends, or a rescue ends it early
+            sig = rnd.choice([G.COOLDOWN_OVER, G.RESCUE_OK])
         elif d.h.state is S.PROBING:
             sig = G.PROBE_OK
         else:
             sig = rnd.choice([G.OK, G.INSUFFICIENT, rnd.choice(noise)])
-        d.send(sig)
-        states.append(d.h.state)
+        states += [S(e.new) for e in d.send(sig)]  # every state passed (a rescue: two)
         weights.append(d.h.weight)
     assert d.h.state is S.HEALTHY
     assert S.PROBING in states and S.RESTORING in states

@@ -278,13 +278,11 @@ class FollowerBoard(HealthBoard):
         self, cluster: str, slice: SliceKey, ok: bool, now: float, sent: float | None = None,
     ) -> list[TransitionEvent]:
         if (cluster, slice) in self.followed:
-            # The send time goes with a rescue (the copy here quarantined): the owner
-            # checks it against its own quarantine. A probe of a probing copy goes
-            # without, so an owner that has quarantined the route again ignores it.
-            h = self._routes.get((cluster, slice))
-            rescue = h is not None and h.state is HealthState.QUARANTINED
+            # ``sent`` is a rescue's send time (None: any other probe), and goes as it
+            # is: the owner checks it against its own quarantine, which no other probe
+            # may end (an owner that quarantined the route again ignores those).
             if len(self.probe_outbox) < 10_000:  # bounded while the store is slow
-                self.probe_outbox.append((cluster, slice, ok, sent if rescue else None))
+                self.probe_outbox.append((cluster, slice, ok, sent))
             return []
         return super().record_probe(cluster, slice, ok, now, sent)
 

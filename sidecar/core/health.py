@@ -13,17 +13,17 @@ by chance on a partly failing route, restrict it (PARTIAL_FAIL); the run, its
 trials and the failure episode are :class:`~sidecar.core.failure_run.FailureRun`'s
 (the rules and their formulas are in :mod:`sidecar.core.failure_run`).
 
-Other signals: COOLDOWN_OVER (time, :meth:`RouteHealth.tick`, or an ok rescue probe:
-:mod:`sidecar.core.rescue_probe`) and PROBE_OK / PROBE_FAIL
-(:meth:`RouteHealth.record_probe`); a probing route returns to
-quarantine on ``eject_consecutive`` failed probes in a row, not on one. Probes go to probing routes
-and, for latency-sensitive classes, to restricted ones: a restricted route
-receives no such traffic, so without probes it could never show that it
-recovered. :data:`TRANSITIONS` maps ``(state, signal)`` to a :class:`Rule`;
-absent pairs keep the state and its vote streaks. A counted rule ``Rule(target,
-after=N)`` moves once N consecutive windows voted for ``target`` (a window
-voting for another target restarts the count; a ``reset`` rule clears it;
-neutral signals keep it).
+Other signals: COOLDOWN_OVER (time, :meth:`RouteHealth.tick`) and the probe results PROBE_OK,
+PROBE_FAIL and RESCUE_OK (:meth:`RouteHealth.record_probe`; RESCUE_OK: a rescue's ok answer,
+the only one that ends a cooldown early, :mod:`sidecar.core.rescue_probe`); a probing route
+returns to quarantine on ``eject_consecutive`` failed probes in a row, not on one. Probes go
+to probing routes and, for latency-sensitive classes, to restricted ones: a restricted route
+receives no such traffic, so without probes it could never show that it recovered.
+:data:`TRANSITIONS` maps ``(state, signal)`` to a :class:`Rule`; absent pairs keep the state
+and its vote streaks. A counted rule ``Rule(target, after=N)`` moves once N consecutive
+windows voted for ``target`` (a window voting for another target restarts the count; a
+``reset`` rule clears it; neutral signals keep it); ``then`` applies the same input again, as
+that signal, in the state moved to.
 
 Weight (share of selection weight for latency-sensitive classes; tolerant
 classes see 1.0 except while the circuit is open or restoring from it)::
@@ -43,8 +43,8 @@ Every ``forgive_after_s`` spent healthy forgives one offence and one relapse.
 
 Invariants:
 
-1. Only BURST, FAST_FAIL, a counted THREATENING in restricted, or PROBE_FAIL
-   enter quarantined; only COOLDOWN_OVER leaves it; only probe results leave probing.
+1. Only BURST, FAST_FAIL, a counted THREATENING in restricted, or PROBE_FAIL enter
+   quarantined; only COOLDOWN_OVER or RESCUE_OK leaves it; only probe results leave probing.
 2. Insufficient-sample windows (INSUFFICIENT*, STALE) never escalate: a
    sparse route's lone spike cannot degrade or quarantine it. A window
    escalates only on evidence significant at ``confidence``.
@@ -99,6 +99,7 @@ class Rule:
     after: str | None = None
     meanwhile: HealthState | None = None  # state to hold while votes accumulate
     reset: bool = False
+    then: Signal | None = None  # what the same input then is, in the state moved to
 
 
 S, G = HealthState, Signal
@@ -138,9 +139,14 @@ TRANSITIONS: Final[dict[tuple[HealthState, Signal], Rule]] = {
     # a longer run than the circuit's: a route still missing a quarter of its requests
     # passes five in a row about once in 13 probes.
     (S.RESTRICTED, G.PROBE_OK): Rule(S.DEGRADED, "restricted_probe_successes"),
+    (S.RESTRICTED, G.RESCUE_OK): Rule(S.DEGRADED, "restricted_probe_successes"),
     (S.RESTRICTED, G.PROBE_FAIL): _RESET,
     (S.QUARANTINED, G.COOLDOWN_OVER): Rule(S.PROBING),
+    # An ok rescue ends the cooldown early and is the first of probe_successes (then); any
+    # other probe answer (not a rescue, or failed) leaves the cooldown alone (absent pairs).
+    (S.QUARANTINED, G.RESCUE_OK): Rule(S.PROBING, then=G.PROBE_OK),
     (S.PROBING, G.PROBE_OK): Rule(S.RESTORING, "probe_successes"),
+    (S.PROBING, G.RESCUE_OK): Rule(S.RESTORING, "probe_successes"),  # votes are per target
     # One failed probe says little about a partly failing route (30 % failures fail a
     # probe in three): the circuit closes again only on eject_consecutive failed
     # probes in a row, the fast path's own rule, so a hard outage is still re-ejected
@@ -157,8 +163,10 @@ TRANSITIONS: Final[dict[tuple[HealthState, Signal], Rule]] = {
     (S.RESTORING, G.PARTIAL_FAIL): Rule(S.RESTRICTED),
 }
 _STAY: Final = Rule(None)
+_PROBE_DETAIL: Final = {G.PROBE_OK: "probe ok", G.PROBE_FAIL: "probe failed",
+                         G.RESCUE_OK: "rescue probe ok during cooldown"}
 # Signals whose quarantine respects may_quarantine (the last viable route is kept).
-_GUARDED_SIGNALS: Final = frozenset(G) - {G.COOLDOWN_OVER, G.PROBE_OK, G.PROBE_FAIL}
+_GUARDED_SIGNALS: Final = frozenset(G) - {G.COOLDOWN_OVER, *_PROBE_DETAIL}
 _ESCALATIONS: Final = (S.DEGRADED, S.QUARANTINED)
 # The members the per-request views test, as module constants: compiled, a lookup on
 # the enum class costs more than the rest of such a test.
@@ -288,14 +296,12 @@ class RouteHealth(FailureRun):
             detail = v.describe()
         return events + self._apply(signal, now, detail, may_quarantine)
 
-    def record_probe(self, ok: bool, now: float) -> list[TransitionEvent]:
-        """A probe request finished (ok: succeeded within the caller's criteria). An ok
-        one while quarantined (a rescue: :mod:`sidecar.core.rescue_probe`) ends the cooldown."""
+    def record_probe(self, ok: bool, now: float, rescue: bool = False) -> list[TransitionEvent]:
+        """A probe request finished (ok: succeeded within the caller's criteria; rescue:
+        sent instead of a refusal, whose ok answer alone ends a cooldown: RESCUE_OK)."""
         events = self.tick(now)
-        if ok and self.state is _QUARANTINED:
-            events += self._apply(G.COOLDOWN_OVER, now, "probe ok during cooldown")
-        signal = G.PROBE_OK if ok else G.PROBE_FAIL
-        return events + self._apply(signal, now, "probe ok" if ok else "probe failed")
+        signal = (G.RESCUE_OK if rescue else G.PROBE_OK) if ok else G.PROBE_FAIL
+        return events + self._apply(signal, now, _PROBE_DETAIL[signal])
 
     def eject(self, now: float, may_quarantine: bool = True) -> list[TransitionEvent]:
         """The run of hard failures reached its threshold: open the circuit now, or,
@@ -340,7 +346,8 @@ class RouteHealth(FailureRun):
                 self.votes.clear()
                 return [] if was_panic else [self._event(now, S.RESTRICTED, reason)]
             return [self._move(S.RESTRICTED, now, reason)]
-        return [self._move(rule.target, now, reason)]
+        moved = [self._move(rule.target, now, reason)]
+        return moved if rule.then is None else moved + self._apply(rule.then, now, detail)
 
     def _move(
         self, new: HealthState, now: float, reason: str, keep_votes: bool = False
@@ -359,9 +366,8 @@ class RouteHealth(FailureRun):
             self.offences += 1
             self.end_run()
             self._end_episode()  # the circuit's own probes judge it from here
-            cooldown = min(
-                self.cfg.cooldown_s * 2.0 ** min(self.offences - 1, 60), self.cfg.cooldown_max_s
-            )
+            cooldown = min(self.cfg.cooldown_s * 2.0 ** min(self.offences - 1, 60),
+                           self.cfg.cooldown_max_s)
             self.cooldown_until = now + cooldown
             reason = f"{reason}; cooldown {cooldown:g}s (offence {self.offences})"
         elif new is S.RESTORING:
@@ -387,10 +393,8 @@ def _reason(signal: Signal, n: int, detail: str, cfg: HealthConfig, after: str |
     windows = f"{n} window" + ("s" if n != 1 else "")
     if after == "restore_steps":
         return f"{windows} clean while restoring ({detail}); weight back to 1.0"
-    if signal in (G.ELEVATED, G.THREATENING) and n > 1:
+    if signal is G.OK or (signal in (G.ELEVATED, G.THREATENING) and n > 1):
         return f"{detail} for {windows}"
-    if signal is G.OK:
-        return f"{detail} for {windows}"
-    if signal is G.PROBE_OK:
+    if signal in (G.PROBE_OK, G.RESCUE_OK) and after is not None:
         return f"{n} consecutive probes ok"
     return detail

@@ -108,17 +108,18 @@ class HealthBoard:
     def record_probe(
         self, cluster: str, slice: SliceKey, ok: bool, now: float, sent: float | None = None,
     ) -> list[TransitionEvent]:
-        """A probe sent at ``sent`` finished; ignored unless the route is kept. A
-        quarantined route takes only one sent since it entered quarantine (a rescue,
-        :func:`~sidecar.core.rescue_probe.counts_as_probe`); ``sent`` None (unknown: a
-        peer's probe of a state it saw probing) never counts there. Otherwise a peer
-        still probing a route its owner had put back in quarantine ended the new
-        cooldown with its first ok answer, which no probe seen here could do."""
+        """A probe finished; ignored unless the route is kept. ``sent``: when a rescue
+        was sent (:mod:`sidecar.core.rescue_probe`), None for any other probe (a peer's
+        too: one forwarded without a send time). A quarantined route takes only a
+        rescue sent since it entered quarantine (:func:`counts_as_probe`), so no other
+        probe ends its cooldown: not a slice's probe of its probing cluster entry, nor
+        a peer's probe of a copy it still saw probing after the owner had put the route
+        back in quarantine."""
         h = self._routes.get((cluster, slice))
-        if h is None or (h.state is HealthState.QUARANTINED
-                         and (sent is None or not counts_as_probe(h, sent))):
+        if h is None or (h.state is HealthState.QUARANTINED and not counts_as_probe(h, sent)):
             return []
-        return self._run(cluster, slice, now, lambda h: h.record_probe(ok, now))
+        rescue = sent is not None
+        return self._run(cluster, slice, now, lambda h: h.record_probe(ok, now, rescue))
 
     def note_outcome(
         self, cluster: str, slice: SliceKey, hard_failure: bool, now: float,

@@ -49,7 +49,9 @@ HISTORY_MARGIN: Final = 1.5
 
 class Signal(StrEnum):
     """The health machine's inputs: window signals (:func:`classify`), the fast
-    path's FAST_FAIL and PARTIAL_FAIL, COOLDOWN_OVER and the probe results."""
+    path's FAST_FAIL and PARTIAL_FAIL, COOLDOWN_OVER and the probe results (RESCUE_OK:
+    an ok answer to a rescue, a probe sent instead of a refusal,
+    :mod:`sidecar.core.rescue_probe`)."""
 
     OK = "ok"
     BAND = "band"
@@ -64,6 +66,7 @@ class Signal(StrEnum):
     COOLDOWN_OVER = "cooldown_over"
     PROBE_OK = "probe_ok"
     PROBE_FAIL = "probe_fail"
+    RESCUE_OK = "rescue_ok"
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,8 @@ the router's; this module holds how an outcome is taken in). Per outcome::
     cancel after the class budget     -> a timeout (the client gave up on a slow route)
     cancel before it                  -> its lower-bound latencies dropped (a user pressed stop)
     probe                             -> statistics, then the probing or restricted route's
-                                         verdict (a slice's probe must meet its budget)
+                                         verdict (a slice's probe must meet its budget); a
+                                         quarantined one's only for a rescue sent since
     anything else                     -> the fast path (runs of hard failures), then the
                                          statistics -- unless it is a hard error of a run
                                          still on trial, held until the run is judged
@@ -337,9 +338,9 @@ class Intake:
 
     def _record_probe(self, obs: Observation, key: SliceKey, now: float) -> list[TransitionEvent]:
         """A cluster-wide probe passes on any answer; a slice's must meet its budget.
-        A quarantined entry takes those sent since (sidecar.core.rescue_probe)."""
+        A quarantined entry takes only rescues sent since (sidecar.core.rescue_probe)."""
         events: list[TransitionEvent] = []
-        sent = now - (obs.e2e_s or 0.0)
+        sent = now - (obs.e2e_s or 0.0) if obs.is_rescue else None
         hc = self.board.peek(obs.cluster, CLUSTER_SLICE)
         if hc is not None and counts_as_probe(hc, sent):
             events += self.board.record_probe(obs.cluster, CLUSTER_SLICE, obs.outcome == "ok",

@@ -24,22 +24,22 @@ its row for a request::
                    (u uniform from the injected rng; probe_share 0.05 by default)
     route        = one cooling route, uniformly at random
 
-A rescued request is admitted to ``route`` as a probe (reason ``rescue``), under
-the class's timeout as any admitted request. Its answer is probe evidence
-(:func:`counts_as_probe`): one that meets the probe's criteria while the route
-is quarantined ends the cooldown and counts as the first of
-``health.probe_successes`` (COOLDOWN_OVER, then PROBE_OK: the restore ladder
-proceeds as after a normal probe); while probing it counts as any probe. A
-failed one while quarantined changes nothing (no rule for PROBE_FAIL there):
-the cooldown is not lengthened, and while probing it counts toward
-``eject_consecutive`` as any failed probe. Only answers to requests sent after
-the route entered quarantine count there: a straggler sent before says nothing
-about the recovery. Any probe counts so, not a rescue alone: the answers carry
-no rescue mark, and a slice can be probed while quarantined when its whole
-cluster's entry is probing (its probe share reaches every slice). Such an answer
-that meets the slice's budget is the same evidence of recovery, and the route
-still has the whole restore ladder to climb; but it ends a doubled cooldown early,
-which before this rule it could not.
+A rescued request is admitted to ``route`` as a probe (reason ``probe``, admission
+reason ``rescue``), under the class's timeout as any admitted request, and marked
+(``Decision.is_rescue``, carried to its ``Observation`` by the shell and by the
+lab). Its answer is probe evidence (:func:`counts_as_probe`): one that meets the
+probe's criteria while the route is quarantined ends the cooldown and counts as
+the first of ``health.probe_successes`` (RESCUE_OK, the health table's row
+``quarantined -> probing`` with ``then=PROBE_OK``: the restore ladder proceeds as
+after a normal probe); while probing or restricted it counts as any probe. A failed
+one while quarantined changes nothing (no rule for PROBE_FAIL there): the cooldown
+is not lengthened, and while probing it counts toward ``eject_consecutive`` as any
+failed probe. Only a rescue sent after the route entered quarantine counts there: a
+straggler sent before says nothing about the recovery. Any other probe answer
+leaves a quarantined entry alone: a slice can be probed while quarantined when its
+whole cluster's entry is probing (that entry's probe share reaches every slice),
+and such an answer is the cluster entry's evidence, not a reason to cut the
+slice's doubled cooldown short (before the mark, it did).
 
 The cost bound: per refusal a chance of ``probe_share`` (what a probing route
 gets of its slice's traffic), and one probe in flight per route, so a route
@@ -86,8 +86,9 @@ def rescue_route(
     return cooling[0] if len(cooling) == 1 else rng.choice(cooling)
 
 
-def counts_as_probe(h: RouteHealth, sent_at: float) -> bool:
-    """Does a probe's answer sent at ``sent_at`` count for entry ``h``? Probing and
-    restricted entries take every probe; a quarantined one those sent since it entered
-    quarantine (a rescue, module docstring)."""
-    return h.state in _COUNTED or (h.state is HealthState.QUARANTINED and sent_at >= h.since)
+def counts_as_probe(h: RouteHealth, rescue_sent: float | None) -> bool:
+    """Does a probe's answer count for entry ``h``? ``rescue_sent``: when a rescue was
+    sent, None for any other probe. Probing and restricted entries take every probe; a
+    quarantined one only a rescue sent since it entered quarantine (module docstring)."""
+    return h.state in _COUNTED or (h.state is HealthState.QUARANTINED
+                                   and rescue_sent is not None and rescue_sent >= h.since)

@@ -232,6 +232,7 @@ class Router(Intake):
             timeout_ms=v.timeout_ms,
             is_retry=v.is_retry,
             detail=detail,
+            is_rescue=v.reason == "rescue",  # its answer alone may end the cooldown
         )
         return decision, not v.requeued
 

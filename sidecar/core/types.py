@@ -159,6 +159,9 @@ class Observation:
     # absent or unreadable. sidecar.core.pushback holds the route for that long (a
     # 429's quota: instead of cutting its concurrency limit).
     retry_after_s: float | None = None
+    # A probe admission sent instead of refusing (Decision.is_rescue): only its answer
+    # may end a quarantine's cooldown early (sidecar.core.rescue_probe).
+    is_rescue: bool = False
 
     # Written out for the compiled lab (one per simulated request; sidecar.core.frozen).
     def __init__(
@@ -167,7 +170,7 @@ class Observation:
         e2e_s: float | None = None, output_tokens: int | None = None,
         is_retry: bool = False, is_probe: bool = False, censored: bool = False,
         sent_load: float | None = None, attempt: bool = False,
-        retry_after_s: float | None = None,
+        retry_after_s: float | None = None, is_rescue: bool = False,
     ) -> None:
         object.__setattr__(self, "cluster", cluster)
         object.__setattr__(self, "slice", slice)
@@ -183,6 +186,7 @@ class Observation:
         object.__setattr__(self, "sent_load", sent_load)
         object.__setattr__(self, "attempt", attempt)
         object.__setattr__(self, "retry_after_s", retry_after_s)
+        object.__setattr__(self, "is_rescue", is_rescue)
 
     def judged(self, outcome: Outcome, ttft_s: float | None, e2e_s: float | None,
                censored: bool) -> Observation:
@@ -192,7 +196,7 @@ class Observation:
         return Observation(self.cluster, self.slice, outcome, self.status, ttft_s,
                            self.tpot_s, e2e_s, self.output_tokens, self.is_retry,
                            self.is_probe, censored, self.sent_load, self.attempt,
-                           self.retry_after_s)
+                           self.retry_after_s, self.is_rescue)
 
 
 fast_init(Observation)
@@ -248,6 +252,9 @@ class Decision:
     low: bool = False
     explain: Explain | None = None
     detail: str = ""
+    # A probe sent instead of a refusal for want of room (sidecar.core.rescue_probe):
+    # carried to its Observation, whose answer alone may end a quarantine early.
+    is_rescue: bool = False
 
     # Written out for the compiled lab: a native class there, whose fields the
     # decision path reads as C struct fields (sidecar.core.frozen).
@@ -256,7 +263,7 @@ class Decision:
         admission: Admission = "admit", status: int | None = None,
         retry_after_s: int | None = None, timeout_ms: float | None = None,
         is_probe: bool = False, is_retry: bool = False, low: bool = False,
-        explain: Explain | None = None, detail: str = "",
+        explain: Explain | None = None, detail: str = "", is_rescue: bool = False,
     ) -> None:
         object.__setattr__(self, "cluster", cluster)
         object.__setattr__(self, "reason", reason)
@@ -270,6 +277,7 @@ class Decision:
         object.__setattr__(self, "low", low)
         object.__setattr__(self, "explain", explain)
         object.__setattr__(self, "detail", detail)
+        object.__setattr__(self, "is_rescue", is_rescue)
 
 
 fast_init(Decision)

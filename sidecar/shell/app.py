@@ -31,7 +31,7 @@ import logging
 import random
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sidecar.core.classify import api_for_path
 from sidecar.core.config import Config
@@ -281,6 +281,8 @@ class App:
             is_retry=p.is_retry or p.decision.is_retry, is_probe=p.decision.is_probe,
             sent_load=p.sent_load,
         )
+        if obs is not None and p.decision.is_rescue:  # the decision's mark, not the entry's
+            obs = replace(obs, is_rescue=True)
         klass = self.config.workload_class(p.slice.klass)
         if obs is None or klass is None:
             return obs

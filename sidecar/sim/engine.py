@@ -283,6 +283,7 @@ class Simulation:
                 return
             cluster = d.cluster
             att.is_probe = d.is_probe
+            att.is_rescue = d.is_rescue
             att.low = d.low
             if d.timeout_ms is not None:
                 route_timeout = d.timeout_ms / 1000.0

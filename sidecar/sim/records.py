@@ -110,9 +110,9 @@ class Attempt:
     """One routed request. ``draws`` may hold pre-drawn service randomness (oracle)."""
 
     __slots__ = ("call", "cluster", "deadline", "deadline_kind", "degraded", "draws", "end_at",
-                 "first_token_at", "is_probe", "live", "low", "n", "outcome", "retry_after",
-                 "sent_at", "sent_load", "slot_until", "state", "status", "tokens_done",
-                 "tpot_s", "ttft_deadline", "ttft_kind")
+                 "first_token_at", "is_probe", "is_rescue", "live", "low", "n", "outcome",
+                 "retry_after", "sent_at", "sent_load", "slot_until", "state", "status",
+                 "tokens_done", "tpot_s", "ttft_deadline", "ttft_kind")
 
     def __init__(self, call: Call, n: int, now: float) -> None:
         self.call = call
@@ -135,6 +135,7 @@ class Attempt:
         self.tokens_done = 0
         self.slot_until: float | None = None
         self.is_probe = False
+        self.is_rescue = False  # its Decision.is_rescue: only its answer ends a cooldown early
         self.low = False  # its Decision.low (Router.started / finished)
         self.degraded = False
         self.draws: Any = None
@@ -209,10 +210,10 @@ class Attempt:
                     ttft = (ft if ft is not None else end) - sent
         # Positional, in field order (cluster, slice, outcome, status, ttft_s, tpot_s,
         # e2e_s, output_tokens, is_retry, is_probe, censored, sent_load, attempt,
-        # retry_after_s): keywords cost a third more.
+        # retry_after_s, is_rescue): keywords cost a third more.
         return Observation(self.cluster, call.slice, outcome, self.status, ttft, tpot, e2e,
                            self.tokens_done or None, self.n > 0, self.is_probe, censored,
-                           self.sent_load, False, self.retry_after)
+                           self.sent_load, False, self.retry_after, self.is_rescue)
 
     def request_info(self, now: float) -> RequestInfo:
         """What the classifier would have produced for this attempt's HTTP request."""
