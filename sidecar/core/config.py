@@ -266,16 +266,15 @@ class EnvoyConfig:
 class TimingConfig:
     """How responses are timed (see docs/response-timing.md).
 
-    Every response's outcome and timing come from Envoy's access log; a sampled
-    share of streamed responses is also timed at its first content token, which
-    measures the first-body-byte to first-token offset per (cluster, slice).
-    """
+    Outcome and timing come from Envoy's access log; a sampled share of streams is
+    also timed at its first token (the first-body-byte to first-token offset)."""
 
     token_sample_share: float = 0.05
     token_sample_min: int = 8  # sample every streamed response until a route has this many
     # Routes whose first body byte comes well before the first token (a role-only
     # event first): their TTFT comes from sampled responses only, sampled at this share.
     role_first_share: float = 0.25
+    ask_usage: bool = False  # ask streams for usage (sidecar.shell.upstream_body)
 
 
 @dataclass(frozen=True, slots=True)

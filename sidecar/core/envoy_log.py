@@ -50,7 +50,10 @@ Envoy often sees the end of the upstream response after the client is gone
 upstream's last byte, or without one the time waited until the client left (the
 client had the whole answer by then). A provider that repeats usage in every
 chunk (vLLM's ``continuous_usage_stats``) makes a mid-stream leave look complete:
-it is then a short ``ok``, whose TPOT is still right.
+it is then a short ``ok``, whose TPOT is still right. A stream without usage (its
+client did not ask, and ``timing.ask_usage`` is off) that the client left at
+``[DONE]`` before Envoy saw its end has neither: a ``cancel`` (Envoy logs nothing that
+tells the ``[DONE]`` apart; docs/response-timing.md).
 
 An error event is an SSE event whose JSON reports an error
 (:data:`sidecar.core.timing.ERROR_SELECTORS`: an ``error``, a top-level ``message``

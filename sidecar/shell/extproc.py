@@ -74,6 +74,7 @@ from sidecar.shell.admission import Hold, admission_response, timeout_header
 from sidecar.shell.app import App, Pending
 from sidecar.shell.explain_header import EXPLAIN_HEADER, explain_json
 from sidecar.shell.request_headers import attribute_headers, request_header_map
+from sidecar.shell.upstream_body import upstream_body
 
 log = logging.getLogger("tailroute.extproc")
 
@@ -322,8 +323,9 @@ class RouteStream:
             if timeout is not None:
                 common.header_mutation.set_headers.append(timeout)
                 bounded = True  # a stream's deadline: its cap, not the safety net
-        if parsed is not None and decision.upstream_model:
-            new_body = _rewrite_model(parsed, decision.upstream_model)
+        new_body = upstream_body(parsed, info.api, decision.upstream_model,
+                                 app.config.timing.ask_usage)
+        if new_body is not None:
             common.body_mutation.body = new_body
             if self.rich:
                 common.header_mutation.set_headers.append(
@@ -382,9 +384,3 @@ class RouteStream:
         end is still counted (the refusal cannot be told from a departure there)."""
         raw = self.headers.get("content-length", "")
         return int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 19 else None
-
-
-def _rewrite_model(parsed: ParsedBody, model: str) -> bytes:
-    """The request body with ``model`` replaced, from the document parsed at routing."""
-    return json.dumps({**parsed.document, "model": model}, separators=(",", ":")).encode()
-
