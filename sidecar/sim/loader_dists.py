@@ -107,14 +107,19 @@ def parse_errors(r: Reader, key: str = "errors") -> tuple[ErrorSpec, ...]:
     """``errors: [{rate, status, after_ms, retry_after_ms}, ...]``: a status mix, each
     with its own delay (a latency, so slow errors can be spread: ``after_ms: {median:
     8000, p99: 15000}``) and, optionally, the wait its answers declare (``Retry-After``;
-    absent: none, as a provider that says nothing)."""
+    absent: none, as a provider that says nothing). Status 200 is a stream that fails
+    mid-way behind its 200 (an error event, then the end): an error to its client and,
+    as the sidecar reads it (sidecar.core.timing), an error not dated by its duration."""
     out: list[ErrorSpec] = []
     for i, raw in enumerate(r.list_(key)):
         e = r.item(key, i, raw)
         wait = e.num("retry_after_ms", 0.0, lo=0) if e.has("retry_after_ms") else None
+        status = e.int_("status", 503, lo=200, hi=599)
+        if 200 < status < 400:
+            e.fail(f"must be 200 (failed mid-stream) or 400..599, got {status}", "status")
         out.append(ErrorSpec(
             rate=e.num("rate", gt=0, hi=1),
-            status=e.int_("status", 503, lo=400, hi=599),
+            status=status,
             after=parse_latency_ms(e, "after_ms", DEFAULT_ERROR_AFTER_MS),
             retry_after=None if wait is None else wait / 1000.0,
         ))
