@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from sidecar.core import config as c
+from sidecar.core.hints import HINT_HEADERS, HintsConfig
 from sidecar.core.tls_config import ListenTlsConfig, SidecarTlsConfig
 from sidecar.core.workers_config import WorkersConfig
 from sidecar.ops.metrics import METRIC_NAMES
@@ -62,6 +63,14 @@ def test_every_config_field_is_in_the_reference(heading: str) -> None:
             assert any(re.search(rf"(^|\.){f.name}($|\.)", d) for d in documented), (
                 f"config field {cls.__name__}.{f.name} missing from README.md "
                 f"section '{heading}'")
+
+
+def test_every_hint_is_in_the_hints_section() -> None:
+    """The ``hints`` section's keys are not dataclass fields (sidecar.core.hints)."""
+    block = _blocks()["`hints`"]
+    documented = dict(re.findall(r"^\| `([^`]+)` \| `([^`]+)` \|", block, flags=re.M))
+    assert documented == dict.fromkeys(HINT_HEADERS, "client")
+    assert all(f"`{h}" in block for h in HINT_HEADERS.values())
 
 
 def test_every_metric_is_documented() -> None:
@@ -195,6 +204,7 @@ _RULES: dict[tuple[str, str], Any] = {
     ("Top level", "default_cluster"): lambda cfg: cfg.clusters[0].name,
     ("Top level", "default_class"): lambda cfg: cfg.classes[0].name,
     ("Top level", "workers"): lambda cfg: WorkersConfig(),
+    ("Top level", "hints"): lambda cfg: HintsConfig(),
     ("`models[]`", "compat"): lambda cfg: "tailroute",  # the top-level compat's default
     ("`envoy` (used by `tailroute envoy-config`)", "sidecar_max_requests"):
         lambda cfg: None,  # derived when the bootstrap is rendered

@@ -3,7 +3,9 @@
 Pure functions over already-parsed inputs: the shell hands in the lower-cased
 header mapping and the raw body bytes; nothing here touches the network.
 
-Headers read (all optional, all treated as untrusted):
+Headers read (all optional, all treated as untrusted; the shell first drops the hints
+the config's ``hints`` section does not believe and puts a trusted header's value in
+their place, :mod:`sidecar.core.hints`):
 
 ==========================  ===================================================
 ``x-tailroute-class``       workload class name; unknown -> default class

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from sidecar.core.fields import ConfigError as ConfigError  # re-exported
+from sidecar.core.hints import HintsConfig
 from sidecar.core.tls_config import SYSTEM_CA_FILE, ListenTlsConfig, SidecarTlsConfig
 from sidecar.core.workers_config import WorkersConfig
 
@@ -27,8 +28,7 @@ Metric = Literal["ttft", "tpot", "e2e"]
 PickerMode = Literal["weighted_random", "lowest_score"]
 RoutingMode = Literal["extproc", "native", "hybrid"]
 Algorithm = Literal["latency_aware", "static"]
-# A model's routing profile: tailroute's, or semantic-router's latency_aware (compat_sr).
-Compat = Literal["tailroute", "semantic-router"]
+Compat = Literal["tailroute", "semantic-router"]  # a model's routing profile (compat_sr)
 SEMANTIC_ROUTER: Final[Compat] = "semantic-router"
 
 
@@ -46,8 +46,7 @@ class ClusterConfig:
     tls: bool = False
     tls_verify: bool = True  # with tls: check the provider's certificate (CA, host's SAN)
     tls_ca_file: str = SYSTEM_CA_FILE  # the CA bundle Envoy checks it against
-    # gen_ai.provider.name of the OpenTelemetry GenAI conventions (a metrics label).
-    provider: str = "openai"
+    provider: str = "openai"  # gen_ai.provider.name (OpenTelemetry GenAI), a metrics label
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,8 +331,9 @@ class Config:
     routing: RoutingConfig = RoutingConfig()
     snapshot_path: str | None = None
     fleet: FleetConfig | None = None  # None: standalone
-    # serve --workers N: liveness of the workers (a factory: the class is not defined here)
+    # serve --workers N's liveness; whose x-tailroute-* hints count (sidecar.core.hints)
     workers: WorkersConfig = field(default_factory=WorkersConfig)
+    hints: HintsConfig = field(default_factory=HintsConfig)
     source: str = "<memory>"
     # Lookups built from the tuples above. Not init fields: dataclasses.replace would hand
     # the new config the old one's dicts, and its __post_init__ would rewrite them.

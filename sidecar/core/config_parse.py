@@ -38,6 +38,7 @@ from sidecar.core.config_routes import (
     parse_classes,
 )
 from sidecar.core.fields import ConfigError, ConfigReader
+from sidecar.core.hints import HintsConfig, parse_hints
 from sidecar.core.store_url import redacted, url_problem
 from sidecar.core.tls_config import check_tls_pair, parse_listen_tls, parse_sidecar_tls
 from sidecar.core.workers_config import WorkersConfig, parse_workers
@@ -368,6 +369,7 @@ def _parse(root: ConfigReader, source: str) -> Config:
         snapshot_path=root.opt_str("snapshot_path"),
         fleet=fleet_section(stats),
         workers=section(parse_workers, "workers", WorkersConfig()),
+        hints=section(parse_hints, "hints", HintsConfig()),
         source=source,
     )
     root.done()

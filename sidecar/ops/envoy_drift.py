@@ -78,5 +78,6 @@ def envoy_drift(old: Config, new: Config) -> tuple[list[str], list[str]]:
     if not blocking and not advisory and (
             rest_a != rest_b or a["static_resources"].get("listeners")
             != b["static_resources"].get("listeners")):
-        advisory.append("listener or runtime settings (buffers, timeouts, access log)")
+        advisory.append("listener or runtime settings (buffers, timeouts, access log, the "
+                        "headers hints: reads or removes)")
     return blocking, advisory

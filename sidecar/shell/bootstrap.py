@@ -37,6 +37,7 @@ from sidecar.core.config import ClusterConfig, Config
 from sidecar.core.hostport import split_hostport
 from sidecar.shell import bootstrap_filters as bf
 from sidecar.shell import envoy_contract as ec
+from sidecar.shell import hint_rules as hr
 from sidecar.shell.bootstrap_filters import SIDECAR_CLUSTER
 from sidecar.shell.envoy_contract import REQUEST_ID_HEADER as REQUEST_ID_HEADER
 from sidecar.shell.envoy_contract import ROUTE_HEADER as ROUTE_HEADER
@@ -241,8 +242,11 @@ def render_bootstrap(
         {"pipe": {"path": unix_socket}} if unix_socket else _addr(grpc_target or "")
     )
     longest_s = max(c.slo.timeout_ms for c in config.classes) / 1000.0
+    early_removed = hr.listener_removed(config) if with_sidecar else ec.STRIPPED_HEADERS
     if with_sidecar:
-        filters = [bf.strip_filter(), *bf.route_filters(config.limits.decision_timeout_ms),
+        filters = [bf.strip_filter(hr.listener_removed(config)),
+                   *bf.route_filters(config.limits.decision_timeout_ms,
+                                     hr.attribute_exprs(config), hr.rich_headers(config)),
                    bf.buffer_filter(config.envoy.route_buffer_bytes), bf.strip_hints_filter(),
                    *bf.usage_filters(bf.usage_share(config)),
                    bf.observe_filter(), bf.router_filter()]
@@ -265,7 +269,7 @@ def render_bootstrap(
                 "typed_config": {
                     "@type": _TYPE + "envoy.extensions.http.early_header_mutation"
                     ".header_mutation.v3.HeaderMutation",
-                    "mutations": [{"remove": h} for h in ec.STRIPPED_HEADERS],
+                    "mutations": [{"remove": h} for h in early_removed],
                 },
             }
         ],

@@ -67,12 +67,13 @@ def _grpc() -> dict[str, Any]:
     return {"envoy_grpc": {"cluster_name": SIDECAR_CLUSTER}, "timeout": "5s"}
 
 
-def strip_filter() -> dict[str, Any]:
+def strip_filter(removed: tuple[str, ...] = ec.STRIPPED_HEADERS) -> dict[str, Any]:
+    """``removed``: what the listener removes as well (hint_rules.listener_removed)."""
     return {
         "name": "tailroute.strip_client_routing",
         "typed_config": {
             "@type": _HEADER_MUTATION,
-            "mutations": {"request_mutations": [{"remove": h} for h in ec.STRIPPED_HEADERS]},
+            "mutations": {"request_mutations": [{"remove": h} for h in removed]},
         },
     }
 
@@ -93,15 +94,17 @@ def strip_hints_filter() -> dict[str, Any]:
     }
 
 
-def _rich_predicate() -> dict[str, Any]:
-    """True when the request carries any of the rich-path headers (any value)."""
+def _rich_predicate(rich: tuple[str, ...]) -> dict[str, Any]:
+    """True when the request carries any of the ``rich`` headers (any value)."""
     present = [
         {"single_predicate": {
             "input": {"name": h, "typed_config": {"@type": _HEADER_INPUT, "header_name": h}},
             "value_match": {"safe_regex": {"google_re2": {}, "regex": ".*"}},
         }}
-        for h in ec.RICH_HEADERS
+        for h in rich
     ]
+    if len(present) == 1:  # an or_matcher needs two
+        return present[0]
     return {"or_matcher": {"predicate": present}}
 
 
@@ -120,8 +123,10 @@ def _skip_when(name: str, inner: dict[str, Any], predicate: dict[str, Any]) -> d
     }
 
 
-def route_filters(timeout_ms: int) -> list[dict[str, Any]]:
-    """The two routing filters: the one-message path and the rich path."""
+def route_filters(timeout_ms: int, attributes: list[str] | None = None,
+                  rich_headers: tuple[str, ...] = ec.RICH_HEADERS) -> list[dict[str, Any]]:
+    """The two routing filters: the one-message path (sent ``attributes``) and the rich
+    path, taken when a request carries one of ``rich_headers`` (none: never)."""
     common = {
         "@type": _EXT_PROC,
         "grpc_service": _grpc(),
@@ -133,7 +138,7 @@ def route_filters(timeout_ms: int) -> list[dict[str, Any]]:
     fast = {
         **common,
         "stat_prefix": "tailroute_route",
-        "request_attributes": list(ec.ATTRIBUTE_HEADERS),
+        "request_attributes": list(ec.ATTRIBUTE_HEADERS) if attributes is None else attributes,
         "processing_mode": {"request_header_mode": "SKIP", "request_body_mode": "BUFFERED",
                             **_ROUTE_ONLY},
     }
@@ -146,7 +151,9 @@ def route_filters(timeout_ms: int) -> list[dict[str, Any]]:
         "processing_mode": {"request_header_mode": "SEND", "request_body_mode": "BUFFERED",
                             **_ROUTE_ONLY},
     }
-    rich_request = _rich_predicate()
+    if not rich_headers:  # deadline and explain both ignored (hints:): no rich path
+        return [{"name": ec.ROUTE_FILTER, "typed_config": fast}]
+    rich_request = _rich_predicate(rich_headers)
     return [
         _skip_when(ec.ROUTE_FILTER, fast, rich_request),
         _skip_when(ec.RICH_FILTER, rich, {"not_matcher": rich_request}),

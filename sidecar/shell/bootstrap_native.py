@@ -55,10 +55,11 @@ from sidecar.core.weights import WEIGHT_SCALE, native_slices, route_candidates
 from sidecar.shell import envoy_contract as ec
 from sidecar.shell.bootstrap import render_bootstrap
 from sidecar.shell.bootstrap_filters import BUFFER_FILTER, HINTS_FILTER, SIDECAR_CLUSTER
+from sidecar.shell.hint_rules import class_header
 from sidecar.shell.native_keys import METADATA_NS, RUNTIME_LAYER, route_name, runtime_prefix
 
 _TYPE = "type.googleapis.com/"
-CLASS_HEADER = "x-tailroute-class"
+CLASS_HEADER = "x-tailroute-class"  # the caller's; hints: may name another (class_header)
 # Headers that ask for a per-request decision in hybrid mode (value "1" for explain).
 # A fan-out step is judged at a k-times stricter allowed share (fan-out aware quantiles):
 # a per-request judgement a slice's weights (fan-out 1) cannot make.
@@ -139,11 +140,12 @@ def _class_match(config: Config, s: SliceKey) -> dict[str, Any] | None:
     default class is the only one.
     """
     if s.klass != config.default_class:
-        return {"name": CLASS_HEADER, "string_match": {"exact": s.klass}}
+        return {"name": class_header(config), "string_match": {"exact": s.klass}}
     others = [c.name for c in config.classes if c.name != config.default_class]
     if not others:
         return None
-    return {"name": CLASS_HEADER, "invert_match": True, "treat_missing_header_as_empty": True,
+    return {"name": class_header(config), "invert_match": True,
+            "treat_missing_header_as_empty": True,
             "string_match": {"safe_regex": {"regex": "|".join(re.escape(n) for n in others)}}}
 
 
@@ -240,15 +242,16 @@ def per_request_predicate(config: Config) -> dict[str, Any]:
              for h in PER_REQUEST_HEADERS]
     preds.append(_header_is(EXPLAIN_REQUEST_HEADER, {"exact": "1"}))
     per_class = set(config.routing.per_request_classes)
+    klass = class_header(config)
     for name in sorted(per_class):
-        preds.append(_header_is(CLASS_HEADER, {"exact": name}))
+        preds.append(_header_is(klass, {"exact": name}))
     if config.default_class in per_class:
         # Unknown or absent class header means the default class: per-request
         # unless the header names a known class that is not per-request.
         others = [c.name for c in config.classes if c.name not in per_class]
         known_other = {"or_matcher": {"predicate": [
-            _header_is(CLASS_HEADER, {"exact": n}) for n in others]}} if len(others) > 1 else (
-            _header_is(CLASS_HEADER, {"exact": others[0]}) if others else None)
+            _header_is(klass, {"exact": n}) for n in others]}} if len(others) > 1 else (
+            _header_is(klass, {"exact": others[0]}) if others else None)
         if known_other is not None:
             preds.append({"not_matcher": known_other})
         else:

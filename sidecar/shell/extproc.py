@@ -64,6 +64,7 @@ from enum import Enum
 from google.protobuf import struct_pb2
 
 from sidecar.core.classify import BadRequest, ParsedBody, api_for_path, classify, parse_body
+from sidecar.core.hints import apply_hints
 from sidecar.core.input_limits import check_body, screen_headers
 from sidecar.core.types import Decision, RequestInfo
 from sidecar.pb.envoy.config.core.v3 import base_pb2
@@ -198,8 +199,14 @@ class RouteStream:
         return self._unexpected(kind)
 
     def _screened(self, headers: dict[str, str]) -> dict[str, str]:
-        """Hostile values of the headers the sidecar reads are dropped (and counted)."""
-        kept, dropped = screen_headers(headers, self.app.config.limits.max_header_value_bytes)
+        """The caller's hints the config does not believe are dropped, trusted headers
+        read in their place (``hints:``, sidecar.core.hints); then hostile values of the
+        headers the sidecar reads are dropped. Each counted once per request."""
+        config = self.app.config
+        headers, untrusted = apply_hints(config.hints, headers)
+        if untrusted:
+            self.app.errors["hint_ignored"] += 1
+        kept, dropped = screen_headers(headers, config.limits.max_header_value_bytes)
         if dropped:
             self.app.errors["header_ignored"] += 1
         return kept
@@ -216,7 +223,8 @@ class RouteStream:
         self, msg: pb.HttpHeaders, now: float
     ) -> pb.ProcessingResponse | Hold:
         self.rich = True
-        self.headers = self._screened(request_header_map(msg.headers))
+        trusted = self.app.config.hints.trusted()
+        self.headers = self._screened(request_header_map(msg.headers, frozenset(trusted)))
         explain = self.headers.get(EXPLAIN_ASK, "").strip() == "1"
         if explain and not self.app.explain_budget.take(now):
             # Over the explain bound (sidecar.shell.explain_limit): routed as usual,

@@ -39,7 +39,8 @@ def header_map(hm: base_pb2.HeaderMap) -> dict[str, str]:
     return out
 
 
-def request_header_map(hm: base_pb2.HeaderMap) -> dict[str, str]:
+def request_header_map(hm: base_pb2.HeaderMap,
+                       trusted: frozenset[str] = frozenset()) -> dict[str, str]:
     """The request headers the routing stream reads (module docstring), a repeated
     header's lines joined with ``,``: Envoy sends each line of a repeated header as its
     own entry, but joins them for the one-message path's attributes
@@ -47,16 +48,28 @@ def request_header_map(hm: base_pb2.HeaderMap) -> dict[str, str]:
     that list. Keeping the last line instead read ``x-tailroute-priority: 1`` +
     ``x-tailroute-priority: 1000`` as 1000 on the rich path and as absent on the other;
     every hint is a single value, so a list is now ignored on both (README, "Running it
-    beside your Envoy")."""
+    beside your Envoy"). ``trusted``: the headers ``hints:`` takes hints from, kept too."""
     out: dict[str, str] = {}
     for h in hm.headers:
         key = h.key.lower()
-        if key not in KEPT_HEADERS:
+        if key not in KEPT_HEADERS and key not in trusted:
             continue
         value = h.raw_value.decode("latin-1") if h.raw_value else h.value
         before = out.get(key)
         out[key] = value if before is None else f"{before},{value}"
     return out
+
+
+_HEADER_EXPR: Final = ("request.headers['", "']")
+
+
+def _header_of(expr: str) -> str | None:
+    """The header a ``request.headers['name']`` attribute carries (the config's
+    trusted headers, hint_rules.attribute_exprs, are not in the fixed table)."""
+    head, tail = _HEADER_EXPR
+    if expr.startswith(head) and expr.endswith(tail):
+        return expr[len(head):-len(tail)].lower()
+    return None
 
 
 def attribute_headers(msg: pb.ProcessingRequest) -> dict[str, str]:
@@ -65,7 +78,7 @@ def attribute_headers(msg: pb.ProcessingRequest) -> dict[str, str]:
         return {}
     out: dict[str, str] = {}
     for expr, value in msg.attributes[ec.ATTRIBUTES_NS].fields.items():
-        name = ec.ATTRIBUTE_HEADERS.get(expr)
+        name = ec.ATTRIBUTE_HEADERS.get(expr) or _header_of(expr)
         if name is not None and value.WhichOneof("kind") == "string_value":
             out[name] = value.string_value
     return out
