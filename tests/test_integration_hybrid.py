@@ -21,6 +21,8 @@ import pytest
 from test_integration_native import MODEL, Load, native_config, wait_for
 
 from sidecar.devtools.harness import Stack
+from sidecar.shell.bootstrap_native import route_slices
+from tests.test_integration_native_envoy import _route_header, _send_lines
 
 pytestmark = pytest.mark.envoy
 
@@ -37,7 +39,7 @@ def stack() -> Iterator[Stack]:
                                 "models": [SLOW_MODEL]})
         cfg["models"].append({"name": SLOW_MODEL, "candidates": ["slow"]})
         st.start_sidecar(st.write_config(cfg))
-        st.start_envoy()
+        st.start_envoy(edit=_route_header)  # x-test-route: the route Envoy took
         yield st
 
 
@@ -107,6 +109,28 @@ def test_each_request_takes_the_path_it_needs(stack: Stack) -> None:
     assert now["decided"] - before["decided"] == 4
     assert now["native_default"] - before["native_default"] == 1
     assert now["fail_open"] == before["fail_open"]
+
+
+@pytest.mark.parametrize(("classes", "path", "klass"), [
+    (["batch"], "decided", "batch"),
+    (["batch", "batch"], "native", "interactive"),
+    (["interactive", "batch"], "native", "interactive"),
+])
+def test_a_repeated_class_header_is_no_class_on_either_path(
+    stack: Stack, classes: list[str], path: str, klass: str
+) -> None:
+    """``batch`` is a per-request class. Sent on two lines, the hybrid matcher reads
+    ``batch,batch`` (Envoy joins the lines), no per-request class: the native path. Its
+    slice routes took the batch route there (Envoy's route header matcher takes any
+    line), a batch request that skipped admission; now they read the joined list as
+    the classifier does: no class, the default one."""
+    assert stack.config is not None
+    status, route = _send_lines(stack, [("x-tailroute-class", c) for c in classes], MODEL)
+    assert status == 200
+    if path == "decided":  # the sidecar's route: tailroute|<cluster>|<class>|...
+        assert route.split("|")[2] == klass, route
+    else:
+        assert route_slices(stack.config)[route].klass == klass, route
 
 
 @pytest.mark.parametrize("headers", [{}, {"x-tailroute-class": "batch"}])

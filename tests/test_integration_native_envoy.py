@@ -122,6 +122,42 @@ def test_envoy_slice_matches_the_classifier(
     assert route_slices(st.config)[route] == info.slice
 
 
+def _send_lines(st: Stack, lines: list[tuple[str, str]], model: str = "m") -> tuple[int, str]:
+    """POST a chat request with header ``lines`` as written (a name may repeat)."""
+    body = json.dumps({"model": model, "max_tokens": 10}).encode()
+    c = http.client.HTTPConnection("127.0.0.1", st.ports["envoy"], timeout=10)
+    c.putrequest("POST", "/v1/chat/completions")
+    for name, value in [("content-type", "application/json"),
+                        ("content-length", str(len(body))), *lines]:
+        c.putheader(name, value)
+    c.endheaders(body)
+    r = c.getresponse()
+    r.read()
+    c.close()
+    return r.status, r.getheader("x-test-route") or ""
+
+
+@pytest.mark.parametrize("classes", [
+    ["batch", "batch"], ["batch", "agentic"], ["interactive", "batch"], ["batch", ""],
+    ["batch"],
+])
+def test_a_repeated_class_header_is_read_as_the_classifier_reads_it(
+    native: tuple[Stack, RtdsThread], classes: list[str]
+) -> None:
+    """Several x-tailroute-class lines are one list to the classifier (the lines joined
+    with ',', as Envoy joins them for ext_proc and the hybrid matcher): no class, the
+    default one. Envoy's route header matcher took a slice route when any one line named
+    its class (batch + batch: batch), so native mode disagreed with the sidecar."""
+    st, _ = native
+    assert st.config is not None
+    status, route = _send_lines(st, [("x-tailroute-class", c) for c in classes])
+    assert status == 200
+    joined = {"x-tailroute-class": ",".join(classes)}
+    info = classify(st.config, joined, parse_body("chat", b'{"model": "m", "max_tokens": 10}'),
+                    "chat")
+    assert route_slices(st.config)[route] == info.slice
+
+
 @pytest.mark.parametrize(("path", "body"), [
     ("/v1/chat/completions", {"model": "unknown"}),
     ("/v1/embeddings", {"model": "m", "input": "x"}),

@@ -12,7 +12,8 @@ sidecar's gRPC cluster, the default route) and changes what picks the cluster:
   later rules overwrite earlier ones, and a constant rule keyed on ``model``
   sets the default first.
 * **One route per slice** (model x class x token profile x stream) matching that
-  metadata, the LLM API paths and ``x-tailroute-class``. The default class's
+  metadata, the LLM API paths and ``x-tailroute-class`` (lifted into the same
+  namespace, its lines joined: ``sidecar.shell.hint_rules``). The default class's
   routes come first, for a header that is absent or names no other class (as
   the classifier reads it: unknown means the default class), so the common
   request -- one that sends no class -- is matched by the first routes Envoy
@@ -44,7 +45,6 @@ Why RTDS, and the measurements behind it: docs/native-mode.md.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from sidecar.core.admission import stream_cap_s
@@ -55,7 +55,7 @@ from sidecar.core.weights import WEIGHT_SCALE, native_slices, route_candidates
 from sidecar.shell import envoy_contract as ec
 from sidecar.shell.bootstrap import render_bootstrap
 from sidecar.shell.bootstrap_filters import BUFFER_FILTER, HINTS_FILTER, SIDECAR_CLUSTER
-from sidecar.shell.hint_rules import class_header
+from sidecar.shell.hint_rules import class_header, class_to_metadata_filter, native_class_match
 from sidecar.shell.native_keys import METADATA_NS, RUNTIME_LAYER, route_name, runtime_prefix
 
 _TYPE = "type.googleapis.com/"
@@ -131,24 +131,6 @@ def _path_regex() -> str:
     return f"/({alts})/?"
 
 
-def _class_match(config: Config, s: SliceKey) -> dict[str, Any] | None:
-    """The class header matcher of a slice's routes.
-
-    A non-default class: the header names it. The default class: the header is
-    absent, empty or names none of the other classes -- one regex over the other
-    names, inverted, with a missing header read as empty. ``None`` when the
-    default class is the only one.
-    """
-    if s.klass != config.default_class:
-        return {"name": class_header(config), "string_match": {"exact": s.klass}}
-    others = [c.name for c in config.classes if c.name != config.default_class]
-    if not others:
-        return None
-    return {"name": class_header(config), "invert_match": True,
-            "treat_missing_header_as_empty": True,
-            "string_match": {"safe_regex": {"regex": "|".join(re.escape(n) for n in others)}}}
-
-
 def slice_route(config: Config, s: SliceKey,
                 common: dict[str, Any]) -> list[dict[str, Any]]:
     """The routes of one slice: one per content-length variant of its profile."""
@@ -168,11 +150,11 @@ def slice_route(config: Config, s: SliceKey,
     if s.streaming:  # the safety net for a stream that never ends
         common["max_stream_duration"] = {"max_stream_duration": ec.duration(stream_cap_s(klass))}
     routes = []
-    klass_match = _class_match(config, s)
+    klass_match = native_class_match(config, s.klass)
     for profile, out_cap, in_bytes, with_length in _profile_variants():
         if profile != s.profile:
             continue
-        headers: list[dict[str, Any]] = [] if klass_match is None else [klass_match]
+        headers: list[dict[str, Any]] = []
         if in_bytes is not None:
             headers.append({"name": "content-length",
                             "range_match": {"start": 0, "end": in_bytes + 1}})
@@ -180,7 +162,8 @@ def slice_route(config: Config, s: SliceKey,
             headers.append({"name": "content-length", "present_match": True,
                             "invert_match": True})
         meta = [_meta("model", {"string_match": {"exact": s.model}}),
-                _meta("stream", {"bool_match": bool(s.streaming)})]
+                _meta("stream", {"bool_match": bool(s.streaming)}),
+                *([] if klass_match is None else [klass_match])]
         if out_cap is not None:
             meta.append(_meta("max_tokens", {"double_match": {
                 "range": {"start": 0, "end": out_cap + 1}}}))
@@ -359,7 +342,7 @@ def render_native_bootstrap(
             f = _only_per_request(config, f)
         filters.append(f)
         if f["name"] == _STRIP_FILTER:
-            filters.append(json_to_metadata_filter())
+            filters.extend((class_to_metadata_filter(config), json_to_metadata_filter()))
     hcm["http_filters"] = filters
     vhost = hcm["route_config"]["virtual_hosts"][0]
     decided = [r for r in vhost["routes"] if r["name"] != ec.DEFAULT_ROUTE]

@@ -18,9 +18,16 @@ With every hint the caller's (the default), all of this renders as before.
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 from sidecar.core.config import Config
 from sidecar.core.hints import HINT_HEADERS
 from sidecar.shell import envoy_contract as ec
+from sidecar.shell.native_keys import METADATA_NS
+
+_TYPE = "type.googleapis.com/"
+CLASS_KEY = "class"  # the class header's value in native mode's request metadata
 
 
 def _attr(header: str) -> str:
@@ -59,3 +66,42 @@ def class_header(config: Config) -> str:
     every request is then of the default class)."""
     return config.hints.source("class").header or HINT_HEADERS["class"]
 
+
+
+def class_to_metadata_filter(config: Config) -> dict[str, Any]:
+    """Native and hybrid mode: the class header's value into request metadata, where the
+    slice routes match it (:func:`native_class_match`).
+
+    Why not a header match at the router: Envoy's route header matcher (1.40) matches a
+    header sent on several lines when any one line matches, so ``x-tailroute-class:
+    interactive`` + ``x-tailroute-class: batch`` took the batch routes natively, where
+    the per-request path (and the hybrid matcher, which joins the lines) read the list
+    ``interactive,batch``: no class, the default class (README, "What the sidecar
+    answers"). ``header_to_metadata`` joins the lines with ``,`` as they do."""
+    return {
+        "name": "tailroute.class_to_metadata",
+        "typed_config": {
+            "@type": _TYPE + "envoy.extensions.filters.http.header_to_metadata.v3.Config",
+            "request_rules": [{"header": class_header(config), "on_header_present": {
+                "metadata_namespace": METADATA_NS, "key": CLASS_KEY, "type": "STRING"}}],
+        },
+    }
+
+
+def native_class_match(config: Config, klass: str) -> dict[str, Any] | None:
+    """The class matcher of a slice route (request metadata, :func:`class_to_metadata_filter`).
+
+    A non-default class: the value names it. The default class: the value is absent,
+    empty or names none of the other classes -- one regex over the other names,
+    inverted (an absent key matches no regex). ``None`` when the default class is the
+    only one.
+    """
+    path = [{"key": CLASS_KEY}]
+    if klass != config.default_class:
+        return {"filter": METADATA_NS, "path": path, "value": {"string_match": {"exact": klass}}}
+    others = [c.name for c in config.classes if c.name != config.default_class]
+    if not others:
+        return None
+    regex = "|".join(re.escape(n) for n in others)
+    return {"filter": METADATA_NS, "path": path, "invert": True,
+            "value": {"string_match": {"safe_regex": {"regex": regex}}}}
