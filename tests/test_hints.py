@@ -141,8 +141,12 @@ def test_extproc_render_sends_trusted_headers_and_skips_the_rich_path_for_ignore
     cfg = _config({"class": {"header": "x-auth-class"}, "tenant": {"header": "x-auth-tenant",
                    "set_by": "front"}, "deadline_ms": "ignore", "explain": "ignore"})
     boot = render_bootstrap(cfg)
-    # a caller's x-auth-class is gone before any filter: only Envoy's own may set it
+    # a caller's x-auth-class is gone before any filter: only Envoy's own may set it,
+    # before or after tailroute.strip_client_routing, which leaves it alone
     assert _early(boot) == ["x-tailroute-cluster", "x-tailroute-rid", "x-auth-class"]
+    strip = _filter(boot, "tailroute.strip_client_routing")
+    assert strip is not None and [m["remove"] for m in strip["typed_config"]["mutations"][
+        "request_mutations"]] == ["x-tailroute-cluster", "x-tailroute-rid"]
     route = _filter(boot, "tailroute.route")
     assert route is not None and _filter(boot, "tailroute.route_rich") is None
     attrs = route["typed_config"]["request_attributes"]

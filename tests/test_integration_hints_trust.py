@@ -20,8 +20,9 @@ CLAIM = "x-test-claim"  # what the stand-in for jwt_authn's claim_to_headers cop
 
 
 def _authenticate(boot: dict[str, Any]) -> None:
-    """A filter after the listener's removals and before tailroute's, as jwt_authn's
-    ``claim_to_headers`` would be: it sets x-auth-class from the (test's) claim."""
+    """A filter first in the chain (before tailroute.strip_client_routing), where
+    jwt_authn usually is, doing what its ``claim_to_headers`` does: x-auth-class set
+    from the (test's) claim."""
     hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
         "typed_config"]
     auth = {"name": "test.auth", "typed_config": {
@@ -30,7 +31,7 @@ def _authenticate(boot: dict[str, Any]) -> None:
         "mutations": {"request_mutations": [{"append": {
             "header": {"key": "x-auth-class", "value": f"%REQ({CLAIM})%"},
             "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}}]}}}
-    hcm["http_filters"].insert(1, auth)  # after tailroute.strip_client_routing
+    hcm["http_filters"].insert(0, auth)
 
 
 def _post(stack: Stack, headers: dict[str, str]) -> http.client.HTTPResponse:

@@ -244,7 +244,7 @@ def render_bootstrap(
     longest_s = max(c.slo.timeout_ms for c in config.classes) / 1000.0
     early_removed = hr.listener_removed(config) if with_sidecar else ec.STRIPPED_HEADERS
     if with_sidecar:
-        filters = [bf.strip_filter(hr.listener_removed(config)),
+        filters = [bf.strip_filter(hr.listener_removed(config, early=False)),
                    *bf.route_filters(config.limits.decision_timeout_ms,
                                      hr.attribute_exprs(config), hr.rich_headers(config)),
                    bf.buffer_filter(config.envoy.route_buffer_bytes), bf.strip_hints_filter(),

@@ -68,7 +68,7 @@ def _grpc() -> dict[str, Any]:
 
 
 def strip_filter(removed: tuple[str, ...] = ec.STRIPPED_HEADERS) -> dict[str, Any]:
-    """``removed``: what the listener removes as well (hint_rules.listener_removed)."""
+    """``removed``: hint_rules.listener_removed (early=False)."""
     return {
         "name": "tailroute.strip_client_routing",
         "typed_config": {

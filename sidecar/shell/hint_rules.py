@@ -10,8 +10,9 @@
   not believed are removed at the listener, before any filter runs (uncounted: the
   sidecar never sees them); the slice routes match the trusted class header.
 * either mode: a trusted header that a filter of this Envoy sets (``set_by: envoy``)
-  is removed from the caller's request at the listener too, so only that filter
-  (``jwt_authn``, ``ext_authz``, ``lua``, placed before tailroute's) can set it.
+  is removed from the caller's request at the listener too (the early header
+  mutation, before any filter runs), so only a filter (``jwt_authn``, ``ext_authz``,
+  ``lua``, anywhere before ``tailroute.route``) can set it.
 
 With every hint the caller's (the default), all of this renders as before.
 """
@@ -34,12 +35,16 @@ def _attr(header: str) -> str:
     return f"request.headers['{header}']"
 
 
-def listener_removed(config: Config) -> tuple[str, ...]:
-    """Headers removed from every request before routing and before any filter:
-    tailroute's own (``x-tailroute-cluster``, ``-rid``), trusted headers set in this
-    Envoy, and in native or hybrid mode the caller's hints that are not believed."""
+def listener_removed(config: Config, early: bool = True) -> tuple[str, ...]:
+    """Headers removed from every request: tailroute's own (``x-tailroute-cluster``,
+    ``-rid``), in native or hybrid mode the caller's hints that are not believed, and
+    (``early``: the connection manager's early header mutation, before any filter)
+    the trusted headers a filter of this Envoy sets. The in-chain removal
+    (``tailroute.strip_client_routing``, ``early=False``) leaves those alone, so the
+    filter that sets one (``jwt_authn``, ``ext_authz``, ``lua``) may come before it
+    or after it."""
     hints = config.hints
-    out = [*ec.STRIPPED_HEADERS, *hints.strip_early()]
+    out = [*ec.STRIPPED_HEADERS, *(hints.strip_early() if early else ())]
     if config.routing.mode != "extproc":
         out.extend(hints.not_from_client())
     return tuple(dict.fromkeys(out))
