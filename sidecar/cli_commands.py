@@ -105,9 +105,12 @@ def check_config(ns: argparse.Namespace) -> int:
         print(f"{path}: {n} problem{'s' if n != 1 else ''}", file=sys.stderr)
         return 2
     from sidecar.shell.bootstrap import unverified_providers
+    from sidecar.shell.hint_rules import trusted_header_notes
 
     for warning in unverified_providers(cfg):
         print(f"warning: {warning}", file=sys.stderr)
+    for note in trusted_header_notes(cfg):
+        print(f"note: {note}", file=sys.stderr)
     print(f"{path}: OK ({_count(len(cfg.clusters), 'cluster')}, "
           f"{_count(len(cfg.models), 'model')}, {_count(len(cfg.classes), 'class', 'es')})")
     return 0
@@ -121,11 +124,14 @@ def envoy_config(ns: argparse.Namespace) -> int:
     from sidecar.ops.config_file import load_config
     from sidecar.shell.bootstrap import to_yaml, unverified_providers
     from sidecar.shell.bootstrap_native import render_for_mode
+    from sidecar.shell.hint_rules import trusted_header_notes
 
     cfg = load_config(ns.config)
     check_sidecar_target(cfg, ns.grpc, ns.unix)
     for warning in unverified_providers(cfg):
         print(f"warning: {warning}", file=sys.stderr)
+    for note in trusted_header_notes(cfg):
+        print(f"note: {note}", file=sys.stderr)
     text = to_yaml(render_for_mode(cfg, grpc_target=ns.grpc, unix_socket=ns.unix))
     # `-o -` is standard output, as for most Unix tools: not a file named "-".
     if ns.output and ns.output != "-":

@@ -402,3 +402,18 @@ def test_check_config_counts_in_words(tmp_path: Path, classes: Any, says: str) -
     path = _write(tmp_path / "ok.yaml", data)
     out = _cli("check-config", "--config", str(path), cwd=Path(__file__).resolve().parents[1])
     assert out.returncode == 0 and out.stdout == f"{path}: {says}\n"
+
+
+@pytest.mark.parametrize("command", ["check-config", "envoy-config"])
+def test_a_header_envoy_must_set_is_named(tmp_path: Path, command: str) -> None:
+    """hints.class read from a header the rendered Envoy removes from callers: the
+    operator is told to add the filter that sets it (nothing in the bootstrap does)."""
+    path = _write(tmp_path / "t.yaml", base_config_dict(hints={
+        "class": {"header": "x-auth-class"}, "tenant": {"header": "x-t", "set_by": "front"}}))
+    out = _cli(command, "--config", str(path))
+    assert out.returncode == 0, out.stderr
+    notes = [ln for ln in out.stderr.splitlines() if ln.startswith("note: ")]
+    assert notes == [f"note: {path}: hints.class: read from x-auth-class, which the rendered "
+                     "Envoy removes from callers' requests; add the filter that sets it "
+                     "(jwt_authn claim_to_headers, ext_authz, lua) before tailroute.route, "
+                     "or no request has a class"]

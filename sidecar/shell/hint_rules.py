@@ -50,6 +50,16 @@ def listener_removed(config: Config, early: bool = True) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
+def trusted_header_notes(config: Config) -> list[str]:
+    """What ``check-config`` and ``envoy-config`` say of each header ``set_by: envoy``:
+    the rendered bootstrap removes it and nothing in it sets it again."""
+    return [f"{config.source}: hints.{hint}: read from {s.header}, which the rendered "
+            "Envoy removes from callers' requests; add the filter that sets it (jwt_authn "
+            "claim_to_headers, ext_authz, lua) before tailroute.route, or no request has "
+            f"a {hint}" for hint, s in config.hints.sources.items()
+            if s.header is not None and s.set_by == "envoy"]
+
+
 def attribute_exprs(config: Config) -> list[str]:
     """The one-message path's request attributes: the classifier's headers, the
     trusted headers, and the ignored rich-path hints (counted, not believed)."""
