@@ -94,14 +94,6 @@ class HintsConfig:
         return tuple(s.header for s in self.sources.values()
                      if s.trust == "header" and s.header is not None and s.set_by == "envoy")
 
-    def header_for(self, hint: str) -> str | None:
-        """The header Envoy should read for ``hint``: the caller's, the trusted one, or
-        None when the hint is ignored."""
-        s = self.source(hint)
-        if s.trust == "client":
-            return HINT_HEADERS[hint]
-        return s.header if s.trust == "header" else None
-
 
 def apply_hints(hints: HintsConfig, headers: Mapping[str, str]) -> tuple[dict[str, str], bool]:
     """``(headers as classify should read them, whether a caller's hint was dropped)``:

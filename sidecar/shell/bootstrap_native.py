@@ -342,7 +342,9 @@ def render_native_bootstrap(
             f = _only_per_request(config, f)
         filters.append(f)
         if f["name"] == _STRIP_FILTER:
-            filters.extend((class_to_metadata_filter(config), json_to_metadata_filter()))
+            if len(config.classes) > 1:  # one class: no route matches a class
+                filters.append(class_to_metadata_filter(config))
+            filters.append(json_to_metadata_filter())
     hcm["http_filters"] = filters
     vhost = hcm["route_config"]["virtual_hosts"][0]
     decided = [r for r in vhost["routes"] if r["name"] != ec.DEFAULT_ROUTE]

@@ -82,7 +82,6 @@ def class_header(config: Config) -> str:
     return config.hints.source("class").header or HINT_HEADERS["class"]
 
 
-
 def class_to_metadata_filter(config: Config) -> dict[str, Any]:
     """Native and hybrid mode: the class header's value into request metadata, where the
     slice routes match it (:func:`native_class_match`).
