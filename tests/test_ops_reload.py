@@ -177,11 +177,17 @@ def _default_b(d: dict[str, Any]) -> None:
     d["default_cluster"] = "b"
 
 
+def _trust_a_header(d: dict[str, Any]) -> None:
+    d["hints"] = {"class": {"header": "x-auth-class"}}
+
+
 @pytest.mark.parametrize(
     ("edit", "says"),
     [(_add_class, "routes added"), (_add_cluster, "routes added"),
      (_drop_cluster, "routes removed"), (_longer_timeout, "routes changed"),
-     (_longer_stream_net, "routes changed"), (_default_b, "routes changed")],
+     (_longer_stream_net, "routes changed"), (_default_b, "routes changed"),
+     # the running Envoy lets a caller's x-auth-class through: a forged class believed
+     (_trust_a_header, "hints would trust x-auth-class, which the running Envoy")],
 )
 def test_a_reload_that_envoys_routes_cannot_follow_is_refused(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, edit: Any, says: str
@@ -201,6 +207,24 @@ def test_a_reload_that_envoys_routes_cannot_follow_is_refused(
     assert says in msg and "tailroute envoy-config" in msg and str(path) in msg
     error = rl.view()["last_error"]
     assert isinstance(error, str) and says in error and error in msg
+
+
+@pytest.mark.parametrize(("hints", "warned"), [
+    ({"priority": "ignore"}, False),  # the sidecar alone drops it: Envoy renders the same
+    ({"tenant": {"header": "x-t", "set_by": "front"}}, True),  # sent to it once re-rendered
+])
+def test_a_reload_that_believes_fewer_hints_applies(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, hints: dict[str, Any], warned: bool
+) -> None:
+    """Believing less, or a header a proxy in front guards, is safe with the old Envoy."""
+    rl, app, path, data = _reloader(tmp_path)
+    data["hints"] = hints
+    _write(path, data)
+    with caplog.at_level(logging.WARNING, logger="tailroute.reload"):
+        assert rl.reload("test") is True
+    assert app.config.hints.sources
+    assert warned == any("headers hints: reads or removes" in r.getMessage()
+                         for r in caplog.records)
 
 
 def test_a_reload_that_moves_only_an_address_applies_with_a_warning(

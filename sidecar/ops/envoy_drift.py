@@ -67,6 +67,11 @@ def envoy_drift(old: Config, new: Config) -> tuple[list[str], list[str]]:
         blocking.append(f"routes removed: {_names(removed)}")
     if changed := {n for n in set(ra) & set(rb) if ra[n] != rb[n]}:
         blocking.append(f"routes changed (cluster or timeout): {_names(changed)}")
+    if unguarded := set(new.hints.strip_early()) - set(old.hints.strip_early()):
+        # The running Envoy lets a caller's copy of that header through: the sidecar
+        # would believe a forged class, priority or tenant until Envoy is re-rendered.
+        blocking.append(f"hints would trust {_names(unguarded)}, which the running Envoy "
+                        "does not remove from callers")
     ca, cb = _clusters(a), _clusters(b)
     advisory = []
     if moved := {n for n in set(ca) & set(cb) if ca[n] != cb[n]}:

@@ -172,9 +172,10 @@ class ConfigReloader:
         _, blocking, advisory = drift
         if blocking:
             return self._rejected(why, (
-                f"{self.path}: the Envoy bootstrap rendered from it has other routes "
-                f"({'; '.join(blocking)}); Envoy routes by the bootstrap it started with, so "
-                "re-render it (tailroute envoy-config) and restart Envoy and tailroute"))
+                f"{self.path}: the Envoy bootstrap rendered from it has other routes or "
+                f"header removals ({'; '.join(blocking)}); Envoy routes by the bootstrap it "
+                "started with, so re-render it (tailroute envoy-config) and restart Envoy "
+                "and tailroute"))
         store = self.app.router.stats
         try:
             self.app.reload(new)
