@@ -1,6 +1,7 @@
-"""``hints:`` through the real Envoy (extproc mode): the class comes from a header an
+"""``hints:`` through the real Envoy. extproc mode: the class comes from a header an
 in-Envoy "authentication" filter sets, a caller's priority and explain are not
-believed, and a caller cannot forge the trusted header (README, "Headers and trust")."""
+believed, and a caller cannot forge the trusted header. native mode: the slice routes
+read the class from the trusted header (README, "Headers and trust")."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ from typing import Any
 
 import pytest
 
-from sidecar.devtools.harness import Stack
+from sidecar.devtools.bench_native import RtdsThread
+from sidecar.devtools.harness import Stack, free_port
+from sidecar.shell.bootstrap_native import route_slices
 from tests.ops_stack import MODEL, admin_get, ops_config, start_providers
+from tests.test_integration_native_envoy import _route_header, _send_lines
 
 pytestmark = pytest.mark.envoy
 
@@ -94,3 +98,39 @@ def hinted() -> Any:
         stack.start_sidecar(path)
         stack.start_envoy(edit=_authenticate)
         yield stack
+
+
+@pytest.mark.parametrize(("headers", "klass"), [
+    ({"x-auth-class": "agentic", "x-tailroute-class": "batch"}, "agentic"),
+    ({"x-tailroute-class": "batch"}, "interactive"),  # removed at the listener
+    ({"x-auth-class": "batch", "x-tailroute-priority": "1000"}, "batch"),
+])
+def test_native_routes_take_the_class_from_the_trusted_header(
+    native_hinted: Stack, headers: dict[str, str], klass: str
+) -> None:
+    st = native_hinted
+    assert st.config is not None
+    status, route = _send_lines(st, list(headers.items()), MODEL)
+    assert status == 200 and route_slices(st.config)[route].klass == klass, route
+
+
+@pytest.fixture(scope="module")
+def native_hinted() -> Any:
+    """Native mode, no sidecar (the RTDS service in this process): the class from
+    x-auth-class, set by a proxy in front (the test), the caller's class not believed."""
+    with Stack() as st:
+        ports = {n: st.start_provider(n, "1", "1", seed=i) for i, n in enumerate("ab")}
+        st.write_config({
+            "clusters": [{"name": n, "address": f"127.0.0.1:{p}", "models": [MODEL]}
+                         for n, p in ports.items()],
+            "models": [{"name": MODEL, "candidates": ["a", "b"]}],
+            "routing": {"mode": "native"},
+            "hints": {"class": {"header": "x-auth-class", "set_by": "front"},
+                      "priority": "ignore"},
+        })
+        rtds = RtdsThread(free_port())
+        try:
+            st.start_envoy(sidecar_port=rtds.port, edit=_route_header)
+            yield st
+        finally:
+            rtds.close()
