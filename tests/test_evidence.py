@@ -57,6 +57,65 @@ def test_p_within_budget_is_bounded_and_monotone_in_evidence(
     assert slow <= base + 1e-9
 
 
+# ... with cancels mixed in: ("first", seconds) a cancel whose first token was measured,
+# judged within budget (sidecar.core.judging); ("cancel", None) one that says nothing.
+mixed = st.lists(
+    st.one_of(st.tuples(st.sampled_from(["ok", "first"]), st.floats(0.01, 5.0)),
+              st.tuples(st.sampled_from(["error", "timeout", "cancel"]), st.none())),
+    max_size=60)
+
+
+def _obs(outcome: str, v: float | None, slice: SliceKey = SHORT) -> Observation:
+    if outcome == "first":
+        return Observation("a", slice, "cancel", ttft_s=v, ttft_measured=True)
+    return Observation("a", slice, outcome, ttft_s=v, e2e_s=v)  # type: ignore[arg-type]
+
+
+def _mixed(stream: list[tuple[str, float | None]], spread: float = 0.01) -> StatsStore:
+    store = StatsStore(CFG)
+    for i, (outcome, v) in enumerate(stream):
+        store.observe(_obs(outcome, v), 1.0 + i * spread)
+    return store
+
+
+@FAST
+@given(mixed, st.floats(0.01, 0.99))
+def test_p_within_budget_stays_bounded_and_monotone_with_cancels(
+    stream: list[tuple[str, float | None]], fast: float
+) -> None:
+    base = _p(_mixed(stream))
+    assert 0.0 <= base <= 1.0
+    met = _p(_mixed([*stream, ("first", fast * BUDGET)]))
+    said_nothing = _p(_mixed([*stream, ("cancel", None)]))
+    worse = _p(_mixed([*stream, ("timeout", None)]))
+    assert met >= base - 1e-9 >= worse - 1e-9
+    assert said_nothing == pytest.approx(base)
+
+
+@FAST
+@given(mixed, st.sampled_from([0.01, 3.0]))
+def test_a_measured_first_token_is_the_ttft_evidence_of_an_answer(
+    stream: list[tuple[str, float | None]], spread: float
+) -> None:
+    """For TTFT, a cancel whose first token was measured weighs exactly as an ok answer
+    with that TTFT and no end (its e2e unknown): same samples, same outcome weights,
+    same aging (``spread`` 3 s puts the stream over several sub-windows)."""
+    as_ok = [("ok_ttft" if o == "first" else o, v) for o, v in stream]
+    store = StatsStore(CFG)
+    for i, (outcome, v) in enumerate(as_ok):
+        obs = (Observation("a", SHORT, "ok", ttft_s=v) if outcome == "ok_ttft"
+               else _obs(outcome, v))
+        store.observe(obs, 1.0 + i * spread)
+    now = 2.0 + len(stream) * spread
+    for metric in ("ttft", "e2e"):
+        a = _mixed(stream, spread).evidence("a", SHORT, metric, now, 0.0)
+        b = store.evidence("a", SHORT, metric, now, 0.0)
+        assert (a is None) == (b is None)
+        if a is not None and b is not None:
+            assert (a.samples, a.ok, a.requests) == pytest.approx((b.samples, b.ok, b.requests))
+            assert a.p_within(BUDGET) == pytest.approx(b.p_within(BUDGET))
+
+
 @FAST
 @given(st.integers(0, 60), st.integers(0, 60), st.floats(0.0, 1.0))
 def test_with_prior_stays_between_data_and_neutral(n_ok: int, n_bad: int, neutral: float) -> None:

@@ -53,7 +53,8 @@ chunk (vLLM's ``continuous_usage_stats``) makes a mid-stream leave look complete
 it is then a short ``ok``, whose TPOT is still right. A stream without usage (its
 client did not ask, and ``timing.ask_usage`` is off) that the client left at
 ``[DONE]`` before Envoy saw its end has neither: a ``cancel`` (Envoy logs nothing that
-tells the ``[DONE]`` apart; docs/response-timing.md).
+tells the ``[DONE]`` apart; docs/response-timing.md), whose first token is still
+measured (below).
 
 An error event is an SSE event whose JSON reports an error
 (:data:`sidecar.core.timing.ERROR_SELECTORS`: an ``error``, a top-level ``message``
@@ -72,13 +73,19 @@ with the entry and the shell reads into ``LogRecord.retry_after_s``, see
 :mod:`sidecar.core.retry_after`) passes it on as ``Observation.retry_after_s``.
 
 Timeouts and cancels are *censored* exactly as in :mod:`sidecar.core.timing`:
-their TTFT/e2e are the time waited since ``t0`` (lower bounds) and the router
-decides whether a cancel is evidence. A first body byte stands for a first token
-there as for an ``ok``, except on a stream whose own events were read without a
-token (``tokenless``: a sampled stream that opened with a role-only event or
-comments and ended, or lost its client, before any token): its TTFT is the wait. A
-complete such stream (an ``ok`` without a token: a filtered or empty answer) has no
-TTFT or TPOT, as :class:`sidecar.core.timing.ResponseTimer` gives none.
+their e2e is the time waited since ``t0`` (a lower bound), and so is their TTFT
+when no first token came; the router decides whether a cancel is evidence. A
+first body byte stands for a first token there as for an ``ok``, except on a
+stream whose own events were read without a token (``tokenless``: a sampled stream
+that opened with a role-only event or comments and ended, or lost its client,
+before any token): its TTFT is the wait. A first token that came (the first body
+byte plus the offset, not ``tokenless``, not on a blind route unless this request
+was timed, and not after the wait) is a *measurement* whatever the client did next:
+such an observation is ``ttft_measured``, and a cancel keeps that TTFT as evidence
+(:func:`sidecar.core.judging.judge_censored`) -- the cancels of complete answers to a
+client that leaves at ``[DONE]`` above carry their route's TTFT so. A complete
+such stream (an ``ok`` without a token: a filtered or empty answer) has no TTFT or
+TPOT, as :class:`sidecar.core.timing.ResponseTimer` gives none.
 
 A timeout at the caller's own deadline is the caller's, not the route's
 (:func:`at_callers_deadline`): ``x-tailroute-deadline-ms`` becomes the request's
@@ -89,7 +96,7 @@ requests sent with ``x-tailroute-deadline-ms: 50`` to a sidecar without latency 
 yet (so none was refused as unreachable) quarantined two routes and restricted the
 third: three timeouts in a row on each. Such an entry is judged as the caller giving
 up at that moment -- a cancel, which the router counts as a timeout only once the wait
-passed the class budget (:func:`sidecar.core.intake.judge_censored`) -- as in the
+passed the class budget (:func:`sidecar.core.judging.judge_censored`) -- as in the
 policy lab, where a workflow's deadline ends an attempt as the client's.
 """
 
@@ -254,6 +261,7 @@ def observation_from_log(
         first = rec.first_body_s + ttft_offset_s
     ttft = tpot = e2e = None
     censored = outcome in ("timeout", "cancel")
+    measured = False
     if outcome == "ok":
         e2e = rec.end_s
         if e2e is None and rec.flags & CANCEL_FLAGS:
@@ -264,6 +272,10 @@ def observation_from_log(
         e2e = waited_s(rec)
         if streaming:
             ttft = e2e if first is None else first
+            # A first token seen before the client left is timed as an ok's is: a
+            # measurement (not on a blind route, where the offset is only a median).
+            measured = (first is not None and (first_token_s is not None or ttft_from_log)
+                        and (e2e is None or first <= e2e))
     elif error_keeps_duration(rec.status, bool(rec.flags & ERROR_FLAGS) or rec.stream_error):
         e2e = rec.end_s  # an upstream's 5xx: dates the error (never a latency sample)
     return Observation(
@@ -280,6 +292,7 @@ def observation_from_log(
         censored=censored,
         sent_load=sent_load,
         retry_after_s=rec.retry_after_s,
+        ttft_measured=measured,
     )
 
 

@@ -78,6 +78,9 @@ class SubWindowData:
     timeout: int = 0
     cancel: int = 0
     hists: dict[Metric, LogHistogram] = field(default_factory=dict)  # non-empty ones only
+    # Of the cancels, those whose measured first token is a TTFT sample
+    # (SubWindow.first); travels apart from the four counters (codec: older replicas).
+    first: int = 0
 
     @property
     def empty(self) -> bool:
@@ -86,7 +89,7 @@ class SubWindowData:
 
     def total(self) -> float:
         """Counters plus histogram weights: changes whenever the contents change."""
-        return (self.ok + self.error + self.timeout + self.cancel
+        return (self.ok + self.error + self.timeout + self.cancel + self.first
                 + sum(h.count for h in self.hists.values()))  # fmt: skip
 
 
@@ -127,7 +130,8 @@ def live_subwindows(store: StatsStore, now: float) -> Iterator[tuple[Route, list
         rs._sync(now)  # rotate through the series (see _add), never the bare ring
         subs = [
             SubWindowData(slot.index, slot.ok, slot.error, slot.timeout, slot.cancel,
-                          {m: h.copy() for m, h in slot.hists.items() if h.count})
+                          {m: h.copy() for m, h in slot.hists.items() if h.count},
+                          slot.first)
             for _, slot in rs.window.live(now)
             if slot.requests or slot.cancel or any(h.count for h in slot.hists.values())
         ]  # fmt: skip
@@ -203,6 +207,7 @@ def _add(rs: RouteStats, data: SubWindowData, idx: int, now: float,
         slot.reset(idx)
     for c in COUNTERS:
         setattr(slot, c, getattr(slot, c) + getattr(data, c))
+    slot.first += min(data.first, data.cancel)  # a first is one of the cancels
     for m, h in data.hists.items():
         slot.hists[m].merge(h)
     # Invariant 3: the decayed window (when a completed sub-window changed) and the

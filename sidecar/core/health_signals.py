@@ -83,7 +83,7 @@ class WindowVerdict:
     tail_s: float | None  # None: too few samples
     ratio: float | None  # tail_s * 1000 / budget_ms (descriptive)
     samples: int
-    requests: int  # ok + error + timeout
+    requests: int  # ok + error + timeout + cancels with a measured first token
     failures: int  # error + timeout
     over: tuple[int, int, int] = (0, 0, 0)
 

@@ -4,7 +4,10 @@
 the router's; this module holds how an outcome is taken in). Per outcome::
 
     cancel after the class budget     -> a timeout (the client gave up on a slow route)
-    cancel before it                  -> its lower-bound latencies dropped (a user pressed stop)
+    cancel before it                  -> its lower-bound latencies dropped (a user pressed
+                                         stop), but a measured first token kept: a TTFT
+                                         sample of a cancel, never an ok
+                                         (sidecar.core.judging), met under light load
     probe                             -> statistics, then the probing or restricted route's
                                          verdict (a slice's probe must meet its budget); a
                                          quarantined one's only for a rescue sent since
@@ -29,6 +32,7 @@ from collections.abc import Sequence
 from sidecar.core import compat_sr
 from sidecar.core.config import Config, ModelConfig
 from sidecar.core.health_board import CLUSTER_SLICE, HealthBoard
+from sidecar.core.judging import is_hard, judge_censored, within_budget
 from sidecar.core.light_load import LIGHT, LightOutcomes, load_of
 from sidecar.core.live_misses import LiveMisses
 from sidecar.core.pushback import WAIT_STATUSES, PushBack
@@ -39,42 +43,6 @@ from sidecar.core.subwindow import OkSample
 from sidecar.core.trial_hold import TrialHold
 from sidecar.core.types import Observation, SliceKey, TransitionEvent
 from sidecar.core.viability import cluster_ejectable, others_serve
-
-
-def is_hard(obs: Observation) -> bool:
-    """A hard failure for the fast path: a timeout, or an error with a 5xx or no status."""
-    return obs.outcome == "timeout" or (
-        obs.outcome == "error" and (obs.status is None or obs.status >= 500))
-
-
-def judge_censored(config: Config, obs: Observation) -> Observation:
-    """A cancel is evidence only if the wait already exceeded the class budget.
-
-    Then it is a client-side timeout (the client gave up on a slow route);
-    before that, a user pressing stop says nothing about the route, so its
-    lower-bound latencies are dropped.
-    """
-    if obs.outcome != "cancel" or not obs.censored:
-        return obs
-    klass = config.workload_class(obs.slice.klass)
-    value = None
-    if klass is not None:
-        value = obs.ttft_s if klass.slo.metric == "ttft" else obs.e2e_s
-    if klass is not None and value is not None and value * 1000.0 >= klass.slo.budget_ms:
-        return obs.judged("timeout", obs.ttft_s, obs.e2e_s, censored=True)
-    return obs.judged("cancel", None, None, censored=False)
-
-
-def within_budget(config: Config, obs: Observation) -> bool:
-    """Did a probe meet its class SLO budget (the metric it promises)?"""
-    klass = config.workload_class(obs.slice.klass)
-    if klass is None:
-        return True
-    metric = klass.slo.metric
-    value = obs.ttft_s if metric == "ttft" else obs.tpot_s if metric == "tpot" else obs.e2e_s
-    if value is None:
-        value = obs.e2e_s  # e.g. a TTFT class served without streaming
-    return value is None or value * 1000.0 <= klass.slo.budget_ms
 
 
 class Intake:
@@ -212,6 +180,12 @@ class Intake:
         if self._next_eval is None:
             self._next_eval = self._boundary_after(now)
         if obs.outcome == "cancel":
+            sent = obs.sent_load
+            if (obs.ttft_s is not None and not obs.is_retry and sent is not None
+                    and sent < LIGHT and self._load(obs.cluster) < LIGHT):
+                # Its first token came within budget (kept by judge_censored): an answer
+                # that met it, as an ok does; any other cancel says nothing.
+                self.light.note(obs.cluster, obs.slice, False, now)
             self.stats.observe(obs, now)
             return []
         sent = obs.sent_load

@@ -19,8 +19,9 @@ a timed stream (TTFT class) whose     a hit, at the budget (whatever its stream 
 first token came by its budget        next: the budget is met)
 any other, finished ``ok``            a hit or a miss by its measured latency, when
                                       its outcome comes in
-a timeout or cancel                   a miss if it had waited past the budget, else
-                                      nothing (a user pressing stop says nothing)
+a timeout or cancel                   a miss if it had waited past the budget; a
+                                      cancel's measured first token (TTFT classes) in
+                                      time a hit; else nothing (a user pressed stop)
 an error                              nothing: errors have their own rules (the fast
                                       path, outcomes as evidence)
 no outcome will come (its entry       a watched request answered in time: a hit (its
@@ -277,7 +278,8 @@ class LiveMisses:
         if value is None or obs.outcome == "error":
             return
         late = value > book.budget.seconds
-        if obs.outcome == "ok" or late:
+        if obs.outcome == "ok" or late or (obs.ttft_measured and obs.outcome == "cancel"
+                                           and book.budget.first_token):
             watch = self.watch
             if watch and watch[0][0] <= now:
                 self.advance(now)  # earlier budgets first: ``recent`` stays in order

@@ -119,9 +119,10 @@ class RouteStats:
         self.version += 1
 
     def observe(self, obs: Observation, now: float) -> None:
-        """Count the outcome; add latency samples for ``ok`` first attempts.
+        """Count the outcome; add latency samples for ``ok`` first attempts (and the
+        TTFT of a cancel whose first token was measured: :func:`latency_indices`).
 
-        Errors, timeouts and cancels are counted, never latency samples (a fast
+        Errors, timeouts and other cancels are counted, never latency samples (a fast
         500 would make a failing route look quick; a timeout's waited time is a
         lower bound, and the failure itself is what the estimators count).
         Retries (``is_retry``) are counted but add no latency evidence: the
@@ -142,14 +143,7 @@ class RouteStats:
         if slot is None or slot.index != k:
             self._sync(now)
             slot = self._slot = self.window.current(now)
-        if outcome == "ok":
-            slot.ok += 1
-        elif outcome == "error":
-            slot.error += 1
-        elif outcome == "timeout":
-            slot.timeout += 1
-        elif outcome == "cancel":
-            slot.cancel += 1
+        slot.note(outcome, indices is not None)
         if self.last_seen is None or now > self.last_seen:
             self.last_seen = now
         self.version += 1
@@ -272,7 +266,7 @@ class RouteStats:
                                           enough=cfg.enough_samples)
         ok, req = past.ok * f, past.requests * f
         if cur is not None:
-            ok += cur.ok
+            ok += cur.ok + cur.first
             req += cur.requests
         self._read = (k, self.version, f, ok, req, cur)
         return f, ok, req, cur
@@ -361,7 +355,7 @@ class RouteStats:
         """Outcomes recorded in the current (partial) sub-window."""
         k = self._sync(now)
         cur = self.window.get(k)
-        return 0 if cur is None else cur.requests + cur.cancel
+        return 0 if cur is None else cur.requests - cur.first + cur.cancel
 
     def requests(self, now: float) -> int:
         """Requests (excluding cancels) recorded over the live ring."""

@@ -25,6 +25,7 @@ def series_to_dict(rs: RouteStats, now: float) -> dict[str, Any]:
     """JSON-safe snapshot of ``rs``; times as ages relative to ``now``."""
     subs = [
         {"age": age, **{c: getattr(s, c) for c in COUNTERS},
+         **({"first": s.first} if s.first else {}),  # absent from older snapshots
          "hists": {m: h.to_dict() for m, h in s.hists.items() if h.count}}
         for age, s in rs.live(now)
         if s.requests or s.cancel
@@ -58,6 +59,9 @@ def series_from_dict(
             if not 0 <= (n := int(sub[c])) < _MAX_COUNT:
                 raise ValueError(f"sub-window count {c} out of range: {n}")
             setattr(slot, c, n)
+        if not 0 <= (n := int(sub.get("first", 0))) <= slot.cancel:
+            raise ValueError(f"sub-window count first out of range: {n}")
+        slot.first = n
         for m, raw in sub.get("hists", {}).items():
             slot.hists[as_metric(m)] = h = LogHistogram.from_dict(raw)
             if h.relative_accuracy != relative_accuracy:

@@ -61,11 +61,19 @@ Indices = tuple[int | None, int | None, int | None]
 
 def latency_indices(obs: Observation, geometry: Buckets) -> Indices | None:
     """Bucket indices of an observation's (ttft, tpot, e2e), None unless it is latency
-    evidence (an ``ok`` first attempt); unmeasured or NaN metrics are skipped."""
-    if obs.is_retry or obs.outcome != "ok":
+    evidence: an ``ok`` first attempt, or the TTFT alone of a cancelled one whose first
+    token was measured and which the router judged within budget (``ttft_measured``,
+    no longer ``censored``: :func:`sidecar.core.judging.judge_censored`); unmeasured or
+    NaN metrics are skipped."""
+    if obs.is_retry:
         return None
     index_of = geometry.index_of
     ttft, tpot, e2e = obs.ttft_s, obs.tpot_s, obs.e2e_s
+    if obs.outcome != "ok":
+        if (obs.outcome != "cancel" or not obs.ttft_measured or obs.censored
+                or ttft is None or ttft != ttft):
+            return None
+        return index_of(ttft), NO_VALUE, NO_VALUE  # its end never came: TTFT only
     return (NO_VALUE if ttft is None or ttft != ttft else index_of(ttft),
             NO_VALUE if tpot is None or tpot != tpot else index_of(tpot),
             NO_VALUE if e2e is None or e2e != e2e else index_of(e2e))
@@ -115,9 +123,10 @@ def as_metric(name: str) -> Metric:
 @dataclass(frozen=True, slots=True)
 class WindowSummary:
     """One evaluation window of one series: what the health machine judges.
-    ``requests`` excludes cancels: a client hanging up says nothing about the upstream.
-    ``cum`` is the window's latency distribution (ok first attempts), for
-    counting samples beyond any threshold."""
+    ``requests`` excludes cancels: a client hanging up says nothing about the upstream
+    (but a cancel whose measured first token was kept, :attr:`SubWindow.requests`).
+    ``cum`` is the window's latency distribution (ok first attempts; those cancels'
+    TTFT), for counting samples beyond any threshold."""
 
     index: int  # absolute sub-window index of the newest sub-window it covers
     start: float
@@ -161,7 +170,8 @@ class Evidence:
     merges it -- the slice blend -- merges once; do not modify them),
     ``samples`` the unweighted latency sample count, ``weight`` the effective
     (weighted) one; ``ok``/``requests`` are weighted outcome counts (requests =
-    ok + errors + timeouts)."""
+    ok + errors + timeouts + cancels whose measured first token was kept, which
+    count in ``ok`` too: answers that came, whose end is unknown)."""
 
     parts: tuple[tuple[LogHistogram, float], ...]
     samples: int
@@ -190,7 +200,7 @@ class SubWindow:
     """One sub-window: a histogram per metric (weights are all 1, so ``count`` is
     the sample count) and outcome counters."""
 
-    __slots__ = ("cancel", "error", "hists", "index", "ok", "timeout")
+    __slots__ = ("cancel", "error", "first", "hists", "index", "ok", "timeout")
 
     def __init__(self, relative_accuracy: float) -> None:
         self.hists = {m: LogHistogram(relative_accuracy) for m in METRICS}
@@ -198,13 +208,29 @@ class SubWindow:
 
     def reset(self, index: int) -> None:
         self.index = index
-        self.ok = self.error = self.timeout = self.cancel = 0
+        self.ok = self.error = self.timeout = self.cancel = self.first = 0
         for h in self.hists.values():
             h.clear()
 
     @property
     def requests(self) -> int:
-        return self.ok + self.error + self.timeout
+        """Outcomes that are evidence: ok, error, timeout and the cancels whose
+        measured first token is a sample (``first``); other cancels say nothing."""
+        return self.ok + self.error + self.timeout + self.first
+
+    def note(self, outcome: str, sample: bool) -> None:
+        """Count one outcome; a cancel with a latency sample (its measured first token,
+        :func:`latency_indices`) counts as a ``first`` too."""
+        if outcome == "ok":
+            self.ok += 1
+        elif outcome == "error":
+            self.error += 1
+        elif outcome == "timeout":
+            self.timeout += 1
+        elif outcome == "cancel":
+            self.cancel += 1
+            if sample:
+                self.first += 1
 
     def samples(self, metric: Metric) -> int:
         return int(self.hists[metric].count)
@@ -322,7 +348,7 @@ class DecayedWindow:
                 self.hists[m].merge(slot.hists[m])
                 self.samples[m] += n
                 self.weights[m] += n
-        self.ok += slot.ok
+        self.ok += slot.ok + slot.first
         self.requests += slot.requests
         self.included.append([slot, slot.index, 1.0])
 
@@ -338,5 +364,5 @@ class DecayedWindow:
                     self.hists[m].remove(slot.hists[m], w)
                     self.samples[m] -= n
                     self.weights[m] = max(self.weights[m] - w * n, 0.0)
-            self.ok = max(self.ok - w * slot.ok, 0.0)
+            self.ok = max(self.ok - w * (slot.ok + slot.first), 0.0)
             self.requests = max(self.requests - w * slot.requests, 0.0)

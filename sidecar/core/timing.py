@@ -246,6 +246,8 @@ class ResponseTimer:
             is_retry=self.is_retry,
             is_probe=self.is_probe,
             censored=censored,
+            # A token read before the end: a measured TTFT even though censored.
+            ttft_measured=censored and self.first_token_at is not None,
         )
 
 

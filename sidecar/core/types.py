@@ -162,6 +162,13 @@ class Observation:
     # A probe admission sent instead of refusing (Decision.is_rescue): only its answer
     # may end a quarantine's cooldown early (sidecar.core.rescue_probe).
     is_rescue: bool = False
+    # A censored outcome whose ttft_s is nevertheless a measurement: its first token
+    # was seen (a stream's first body byte, not tokenless, plus the route's offset; the
+    # lab's or the timer's first token) before the client left or Envoy gave up. Only
+    # its e2e and TPOT are unknown, so a cancel keeps the TTFT as evidence
+    # (sidecar.core.judging.judge_censored): the OpenAI SDK's default client leaves at
+    # [DONE] and Envoy often logs its complete answers as cancels.
+    ttft_measured: bool = False
 
     # Written out for the compiled lab (one per simulated request; sidecar.core.frozen).
     def __init__(
@@ -171,6 +178,7 @@ class Observation:
         is_retry: bool = False, is_probe: bool = False, censored: bool = False,
         sent_load: float | None = None, attempt: bool = False,
         retry_after_s: float | None = None, is_rescue: bool = False,
+        ttft_measured: bool = False,
     ) -> None:
         object.__setattr__(self, "cluster", cluster)
         object.__setattr__(self, "slice", slice)
@@ -187,16 +195,17 @@ class Observation:
         object.__setattr__(self, "attempt", attempt)
         object.__setattr__(self, "retry_after_s", retry_after_s)
         object.__setattr__(self, "is_rescue", is_rescue)
+        object.__setattr__(self, "ttft_measured", ttft_measured)
 
     def judged(self, outcome: Outcome, ttft_s: float | None, e2e_s: float | None,
                censored: bool) -> Observation:
         """This observation with another outcome, latencies and censoring, the rest
-        kept (sidecar.core.intake.judge_censored): ``dataclasses.replace`` written out,
+        kept (sidecar.core.judging.judge_censored): ``dataclasses.replace`` written out,
         which costs about 2.4x as much interpreted and 14x compiled."""
         return Observation(self.cluster, self.slice, outcome, self.status, ttft_s,
                            self.tpot_s, e2e_s, self.output_tokens, self.is_retry,
                            self.is_probe, censored, self.sent_load, self.attempt,
-                           self.retry_after_s, self.is_rescue)
+                           self.retry_after_s, self.is_rescue, self.ttft_measured)
 
 
 fast_init(Observation)

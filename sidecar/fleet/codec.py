@@ -5,7 +5,8 @@ meta record. Field names are tab-separated (cluster names and slice labels
 contain no tabs; slice labels contain ``|``)::
 
     stats field   "<cluster>\\t<slice label>\\t<sub-window midpoint, wall-clock ms>"
-    stats value   {"c": [ok, error, timeout, cancel], "h": {"ttft": [offset, zero, n0, n1, ...]}}
+    stats value   {"c": [ok, error, timeout, cancel], "h": {"ttft": [offset, zero, n0, n1, ...]},
+                   "f": cancels whose measured first token is a TTFT sample (when any)}
     route field   "<cluster>\\t<slice label>"
     health value  {"o": owner id, "w": wall-clock ms written, "r": route state (ages) or {}}
     probe value   [route field, ok] or, for a rescue, [route field, ok, sent wall-clock ms]
@@ -115,8 +116,10 @@ def decode_hist(raw: Any, accuracy: float) -> LogHistogram:
 
 
 def encode_sub(sub: SubWindowData) -> bytes:
-    body = {"c": [getattr(sub, c) for c in COUNTERS],
-            "h": {m: encode_hist(h) for m, h in sub.hists.items() if h.count}}
+    body: dict[str, Any] = {"c": [getattr(sub, c) for c in COUNTERS],
+                            "h": {m: encode_hist(h) for m, h in sub.hists.items() if h.count}}
+    if sub.first:  # a key of its own: a replica from before it reads "c" as four counts
+        body["f"] = sub.first
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -125,7 +128,8 @@ def decode_sub(raw: bytes, index: int, accuracy: float) -> SubWindowData:
     try:
         d = loads(raw)
         counts = [int(x) for x in d["c"]]
-        if len(counts) != len(COUNTERS) or min(counts) < 0:
+        first = int(d.get("f", 0))
+        if len(counts) != len(COUNTERS) or min(counts) < 0 or not 0 <= first <= counts[3]:
             raise ValueError("bad counters")
         hists: dict[Metric, LogHistogram] = {}
         for m, h in d.get("h", {}).items():
@@ -135,7 +139,7 @@ def decode_sub(raw: bytes, index: int, accuracy: float) -> SubWindowData:
     except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
         raise ValueError(f"malformed sub-window: {exc!r}") from exc
     ok, error, timeout, cancel = counts
-    return SubWindowData(index, ok, error, timeout, cancel, hists)
+    return SubWindowData(index, ok, error, timeout, cancel, hists, first)
 
 
 def _hist_diff(a: LogHistogram, b: LogHistogram | None) -> LogHistogram:
@@ -146,14 +150,15 @@ def diff(a: SubWindowData, b: SubWindowData | None) -> SubWindowData:
     """``a - b`` clamped at zero (counters and every histogram bucket)."""
     if b is None:
         return SubWindowData(a.index, a.ok, a.error, a.timeout, a.cancel,
-                             {m: h.copy() for m, h in a.hists.items()})  # fmt: skip
+                             {m: h.copy() for m, h in a.hists.items()}, a.first)  # fmt: skip
     ok, error, timeout, cancel = (max(getattr(a, c) - getattr(b, c), 0) for c in COUNTERS)
     hists: dict[Metric, LogHistogram] = {}
     for m, h in a.hists.items():
         d = _hist_diff(h, b.hists.get(m))
         if d.count:
             hists[m] = d
-    return SubWindowData(a.index, ok, error, timeout, cancel, hists)
+    return SubWindowData(a.index, ok, error, timeout, cancel, hists,
+                         min(max(a.first - b.first, 0), cancel))
 
 
 def add(acc: SubWindowData | None, d: SubWindowData) -> SubWindowData:
@@ -162,6 +167,7 @@ def add(acc: SubWindowData | None, d: SubWindowData) -> SubWindowData:
         return diff(d, None)
     for c in COUNTERS:
         setattr(acc, c, getattr(acc, c) + getattr(d, c))
+    acc.first += d.first
     for m, h in d.hists.items():
         cur = acc.hists.get(m)
         if cur is None:

@@ -183,7 +183,7 @@ class Attempt:
         stream = call.stream
         end, sent = self.end_at, self.sent_at
         ttft = e2e = tpot = None
-        censored = False
+        censored = measured = False
         if outcome == "error" and self.status is not None and self.status >= 300:
             read = outcome_for_status(self.status)  # (a 2xx error: failed mid-stream)
             if read is None:
@@ -208,12 +208,14 @@ class Attempt:
                 if stream:
                     ft = self.first_token_at
                     ttft = (ft if ft is not None else end) - sent
+                    measured = ft is not None and ft <= end  # as the timer: a token came
         # Positional, in field order (cluster, slice, outcome, status, ttft_s, tpot_s,
         # e2e_s, output_tokens, is_retry, is_probe, censored, sent_load, attempt,
-        # retry_after_s, is_rescue): keywords cost a third more.
+        # retry_after_s, is_rescue, ttft_measured): keywords cost a third more.
         return Observation(self.cluster, call.slice, outcome, self.status, ttft, tpot, e2e,
                            self.tokens_done or None, self.n > 0, self.is_probe, censored,
-                           self.sent_load, False, self.retry_after, self.is_rescue)
+                           self.sent_load, False, self.retry_after, self.is_rescue,
+                           measured)
 
     def request_info(self, now: float) -> RequestInfo:
         """What the classifier would have produced for this attempt's HTTP request."""
