@@ -250,3 +250,16 @@ def test_the_wire_form_carries_the_firsts_beside_the_four_counters() -> None:
     assert decode_sub(older, 0, 0.02).first == 0
     with pytest.raises(ValueError):
         decode_sub(raw.replace(b'"f":3', b'"f":4'), 0, 0.02)
+
+
+def test_the_health_window_counts_them_as_requests_that_did_not_fail() -> None:
+    router = Router(_config())
+    for i in range(8):
+        router.observe(_cancelled("a", 0.1), 1.0 + 0.1 * i)
+    router.observe(_cancelled("a", 0.9), 2.0)
+    rs = router.stats.series("a", S)
+    assert rs is not None
+    w = rs.window_summary(rs.cfg.subwindow_s + 1.0, "ttft", 0.95)
+    # Before, its requests were the one timeout: a failure rate of 100 %.
+    assert (w.samples, w.requests, w.timeouts, w.cancels) == (8, 9, 1, 8)
+    assert w.failure_rate == pytest.approx(1 / 9)
