@@ -164,8 +164,10 @@ def test_a_route_answering_clients_that_leave_at_done_has_ttft_evidence() -> Non
     median = rs.quantile("ttft", 0.5, 2.0)
     assert median is not None and 0.1 <= median <= 0.18
     ev = router.stats.evidence("a", S, "ttft", 2.0, 0.0)
-    # The answers that came count as such: 8 of 9, not 0 of 1.
+    # The answers that came by their first token count as such: 8 of 9, not 0 of 1.
     assert ev is not None and ev.p_ok == pytest.approx(8 / 9)
+    e2e = rs.evidence("e2e", 2.0, 0.0)  # the series alone, no broader slice blended in
+    assert e2e is not None and (e2e.ok, e2e.requests) == (0, 1)  # their end: unknown
 
 
 def test_a_retry_or_an_unmeasured_cancel_gives_no_evidence() -> None:
@@ -177,12 +179,16 @@ def test_a_retry_or_an_unmeasured_cancel_gives_no_evidence() -> None:
     assert router.counters[("outcome", "cancel")] == 2
 
 
-def test_a_measured_cancel_under_light_load_is_a_met_budget() -> None:
+def test_a_measured_cancel_under_light_load_is_a_met_ttft_budget() -> None:
     router = Router(_config())
     router.observe(_cancelled("a", 0.1, sent_load=0.0), 1.0)
     router.observe(Observation("a", S, "cancel", ttft_s=0.05, e2e_s=0.05, censored=True,
                                sent_load=0.0), 1.0)
     assert router.light.counts("a", S, 1.0) == (0.0, 1.0)
+    # On an e2e class its end is unknown: not counted.
+    router.observe(Observation("a", E, "cancel", ttft_s=0.05, e2e_s=0.3, censored=True,
+                               ttft_measured=True, sent_load=0.0), 1.0)
+    assert router.light.counts("a", E, 1.0) == (0.0, 0.0)
 
 
 def test_a_cancelled_probe_is_still_no_probe_success() -> None:
@@ -263,3 +269,7 @@ def test_the_health_window_counts_them_as_requests_that_did_not_fail() -> None:
     # Before, its requests were the one timeout: a failure rate of 100 %.
     assert (w.samples, w.requests, w.timeouts, w.cancels) == (8, 9, 1, 8)
     assert w.failure_rate == pytest.approx(1 / 9)
+    # For e2e their end is unknown: no outcome there (nor a sample).
+    rs.span.unjudged = None
+    w = rs.window_summary(rs.cfg.subwindow_s + 1.0, "e2e", 0.95)
+    assert (w.samples, w.requests, w.timeouts) == (0, 1, 1)

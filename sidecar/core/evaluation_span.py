@@ -70,7 +70,9 @@ class EvaluationSpan:
                         merged, copied = merged.copy(), True
                     merged.merge(slot.hists[metric])
                 n += m
-            req, err, tmo, canc = (req + slot.requests, err + slot.error,
+            # A cancel's measured first token is an outcome for TTFT only (subwindow).
+            firsts = 0 if metric == "ttft" else slot.first
+            req, err, tmo, canc = (req + slot.requests - firsts, err + slot.error,
                                    tmo + slot.timeout, canc + slot.cancel)  # fmt: skip
         enough = n >= cfg.min_samples
         full_span = first <= oldest

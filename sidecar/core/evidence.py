@@ -29,8 +29,8 @@ errors (5xx, 429), timeouts and judged cancels enter through ``p_ok``; slow
 successes through ``F``. A cancel whose first token was measured within budget
 (:func:`sidecar.core.judging.judge_censored`: the OpenAI SDK's default client
 leaves at ``[DONE]``, and Envoy often logs a complete answer so) is an answer that
-came: it counts in ``ok`` and among the requests, and its TTFT is in ``H`` (no
-e2e or TPOT: those are read from the ``ok`` answers alone, assumed alike).
+came by its first token: for TTFT it counts in ``ok`` and among the requests, and
+its TTFT is in ``H``; for e2e and TPOT it is no outcome (its end is unknown).
 Both are blended as above, so both are shrunk toward the broader slices when
 the narrow slice is thin; :func:`with_prior` then fills the pseudo-weight still
 missing up to ``m`` with a neutral value (a route nobody has seen yet is

@@ -7,7 +7,8 @@ the router's; this module holds how an outcome is taken in). Per outcome::
     cancel before it                  -> its lower-bound latencies dropped (a user pressed
                                          stop), but a measured first token kept: a TTFT
                                          sample of a cancel, never an ok
-                                         (sidecar.core.judging), met under light load
+                                         (sidecar.core.judging); under light load a
+                                         met budget (TTFT classes)
     probe                             -> statistics, then the probing or restricted route's
                                          verdict (a slice's probe must meet its budget); a
                                          quarantined one's only for a rescue sent since
@@ -182,9 +183,11 @@ class Intake:
         if obs.outcome == "cancel":
             sent = obs.sent_load
             if (obs.ttft_s is not None and not obs.is_retry and sent is not None
-                    and sent < LIGHT and self._load(obs.cluster) < LIGHT):
-                # Its first token came within budget (kept by judge_censored): an answer
-                # that met it, as an ok does; any other cancel says nothing.
+                    and sent < LIGHT and self._load(obs.cluster) < LIGHT
+                    and (k := self.config.workload_class(obs.slice.klass)) is not None
+                    and k.slo.metric == "ttft"):
+                # Its first token came within a TTFT budget (kept by judge_censored): it
+                # met it, as an ok does; any other cancel says nothing (its end unknown).
                 self.light.note(obs.cluster, obs.slice, False, now)
             self.stats.observe(obs, now)
             return []

@@ -16,9 +16,11 @@ never asks for usage and closes at ``data: [DONE]``, makes Envoy log many comple
 answers as cancels (the provider ends its body a little after ``[DONE]``;
 docs/response-timing.md): read as no evidence, a route answering such clients was
 seen only through its slow answers. Such a cancel is counted a cancel (never an
-``ok``: its end, e2e and TPOT are unknown) whose TTFT is a sample, and an answer
-that came in the success estimates (:attr:`sidecar.core.subwindow.SubWindow.first`).
-Only first attempts give samples (:func:`sidecar.core.subwindow.latency_indices`).
+``ok``: its end, e2e and TPOT are unknown) whose TTFT is a sample, and for TTFT an
+answer that came in time (success estimates, health windows: the sub-windows'
+``first``, :class:`sidecar.core.subwindow.SubWindow`); for e2e and TPOT it is no
+outcome. Only first attempts give samples
+(:func:`sidecar.core.subwindow.latency_indices`).
 """
 
 from __future__ import annotations

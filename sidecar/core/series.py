@@ -88,8 +88,8 @@ class RouteStats:
         self.version = 0
         self._past = DecayedWindow(relative_accuracy)
         self._evidence: dict[Metric, tuple[int, int, float, Evidence | None]] = {}
-        # _reading()'s answer: (k, version, f, ok, requests, current sub-window).
-        self._read: tuple[int, int, float, float, float, SubWindow | None] | None = None
+        # _reading()'s answer: (k, version, f, ok, requests, firsts, current sub-window).
+        self._read: tuple[int, int, float, float, float, float, SubWindow | None] | None = None
         self.span = EvaluationSpan()  # what the next verdict covers (window_summary)
         self.fence_index = NEVER  # sub-windows before this are not evidence any more (fence())
         self._slot: SubWindow | None = None  # the sub-window observations write into
@@ -235,7 +235,11 @@ class RouteStats:
                 cfg.subwindow_s * REFRESH_SHARE_OF_SUBWINDOW if max_age_s is None
                 else max_age_s)):
             return hit[3]
-        f, ok, req, cur = self._reading(k)
+        f, ok, req, first, cur = self._reading(k)
+        if metric == "ttft":
+            ok += first  # a cancel's measured first token met the budget: an answer
+        else:
+            req -= first  # ... whose end is unknown: no outcome for e2e or TPOT
         n = self._past.samples[metric]
         parts: tuple[tuple[LogHistogram, float], ...] = ()
         eff = 0.0
@@ -249,14 +253,14 @@ class RouteStats:
         self._evidence[metric] = (k, self.version, now, ev)
         return ev
 
-    def _reading(self, k: int) -> tuple[float, float, float, SubWindow | None]:
+    def _reading(self, k: int) -> tuple[float, float, float, float, SubWindow | None]:
         """What every metric's :meth:`evidence` shares at sub-window ``k`` (synced):
-        the current sub-window's aging factor ``f``, the window's weighted ok and
-        request counts, and the current sub-window. Kept per (``k``, version): the
+        the current sub-window's aging factor ``f``, the window's weighted ok, request
+        and ``first`` counts, and the current sub-window. Kept per (``k``, version): the
         decayed window and the current sub-window change only with either."""
         r = self._read
         if r is not None and r[0] == k and r[1] == self.version:
-            return r[2], r[3], r[4], r[5]
+            return r[2], r[3], r[4], r[5], r[6]
         cfg = self.cfg
         past = self._past
         cur = self.window.get(k)
@@ -264,12 +268,11 @@ class RouteStats:
         f = 1.0 if cur is None else aging(cur.requests, cfg.decay,
                                           float(max(cfg.min_samples, 1)),
                                           enough=cfg.enough_samples)
-        ok, req = past.ok * f, past.requests * f
+        ok, req, first = past.ok * f, past.requests * f, past.first * f
         if cur is not None:
-            ok += cur.ok + cur.first
-            req += cur.requests
-        self._read = (k, self.version, f, ok, req, cur)
-        return f, ok, req, cur
+            ok, req, first = ok + cur.ok, req + cur.requests, first + cur.first
+        self._read = (k, self.version, f, ok, req, first, cur)
+        return f, ok, req, first, cur
 
     def _past_parts(
         self, metric: Metric

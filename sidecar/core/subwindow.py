@@ -124,7 +124,7 @@ def as_metric(name: str) -> Metric:
 class WindowSummary:
     """One evaluation window of one series: what the health machine judges.
     ``requests`` excludes cancels: a client hanging up says nothing about the upstream
-    (but a cancel whose measured first token was kept, :attr:`SubWindow.requests`).
+    (for TTFT, a cancel whose measured first token was kept is one: ``SubWindow.first``).
     ``cum`` is the window's latency distribution (ok first attempts; those cancels'
     TTFT), for counting samples beyond any threshold."""
 
@@ -170,8 +170,9 @@ class Evidence:
     merges it -- the slice blend -- merges once; do not modify them),
     ``samples`` the unweighted latency sample count, ``weight`` the effective
     (weighted) one; ``ok``/``requests`` are weighted outcome counts (requests =
-    ok + errors + timeouts + cancels whose measured first token was kept, which
-    count in ``ok`` too: answers that came, whose end is unknown)."""
+    ok + errors + timeouts; for TTFT also the cancels whose measured first token
+    was kept, which count in ``ok`` there too: answers that came by it, whose end
+    is unknown, so no outcome for e2e or TPOT)."""
 
     parts: tuple[tuple[LogHistogram, float], ...]
     samples: int
@@ -215,7 +216,8 @@ class SubWindow:
     @property
     def requests(self) -> int:
         """Outcomes that are evidence: ok, error, timeout and the cancels whose
-        measured first token is a sample (``first``); other cancels say nothing."""
+        measured first token is a sample (``first``: an outcome for TTFT only, but
+        evidence that ages the older one); other cancels say nothing."""
         return self.ok + self.error + self.timeout + self.first
 
     def note(self, outcome: str, sample: bool) -> None:
@@ -314,14 +316,14 @@ class DecayedWindow:
     again (:meth:`LogHistogram.remove`) before the ring reuses their slot.
     """
 
-    __slots__ = ("hists", "included", "k", "ok", "requests", "rotations", "samples",
-                 "weights")
+    __slots__ = ("first", "hists", "included", "k", "ok", "requests", "rotations",
+                 "samples", "weights")
 
     def __init__(self, accuracy: float) -> None:
         self.hists = {m: LogHistogram(accuracy) for m in METRICS}
         self.samples = dict.fromkeys(METRICS, 0)
         self.weights = dict.fromkeys(METRICS, 0.0)
-        self.ok = self.requests = 0.0
+        self.ok = self.requests = self.first = 0.0
         self.included: deque[list[Any]] = deque()  # [slot, index, weight], oldest first
         self.k: int | None = None  # sub-windows below k are covered
         self.rotations = 0
@@ -339,6 +341,7 @@ class DecayedWindow:
                 self.weights[m] *= f
             self.ok *= f
             self.requests *= f
+            self.first *= f
             for inc in self.included:
                 inc[2] *= f
         if slot is None or not requests:
@@ -348,8 +351,9 @@ class DecayedWindow:
                 self.hists[m].merge(slot.hists[m])
                 self.samples[m] += n
                 self.weights[m] += n
-        self.ok += slot.ok + slot.first
+        self.ok += slot.ok
         self.requests += slot.requests
+        self.first += slot.first
         self.included.append([slot, slot.index, 1.0])
 
     def expire(self, oldest: int) -> None:
@@ -364,5 +368,6 @@ class DecayedWindow:
                     self.hists[m].remove(slot.hists[m], w)
                     self.samples[m] -= n
                     self.weights[m] = max(self.weights[m] - w * n, 0.0)
-            self.ok = max(self.ok - w * (slot.ok + slot.first), 0.0)
+            self.ok = max(self.ok - w * slot.ok, 0.0)
             self.requests = max(self.requests - w * slot.requests, 0.0)
+            self.first = max(self.first - w * slot.first, 0.0)
