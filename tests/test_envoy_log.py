@@ -338,3 +338,72 @@ def test_an_error_status_is_dated_by_how_long_it_took(rec: LogRecord,
     obs = observation_from_log(rec, "a", S, streaming=True)
     assert obs is not None and obs.outcome == "error" and obs.e2e_s == dated
     assert latency_indices(obs, Buckets(0.02)) is None
+
+
+@pytest.mark.parametrize(("rec", "outcome"), [
+    # Envoy's [DONE] mark, then the client left (the SDK closes at [DONE]): complete,
+    # without usage and before Envoy saw the upstream's end.
+    (LogRecord(status=200, flags=RST, done_s=0.8), "ok"),
+    (LogRecord(status=200, flags=DC, done_s=0.8), "ok"),
+    (LogRecord(status=200, flags=DC, done_s=0.0), "ok"),  # marked at t0: still marked
+    # Unmarked: a user pressing stop, as before.
+    (LogRecord(status=200, flags=RST), "cancel"),
+    # The mark speaks for a 2xx only, and an error event still wins.
+    (LogRecord(status=0, flags=RST, done_s=0.8), "cancel"),
+    (LogRecord(status=503, flags=RST, done_s=0.8), "cancel"),
+    (LogRecord(status=200, flags=RST, done_s=0.8, stream_error=True), "error"),
+    # Without a client leaving, the flags and the end decide as before.
+    (LogRecord(status=200, end_s=0.9, done_s=0.8), "ok"),
+    (LogRecord(status=200, flags=frozenset({"stream_idle_timeout"}), done_s=0.8), "timeout"),
+])
+def test_a_client_that_left_after_the_done_mark_had_a_complete_answer(
+        rec: LogRecord, outcome: str) -> None:
+    assert outcome_of(rec) == outcome
+    obs = observation_from_log(rec, "a", S, streaming=True)
+    assert obs is not None and obs.outcome == outcome
+
+
+@pytest.mark.parametrize(("done_s", "tokens", "e2e", "tpot"), [
+    (1.0, None, 1.0, None),  # the mark's time; no usage: no TPOT
+    (1.0, 6, 1.0, (1.0 - 0.3) / 5),  # usage too: TPOT until the mark
+    (2.0, None, 1.4, None),  # never after the client left (clocks apart): the wait
+])
+def test_a_done_marked_answer_is_timed_until_its_mark(
+        done_s: float, tokens: int | None, e2e: float, tpot: float | None) -> None:
+    rec = LogRecord(status=200, flags=RST, duration_s=1.5, upstream_tx_s=0.1,
+                    first_body_s=0.3, tokens=tokens, done_s=done_s)
+    obs = observation_from_log(rec, "a", S, streaming=True)
+    assert obs is not None and obs.outcome == "ok" and not obs.censored
+    assert not obs.ttft_measured  # an ok's TTFT, not a cancel's
+    assert obs.e2e_s == pytest.approx(e2e) and obs.ttft_s == pytest.approx(0.3)
+    assert obs.tpot_s == (None if tpot is None else pytest.approx(tpot))
+    # The same entry unmarked: a cancel with a measured first token and no end.
+    plain = observation_from_log(LogRecord(status=200, flags=RST, duration_s=1.5,
+                                           upstream_tx_s=0.1, first_body_s=0.3),
+                                 "a", S, streaming=True)
+    assert plain is not None and plain.outcome == "cancel" and plain.ttft_measured
+
+
+@pytest.mark.parametrize(("mark", "tx", "done_s"), [
+    ("1765000000800000", True, 0.8 - 0.0003),  # Envoy's clock, us since the epoch
+    ("1765000000000000", True, 0.0),  # before t0 (a clock step): at t0
+    ("", True, None),  # garbled or absent: no mark
+    ("-5", True, None),
+    (None, True, None),
+    ("1765000000800000", False, None),  # never sent upstream: nothing to place it on
+])
+def test_the_done_mark_is_read_from_the_metadata_as_time_since_t0(
+        mark: str | None, tx: bool, done_s: float | None) -> None:
+    e = al.HTTPAccessLogEntry()
+    c = e.common_properties
+    c.start_time.FromMicroseconds(1765000000000000)
+    if tx:
+        c.time_to_first_upstream_tx_byte.FromMicroseconds(300)
+    c.response_flags.downstream_remote_reset = True
+    fields = c.metadata.filter_metadata["tailroute.usage"].fields
+    if mark is not None:
+        fields["done"].string_value = mark
+    e.response.response_code.value = 200
+    rec = record_from_entry(al.HTTPAccessLogEntry.FromString(e.SerializeToString()))
+    assert rec.done_s == (None if done_s is None else pytest.approx(done_s))
+    assert outcome_of(rec) == ("ok" if done_s is not None else "cancel")

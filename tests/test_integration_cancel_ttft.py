@@ -5,9 +5,10 @@ role-only chunk, tokens, a finish chunk and ``data: [DONE]``, then ends its body
 later (the terminating chunk is a separate write). The OpenAI SDK's synchronous stream
 closes the connection at ``[DONE]``, so Envoy logs the client's reset before the
 upstream's end: without usage the entry of a complete answer is a ``cancel``
-(``timing.ask_usage`` is left off here). Its first body byte came all the same, so its
-TTFT is a measurement: each such cancel within the class budget is a TTFT sample of the
-route. Before, every one of them was dropped and the route had no TTFT samples at all.
+(``timing.ask_usage`` and Envoy's ``[DONE]`` mark, ``timing.done_mark``, are off
+here). Its first body byte came all the same, so its TTFT is a measurement: each such
+cancel within the class budget is a TTFT sample of the route. Before, every one of them
+was dropped and the route had no TTFT samples at all.
 
 Two ways the first token is known: the observing filter timed it (every stream of a
 route's first ``token_sample_min``), or the first body byte plus the route's offset
@@ -70,9 +71,12 @@ class _EndsAfterDone(BaseHTTPRequestHandler):
         pass
 
 
+# Envoy's [DONE] mark off (timing.done_mark): with it these answers are ``ok``
+# (tests/test_integration_done_mark.py); without it, as on a request outside the usage
+# sample, they stay cancels, and their first token is what this file is about.
 TIMINGS = {
-    "sampled": {},  # the route's first streams are all timed at their first token
-    "log_only": {"token_sample_min": 0, "token_sample_share": 0.0},
+    "sampled": {"done_mark": False},  # the route's first streams all timed at their first token
+    "log_only": {"token_sample_min": 0, "token_sample_share": 0.0, "done_mark": False},
 }
 
 

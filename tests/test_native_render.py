@@ -12,6 +12,7 @@ from sidecar.core.admission import stream_cap_s
 from sidecar.core.config import Config, ConfigError, parse_config
 from sidecar.devtools.harness import envoy_binary
 from sidecar.shell.bootstrap import to_yaml
+from sidecar.shell.bootstrap_done import DONE_FILTER
 from sidecar.shell.bootstrap_filters import SAMPLE_FILTER, USAGE_FILTER, usage_share
 from sidecar.shell.bootstrap_native import render_for_mode, render_native_bootstrap
 
@@ -218,6 +219,24 @@ def test_usage_is_parsed_on_the_configured_share(
     matcher = usage["xds_matcher"]["matcher_list"]["matchers"][0]["predicate"]
     value = matcher["single_predicate"]["custom_match"]["typed_config"]["value"]
     assert value["string_match"]["safe_regex"]["regex"] == regex
+    # The [DONE] mark runs on the very same requests: the same matcher.
+    done = filters[names.index(DONE_FILTER)]["typed_config"]
+    assert done["xds_matcher"] == usage["xds_matcher"]
+
+
+@pytest.mark.parametrize("mode", ["extproc", "native", "hybrid"])
+@pytest.mark.parametrize("mark", [True, False])
+def test_the_done_mark_follows_the_usage_filter_unless_turned_off(mode: str,
+                                                                   mark: bool) -> None:
+    data = _data(mode=mode)
+    data["timing"] = {"done_mark": mark}
+    cfg = parse_config(data)
+    boot = render_for_mode(cfg)
+    names = [f["name"] for f in _hcm(boot)["http_filters"]]
+    assert (DONE_FILTER in names) is mark
+    if mark:  # on the response path Envoy runs it before the usage filter
+        assert names.index(USAGE_FILTER) < names.index(DONE_FILTER) < names.index(
+            "envoy.filters.http.router")
 
 
 @pytest.mark.parametrize(("value", "message"), [

@@ -274,6 +274,7 @@ class TimingConfig:
     # event first): their TTFT comes from sampled responses only, sampled at this share.
     role_first_share: float = 0.25
     ask_usage: bool = False  # ask streams for usage (sidecar.shell.upstream_body)
+    done_mark: bool = True  # Envoy marks a stream at [DONE] (sidecar.shell.bootstrap_done)
 
 
 @dataclass(frozen=True, slots=True)

@@ -193,7 +193,7 @@ def _timing(r: ConfigReader) -> TimingConfig:
         token_sample_share=r.num("token_sample_share", 0.05, lo=0.0, hi=1.0),
         token_sample_min=r.num("token_sample_min", 8, lo=0, hi=10_000, integer=True),
         role_first_share=r.num("role_first_share", 0.25, lo=0.0, hi=1.0),
-        ask_usage=r.bool_("ask_usage", False),
+        ask_usage=r.bool_("ask_usage", False), done_mark=r.bool_("done_mark", True),
     )
     r.done()
     return cfg

@@ -52,9 +52,14 @@ client had the whole answer by then). A provider that repeats usage in every
 chunk (vLLM's ``continuous_usage_stats``) makes a mid-stream leave look complete:
 it is then a short ``ok``, whose TPOT is still right. A stream without usage (its
 client did not ask, and ``timing.ask_usage`` is off) that the client left at
-``[DONE]`` before Envoy saw its end has neither: a ``cancel`` (Envoy logs nothing that
-tells the ``[DONE]`` apart; docs/response-timing.md), whose first token is still
-measured (below).
+``[DONE]`` before Envoy saw its end has neither; for it Envoy's ``[DONE]`` mark
+(:mod:`sidecar.shell.bootstrap_done`, ``timing.done_mark``, on the requests the usage
+filter runs on) dates the stream's ``data: [DONE]`` line (``LogRecord.done_s``). A
+marked entry whose client then left is a complete answer too: ``ok``, its e2e the
+mark's time (at most the wait), its TTFT as any ``ok``'s, its TPOT from usage or the
+caller's count if any. An unmarked one (the mark off, a request outside the usage
+sample, a user who pressed stop before ``[DONE]``) stays a ``cancel``, whose first
+token is still measured (below).
 
 An error event is an SSE event whose JSON reports an error
 (:data:`sidecar.core.timing.ERROR_SELECTORS`: an ``error``, a top-level ``message``
@@ -160,6 +165,10 @@ class LogRecord:
     # Request body bytes Envoy received from the client (None: not known). 0: a request
     # without a body, which nobody decides on any path (not an LLM request).
     body_bytes: int | None = None
+    # t0 to the stream's "data: [DONE]" line, as Envoy's [DONE] mark dated it (None: not
+    # marked; the mark runs where the usage filter does). A client that left after it
+    # had the whole answer.
+    done_s: float | None = None
 
 
 def outcome_of(rec: LogRecord) -> Outcome | None:
@@ -170,7 +179,8 @@ def outcome_of(rec: LogRecord) -> Outcome | None:
         return "error"  # the provider failed mid-stream behind its 200
     flags = rec.flags
     if flags & CANCEL_FLAGS:
-        if 200 <= rec.status < 300 and (rec.end_s is not None or rec.tokens is not None):
+        if 200 <= rec.status < 300 and (rec.end_s is not None or rec.tokens is not None
+                                        or rec.done_s is not None):
             return "ok"  # the client left once it had the whole answer (module docstring)
         return "cancel"
     if flags & TIMEOUT_FLAGS or rec.details in TIMEOUT_DETAILS:
@@ -265,7 +275,11 @@ def observation_from_log(
     if outcome == "ok":
         e2e = rec.end_s
         if e2e is None and rec.flags & CANCEL_FLAGS:
-            e2e = waited_s(rec)  # complete, then the client left: as long as it waited
+            # Complete, then the client left: until its [DONE] if marked (never after
+            # the client left), else as long as it waited.
+            e2e = waited_s(rec)
+            if rec.done_s is not None:
+                e2e = rec.done_s if e2e is None else min(rec.done_s, e2e)
         if streaming:
             ttft, tpot = ok_timing(first, e2e, n, first_token_s is not None or ttft_from_log)
     elif censored:

@@ -136,6 +136,25 @@ def stream_error(fm: Any) -> bool | None:
     return not seen
 
 
+def done_at(fm: Any, c: Any, upstream_tx_s: float | None) -> float | None:
+    """The stream's ``[DONE]`` line in seconds since ``t0``, from the mark
+    (``envoy_contract.DONE_KEY``: Envoy's clock in microseconds since the epoch) and
+    the entry's start on the same clock; None without a mark or a readable one, or
+    without the times to place it (no upstream request). A mark before ``t0`` (a
+    clock step) is placed at ``t0``: the reader caps it at the wait."""
+    usage = fm.get(ec.USAGE_NS)
+    if usage is None or upstream_tx_s is None or not c.HasField("start_time"):
+        return None
+    v = usage.fields.get(ec.DONE_KEY)
+    if v is None:
+        return None
+    raw: str = v.string_value
+    if not raw.isdigit():
+        return None
+    start: float = c.start_time.ToNanoseconds() * 1e-9
+    return max(int(raw) * 1e-6 - start - upstream_tx_s, 0.0)
+
+
 def _plain(v: Any) -> Any:
     """A ``google.protobuf.Value`` as the JSON value it holds."""
     kind = v.WhichOneof("kind")
@@ -191,8 +210,10 @@ def record_from_entry(e: al.HTTPAccessLogEntry) -> LogRecord:
         if set_flags:
             flags = frozenset(set_flags)
     rid = route = slice_label = None
-    tokens = None
+    tokens = done = None
     judged: bool | None = None
+    upstream_tx = (c.time_to_first_upstream_tx_byte.ToNanoseconds() * 1e-9
+                   if c.HasField("time_to_first_upstream_tx_byte") else None)
     if c.HasField("metadata"):
         fm = c.metadata.filter_metadata
         ours = fm.get(ec.METADATA_NS)
@@ -203,6 +224,7 @@ def record_from_entry(e: al.HTTPAccessLogEntry) -> LogRecord:
             slice_label = _string(fields, ec.SLICE_KEY)
         tokens = usage_tokens(fm)
         judged = stream_error(fm)
+        done = done_at(fm, c, upstream_tx)
     tags = c.custom_tags
     parts = entry_tag(tags)
     if parts is not None:  # the native bootstrap: one tag instead of the two durations
@@ -228,8 +250,7 @@ def record_from_entry(e: al.HTTPAccessLogEntry) -> LogRecord:
         c.upstream_cluster,
         c.route_name,
         c.duration.ToNanoseconds() * 1e-9 if c.HasField("duration") else None,
-        (c.time_to_first_upstream_tx_byte.ToNanoseconds() * 1e-9
-         if c.HasField("time_to_first_upstream_tx_byte") else None),
+        upstream_tx,
         first,
         end,
         tokens,
@@ -242,6 +263,7 @@ def record_from_entry(e: al.HTTPAccessLogEntry) -> LogRecord:
         wait,
         bad,
         e.request.request_body_bytes,
+        done,
     )
 
 

@@ -248,7 +248,7 @@ def render_bootstrap(
                    *bf.route_filters(config.limits.decision_timeout_ms,
                                      hr.attribute_exprs(config), hr.rich_headers(config)),
                    bf.buffer_filter(config.envoy.route_buffer_bytes), bf.strip_hints_filter(),
-                   *bf.usage_filters(bf.usage_share(config)),
+                   *bf.usage_filters(bf.usage_share(config), config.timing.done_mark),
                    bf.observe_filter(), bf.router_filter()]
         routes = _routes(config)
     else:

@@ -30,6 +30,9 @@ Filter chain (in this order, before the router), and why each is there:
    ``envoy.usage_sample`` below 1 it runs only on that share of requests,
    picked by the first hex digit of Envoy's ``x-request-id`` (and only those
    can show a mid-stream error).
+   ``tailroute.done`` (lua, ``timing.done_mark``, on the same requests): marks a
+   stream that passed its ``data: [DONE]`` line, so a client that then left is
+   read as a complete answer, not a cancel (:mod:`sidecar.shell.bootstrap_done`).
 6. ``tailroute.observe`` (ext_proc in observability mode): disabled on every
    route but the sampled ones; streams the response to the sidecar without
    waiting for answers, and the sidecar closes it at the first content token.
@@ -47,6 +50,7 @@ from sidecar.core.config import SIDECAR_CLUSTER as SIDECAR_CLUSTER  # reserved i
 from sidecar.core.sse import MAX_EVENT_BYTES
 from sidecar.core.timing import ERROR_SELECTORS
 from sidecar.shell import envoy_contract as ec
+from sidecar.shell.bootstrap_done import done_filter
 
 if TYPE_CHECKING:
     from sidecar.core.config import Config
@@ -190,10 +194,10 @@ def usage_share(config: Config) -> float:
     return max(1, min(16, round(want * 16))) / 16
 
 
-def usage_sampled(inner: dict[str, Any], share: float) -> list[dict[str, Any]]:
-    """``[inner]`` for a share of 1; else a ``header_to_metadata`` filter copying
-    ``x-request-id`` into dynamic metadata, then ``inner`` skipped unless that id
-    starts with one of the first ``16 * share`` hex digits.
+def usage_sampled(inners: list[dict[str, Any]], share: float) -> list[dict[str, Any]]:
+    """``inners`` for a share of 1; else a ``header_to_metadata`` filter copying
+    ``x-request-id`` into dynamic metadata, then each of ``inners`` skipped unless that
+    id starts with one of the first ``16 * share`` hex digits (the same requests).
 
     Why through metadata: Envoy's ``ExtensionWithMatcher`` around a filter that
     only sees the response never receives the request headers to match on, but
@@ -204,7 +208,7 @@ def usage_sampled(inner: dict[str, Any], share: float) -> list[dict[str, Any]]:
     """
     k = round(share * 16)
     if k >= 16:
-        return [inner]
+        return inners
     copy = {
         "name": SAMPLE_FILTER,
         "typed_config": {
@@ -224,13 +228,15 @@ def usage_sampled(inner: dict[str, Any], share: float) -> list[dict[str, Any]]:
             "value": {"string_match": {"safe_regex": {
                 "regex": f"[{rest}].*"}}}}},
     }}
-    return [copy, _skip_when(USAGE_FILTER, inner["typed_config"], unsampled)]
+    return [copy, *(_skip_when(f["name"], f["typed_config"], unsampled) for f in inners)]
 
 
-def usage_filters(share: float = 1.0) -> list[dict[str, Any]]:
+def usage_filters(share: float = 1.0, done_mark: bool = True) -> list[dict[str, Any]]:
     """Token counts from the stream's final usage object into dynamic metadata, and the
     error fields of its events (``ERROR_SELECTORS``: a provider that failed mid-stream
-    behind a 200), on ``share`` of the requests (:func:`usage_sampled`).
+    behind a 200), on ``share`` of the requests (:func:`usage_sampled`); with
+    ``done_mark`` (``timing.done_mark``) the ``[DONE]`` mark on the same requests
+    (:mod:`sidecar.shell.bootstrap_done`).
 
     Each error field has two rules. One writes a constant mark on the field's first
     presence, so the entry leaves native mode's fast path (which reads only the entry
@@ -266,7 +272,7 @@ def usage_filters(share: float = 1.0) -> list[dict[str, Any]]:
         }}
         return [mark, value]
 
-    return usage_sampled({
+    usage = {
         "name": USAGE_FILTER,
         "typed_config": {
             "@type": TYPE + "envoy.extensions.filters.http.sse_to_metadata.v3.SseToMetadata",
@@ -284,7 +290,8 @@ def usage_filters(share: float = 1.0) -> list[dict[str, Any]]:
                 },
             }},
         },
-    }, share)
+    }
+    return usage_sampled([usage, done_filter()] if done_mark else [usage], share)
 
 
 def observe_filter() -> dict[str, Any]:

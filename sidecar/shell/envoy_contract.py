@@ -46,6 +46,10 @@ STREAM_ERROR_MARK = 1
 # as its JSON text), under ERROR_VALUE_PREFIX + the path joined with dots
 # ("error_value.response.error"). Only the access-log entry's metadata carries it.
 ERROR_VALUE_PREFIX = "error_value."
+# Written by the [DONE] mark (bootstrap_done) when the stream passed its "data: [DONE]"
+# line: Envoy's clock then, microseconds since the epoch as text. A client that left
+# after it had the whole answer.
+DONE_KEY = "done"
 
 
 def error_value_key(path: tuple[str, ...]) -> str:
