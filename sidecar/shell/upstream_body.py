@@ -7,9 +7,9 @@ usage event, and most clients never ask for it. Without it, a client that closes
 connection at ``data: [DONE]`` (the OpenAI Python SDK's synchronous stream does) before
 Envoy has seen the end of the body leaves an entry with neither usage nor an end time,
 which reads as a client gone mid-answer: a ``cancel`` (docs/response-timing.md, "A
-client that never asks for usage"). Envoy 1.40's usage filter cannot mark the ``[DONE]``
-itself: it writes a rule's ``on_error`` (data that is not JSON) only at the end of the
-body, which such a stream never reaches.
+client that never asks for usage"), where Envoy's ``[DONE]`` mark does not run
+(``timing.done_mark``, :mod:`sidecar.shell.bootstrap_done`: it makes such an entry an
+``ok``, still without a token count). Usage also gives the TPOT the mark cannot.
 
 The client then receives one more chunk, ``choices: []`` with the usage, before
 ``[DONE]``: the OpenAI SDKs read it, code that indexes ``choices[0]`` of every chunk does
