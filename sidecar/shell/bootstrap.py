@@ -329,6 +329,17 @@ class _PlainDumper(yaml.SafeDumper):
         return True
 
 
+def _str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    """A multi-line string (the ``[DONE]`` mark's Lua) as a literal block, readable as the
+    code it is; every other string as PyYAML would write it."""
+    if "\n" in data:
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|")
+    return dumper.represent_str(data)
+
+
+_PlainDumper.add_representer(str, _str)
+
+
 def to_yaml(bootstrap: dict[str, Any]) -> str:
     """Serialise a bootstrap mapping with a header comment."""
     head = "# Rendered by `tailroute envoy-config`; edit the sidecar config, not this file.\n"
