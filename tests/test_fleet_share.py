@@ -23,6 +23,7 @@ from sidecar.core.fleet_share import (
 from sidecar.core.health import HealthState
 from sidecar.core.health_board import CLUSTER_SLICE
 from sidecar.core.histogram import LogHistogram
+from sidecar.core.histogram_snapshot import hist_from_dict, hist_to_dict
 from sidecar.core.router import Router
 from sidecar.core.stats import StatsStore
 from sidecar.core.types import Observation, SliceKey
@@ -231,7 +232,7 @@ def test_codec_roundtrip_and_diff() -> None:
 
 def _minus_by_bucket(a: LogHistogram, b: LogHistogram) -> dict[str, Any]:
     """``a - b`` clamped at zero, one bucket at a time (what hist_minus computes at once)."""
-    da, db = a.to_dict(), b.to_dict()
+    da, db = hist_to_dict(a), hist_to_dict(b)
     ao, bo = da.get("offset", 0), db.get("offset", 0)
     bc = db.get("counts", [])
     out = [max(c - (bc[i + ao - bo] if 0 <= i + ao - bo < len(bc) else 0.0), 0.0)
@@ -261,9 +262,9 @@ def test_hist_minus_is_the_bucket_by_bucket_difference_clamped_at_zero(
     for v, w in (xs[: len(xs) // 2] if overlap else []) + ys:
         b.add(v, float(w))
     got, want = hist_minus(a, b), _minus_by_bucket(a, b)
-    assert got.to_dict() == LogHistogram.from_dict(want).to_dict()
-    assert got.count == LogHistogram.from_dict(want).count
-    assert len(got) == len(LogHistogram.from_dict(want))  # the same span, trimmed
+    assert hist_to_dict(got) == hist_to_dict(hist_from_dict(want))
+    assert got.count == hist_from_dict(want).count
+    assert len(got) == len(hist_from_dict(want))  # the same span, trimmed
 
 
 def test_a_followed_routes_cooldown_is_no_deadline_here() -> None:

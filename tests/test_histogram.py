@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.core.histogram import MAX_VALUE, MIN_VALUE, LogHistogram
+from sidecar.core.histogram_snapshot import hist_from_dict, hist_to_dict
 
 FAST = settings(max_examples=50, deadline=None)
 # In-range latencies (seconds) and the quantiles routing asks for.
@@ -111,13 +112,13 @@ def test_copy_clear_and_snapshot_roundtrip() -> None:
     c = h.copy()
     c.add(100.0)
     assert h.count == 5 and c.count == 6
-    back = LogHistogram.from_dict(json.loads(json.dumps(h.to_dict())))
+    back = hist_from_dict(json.loads(json.dumps(hist_to_dict(h))))
     assert back.count == h.count
     for q in (0.0, 0.2, 0.5, 0.9, 1.0):
         assert back.quantile(q) == h.quantile(q)
     h.clear()
     assert h.count == 0 and h.quantile(0.5) is None and len(h) == 0
-    assert LogHistogram.from_dict(h.to_dict()).quantile(0.5) is None
+    assert hist_from_dict(hist_to_dict(h)).quantile(0.5) is None
 
 
 @pytest.mark.parametrize(
@@ -136,7 +137,7 @@ def test_copy_clear_and_snapshot_roundtrip() -> None:
 )
 def test_malformed_snapshot(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
-        LogHistogram.from_dict(bad)
+        hist_from_dict(bad)
 
 
 # ---------------------------------------------------------------- properties
@@ -214,7 +215,7 @@ def test_deferred_unit_adds_are_bit_identical_to_immediate_ones(steps: list[Any]
             eager.scale(step[1])
         else:
             assert deferred.quantile(step[1]) == eager.quantile(step[1])
-    assert deferred.to_dict() == eager.to_dict()
+    assert hist_to_dict(deferred) == hist_to_dict(eager)
     assert deferred.count == eager.count
 
 
@@ -233,7 +234,7 @@ def test_weighted_sum_is_bit_identical_to_merging_in_order(
     for h, scale in hists:
         merged.merge(h, scale)
     summed = LogHistogram.weighted_sum(0.02, hists)
-    assert summed.to_dict() == merged.to_dict()
+    assert hist_to_dict(summed) == hist_to_dict(merged)
     assert (len(summed), summed.count) == (len(merged), merged.count)  # same span, same total
     assert summed.cumulative().quantile(1.0) == merged.cumulative().quantile(1.0)
 
@@ -259,13 +260,13 @@ def test_weighted_sum_adds_weighted_parts_bit_for_bit_in_order(
         for h, scale in hists:
             merged.merge(h, scale)
         summed = LogHistogram.weighted_sum(0.02, hists)
-    assert (summed._lo, summed._hi) == (merged._lo, merged._hi)
-    if merged._counts is None:
-        assert summed._counts is None
+    got, want = summed.span(), merged.span()
+    if want is None:
+        assert got is None
     else:
-        assert summed._counts is not None
-        assert summed._counts.tobytes() == merged._counts.tobytes()
-    assert repr((summed._zero, summed.count)) == repr((merged._zero, merged.count))  # NaN too
+        assert got is not None
+        assert got[0] == want[0] and got[1].tobytes() == want[1].tobytes()
+    assert repr((summed.zero, summed.count)) == repr((merged.zero, merged.count))  # NaN too
 
 
 @settings(max_examples=150, deadline=None)
@@ -292,8 +293,8 @@ def test_removing_what_was_merged_leaves_no_residue(
     expect = LogHistogram()
     for i in kept:
         expect.merge(hists[i], parts[i][1])
-    got = window.to_dict()
-    want = expect.to_dict()
+    got = hist_to_dict(window)
+    want = hist_to_dict(expect)
     assert got.get("offset") == want.get("offset")
     assert len(got.get("counts", [])) == len(want.get("counts", []))
     for g, e in zip(got.get("counts", []), want.get("counts", []), strict=True):
@@ -307,3 +308,20 @@ def hist_of(xs: list[float]) -> LogHistogram:
     for x in xs:
         h.add(x)
     return h
+
+
+def test_span_and_from_span_round_trip_and_checks() -> None:
+    h = LogHistogram()
+    assert h.span() is None
+    for x in (0.0, 0.2, 0.3, 0.3, 7.0):
+        h.add(x)
+    span = h.span()
+    assert span is not None
+    back = LogHistogram.from_span(0.02, h.zero, span[0], span[1].copy())
+    assert hist_to_dict(back) == hist_to_dict(h) and back.count == h.count
+    with pytest.raises(ValueError, match="negative or non-finite"):
+        LogHistogram.from_span(0.02, 0.0, span[0], np.array([1.0, -1.0]))
+    with pytest.raises(ValueError, match="negative or non-finite"):
+        LogHistogram.from_span(0.02, math.nan, span[0], None)
+    with pytest.raises(ValueError, match="outside the covered range"):
+        LogHistogram.from_span(0.02, 0.0, 10_000, np.array([1.0]))

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from sidecar.core.config import parse_config
 from sidecar.core.histogram import MAX_VALUE, LogHistogram
+from sidecar.core.histogram_snapshot import hist_to_dict
 from sidecar.core.router import Router
 from sidecar.core.subwindow import OkSample
 from sidecar.core.types import Observation, SliceKey
@@ -27,7 +28,8 @@ _samples = st.lists(st.tuples(_seconds, _seconds, _seconds,
 
 
 def _hist_view(h: LogHistogram) -> tuple[Any, ...]:
-    return (h.to_dict(), h.count, h._lo, h._hi)
+    span = h.span()  # the allocated span too, not only its non-empty part
+    return (hist_to_dict(h), h.count, None if span is None else (span[0], len(span[1])))
 
 
 @settings(max_examples=80, deadline=None)
@@ -35,10 +37,10 @@ def _hist_view(h: LogHistogram) -> tuple[Any, ...]:
        st.sampled_from([0.0, 0.3]), st.lists(st.integers(-400, 400), max_size=5))
 def test_add_indices_is_add_index_one_by_one(
         indices: list[int | None], start_weight: float, before: list[int]) -> None:
-    geometry = LogHistogram()
+    geometry = LogHistogram().buckets
 
     def valid(i: int) -> int:  # a bucket index_of could give
-        return min(max(i, geometry._lo_idx), geometry._hi_idx)
+        return min(max(i, geometry.lo_idx), geometry.hi_idx)
 
     known = [None if i is None else valid(i) for i in indices]
     one, many = LogHistogram(), LogHistogram()

@@ -99,26 +99,25 @@ def hist_minus(a: LogHistogram, b: LogHistogram) -> LogHistogram:
     live sub-window of every series and of every grown peer record; bucket by bucket in
     Python it held the event loop (and every decision) for a tenth of a second and more
     a push with a few hundred series and four peers."""
-    out = a.copy()
-    if b._pending:
-        b._flush()
-    out._zero = max(a._zero - b._zero, 0.0)
-    counts, src = out._counts, b._counts
-    if counts is not None and src is not None:
-        lo, hi = max(out._lo, b._lo), min(out._hi, b._hi)
+    zero = max(a.zero - b.zero, 0.0)
+    span_a, span_b = a.span(), b.span()
+    # Unchecked: a's weights less b's, clamped at zero, as a's own are.
+    if span_a is None:
+        return LogHistogram.from_span(a.relative_accuracy, zero, 0, None, checked=False)
+    lo_a, counts = span_a[0], span_a[1].copy()
+    if span_b is not None:
+        lo_b, src = span_b
+        lo, hi = max(lo_a, lo_b), min(lo_a + len(counts), lo_b + len(src)) - 1
         if lo <= hi:
-            counts[lo - out._lo : hi - out._lo + 1] -= src[lo - b._lo : hi - b._lo + 1]
+            counts[lo - lo_a : hi - lo_a + 1] -= src[lo - lo_b : hi - lo_b + 1]
             np.maximum(counts, 0.0, out=counts)
-    if counts is not None:
-        nz = np.flatnonzero(counts)
-        if len(nz):  # the span of what is left, as to_dict / from_dict would keep it
-            out._counts = counts = counts[nz[0] : nz[-1] + 1].copy()
-            out._lo += int(nz[0])
-            out._hi = out._lo + len(counts) - 1
-        else:
-            out._counts, out._hi, counts = None, out._lo - 1, None
-    out._total = out._zero + (0.0 if counts is None else math.fsum(counts.tolist()))
-    return out
+    nz = np.flatnonzero(counts)
+    if not len(nz):
+        return LogHistogram.from_span(a.relative_accuracy, zero, 0, None, checked=False)
+    # The span of what is left, as hist_to_dict / hist_from_dict would keep it.
+    left = counts[nz[0] : nz[-1] + 1].copy()
+    return LogHistogram.from_span(a.relative_accuracy, zero, lo_a + int(nz[0]), left,
+                                  checked=False)
 
 
 def live_subwindows(store: StatsStore, now: float) -> Iterator[tuple[Route, list[SubWindowData]]]:

@@ -3,12 +3,13 @@
 The bucket geometry (indices, representatives, range, zero bucket) is
 :mod:`sidecar.core.buckets`. A quantile is the representative of the bucket holding
 the nearest-rank sample (``inverted_cdf``: the smallest sample whose cumulative
-weight reaches ``q * total``): relative error ``<= a`` for samples in range.
+weight reaches ``q * total``): relative error ``<= a`` for samples in range. The
+JSON form (snapshots, fleet records) is :mod:`sidecar.core.histogram_snapshot`.
 
 Memory: counts are a dense float64 numpy array over the occupied index range only
-(grown on demand, as DDSketch's dense store): ``8 bytes x occupied span`` -- about
-0.9 KiB for latencies over 50 ms .. 5 s -- never more than 4.6 KiB (577 buckets at
-``a = 0.02``); an empty histogram allocates no array.
+(grown on demand, as DDSketch's dense store: :mod:`sidecar.core.dense_store`):
+``8 bytes x occupied span`` -- about 0.9 KiB for latencies over 50 ms .. 5 s -- never
+more than 4.6 KiB (577 buckets at ``a = 0.02``); an empty histogram allocates no array.
 
 ``add`` is O(1); ``merge`` is one vector add; ``quantile`` one cumulative sum
 over the occupied span (:meth:`LogHistogram.cumulative` freezes it for repeated
@@ -26,17 +27,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final
 
 import numpy as np
 
 from sidecar.core.buckets import MAX_VALUE, MIN_VALUE, Buckets, buckets
 from sidecar.core.cumulative import Cumulative, FloatArray
+from sidecar.core.dense_store import add_scaled, grown_span, plus_units, widened
 
 __all__ = ["MAX_VALUE", "MIN_VALUE", "Buckets", "Cumulative", "LogHistogram"]
 
-_PAD: Final = 8  # buckets of headroom added around a new index (about +-17% at a = 0.02)
-_EXACT_INTEGERS: Final = float(2**53)  # every whole float64 below this is exact, as is its + 1
 # remove(): what is left of a weight at or below this share of it is rounding, not
 # samples (a sum of float64 terms cancels to within ~1e-15 of its magnitude; a
 # window's real weights are at least its 0.05 cutoff against totals far below 1e7).
@@ -116,10 +116,10 @@ class LogHistogram:
         n = len(indices)
         if not n:
             return
-        self._total = _plus_units(self._total, n)
+        self._total = plus_units(self._total, n)
         known = [i for i in indices if i is not None]
         if len(known) < n:
-            self._zero = _plus_units(self._zero, n - len(known))
+            self._zero = plus_units(self._zero, n - len(known))
         if not known:
             return
         if self._lo <= min(known) and max(known) <= self._hi:
@@ -165,7 +165,7 @@ class LogHistogram:
         counts = self._counts
         if counts is None or not self._lo <= other._lo <= other._hi <= self._hi:
             counts = self._cover(other._lo, other._hi)
-        _add_scaled(counts, other._lo - self._lo, src, scale)
+        add_scaled(counts, other._lo - self._lo, src, scale)
 
     def scale(self, factor: float) -> None:
         """Multiply every weight by ``factor >= 0`` (exponential forgetting)."""
@@ -239,24 +239,11 @@ class LogHistogram:
         counts = self._counts
         if counts is not None and lo >= self._lo and hi <= self._hi:
             return counts
-        new_lo, new_hi = self._grown(None if counts is None else (self._lo, self._hi), lo, hi)
-        grown = np.zeros(new_hi - new_lo + 1, dtype=np.float64)
-        if counts is not None:
-            grown[self._lo - new_lo : self._lo - new_lo + len(counts)] = counts
-        self._lo, self._hi, self._counts = new_lo, new_hi, grown
+        span = grown_span(None if counts is None else (self._lo, self._hi), lo, hi,
+                          self._lo_idx, self._hi_idx)
+        grown = widened(counts, self._lo, span)
+        (self._lo, self._hi), self._counts = span, grown
         return grown
-
-    def _grown(self, span: tuple[int, int] | None, lo: int, hi: int) -> tuple[int, int]:
-        """The span an array over ``span`` (None: no array) grows to for ``lo..hi``: ``_PAD``
-        buckets of headroom, growth by half the span at least (amortised O(1) copies)."""
-        if span is None:
-            return max(self._lo_idx, lo - _PAD), min(self._hi_idx, hi + _PAD)
-        cur_lo, cur_hi = span
-        if lo >= cur_lo and hi <= cur_hi:
-            return span
-        slack = max(_PAD, (cur_hi - cur_lo + 1) // 2)
-        return (max(self._lo_idx, lo - slack) if lo < cur_lo else cur_lo,
-                min(self._hi_idx, hi + slack) if hi > cur_hi else cur_hi)
 
     @classmethod
     def weighted_sum(
@@ -275,7 +262,7 @@ class LogHistogram:
             if h._pending:
                 h._flush()
             if h._counts is not None:
-                span = out._grown(span, h._lo, h._hi)
+                span = grown_span(span, h._lo, h._hi, out._lo_idx, out._hi_idx)
         if span is not None:
             out._lo, out._hi = span
             out._counts = np.zeros(span[1] - span[0] + 1, dtype=np.float64)
@@ -286,8 +273,36 @@ class LogHistogram:
             src = h._counts
             if src is None or counts is None:
                 continue
-            _add_scaled(counts, h._lo - out._lo, src, scale)
+            add_scaled(counts, h._lo - out._lo, src, scale)
         return out
+
+    @classmethod
+    def from_span(
+        cls, accuracy: float, zero: float, offset: int, counts: FloatArray | None,
+        checked: bool = True,
+    ) -> LogHistogram:
+        """The inverse of :meth:`span`, with ``zero`` in the zero bucket: ``counts`` from
+        bucket ``offset`` on (kept, not copied: pass an array nothing else holds, never
+        another histogram's span), the total ``zero`` plus ``math.fsum(counts)``.
+        ``ValueError`` for buckets out of range, and while ``checked`` for a negative or
+        non-finite weight (``checked=False``: weights made from a histogram's own, where
+        the two reductions would cost a quarter of
+        :func:`~sidecar.core.fleet_share.hist_minus`)."""
+        h = cls(accuracy)
+        if counts is not None and not len(counts):
+            counts = None
+        if checked and (not 0.0 <= zero < math.inf or (counts is not None and not (  # NaN
+                counts.min() >= 0.0 and counts.max() < math.inf))):  # fails, min/max pass it on
+            raise ValueError("histogram has negative or non-finite weights")
+        h._zero = zero
+        if counts is None:
+            h._total = zero + 0.0  # what zero + math.fsum([]) gives (-0.0 becomes 0.0)
+            return h
+        if not h._lo_idx <= offset <= offset + len(counts) - 1 <= h._hi_idx:
+            raise ValueError("histogram buckets outside the covered range")
+        h._total = zero + math.fsum(counts.tolist())
+        h._lo, h._hi, h._counts = offset, offset + len(counts) - 1, counts
+        return h
 
     # ------------------------------------------------------------ reading
 
@@ -296,9 +311,24 @@ class LogHistogram:
         """Total weight added (the number of samples when every weight is 1)."""
         return self._total
 
+    @property
+    def zero(self) -> float:
+        """Weight of the values at or below ``MIN_VALUE`` (the zero bucket)."""
+        return self._zero
+
     def __len__(self) -> int:
         """Buckets currently allocated (not samples); for memory accounting."""
         return 0 if self._counts is None else len(self._counts)
+
+    def span(self) -> tuple[int, FloatArray] | None:
+        """The allocated buckets as (index of the first, their weights; empty ones at
+        either end included), None while none is. The weights are this histogram's own
+        array, not a copy: read them, never write them (a read-only view made
+        :func:`~sidecar.core.fleet_share.hist_minus` about 15 % slower)."""
+        if self._pending:
+            self._flush()
+        counts = self._counts
+        return None if counts is None else (self._lo, counts)
 
     def quantile(self, q: float) -> float | None:
         """Nearest-rank quantile: representative of the first bucket whose
@@ -338,63 +368,6 @@ class LogHistogram:
         return Cumulative(self._gamma, self._inv, self._lo, cum, self._zero, self._lo_idx,
                           self._hi_idx)
 
-    # ------------------------------------------------------------ snapshots
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe form: only the non-empty span of buckets is written."""
-        if self._pending:
-            self._flush()
-        out: dict[str, Any] = {"relative_accuracy": self._a, "zero": self._zero}
-        counts = self._counts
-        nz = np.flatnonzero(counts) if counts is not None else np.empty(0, dtype=np.intp)
-        if len(nz):
-            assert counts is not None
-            first, last = int(nz[0]), int(nz[-1])
-            out["offset"] = self._lo + first
-            out["counts"] = [float(v) for v in counts[first : last + 1]]
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LogHistogram:
-        """Inverse of :meth:`to_dict`; raises ``ValueError`` on malformed input."""
-        try:
-            h = cls(float(data["relative_accuracy"]))
-            zero = float(data.get("zero", 0.0))
-            raw = data.get("counts", [])
-            offset = int(data.get("offset", 0))
-            values = [float(v) for v in raw]
-        except (KeyError, TypeError, OverflowError) as exc:  # Overflow: an infinite offset
-            raise ValueError(f"malformed histogram snapshot: {exc}") from exc
-        if any(not v >= 0 or math.isinf(v) for v in (zero, *values)):  # NaN fails v >= 0
-            raise ValueError("histogram snapshot has negative or non-finite weights")
-        if values and not h._lo_idx <= offset <= offset + len(values) - 1 <= h._hi_idx:
-            raise ValueError("histogram snapshot buckets outside the covered range")
-        h._zero = zero
-        h._total = zero + math.fsum(values)
-        if values:
-            h._lo, h._hi = offset, offset + len(values) - 1
-            h._counts = np.asarray(values, dtype=np.float64)
-        return h
-
     def __repr__(self) -> str:
         return f"LogHistogram(a={self._a}, count={self._total:g}, buckets={len(self)})"
 
-
-def _plus_units(x: float, n: int) -> float:
-    """``x`` plus ``1.0`` added ``n`` times: at once while that is exact (a whole ``x``
-    well inside float64's integers), else one addition at a time."""
-    if x.is_integer() and abs(x) + n < _EXACT_INTEGERS:
-        return x + n
-    for _ in range(n):
-        x += 1.0
-    return x
-
-
-def _add_scaled(counts: FloatArray, start: int, src: FloatArray, scale: float) -> None:
-    """``counts[start:start + len(src)] += scale * src`` in place (no temporary when
-    ``scale`` is 1: merges of equal weight are the common case)."""
-    view = counts[start : start + len(src)]
-    if scale == 1.0:
-        view += src
-    else:
-        view += src * scale

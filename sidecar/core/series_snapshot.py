@@ -14,7 +14,7 @@ import math
 from typing import Any, Final
 
 from sidecar.core.config import StatsConfig
-from sidecar.core.histogram import LogHistogram
+from sidecar.core.histogram_snapshot import hist_from_dict, hist_to_dict
 from sidecar.core.series import RouteStats
 from sidecar.core.subwindow import COUNTERS, NEVER, as_metric
 
@@ -26,7 +26,7 @@ def series_to_dict(rs: RouteStats, now: float) -> dict[str, Any]:
     subs = [
         {"age": age, **{c: getattr(s, c) for c in COUNTERS},
          **({"first": s.first} if s.first else {}),  # absent from older snapshots
-         "hists": {m: h.to_dict() for m, h in s.hists.items() if h.count}}
+         "hists": {m: hist_to_dict(h) for m, h in s.hists.items() if h.count}}
         for age, s in rs.live(now)
         if s.requests or s.cancel
     ]  # fmt: skip
@@ -63,7 +63,7 @@ def series_from_dict(
             raise ValueError(f"sub-window count first out of range: {n}")
         slot.first = n
         for m, raw in sub.get("hists", {}).items():
-            slot.hists[as_metric(m)] = h = LogHistogram.from_dict(raw)
+            slot.hists[as_metric(m)] = h = hist_from_dict(raw)
             if h.relative_accuracy != relative_accuracy:
                 raise ValueError("snapshot histogram accuracy differs from the store's")
     if data.get("fence_age") is not None:

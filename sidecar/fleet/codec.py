@@ -33,6 +33,7 @@ from typing import Any
 from sidecar.core.config import Metric
 from sidecar.core.fleet_share import COUNTERS, SubWindowData, hist_minus
 from sidecar.core.histogram import LogHistogram
+from sidecar.core.histogram_snapshot import hist_from_dict, hist_to_dict
 from sidecar.core.stats import METRICS
 from sidecar.core.types import SliceKey
 
@@ -103,7 +104,7 @@ def _num(x: float) -> float | int:
 
 
 def encode_hist(h: LogHistogram) -> list[float | int]:
-    d = h.to_dict()
+    d = hist_to_dict(h)
     counts = (_num(float(c)) for c in d.get("counts", []))
     return [int(d.get("offset", 0)), _num(float(d["zero"])), *counts]
 
@@ -111,7 +112,7 @@ def encode_hist(h: LogHistogram) -> list[float | int]:
 def decode_hist(raw: Any, accuracy: float) -> LogHistogram:
     if not isinstance(raw, list) or len(raw) < 2:
         raise ValueError("malformed histogram")
-    return LogHistogram.from_dict({"relative_accuracy": accuracy, "offset": raw[0],
+    return hist_from_dict({"relative_accuracy": accuracy, "offset": raw[0],
                                    "zero": raw[1], "counts": raw[2:]})
 
 
