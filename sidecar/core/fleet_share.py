@@ -158,15 +158,11 @@ def merge_placed(
 ) -> tuple[SliceKey, int] | None:
     """:func:`merge_subwindow` that also says which local sub-window it landed in."""
     key = _admit(store, cluster, slice)
-    narrow = store._series.get((cluster, key))
-    index = _placement(narrow, data.index, now, store.cfg)
+    index = _placement(store.series(cluster, key), data.index, now, store.cfg)
     if index is None:
         return None
     for s in (key, *key.broader()):
-        rs = store._series.get((cluster, s))
-        if rs is None:
-            rs = store._series[(cluster, s)] = RouteStats(store.cfg, store.accuracy)
-        _add(rs, data, index, now, seen_at)
+        _add(store.ensure_series(cluster, s), data, index, now, seen_at)
     return key, index
 
 
@@ -188,7 +184,7 @@ def _placement(rs: RouteStats | None, index: int, now: float, cfg: StatsConfig) 
 def _admit(store: StatsStore, cluster: str, slice: SliceKey) -> SliceKey:
     """The narrow key, as ``observe`` would choose; a peer's overflow key stays one."""
     if slice.klass == OVERFLOW_CLASS:
-        store._overflow.setdefault(cluster, set()).add(slice)
+        store.keep_overflow(cluster, slice)
         return slice
     return store.admit(cluster, slice)
 

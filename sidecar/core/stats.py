@@ -119,6 +119,12 @@ class StatsStore:
         over.add(key)
         return key
 
+    def keep_overflow(self, cluster: str, key: SliceKey) -> None:
+        """Record overflow key ``key`` as in use on ``cluster`` (narrow from now on), as
+        :meth:`admit` does when it folds a slice into it: for a key that arrives as one
+        (a snapshot's series, a peer's sub-window), never to be admitted again."""
+        self._overflow.setdefault(cluster, set()).add(key)
+
     def key_of(self, cluster: str, slice: SliceKey) -> SliceKey:
         """The narrow key :meth:`observe` records ``slice`` under (admitting it)."""
         return self._hit(cluster, slice)[1]
@@ -245,6 +251,15 @@ class StatsStore:
     def series(self, cluster: str, slice: SliceKey) -> RouteStats | None:
         return self._series.get((cluster, slice))
 
+    def ensure_series(self, cluster: str, slice: SliceKey) -> RouteStats:
+        """The series of ``slice`` on ``cluster``, created empty if there is none. Unlike
+        :meth:`observe`'s it does not move the layout (a peer's merge: :meth:`_levels`
+        notices the new series by their number)."""
+        rs = self._series.get((cluster, slice))
+        if rs is None:
+            rs = self._series[(cluster, slice)] = RouteStats(self.cfg, self.accuracy)
+        return rs
+
     def is_narrow(self, cluster: str, slice: SliceKey) -> bool:
         """True for slices observations are recorded under directly (not aggregates)."""
         return slice in self._narrow.get(cluster, ()) or slice in self._overflow.get(cluster, ())
@@ -312,7 +327,7 @@ class StatsStore:
             for entry in data.get("series", []):
                 cluster, s = str(entry["cluster"]), SliceKey.parse(str(entry["slice"]))
                 if s.klass == OVERFLOW_CLASS:
-                    store._overflow.setdefault(cluster, set()).add(s)
+                    store.keep_overflow(cluster, s)
                 elif entry.get("narrow") and store.admit(cluster, s) != s:
                     continue  # max_slices shrank: drop what no longer fits
                 store._series[(cluster, s)] = series_from_dict(
