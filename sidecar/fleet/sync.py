@@ -12,6 +12,9 @@ merges the growth of the peers' ones, so no observation counts twice.
 **Learned concurrency limits** (from providers' 429s) go beside the statistics:
 :class:`~sidecar.fleet.limits_sync.LimitsSync`.
 
+**Probe results** of followed routes go to the routes' owners:
+:class:`~sidecar.fleet.probe_relay.ProbeRelay`.
+
 **Health.** One owner per route (cluster, narrow slice) at a time: a lease in
 the store, taken when free or expired, renewed on every push, expiring after
 ``lease_ttl_s``. The owner evaluates the route on the fleet-wide evidence and
@@ -57,6 +60,7 @@ from sidecar.core.types import SliceKey, TransitionEvent
 from sidecar.fleet import codec
 from sidecar.fleet.exchange import Exchange, Reply, SyncCounters
 from sidecar.fleet.limits_sync import LimitsSync
+from sidecar.fleet.probe_relay import ProbeRelay
 from sidecar.fleet.stats_sync import StatsSync
 
 __all__ = ["Exchange", "FleetSync", "Reply", "SyncCounters"]  # the stores' types, re-exported
@@ -90,6 +94,7 @@ class FleetSync:
         self.stats_sync = StatsSync(self.router, self.lease_ttl_s, self.wall_offset,
                                     self.counters)
         self.limits_sync = LimitsSync(self.router, self.wall_offset, self.counters)
+        self.probe_relay = ProbeRelay(self.counters)
         self._signature: dict[str, tuple[Any, ...]] = {}  # owned route -> state published
         self._adopted: dict[str, bytes] = {}  # followed route -> entry adopted
         self._holders: dict[str, str] = {}
@@ -97,9 +102,6 @@ class FleetSync:
         self._health_seen: set[str] = set()
         self._unasked: list[str] = []  # health fields to prune (Exchange.prune)
         self._republish = True
-        # Probe results the last push forwarded to their owners, until its reply comes:
-        # a push that failed may not have delivered them (disconnected()).
-        self._forwarded: list[ProbeResult] = []
 
     def wall_ms(self, now: float) -> int:
         return self.stats_sync.wall_ms(now)
@@ -135,12 +137,7 @@ class FleetSync:
         Returns the state changes of applying here the probe results that were on
         their way to the routes' owners (record them as :meth:`incoming`'s)."""
         self._check_store()
-        # The failed push's probe results, and those queued since: the next push would
-        # drop the latter (no holder is known until the store answers). Before, both
-        # were lost, and a probing route here waited for probes it had already seen.
-        results = self._forwarded + self.board.probe_outbox
-        self._forwarded = []
-        self.board.probe_outbox.clear()
+        results = self.probe_relay.take_back(self.board)  # the failed push's, and since
         self.board.followed.clear()
         self.stats_sync.age_peer_load(now)
         self.owned.clear()
@@ -183,18 +180,7 @@ class FleetSync:
                 state = route_state(self.board, cluster, s, now)
                 health_set[rf] = codec.encode_health(self.rid, self.wall_ms(now), state)
                 self._signature[rf] = sig
-        probes: dict[str, list[bytes]] = {}
-        self._forwarded = []
-        for result in self.board.probe_outbox:
-            cluster, s, ok, sent = result
-            rf = codec.route_field(cluster, s)
-            holder = self._holders.get(rf)
-            if holder is not None and holder != self.rid:
-                sent_ms = None if sent is None else self.wall_ms(sent)
-                probes.setdefault(holder, []).append(codec.encode_probe(rf, ok, sent_ms))
-                self._forwarded.append(result)
-                self.counters.forwarded_probes += 1
-        self.board.probe_outbox.clear()
+        probes = self.probe_relay.outgoing(self.board, self._holders, self.rid, self.wall_ms)
         self._republish = False
         self._asked = sorted(self._routes_of_interest())
         return Exchange(
@@ -226,7 +212,7 @@ class FleetSync:
     def incoming_steps(self, reply: Reply, now: float) -> Steps[list[TransitionEvent]]:
         """:meth:`incoming`, pausing while it merges the peers' statistics."""
         self._check_store()
-        self._forwarded = []  # the store answered the push that carried them: delivered
+        self.probe_relay.delivered()
         if len(reply.holders) != len(self._asked):
             raise ValueError("lease answer does not match the routes asked")
         events: list[TransitionEvent] = []
@@ -260,7 +246,8 @@ class FleetSync:
         for inbox, dropped in reply.oversized.items():
             self.counters.skip(f"{dropped.items} item(s) of this replica's {inbox} inbox",
                                dropped.why(), dropped.items)
-        events += self._apply_probes(reply.probes, now)
+        events += self._apply_results(
+            self.probe_relay.incoming(reply.probes, self.owned, self.wall_offset), now)
         yield from self.stats_sync.merge_steps(reply, self.rid, now)
         self.limits_sync.merge(reply.stats, self.rid, now)
         self.peers = list(reply.replicas)
@@ -356,21 +343,6 @@ class FleetSync:
             if theirs_since is None or mine.since >= theirs_since:
                 return []
         return self._adopt(rf, route, entry, now, f"fleet: took over from {entry[0]}")
-
-    def _apply_probes(self, raw: list[bytes], now: float) -> list[TransitionEvent]:
-        results: list[ProbeResult] = []
-        for value in raw:
-            try:
-                rf, ok, sent_ms = codec.decode_probe(value)
-                cluster, s = codec.parse_route(rf)
-            except ValueError as exc:
-                self.counters.skip("a forwarded probe result", exc)
-                continue
-            if rf in self.owned:
-                sent = None if sent_ms is None else sent_ms / 1000.0 - self.wall_offset
-                results.append((cluster, s, ok, sent))
-                self.counters.applied_probes += 1
-        return self._apply_results(results, now)
 
     def _apply_results(self, results: list[ProbeResult], now: float) -> list[TransitionEvent]:
         """Probe results of routes this board decides, into its tally."""
