@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.core.latency_aware import latency_aware_scores, partial_ratios, pick_lowest
@@ -110,3 +110,22 @@ def test_partial_ratios_properties(values: dict[str, dict[str, float | None]]) -
                                        metrics)
                 for d in r:
                     assert after[c] / after[d] >= r[c] / r[d] * (1 - 1e-9)
+
+
+_exact_value = st.one_of(st.sampled_from([0.0, -0.0, 1e-12, 1e-9, 0.25, 0.25, 3.0]),
+                         st.floats(0.0, 1e4))
+
+
+@settings(max_examples=300)
+@given(st.dictionaries(st.sampled_from("abcdef"),
+                       st.fixed_dictionaries({"ttft": _exact_value, "tpot": _exact_value})),
+       st.sampled_from([[], ["ttft"], ["tpot"], ["ttft", "tpot"], ["tpot", "ttft"]]))
+def test_partial_ratios_are_the_complete_data_scores_bit_for_bit(
+        values: dict[str, dict[str, float | None]], metrics: list[str]) -> None:
+    """Where every candidate has every metric the two rules are one computation: the
+    LatencyRatio scorer takes partial_ratios' answer as the complete-data ratio then
+    (the same keys in the same order, the same float64 bits), so it must be exact."""
+    cands = list(values)
+    got = partial_ratios(cands, values, metrics)
+    want = latency_aware_scores(cands, values, metrics).scores
+    assert [(c, r.hex()) for c, r in got.items()] == [(c, r.hex()) for c, r in want.items()]

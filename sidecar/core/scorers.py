@@ -62,6 +62,7 @@ class LatencyRatio:
         metrics = enabled_metrics(ctx.model.latency_aware)
         values: dict[str, dict[str, float | None]] = {}
         samples: dict[str, int] = {}
+        complete = True  # every candidate has a value for every metric
         for c in cands:
             values[c.name] = {}
             n = -1
@@ -71,18 +72,25 @@ class LatencyRatio:
                 values[c.name][metric] = lv.value
                 if lv.value is not None:
                     n = lv.samples if n < 0 else min(n, lv.samples)
+                else:
+                    complete = False
             samples[c.name] = max(n, 0)
         names, metric_names = [c.name for c in cands], [m for m, _ in metrics]
         # latency_ratio stays semantic-router's complete-data ratio (the lowest_score
         # picker's); the weight judges each route on every metric it has data for.
-        result = latency_aware_scores(names, values, metric_names)
+        ratios = partial_ratios(names, values, metric_names)
+        # With complete data the two are one computation: the same sums in the same
+        # order, so the same floats and keys (tests/test_latency_aware.py), and the
+        # complete-data ratio is not worked out a second time.
+        ratio_scores = ratios if complete else latency_aware_scores(
+            names, values, metric_names).scores
         klass = ctx.klass
         scores: dict[str, float] = {}
-        for name, ratio in partial_ratios(names, values, metric_names).items():
+        for name, ratio in ratios.items():
             scores[name] = latency_score(klass, ratio, samples[name])
         unknown = min(scores.values()) if scores else _NEUTRAL
         for c in cands:
-            r = result.scores.get(c.name)
+            r = ratio_scores.get(c.name)
             c.scores["latency_ratio"] = r if r is not None else 0.0
             c.scores[self.name] = scores.get(c.name, unknown)
 
