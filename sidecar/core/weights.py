@@ -64,26 +64,30 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from sidecar.core.classify import LONG_PROFILE, TOKEN_PROFILES
-from sidecar.core.config import Config, ModelConfig
-from sidecar.core.evidence import RouteEvidence
+from sidecar.core.config import Config
 from sidecar.core.filters import DEFAULT_FILTERS
 from sidecar.core.live_misses import LiveMisses
+from sidecar.core.native_slices import (
+    cold_slices,
+    model_candidates,
+    native_slices,
+    representative,
+    route_candidates,
+)
 from sidecar.core.pickers import PICKERS
 from sidecar.core.pipeline import panic_tier, run_pipeline
 from sidecar.core.scorers import DEFAULT_SCORERS
-from sidecar.core.selection import Candidate, HealthView, LatencyValue, RouteView, SelectionContext
+from sidecar.core.selection import RouteView, SelectionContext
 from sidecar.core.steps import Steps, run_steps
-from sidecar.core.types import RequestInfo, SliceKey
+from sidecar.core.types import SliceKey
 from sidecar.core.weight_shares import TRIAL_SHARE, integer_weights, trial_floor
-from sidecar.core.window_load import LoadedView, WindowLoad
+from sidecar.core.window_load import LoadedView
 
-__all__ = ["TRIAL_SHARE", "WEIGHT_SCALE", "SliceWeights", "compute_weights", "integer_weights",
-           "native_slices", "refresh_weights", "representative", "route_candidates",
-           "slice_weights", "trial_floor"]
+__all__ = ["TRIAL_SHARE", "WEIGHT_SCALE", "SliceWeights", "cold_slices", "compute_weights",
+           "integer_weights", "native_slices", "refresh_weights", "representative",
+           "route_candidates", "slice_weights", "trial_floor"]
 
 WEIGHT_SCALE: Final = 10_000  # integer weights of one slice sum to this
-PROFILES: Final[tuple[str, ...]] = (*(p[0] for p in TOKEN_PROFILES), LONG_PROFILE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,78 +106,6 @@ class SliceWeights:
     @property
     def total(self) -> int:
         return sum(w for _, w in self.weights)
-
-
-class _NoView:
-    """Hard filters read config only; a view that says so if that ever changes."""
-
-    def latency(
-        self, cluster: str, slice: SliceKey, metric: str, percentile: float, now: float
-    ) -> LatencyValue:
-        raise AssertionError("hard filters must not read statistics")
-
-    def evidence(
-        self, cluster: str, slice: SliceKey, metric: str, now: float
-    ) -> RouteEvidence | None:
-        raise AssertionError("hard filters must not read statistics")
-
-    def health(self, cluster: str, slice: SliceKey) -> HealthView:
-        raise AssertionError("hard filters must not read health")
-
-    def inflight(self, cluster: str) -> int:
-        raise AssertionError("hard filters must not read load")
-
-    def limit_note(self, cluster: str) -> str | None:
-        raise AssertionError("hard filters must not read load")
-
-
-def representative(config: Config, slice: SliceKey) -> RequestInfo:
-    """A first-attempt request of ``slice`` without deadline, step or explain (selection
-    reads a request's model, class and slice, and flags the native path never has)."""
-    klass = config.workload_class(slice.klass)
-    return RequestInfo(
-        api="chat", model=slice.model, stream=bool(slice.streaming), max_tokens=None,
-        input_tokens=0, klass=slice.klass, priority=klass.priority if klass else 0,
-        tenant=None, slice=slice,
-    )
-
-
-def route_candidates(config: Config, model: ModelConfig) -> tuple[str, ...]:
-    """The model's candidates that pass every hard (never relaxed) filter, in order."""
-    klass = config.workload_class(config.default_class)
-    assert klass is not None
-    some_slice = SliceKey(model.name, klass.name, PROFILES[0], False)
-    ctx = SelectionContext(config, model, klass, representative(config, some_slice),
-                           _NoView(), 0.0)
-    hard = [f for f in DEFAULT_FILTERS if not f.soft]
-    out = []
-    for name in model.candidates:
-        if not config.has_cluster(name):
-            continue
-        cand = Candidate(config.cluster(name), HealthView("healthy", 1.0, False, False))
-        if all(f(ctx, cand) is None for f in hard):
-            out.append(name)
-    return tuple(out)
-
-
-def native_slices(config: Config) -> tuple[SliceKey, ...]:
-    """Every slice native mode renders a route for: model x class x profile x stream,
-    for models with at least one route candidate."""
-    out = []
-    for model in config.models:
-        if not route_candidates(config, model):
-            continue
-        for klass in config.classes:
-            for profile in PROFILES:
-                for streaming in (True, False):
-                    out.append(SliceKey(model.name, klass.name, profile, streaming))
-    return tuple(out)
-
-
-def cold_slices(config: Config, load: WindowLoad, now: float) -> frozenset[SliceKey]:
-    """Native slices that carried no load for a stats window (``compute_weights``)."""
-    return load.cold(native_slices(config), now,
-                     config.stats.subwindows * config.stats.subwindow_s)
 
 
 def _probe_shares(
@@ -312,7 +244,7 @@ def compute_weights_steps(
     keeps relapsing has its weight scaled by its repeat-offender factor (the
     ``recurrence`` score).
     """
-    cands = {m.name: route_candidates(config, m) for m in config.models}
+    cands = model_candidates(config)
     todo = native_slices(config) if slices is None else tuple(slices)
     rng = random.Random(0)
     none: frozenset[str] = frozenset()
