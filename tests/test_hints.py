@@ -189,3 +189,28 @@ def test_rendered_hint_rules_pass_envoy_validate(tmp_path: Path, hints: Any,
     r = subprocess.run([envoy_binary(), "--mode", "validate", "-c", str(path)],
                        capture_output=True, text=True, check=False, timeout=60)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("hint", "more"), [
+    ("class", {}),
+    ("class", {"routing": {"mode": "native"}, **_TWO_CLUSTERS}),
+    ("class", {"routing": {"mode": "hybrid", "per_request_classes": ["batch"]},
+               **_TWO_CLUSTERS}),
+    ("tenant", {"routing": {"mode": "hybrid", "per_request_classes": ["batch"]},
+                **_TWO_CLUSTERS}),
+])
+def test_the_note_names_the_first_filter_that_reads_the_trusted_header(
+        hint: str, more: dict[str, Any]) -> None:
+    # check-config / envoy-config tell where the filter that sets the header must go;
+    # a filter placed where the note says must come before every filter reading it.
+    from sidecar.shell.hint_rules import trusted_header_notes
+
+    cfg = _config({hint: {"header": "x-auth-claim"}}, **more)
+    (note,) = trusted_header_notes(cfg)
+    chain = _hcm(render_for_mode(cfg))["http_filters"]
+    names = [f["name"] for f in chain]
+    named = note.split(" before ", 1)[1].split(",", 1)[0]
+    assert named in names, (named, names)
+    readers = [f["name"] for f in chain if "x-auth-claim" in repr(f)]
+    assert readers and names.index(named) <= min(names.index(r) for r in readers), (
+        named, readers)

@@ -12,7 +12,9 @@
 * either mode: a trusted header that a filter of this Envoy sets (``set_by: envoy``)
   is removed from the caller's request at the listener too (the early header
   mutation, before any filter runs), so only a filter (``jwt_authn``, ``ext_authz``,
-  ``lua``, anywhere before ``tailroute.route``) can set it.
+  ``lua``) can set it: before the first filter that reads it (:func:`first_reader`:
+  ``tailroute.route``, or for the class in native and hybrid mode
+  ``tailroute.class_to_metadata``, early in the chain).
 
 With every hint the caller's (the default), all of this renders as before.
 """
@@ -29,6 +31,7 @@ from sidecar.shell.native_keys import METADATA_NS
 
 _TYPE = "type.googleapis.com/"
 CLASS_KEY = "class"  # the class header's value in native mode's request metadata
+CLASS_FILTER = "tailroute.class_to_metadata"
 
 
 def _attr(header: str) -> str:
@@ -50,14 +53,33 @@ def listener_removed(config: Config, early: bool = True) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
+def first_reader(config: Config, hint: str) -> str | None:
+    """The first filter of the rendered chain that reads ``hint``'s trusted header: the
+    filter that sets it must come before this one. In native and hybrid mode the class
+    is lifted into metadata by ``tailroute.class_to_metadata``, right after
+    ``tailroute.strip_client_routing`` and well before ``tailroute.route`` (which native
+    mode has not at all); None: nothing reads it (native mode routes by the class alone)."""
+    mode = config.routing.mode
+    if mode != "extproc" and hint == "class" and len(config.classes) > 1:
+        return CLASS_FILTER
+    return None if mode == "native" else ec.ROUTE_FILTER
+
+
 def trusted_header_notes(config: Config) -> list[str]:
     """What ``check-config`` and ``envoy-config`` say of each header ``set_by: envoy``:
-    the rendered bootstrap removes it and nothing in it sets it again."""
-    return [f"{config.source}: hints.{hint}: read from {s.header}, which the rendered "
-            "Envoy removes from callers' requests; add the filter that sets it (jwt_authn "
-            "claim_to_headers, ext_authz, lua) before tailroute.route, or no request has "
-            f"a {hint}" for hint, s in config.hints.sources.items()
-            if s.header is not None and s.set_by == "envoy"]
+    the rendered bootstrap removes it and nothing in it sets it again; the filter that
+    sets it must come before the first that reads it (:func:`first_reader`)."""
+    notes = []
+    for hint, s in config.hints.sources.items():
+        if s.header is None or s.set_by != "envoy":
+            continue
+        reader = first_reader(config, hint)
+        where = (f"before {reader}, or no request has a {hint}" if reader is not None
+                 else f"(in {config.routing.mode} mode nothing in Envoy reads the {hint})")
+        notes.append(f"{config.source}: hints.{hint}: read from {s.header}, which the "
+                     "rendered Envoy removes from callers' requests; add the filter that "
+                     f"sets it (jwt_authn claim_to_headers, ext_authz, lua) {where}")
+    return notes
 
 
 def attribute_exprs(config: Config) -> list[str]:
@@ -93,7 +115,7 @@ def class_to_metadata_filter(config: Config) -> dict[str, Any]:
     ``interactive,batch``: no class, the default class (README, "What the sidecar
     answers"). ``header_to_metadata`` joins the lines with ``,`` as they do."""
     return {
-        "name": "tailroute.class_to_metadata",
+        "name": CLASS_FILTER,
         "typed_config": {
             "@type": _TYPE + "envoy.extensions.filters.http.header_to_metadata.v3.Config",
             "request_rules": [{"header": class_header(config), "on_header_present": {
