@@ -88,11 +88,16 @@ def test_an_unstreamed_cancel_has_no_ttft_to_measure() -> None:
 
 
 def test_a_cancel_at_the_callers_deadline_keeps_its_measured_first_token() -> None:
-    rec = _left(0.05, flags=frozenset({"upstream_request_timeout"}), status=504)
+    # Envoy logs the status its client got: the stream's 200 went out before the timeout.
+    rec = _left(0.05, flags=frozenset({"upstream_request_timeout"}), status=200)
     obs = observation_from_log(rec, "a", S, streaming=True)
     assert obs is not None and obs.outcome == "timeout" and obs.ttft_measured
     judged = at_callers_deadline(rec, obs, 300.0, 30_000.0)
     assert judged.outcome == "cancel" and judged.ttft_measured
+    # An upstream's own 504 (a gateway's): its body is the error, no first token.
+    rec = _left(0.05, flags=frozenset({"upstream_request_timeout"}), status=504)
+    obs = observation_from_log(rec, "a", S, streaming=True)
+    assert obs is not None and not obs.ttft_measured
 
 
 # ------------------------------------------------------------------ the judgement

@@ -407,3 +407,20 @@ def test_the_done_mark_is_read_from_the_metadata_as_time_since_t0(
     rec = record_from_entry(al.HTTPAccessLogEntry.FromString(e.SerializeToString()))
     assert rec.done_s == (None if done_s is None else pytest.approx(done_s))
     assert outcome_of(rec) == ("ok" if done_s is not None else "cancel")
+
+
+@pytest.mark.parametrize(("status", "measured"), [
+    (200, True),  # a stream's first body byte: its first token (plus the offset)
+    (503, False),  # the first byte of an error's body is no token
+    (500, False),
+    (429, False),
+])
+def test_only_a_2xx_cancel_has_a_measured_first_token(status: int, measured: bool) -> None:
+    # The client left while the upstream's answer was still coming: a 2xx's first body
+    # byte dates its first token, an error status's body is the error (a fast 503 kept as
+    # a TTFT sample would make a failing route look quick).
+    rec = LogRecord(status=status, flags=RST, duration_s=1.5, upstream_tx_s=0.1,
+                    first_body_s=0.05)
+    obs = observation_from_log(rec, "a", S, streaming=True)
+    assert obs is not None and obs.outcome == "cancel"
+    assert obs.ttft_measured is measured

@@ -84,8 +84,8 @@ first body byte stands for a first token there as for an ``ok``, except on a
 stream whose own events were read without a token (``tokenless``: a sampled stream
 that opened with a role-only event or comments and ended, or lost its client,
 before any token): its TTFT is the wait. A first token that came (the first body
-byte plus the offset, not ``tokenless``, not on a blind route unless this request
-was timed, and not after the wait) is a *measurement* whatever the client did next:
+byte of a 2xx plus the offset, not ``tokenless``, not on a blind route unless this
+request was timed, and not after the wait) is a *measurement* whatever the client did next:
 such an observation is ``ttft_measured``, and a cancel keeps that TTFT as evidence
 (:func:`sidecar.core.judging.judge_censored`) -- the cancels of complete answers to a
 client that leaves at ``[DONE]`` above carry their route's TTFT so. A complete
@@ -288,7 +288,10 @@ def observation_from_log(
             ttft = e2e if first is None else first
             # A first token seen before the client left is timed as an ok's is: a
             # measurement (not on a blind route, where the offset is only a median).
-            measured = (first is not None and (first_token_s is not None or ttft_from_log)
+            # A 2xx only: an error status's first body byte is its error, no token (a
+            # fast 503 kept as a TTFT sample would make a failing route look quick).
+            measured = (200 <= rec.status < 300 and first is not None
+                        and (first_token_s is not None or ttft_from_log)
                         and (e2e is None or first <= e2e))
     elif error_keeps_duration(rec.status, bool(rec.flags & ERROR_FLAGS) or rec.stream_error):
         e2e = rec.end_s  # an upstream's 5xx: dates the error (never a latency sample)
