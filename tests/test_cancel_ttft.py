@@ -278,3 +278,29 @@ def test_the_health_window_counts_them_as_requests_that_did_not_fail() -> None:
     rs.span.unjudged = None
     w = rs.window_summary(rs.cfg.subwindow_s + 1.0, "e2e", 0.95)
     assert (w.samples, w.requests, w.timeouts) == (0, 1, 1)
+
+
+TPOT_CONFIG = parse_config({
+    "default_cluster": "a",
+    "clusters": [{"name": "a", "address": "127.0.0.1:9001", "models": ["m"]}],
+    "models": [{"name": "m", "candidates": ["a"]}],
+    "classes": {"chat": {"slo": {"metric": "tpot", "percentile": 95, "budget_ms": 100,
+                                 "timeout_ms": 30_000}}},
+}, "tpot.yaml")
+T = SliceKey("m", "chat", "short", True)
+
+
+@pytest.mark.parametrize(("ttft", "wait", "measured", "kept"), [
+    (0.05, 2.0, True, 0.05),  # a client that left at [DONE] after a 2 s answer
+    (0.3, 0.9, True, 0.3),
+    (2.0, 2.0, False, None),  # a user who pressed stop before any token
+])
+def test_a_tpot_class_cancel_is_not_judged_on_its_wait(
+        ttft: float, wait: float, measured: bool, kept: float | None) -> None:
+    # A TPOT budget is per token (100 ms here): the whole wait of a cancel is no pace,
+    # and read against it every answer longer than 100 ms that a client left (the
+    # OpenAI SDK's default client at [DONE], unmarked) was a timeout, a hard failure.
+    obs = Observation("a", T, "cancel", ttft_s=ttft, e2e_s=wait, censored=True,
+                      ttft_measured=measured)
+    judged = judge_censored(TPOT_CONFIG, obs)
+    assert judged.outcome == "cancel" and judged.ttft_s == kept

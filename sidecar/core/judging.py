@@ -5,7 +5,9 @@ router's intake (:mod:`sidecar.core.intake`) before anything is recorded.
 A cancel (the client left, or a caller's own deadline passed) is judged by how long
 it had waited::
 
-    waited past the class budget        -> a timeout (the client gave up on a slow route)
+    waited past the class budget        -> a timeout (the client gave up on a slow route;
+                                           not on a TPOT class: a per-token budget
+                                           bounds no wait)
     within it, first token measured     -> a cancel with its TTFT kept: a sample (below)
     within it, otherwise                -> a cancel without latencies: no evidence
 
@@ -51,7 +53,11 @@ def judge_censored(config: Config, obs: Observation) -> Observation:
     klass = config.workload_class(obs.slice.klass)
     value = None
     if klass is not None:
-        value = obs.ttft_s if klass.slo.metric == "ttft" else obs.e2e_s
+        # A TPOT budget is per token: a cancel's whole wait is no pace, and read against
+        # it every answer a client left after ~budget (the OpenAI SDK's default client,
+        # at [DONE]) was a timeout, a hard failure of the route. Nothing bounds it then.
+        metric = klass.slo.metric
+        value = obs.ttft_s if metric == "ttft" else None if metric == "tpot" else obs.e2e_s
     if klass is not None and value is not None and value * 1000.0 >= klass.slo.budget_ms:
         return obs.judged("timeout", obs.ttft_s, obs.e2e_s, censored=True)
     return obs.judged("cancel", obs.ttft_s if obs.ttft_measured else None, None,
