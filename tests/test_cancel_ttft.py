@@ -19,7 +19,7 @@ from sidecar.core.config import Config, parse_config
 from sidecar.core.envoy_log import LogRecord, at_callers_deadline, observation_from_log
 from sidecar.core.fleet_share import live_subwindows
 from sidecar.core.health import HealthState
-from sidecar.core.judging import judge_censored
+from sidecar.core.judging import judge_censored, within_budget
 from sidecar.core.router import Router
 from sidecar.core.series_snapshot import series_from_dict, series_to_dict
 from sidecar.core.subwindow import NO_VALUE, latency_indices
@@ -304,3 +304,19 @@ def test_a_tpot_class_cancel_is_not_judged_on_its_wait(
                       ttft_measured=measured)
     judged = judge_censored(TPOT_CONFIG, obs)
     assert judged.outcome == "cancel" and judged.ttft_s == kept
+
+
+def test_a_done_marked_answer_meets_a_tpot_budget_it_cannot_be_timed_against() -> None:
+    # Envoy's [DONE] mark makes a client's leave at [DONE] an ok, without usage: no TPOT.
+    # A TPOT budget is per token, so the answer's whole e2e is no measure of it; read so,
+    # every such answer to a probe failed it (back to quarantine after three) and counted
+    # as a miss for queue signs and light load.
+    rec = LogRecord(status=200, flags=DC, duration_s=2.1, upstream_tx_s=0.1,
+                    first_body_s=0.2, done_s=2.0)
+    obs = observation_from_log(rec, "a", T, streaming=True)
+    assert obs is not None and obs.outcome == "ok" and obs.tpot_s is None
+    assert within_budget(TPOT_CONFIG, obs)
+    # ... while a measured TPOT is still judged against it
+    slow = Observation("a", T, "ok", 200, 0.2, 0.15, 2.0)
+    fast = Observation("a", T, "ok", 200, 0.2, 0.05, 2.0)
+    assert not within_budget(TPOT_CONFIG, slow) and within_budget(TPOT_CONFIG, fast)

@@ -71,6 +71,8 @@ def within_budget(config: Config, obs: Observation) -> bool:
         return True
     metric = klass.slo.metric
     value = obs.ttft_s if metric == "ttft" else obs.tpot_s if metric == "tpot" else obs.e2e_s
-    if value is None:
-        value = obs.e2e_s  # e.g. a TTFT class served without streaming
+    if value is None and metric == "ttft":
+        value = obs.e2e_s  # a TTFT class served without streaming: its first token came then
+    # A TPOT unknown (an answer without usage: the [DONE] mark's ok, an unstreamed one)
+    # cannot be read against a per-token budget; its whole e2e is no pace.
     return value is None or value * 1000.0 <= klass.slo.budget_ms
