@@ -17,58 +17,33 @@ from the access log alone (sampling off).
 
 from __future__ import annotations
 
-import json
-import threading
-import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
-import openai
 import pytest
 
-from sidecar.devtools.harness import Stack, free_port
+from sidecar.devtools.harness import Stack
+from tests.openai_like import (
+    ChunkedStream,
+    delta,
+    one_route_stack,
+    route_latency,
+    sdk_streams,
+    wait_outcomes,
+)
 
 pytestmark = pytest.mark.envoy
 
 N = 6
-END_GAP_S = 0.02
-LABEL = "m|interactive|short|stream"
 
 
-def _delta(delta: dict[str, Any], finish: str | None = None) -> bytes:
-    body = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-    return b"data: " + json.dumps(body).encode() + b"\n\n"
-
-
-class _EndsAfterDone(BaseHTTPRequestHandler):
+class _EndsAfterDone(ChunkedStream):
     """Streams an answer without usage and ends the body END_GAP_S after [DONE]."""
 
-    protocol_version = "HTTP/1.1"
-
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("content-length") or 0))
-        events = [_delta({"role": "assistant", "content": ""}),
-                  *(_delta({"content": f"t{i} "}) for i in range(5)), _delta({}, "stop"),
-                  b"data: [DONE]\n\n"]
-        self.send_response(200)
-        self.send_header("content-type", "text/event-stream")
-        self.send_header("transfer-encoding", "chunked")
-        self.end_headers()
-        try:
-            for event in events:
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
-                self.wfile.flush()
-                time.sleep(0.005)
-            time.sleep(END_GAP_S)
-            self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
-        except OSError:
-            pass  # the client (through Envoy) left first
-
-    def log_message(self, *args: Any) -> None:
-        pass
+        self.read_json()
+        self.stream([delta({"role": "assistant", "content": ""}),
+                     *(delta({"content": f"t{i} "}) for i in range(5)), delta({}, "stop"),
+                     b"data: [DONE]\n\n"])
 
 
 # Envoy's [DONE] mark off (timing.done_mark): with it these answers are ``ok``
@@ -82,48 +57,16 @@ TIMINGS = {
 
 @pytest.fixture(scope="module", params=sorted(TIMINGS))
 def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
-    port = free_port()
-    server = ThreadingHTTPServer(("127.0.0.1", port), _EndsAfterDone)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        with Stack() as st:
-            st.start_sidecar(st.write_config({
-                "default_cluster": "up",
-                "clusters": [{"name": "up", "address": f"127.0.0.1:{port}", "models": ["m"]}],
-                "models": [{"name": "m", "candidates": ["up"]}],
-                "stats": {"subwindow_s": 30, "subwindows": 2, "min_samples": 5},
-                "timing": TIMINGS[request.param],
-            }))
-            st.start_envoy()
-            yield st
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
-
-
-def _outcomes(st: Stack) -> dict[str, int]:
-    return {k: int(v) for k, v in st.sidecar_state()["counters"].items()
-            if k.startswith("outcome:")}
+    with one_route_stack(_EndsAfterDone, TIMINGS[request.param]) as st:
+        yield st
 
 
 def test_answers_logged_as_cancels_give_ttft_samples(stack: Stack) -> None:
-    client = openai.OpenAI(base_url=stack.base_url, api_key="test", max_retries=0, timeout=30)
-    for _ in range(N):
-        stream = client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
-            stream=True)
-        assert sum(1 for ev in stream if ev.choices and ev.choices[0].delta.content) == 5
-    deadline = time.monotonic() + 20
-    while sum(_outcomes(stack).values()) < N:
-        assert time.monotonic() < deadline, _outcomes(stack)
-        time.sleep(0.05)
-    seen = _outcomes(stack)
+    assert sdk_streams(stack, N) == [5] * N
+    seen = wait_outcomes(stack, N)
     # What this test is about: Envoy logged (some of) the complete answers as cancels.
     assert seen.get("outcome:cancel", 0) >= 1 and sum(seen.values()) == N, seen
-    latency = next(r["latency"] for r in stack.sidecar_state()["routes"]
-                   if r["cluster"] == "up" and r["slice"] == LABEL)
+    latency = route_latency(stack)
     # Every answer's first token is a sample, the cancels' too; their end is unknown.
     assert latency["ttft"]["samples"] == N, latency
     assert latency["e2e"]["samples"] == seen.get("outcome:ok", 0), latency

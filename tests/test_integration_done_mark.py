@@ -18,24 +18,25 @@ The user message selects the upstream's framing (:data:`VARIANTS`).
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import openai
 import pytest
 
-from sidecar.devtools.harness import Stack, free_port
+from sidecar.devtools.harness import Stack
+from tests.openai_like import (
+    WRITE_GAP_S,
+    ChunkedStream,
+    delta,
+    one_route_stack,
+    outcomes,
+    route_latency,
+)
 
 pytestmark = pytest.mark.envoy
 
-END_GAP_S = 0.02  # the upstream's end of the body after [DONE]
 REST_S = 0.5  # an abandoned stream's remaining events come this much later
-WRITE_GAP_S = 0.005  # after each write: five before [DONE] in an answer
-LABEL = "m|interactive|short|stream"
 
 # variant -> (line end, the [DONE] event's writes, a delta content of its own or None)
 VARIANTS: dict[str, tuple[bytes, tuple[bytes, ...], str | None]] = {
@@ -51,98 +52,49 @@ VARIANTS: dict[str, tuple[bytes, tuple[bytes, ...], str | None]] = {
 }
 
 
-def _event(delta: dict[str, Any], eol: bytes, finish: str | None = None) -> bytes:
-    body = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-    return b"data: " + json.dumps(body).encode() + eol + eol
-
-
-class _Upstream(BaseHTTPRequestHandler):
+class _Upstream(ChunkedStream):
     """Streams an answer without usage in the requested framing; ends END_GAP_S after
     [DONE]. A variant with a content of its own sends that delta first, then waits
     REST_S before the rest (the client leaves in between)."""
 
-    protocol_version = "HTTP/1.1"
-
     def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)))
+        body = self.read_json()
         eol, done, own = VARIANTS[body["messages"][0]["content"].split()[0]]
-        first = [_event({"role": "assistant", "content": ""}, eol)]
+        first = [delta({"role": "assistant", "content": ""}, eol=eol)]
         if own is not None:
-            first.append(_event({"content": own}, eol))
-        rest = [*(_event({"content": f"t{i} "}, eol) for i in range(3)),
-                _event({}, eol, "stop")]
-        self.send_response(200)
-        self.send_header("content-type", "text/event-stream; charset=utf-8")
-        self.send_header("transfer-encoding", "chunked")
-        self.end_headers()
+            first.append(delta({"content": own}, eol=eol))
+        rest = [*(delta({"content": f"t{i} "}, eol=eol) for i in range(3)),
+                delta({}, "stop", eol)]
+        self.start("text/event-stream; charset=utf-8")
         try:
             for event in first:
-                self._write(event)
+                self.write_event(event)
             if own is not None:
                 time.sleep(REST_S)
             for event in [*rest, *done]:
-                self._write(event)
-            time.sleep(END_GAP_S)
-            self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
+                self.write_event(event)
+            self.end()
         except OSError:
             pass  # the client (through Envoy) left first
-
-    def _write(self, data: bytes) -> None:
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-        self.wfile.flush()
-        time.sleep(WRITE_GAP_S)
-
-    def log_message(self, *args: Any) -> None:
-        pass
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["marked", "unmarked"])
 def stack(request: pytest.FixtureRequest) -> Iterator[tuple[Stack, bool]]:
-    port = free_port()
-    server = ThreadingHTTPServer(("127.0.0.1", port), _Upstream)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        with Stack() as st:
-            st.start_sidecar(st.write_config({
-                "default_cluster": "up",
-                "clusters": [{"name": "up", "address": f"127.0.0.1:{port}", "models": ["m"]}],
-                "models": [{"name": "m", "candidates": ["up"]}],
-                "stats": {"subwindow_s": 30, "subwindows": 2, "min_samples": 1},
-                "timing": {"done_mark": request.param},
-            }))
-            st.start_envoy()
-            yield st, request.param
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
-
-
-def _outcomes(st: Stack) -> dict[str, int]:
-    return {k: int(v) for k, v in st.sidecar_state()["counters"].items()
-            if k.startswith("outcome:")}
+    with one_route_stack(_Upstream, {"done_mark": request.param}, min_samples=1) as st:
+        yield st, request.param
 
 
 def _next_outcome(st: Stack, before: dict[str, int]) -> str:
     """The one outcome counted since ``before``."""
     deadline = time.monotonic() + 20
     while True:
-        now = _outcomes(st)
+        now = outcomes(st)
         grew = [k for k, v in now.items() if v > before.get(k, 0)]
         if sum(now.values()) > sum(before.values()):
             assert len(grew) == 1 and sum(now.values()) == sum(before.values()) + 1, now
             return grew[0].removeprefix("outcome:")
         assert time.monotonic() < deadline, now
         time.sleep(0.05)
-
-
-def _latency(st: Stack) -> dict[str, Any]:
-    latency: dict[str, Any] = next(r["latency"] for r in st.sidecar_state()["routes"]
-                                   if r["cluster"] == "up" and r["slice"] == LABEL)
-    return latency
 
 
 def _client(st: Stack) -> openai.OpenAI:
@@ -153,7 +105,7 @@ def _client(st: Stack) -> openai.OpenAI:
 def test_a_client_that_left_at_done_had_a_complete_answer(
         stack: tuple[Stack, bool], variant: str) -> None:
     st, marked = stack
-    before = _outcomes(st)
+    before = outcomes(st)
     stream = _client(st).chat.completions.create(
         model="m", messages=[{"role": "user", "content": variant}], stream=True)
     assert "".join(ev.choices[0].delta.content or "" for ev in stream
@@ -162,7 +114,7 @@ def test_a_client_that_left_at_done_had_a_complete_answer(
     # the mark is for; the upstream's 20 ms gap makes it so here).
     assert _next_outcome(st, before) == ("ok" if marked else "cancel")
     if marked:  # timed until the mark: at least the upstream's writes before [DONE]
-        e2e = _latency(st)["e2e"]
+        e2e = route_latency(st)["e2e"]
         assert e2e["samples"] >= 1 and e2e["p50_ms"] >= 5 * WRITE_GAP_S * 1000 * 0.8, e2e
 
 
@@ -170,7 +122,7 @@ def test_a_client_that_left_at_done_had_a_complete_answer(
 def test_a_client_that_left_before_done_is_a_cancel(
         stack: tuple[Stack, bool], variant: str) -> None:
     st, _ = stack
-    before = _outcomes(st)
+    before = outcomes(st)
     stream = _client(st).chat.completions.create(
         model="m", messages=[{"role": "user", "content": variant}], stream=True)
     seen = ""
