@@ -21,6 +21,7 @@ from typing import Any
 import openai
 
 from sidecar.devtools.harness import Stack, free_port
+from tests.ops_stack import wait_for
 
 END_GAP_S = 0.02  # the upstream's end of the body after [DONE]
 WRITE_GAP_S = 0.005  # after each write
@@ -79,28 +80,37 @@ class ChunkedStream(BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def one_route_stack(handler: type[BaseHTTPRequestHandler], timing: dict[str, Any],
-                    min_samples: int = 5) -> Iterator[Stack]:
-    """Envoy and the sidecar routing model ``m`` to ``handler`` served on a free port."""
+def serve(handler: type[BaseHTTPRequestHandler]) -> Iterator[int]:
+    """``handler`` served on a free 127.0.0.1 port in a thread; yields the port."""
     port = free_port()
     server = ThreadingHTTPServer(("127.0.0.1", port), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        with Stack() as st:
-            st.start_sidecar(st.write_config({
-                "default_cluster": "up",
-                "clusters": [{"name": "up", "address": f"127.0.0.1:{port}", "models": ["m"]}],
-                "models": [{"name": "m", "candidates": ["up"]}],
-                "stats": {"subwindow_s": 30, "subwindows": 2, "min_samples": min_samples},
-                "timing": timing,
-            }))
-            st.start_envoy()
-            yield st
+        yield port
     finally:
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+def one_route_config(port: int, **more: Any) -> dict[str, Any]:
+    """A config routing model ``m`` to the one cluster ``up`` at ``port``."""
+    return {"default_cluster": "up",
+            "clusters": [{"name": "up", "address": f"127.0.0.1:{port}", "models": ["m"]}],
+            "models": [{"name": "m", "candidates": ["up"]}], **more}
+
+
+@contextlib.contextmanager
+def one_route_stack(handler: type[BaseHTTPRequestHandler], timing: dict[str, Any],
+                    min_samples: int = 5) -> Iterator[Stack]:
+    """Envoy and the sidecar routing model ``m`` to ``handler`` served on a free port."""
+    with serve(handler) as port, Stack() as st:
+        st.start_sidecar(st.write_config(one_route_config(
+            port, stats={"subwindow_s": 30, "subwindows": 2, "min_samples": min_samples},
+            timing=timing)))
+        st.start_envoy()
+        yield st
 
 
 def outcomes(st: Stack) -> dict[str, int]:
@@ -110,12 +120,11 @@ def outcomes(st: Stack) -> dict[str, int]:
 
 
 def wait_outcomes(st: Stack, n: int) -> dict[str, int]:
-    """The outcome counters once ``n`` outcomes are counted (bounded: 20 s)."""
-    deadline = time.monotonic() + 20
-    while sum(outcomes(st).values()) < n:
-        assert time.monotonic() < deadline, outcomes(st)
-        time.sleep(0.05)
-    return outcomes(st)
+    """The outcome counters once ``n`` outcomes are counted (:func:`wait_for`)."""
+    def counted() -> dict[str, int] | None:
+        seen = outcomes(st)
+        return seen if sum(seen.values()) >= n else None
+    return wait_for(counted, f"{n} outcomes")
 
 
 def route_latency(st: Stack) -> dict[str, Any]:

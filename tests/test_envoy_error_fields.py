@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import http.client
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -22,10 +21,11 @@ from google.protobuf import json_format, struct_pb2
 
 from sidecar.core.timing import ResponseTimer
 from sidecar.core.types import SliceKey
-from sidecar.devtools.harness import Stack, free_port
+from sidecar.devtools.harness import Stack
 from sidecar.shell import bootstrap_filters as bf
 from sidecar.shell.access_log import stream_error
 from sidecar.shell.envoy_contract import USAGE_NS
+from tests.openai_like import one_route_config, serve
 
 pytestmark = pytest.mark.envoy
 
@@ -135,39 +135,26 @@ def _lifted(line: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def verdicts() -> Iterator[dict[str, bool]]:
     """Each case through the real Envoy: Envoy's path's verdict per case name."""
-    port = free_port()
-    server = ThreadingHTTPServer(("127.0.0.1", port), _Upstream)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        with Stack() as st:
-            st.write_config({
-                "default_cluster": "up",
-                "clusters": [{"name": "up", "address": f"127.0.0.1:{port}", "models": ["m"]}],
-                "models": [{"name": "m", "candidates": ["up"]}],
-            })
-            log_path = st.workdir / "usage.log"
-            listen = st.start_envoy(with_sidecar=False, edit=_envoy_edit(str(log_path)))
-            for i in range(len(_NAMES)):
-                conn = http.client.HTTPConnection("127.0.0.1", listen, timeout=10)
-                conn.request("POST", f"/v1/chat/completions/{i}", b"{}",
-                             {"content-type": "application/json"})
-                r = conn.getresponse()
-                r.read()
-                conn.close()
-                assert r.status == 200
-            st.stop_envoy()  # flushes the file log
-            lines = log_path.read_text().splitlines()
-        assert len(lines) == len(_NAMES)
-        out = {}
-        for line in lines:
-            name = _NAMES[int(line.split(" ", 1)[0].rsplit("/", 1)[-1])]
-            out[name] = bool(stream_error(_lifted(line)))
-        yield out
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with serve(_Upstream) as port, Stack() as st:
+        st.write_config(one_route_config(port))
+        log_path = st.workdir / "usage.log"
+        listen = st.start_envoy(with_sidecar=False, edit=_envoy_edit(str(log_path)))
+        for i in range(len(_NAMES)):
+            conn = http.client.HTTPConnection("127.0.0.1", listen, timeout=10)
+            conn.request("POST", f"/v1/chat/completions/{i}", b"{}",
+                         {"content-type": "application/json"})
+            r = conn.getresponse()
+            r.read()
+            conn.close()
+            assert r.status == 200
+        st.stop_envoy()  # flushes the file log
+        lines = log_path.read_text().splitlines()
+    assert len(lines) == len(_NAMES)
+    out = {}
+    for line in lines:
+        name = _NAMES[int(line.split(" ", 1)[0].rsplit("/", 1)[-1])]
+        out[name] = bool(stream_error(_lifted(line)))
+    yield out
 
 
 def _timer_says(events: bytes) -> bool:

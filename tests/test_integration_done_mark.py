@@ -23,6 +23,7 @@ from collections.abc import Iterator
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionChunk
 
 from sidecar.devtools.harness import Stack
 from tests.openai_like import (
@@ -33,6 +34,7 @@ from tests.openai_like import (
     outcomes,
     route_latency,
 )
+from tests.ops_stack import wait_for
 
 pytestmark = pytest.mark.envoy
 
@@ -86,19 +88,20 @@ def stack(request: pytest.FixtureRequest) -> Iterator[tuple[Stack, bool]]:
 
 def _next_outcome(st: Stack, before: dict[str, int]) -> str:
     """The one outcome counted since ``before``."""
-    deadline = time.monotonic() + 20
-    while True:
+    def counted() -> dict[str, int] | None:
         now = outcomes(st)
-        grew = [k for k, v in now.items() if v > before.get(k, 0)]
-        if sum(now.values()) > sum(before.values()):
-            assert len(grew) == 1 and sum(now.values()) == sum(before.values()) + 1, now
-            return grew[0].removeprefix("outcome:")
-        assert time.monotonic() < deadline, now
-        time.sleep(0.05)
+        return now if sum(now.values()) > sum(before.values()) else None
+    now = wait_for(counted, "the request's outcome")
+    grew = [k for k, v in now.items() if v > before.get(k, 0)]
+    assert len(grew) == 1 and sum(now.values()) == sum(before.values()) + 1, now
+    return grew[0].removeprefix("outcome:")
 
 
-def _client(st: Stack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=st.base_url, api_key="test", max_retries=0, timeout=30)
+def _stream(st: Stack, variant: str) -> openai.Stream[ChatCompletionChunk]:
+    """A streamed request whose user message picks the upstream's framing."""
+    client = openai.OpenAI(base_url=st.base_url, api_key="test", max_retries=0, timeout=30)
+    return client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": variant}], stream=True)
 
 
 @pytest.mark.parametrize("variant", ["lf", "crlf", "cr", "no_space", "split"])
@@ -106,8 +109,7 @@ def test_a_client_that_left_at_done_had_a_complete_answer(
         stack: tuple[Stack, bool], variant: str) -> None:
     st, marked = stack
     before = outcomes(st)
-    stream = _client(st).chat.completions.create(
-        model="m", messages=[{"role": "user", "content": variant}], stream=True)
+    stream = _stream(st, variant)
     assert "".join(ev.choices[0].delta.content or "" for ev in stream
                    if ev.choices) == "t0 t1 t2 "
     # Unmarked, Envoy logs the client's reset before the upstream's end: a cancel (what
@@ -123,8 +125,7 @@ def test_a_client_that_left_before_done_is_a_cancel(
         stack: tuple[Stack, bool], variant: str) -> None:
     st, _ = stack
     before = outcomes(st)
-    stream = _client(st).chat.completions.create(
-        model="m", messages=[{"role": "user", "content": variant}], stream=True)
+    stream = _stream(st, variant)
     seen = ""
     for ev in stream:
         seen += (ev.choices[0].delta.content or "") if ev.choices else ""

@@ -71,6 +71,20 @@ class HintsConfig:
     absent from ``sources`` is the caller's (``client``)."""
 
     sources: Mapping[str, HintSource] = field(default_factory=dict)
+    # Derived once from ``sources``, as every request reads them (apply_hints, the
+    # routing stream's header map): the caller's hint headers not read, and trusted
+    # header -> the hint header it stands for.
+    untrusted: frozenset[str] = field(init=False, compare=False, repr=False)
+    trusted_map: Mapping[str, str] = field(init=False, compare=False, repr=False)
+    trusted_names: frozenset[str] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        trusted = {s.header: HINT_HEADERS[h] for h, s in self.sources.items()
+                   if s.trust == "header" and s.header is not None}
+        object.__setattr__(self, "untrusted",
+                           frozenset(HINT_HEADERS[h] for h in self.sources))
+        object.__setattr__(self, "trusted_map", trusted)
+        object.__setattr__(self, "trusted_names", frozenset(trusted))
 
     def source(self, hint: str) -> HintSource:
         return self.sources.get(hint, CLIENT)
@@ -80,13 +94,12 @@ class HintsConfig:
         return not self.sources
 
     def not_from_client(self) -> tuple[str, ...]:
-        """The caller's hint headers tailroute does not read."""
+        """The caller's hint headers tailroute does not read, in :data:`HINT_HEADERS` order."""
         return tuple(HINT_HEADERS[h] for h in self.sources)
 
     def trusted(self) -> dict[str, str]:
         """Trusted header -> the hint header it stands for."""
-        return {s.header: HINT_HEADERS[h] for h, s in self.sources.items()
-                if s.trust == "header" and s.header is not None}
+        return dict(self.trusted_map)
 
     def strip_early(self) -> tuple[str, ...]:
         """Trusted headers a filter of this Envoy sets: a caller's copy is removed
@@ -95,14 +108,14 @@ class HintsConfig:
                      if s.trust == "header" and s.header is not None and s.set_by == "envoy")
 
 
-def apply_hints(hints: HintsConfig, headers: Mapping[str, str]) -> tuple[dict[str, str], bool]:
+def apply_hints(hints: HintsConfig, headers: Mapping[str, str],
+                ) -> tuple[Mapping[str, str], bool]:
     """``(headers as classify should read them, whether a caller's hint was dropped)``:
     the caller's hints that are not believed removed, a trusted header's value put
     under the hint's own name (and the trusted header itself dropped)."""
-    if hints.all_client:
-        return dict(headers), False
-    untrusted = hints.not_from_client()
-    trusted = hints.trusted()
+    if hints.all_client:  # the default: nothing to drop or move, and no copy either
+        return headers, False
+    untrusted, trusted = hints.untrusted, hints.trusted_map
     out: dict[str, str] = {}
     dropped = False
     for name, value in headers.items():

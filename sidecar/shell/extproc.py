@@ -203,10 +203,10 @@ class RouteStream:
         read in their place (``hints:``, sidecar.core.hints); then hostile values of the
         headers the sidecar reads are dropped. Each counted once per request."""
         config = self.app.config
-        headers, untrusted = apply_hints(config.hints, headers)
+        believed, untrusted = apply_hints(config.hints, headers)
         if untrusted:
             self.app.errors["hint_ignored"] += 1
-        kept, dropped = screen_headers(headers, config.limits.max_header_value_bytes)
+        kept, dropped = screen_headers(believed, config.limits.max_header_value_bytes)
         if dropped:
             self.app.errors["header_ignored"] += 1
         return kept
@@ -223,8 +223,8 @@ class RouteStream:
         self, msg: pb.HttpHeaders, now: float
     ) -> pb.ProcessingResponse | Hold:
         self.rich = True
-        trusted = self.app.config.hints.trusted()
-        self.headers = self._screened(request_header_map(msg.headers, frozenset(trusted)))
+        self.headers = self._screened(
+            request_header_map(msg.headers, self.app.config.hints.trusted_names))
         explain = self.headers.get(EXPLAIN_ASK, "").strip() == "1"
         if explain and not self.app.explain_budget.take(now):
             # Over the explain bound (sidecar.shell.explain_limit): routed as usual,
